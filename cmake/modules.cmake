@@ -1,0 +1,18 @@
+# expar_module(NAME DEPS ...): a static library from every .cpp under src/expar/NAME/ (recursively).
+# A folder with no sources yet becomes an INTERFACE library so that later layers can already link it.
+set(EXPAR_ALL_MODULES "")
+function(expar_module name)
+  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/expar/${name}/*.cpp)
+  if(sources)
+    add_library(expar_${name} STATIC ${sources})
+    target_include_directories(expar_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)
+    target_link_libraries(expar_${name} PUBLIC ${ARG_DEPS})
+  else()
+    add_library(expar_${name} INTERFACE)
+    target_include_directories(expar_${name} INTERFACE ${CMAKE_SOURCE_DIR}/src)
+    target_link_libraries(expar_${name} INTERFACE ${ARG_DEPS})
+  endif()
+  list(PREPEND EXPAR_ALL_MODULES expar_${name})
+  set(EXPAR_ALL_MODULES ${EXPAR_ALL_MODULES} PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,23 @@
+#include "expar/cli/commands.hpp"
+
+namespace expar::cli {
+
+// One line per subcommand (each defined in its own file).
+void add_plan(CLI::App& app, CommandTable& table);
+
+namespace {
+CommandTable& table() {
+  static CommandTable t;
+  return t;
+}
+}  // namespace
+
+void register_commands(CLI::App& app) { add_plan(app, table()); }
+
+int run_selected(CLI::App& app) {
+  for (auto& [sub, fn] : table())
+    if (sub->parsed()) return fn();
+  return 1;
+}
+
+}  // namespace expar::cli

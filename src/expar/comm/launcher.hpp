@@ -1,0 +1,32 @@
+#pragma once
+// Starting ranks. One launcher shared by the CLI and the tests.
+#include <functional>
+#include <memory>
+
+#include "expar/comm/comm.hpp"
+
+namespace expar {
+
+struct LaunchOptions {
+  int ranks = 1;
+  int compute_threads = 1;  // oneDNN/OpenMP threads per rank
+  double timeout_seconds = 300.0;  // every wait ends the run with a message after this long
+};
+
+// Threads backend: runs fn(world) on `ranks` threads of this process, each with its own memory tracker
+// bound and `compute_threads` compute threads. If any rank throws, every other rank's waits are woken with
+// an error and the first error is rethrown here, prefixed with its rank.
+void run_ranks(const LaunchOptions& options, const std::function<void(Comm& world)>& fn);
+inline void run_ranks(int ranks, const std::function<void(Comm& world)>& fn) {
+  LaunchOptions o;
+  o.ranks = ranks;
+  run_ranks(o, fn);
+}
+
+// MPI backend: fn(world) on this process's rank of MPI_COMM_WORLD (MPI_Init/Finalize handled here). An
+// exception prints the rank's message and calls MPI_Abort so that no peer hangs.
+// Environment: EXPAR_MPI_FORCE_REMOTE=1 makes the heap use MPI_Win_allocate + MPI_Put/MPI_Get even on one
+// node (no shared window, no peer_ptr), the across-node code path.
+int run_mpi(int* argc, char*** argv, const LaunchOptions& options, const std::function<void(Comm& world)>& fn);
+
+}  // namespace expar

@@ -1,0 +1,23 @@
+#pragma once
+// Scalar conversions between f32 and the narrow formats, all round-to-nearest-even.
+//  - bf16: the upper 16 bits of an IEEE f32; NaN stays NaN (quiet), overflow rounds to infinity.
+//  - f16: IEEE binary16.
+//  - fp8 e4m3 (OCP Microscaling): bias 7, max normal 448, no infinity, NaN = S.1111.111; finite values
+//    beyond 448 saturate to ±448, ±inf saturates to ±448, NaN maps to NaN.
+//  - e8m0 (OCP Microscaling scale): 2^(code-127), code 0xFF is NaN, no zero and no sign. Encoding rounds
+//    the exponent of a positive value to the nearest power of two (ties to even code); values below 2^-127
+//    clamp to code 0 and above 2^127 to code 254; zero, negative and NaN inputs encode as NaN (0xFF).
+#include <cstdint>
+
+namespace expar {
+
+uint16_t f32_to_bf16(float value);
+float bf16_to_f32(uint16_t bits);
+uint16_t f32_to_f16(float value);
+float f16_to_f32(uint16_t bits);
+uint8_t f32_to_e4m3(float value);
+float e4m3_to_f32(uint8_t bits);
+uint8_t f32_to_e8m0(float value);
+float e8m0_to_f32(uint8_t bits);
+
+}  // namespace expar

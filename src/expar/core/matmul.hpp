@@ -1,0 +1,42 @@
+#pragma once
+// Every matrix product in expar goes through oneDNN's matmul primitive (f32, row-major).
+#include <cstdint>
+
+namespace expar {
+
+struct MatmulArgs {
+  const float* a = nullptr;  // op(A) is [m, k]
+  const float* b = nullptr;  // op(B) is [k, n]
+  float* c = nullptr;        // C is [m, n]
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;  // A stored as [k, m]
+  bool trans_b = false;  // B stored as [n, k]
+  bool accumulate = false;  // C += op(A)·op(B) instead of C = op(A)·op(B)
+  int64_t lda = -1, ldb = -1, ldc = -1;  // leading dimensions (row strides); -1 = packed
+};
+
+// C (+)= op(A)·op(B). Zero-sized products are no-ops (a k = 0 product clears C unless accumulating).
+void matmul(const MatmulArgs& args);
+
+// Convenience: C[m,n] = A[m,k]·B[k,n] (+ C when accumulate), with optional transposes.
+inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, bool trans_a,
+                   bool trans_b, bool accumulate) {
+  MatmulArgs args;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.accumulate = accumulate;
+  matmul(args);
+}
+
+// Number of compute (OpenMP) threads oneDNN uses on the calling thread. Each rank sets its own, so that
+// ranks x compute threads never exceeds the cores.
+void set_compute_threads(int threads);
+int compute_threads();
+
+}  // namespace expar

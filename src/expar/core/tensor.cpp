@@ -1,0 +1,130 @@
+#include "expar/core/tensor.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace expar {
+
+std::string shape_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    EXPAR_CHECK(d >= 0, "shape {} has a negative dimension: every dimension must be >= 0", shape_string(shape));
+    n *= d;
+  }
+  return n;
+}
+
+bool poison_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("EXPAR_POISON");
+    if (env) return std::string(env) == "1";
+#ifndef NDEBUG
+    return true;
+#else
+    return false;
+#endif
+  }();
+  return enabled;
+}
+
+void fill_nan(void* data, size_t bytes) {
+  // 0xFF bytes are a NaN in f32, bf16, f16 and f64, and the NaN code of e4m3 and e8m0.
+  std::memset(data, 0xFF, bytes);
+}
+
+namespace {
+struct Allocation {
+  MemoryTracker* tracker;
+  MemCategory category;
+  int64_t bytes;
+};
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.category_ = category;
+  size_t bytes = t.nbytes();
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  void* p = std::aligned_alloc(64, rounded);
+  EXPAR_CHECK(p != nullptr, "allocation of {} for a tensor of shape {} failed: reduce the sizes",
+              format_bytes(static_cast<int64_t>(bytes)), shape_string(t.shape_));
+  MemoryTracker* tracker = &current_tracker();
+  tracker->add(category, static_cast<int64_t>(bytes));
+  auto info = Allocation{tracker, category, static_cast<int64_t>(bytes)};
+  t.storage_ = std::shared_ptr<void>(p, [info](void* q) {
+    info.tracker->sub(info.category, info.bytes);
+    std::free(q);
+  });
+  t.data_ = p;
+  if (poison_enabled()) fill_nan(p, bytes);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory category) {
+  Tensor t = empty(std::move(shape), dtype, category);
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, Shape shape, DType dtype) {
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  EXPAR_CHECK(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i, shape_string(shape_));
+  return shape_[static_cast<size_t>(i)];
+}
+
+MemCategory Tensor::category() const { return category_; }
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  EXPAR_CHECK(ndim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+              "rows [{}, {}) out of range for shape {}", begin, end, shape_string(shape_));
+  Tensor t = *this;
+  int64_t row_elems = shape_[0] == 0 ? 0 : numel() / shape_[0];
+  t.shape_[0] = end - begin;
+  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row_elems) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  EXPAR_CHECK(shape_numel(shape) == numel(), "cannot reshape {} into {}: element counts differ",
+              shape_string(shape_), shape_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone(MemCategory category) const {
+  Tensor t = empty(shape_, dtype_, category);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+void Tensor::fill(float value) {
+  float* p = data<float>();
+  std::fill(p, p + numel(), value);
+}
+
+void Tensor::zero() {
+  if (nbytes()) std::memset(data_, 0, nbytes());
+}
+
+void Tensor::check_type(DType wanted) const {
+  EXPAR_CHECK(wanted == dtype_, "tensor of shape {} holds {} but was read as {}", shape_string(shape_),
+              dtype_name(dtype_), dtype_name(wanted));
+}
+
+}  // namespace expar

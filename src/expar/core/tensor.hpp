@@ -1,0 +1,83 @@
+#pragma once
+// Tensor: a contiguous, typed, row-major array with a shape. Owning tensors hold a reference-counted
+// 64-byte-aligned allocation charged to a memory category of the allocating rank's tracker; views share
+// or borrow storage (row ranges of a tensor, reshapes, or foreign memory such as a symmetric buffer).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "expar/core/dtype.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/memory.hpp"
+
+namespace expar {
+
+using Shape = std::vector<int64_t>;
+std::string shape_string(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialised storage. In debug builds and under EXPAR_POISON=1 float storage is filled with NaN
+  // so that reading memory nobody wrote shows up in results.
+  static Tensor empty(Shape shape, DType dtype = DType::F32, MemCategory category = MemCategory::Activations);
+  static Tensor zeros(Shape shape, DType dtype = DType::F32, MemCategory category = MemCategory::Activations);
+  // Non-owning view of foreign memory; the caller keeps it alive.
+  static Tensor borrow(void* data, Shape shape, DType dtype);
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const;
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  bool defined() const { return data_ != nullptr || numel() == 0; }
+  MemCategory category() const;
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  template <typename T>
+  T* data() {
+    check_type(dtype_of<T>());
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* data() const {
+    check_type(dtype_of<T>());
+    return static_cast<const T*>(data_);
+  }
+  template <typename T>
+  std::span<T> span() {
+    return {data<T>(), static_cast<size_t>(numel())};
+  }
+  template <typename T>
+  std::span<const T> span() const {
+    return {data<T>(), static_cast<size_t>(numel())};
+  }
+
+  // Rows [begin, end) along dimension 0, sharing storage.
+  Tensor rows(int64_t begin, int64_t end) const;
+  // Same storage, new shape with the same number of elements.
+  Tensor reshape(Shape shape) const;
+  // A deep copy in its own storage.
+  Tensor clone(MemCategory category = MemCategory::Activations) const;
+  void fill(float value);  // f32 tensors only
+  void zero();
+
+ private:
+  void check_type(DType wanted) const;
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  MemCategory category_ = MemCategory::Other;
+};
+
+// Whether freshly allocated float tensors are filled with NaN (debug builds, or EXPAR_POISON=1).
+bool poison_enabled();
+void fill_nan(void* data, size_t bytes);
+
+}  // namespace expar
