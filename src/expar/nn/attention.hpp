@@ -1,0 +1,75 @@
+#pragma once
+// Causal multi-head self-attention with rotary position embeddings and grouped key/value heads:
+//   q = RoPE(x·Wqᵀ), k = RoPE(x·Wkᵀ), v = x·Wvᵀ
+//   per query head h (key/value head h / (n_heads / n_kv_heads)): P = softmax(q_h·k_hᵀ / sqrt(head_dim) +
+//   causal) y = concat_h(P·v_h)·Woᵀ
+// Weights use the PyTorch orientation: Wq [H·hd, d], Wk and Wv [Hkv·hd, d], Wo [d, H·hd]. No biases.
+//
+// Tensor parallelism: the functions see only the heads they are given. A TP rank passes the rows of Wq/Wk/Wv
+// and the columns of Wo that belong to its heads (AttentionShape counts the local heads); its y is then a
+// partial sum over its heads, and the caller all-reduces y (and, in backward, grad_x) over the TP group.
+//
+// Inference: attention_forward_cached runs forward only with a KV cache per sequence, for prefill (many new
+// tokens) and decode (one new token) alike, and gives the same result as attention_forward on the whole
+// sequence.
+#include <cstdint>
+#include <span>
+
+#include "expar/core/tensor.hpp"
+#include "expar/nn/rope.hpp"
+
+namespace expar::nn {
+
+struct AttentionShape {
+  int64_t n_heads = 0;     // query heads held here
+  int64_t n_kv_heads = 0;  // key/value heads held here; divides n_heads (== n_heads: plain multi-head)
+  int64_t head_dim = 0;
+  void validate() const;
+};
+
+struct AttentionWeights {  // handles: they share storage with the model's parameters
+  Tensor wq;               // [n_heads·head_dim, d]
+  Tensor wk;               // [n_kv_heads·head_dim, d]
+  Tensor wv;               // [n_kv_heads·head_dim, d]
+  Tensor wo;               // [d, n_heads·head_dim]
+};
+
+using AttentionGrads = AttentionWeights;  // same shapes; backward accumulates into them
+
+struct AttentionSaved {
+  int64_t batch = 0, seq = 0;
+  Tensor x;          // input [B·S, d]
+  Tensor positions;  // int32 [B·S]: s for row b·S + s
+  Tensor q;          // after RoPE [B·S, H·hd]
+  Tensor k;          // after RoPE [B·S, Hkv·hd]
+  Tensor v;          // [B·S, Hkv·hd]
+  Tensor probs;      // [B, H, S, S], exactly zero above the diagonal
+  Tensor context;    // P·v per head, before the output projection [B·S, H·hd]
+};
+
+// x [B·S, d] holds B sequences of length S, sequence b in rows [b·S, (b+1)·S), token s at position s.
+// Returns y [B·S, d]. `saved` may be nullptr (inference without cache).
+Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                         const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved);
+
+// Returns grad_x [B·S, d]; accumulates the weight gradients into `grads`.
+Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                          const AttentionSaved& saved, const Tensor& grad_y, AttentionGrads& grads);
+
+// One sequence's cache for one layer, for the key/value heads held here.
+struct KvCache {
+  Tensor k;            // [capacity, n_kv_heads·head_dim], keys after RoPE
+  Tensor v;            // [capacity, n_kv_heads·head_dim]
+  int64_t length = 0;  // positions [0, length) hold valid entries
+  static KvCache create(int64_t capacity, const AttentionShape& shape);
+};
+
+// Forward with KV caches. x [Σ new_tokens, d]: sequence i's new_tokens[i] tokens are consecutive rows, at
+// positions [caches[i]->length, caches[i]->length + new_tokens[i]). Their keys and values are appended to the
+// cache (length advances); each new token attends to every cached position and to the new tokens up to
+// itself. Returns y [Σ new_tokens, d].
+Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
+                                const AttentionWeights& weights, const Tensor& x,
+                                std::span<const int64_t> new_tokens, std::span<KvCache* const> caches);
+
+}  // namespace expar::nn

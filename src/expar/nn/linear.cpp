@@ -1,0 +1,51 @@
+#include "expar/nn/linear.hpp"
+
+#include "expar/core/matmul.hpp"
+#include "expar/nn/check.hpp"
+
+namespace expar::nn {
+
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, LinearSaved* saved) {
+  check_f32_matrix(weight, "linear_forward", "weight");
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  check_f32_matrix(x, "linear_forward", "x");
+  const int64_t n = x.dim(0);
+  check_f32(x, "linear_forward", "x", {n, in});
+  Tensor y = Tensor::empty({n, out});
+  matmul(x.data<float>(), weight.data<float>(), y.data<float>(), n, out, in, false, true, false);
+  if (bias) {
+    check_f32(*bias, "linear_forward", "bias", {out});
+    const float* b = bias->data<float>();
+    float* py = y.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) py[i * out + j] += b[j];
+  }
+  if (saved) saved->x = x;
+  return y;
+}
+
+Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Tensor& weight,
+                       Tensor& grad_weight, Tensor* grad_bias) {
+  check_f32_matrix(weight, "linear_backward", "weight");
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  check_f32_matrix(saved.x, "linear_backward", "saved.x");
+  const int64_t n = saved.x.dim(0);
+  check_f32(saved.x, "linear_backward", "saved.x", {n, in});
+  check_f32(grad_y, "linear_backward", "grad_y", {n, out});
+  check_f32(grad_weight, "linear_backward", "grad_weight", {out, in});
+  Tensor grad_x = Tensor::empty({n, in});
+  matmul(grad_y.data<float>(), weight.data<float>(), grad_x.data<float>(), n, in, out, false, false, false);
+  matmul(grad_y.data<float>(), saved.x.data<float>(), grad_weight.data<float>(), out, in, n, true, false,
+         true);
+  if (grad_bias) {
+    check_f32(*grad_bias, "linear_backward", "grad_bias", {out});
+    float* gb = grad_bias->data<float>();
+    const float* gy = grad_y.data<float>();
+    // Row by row in a fixed order: deterministic regardless of threads.
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) gb[j] += gy[i * out + j];
+  }
+  return grad_x;
+}
+
+}  // namespace expar::nn

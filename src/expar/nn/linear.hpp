@@ -1,0 +1,20 @@
+#pragma once
+// Linear layer y = x·Wᵀ (+ b), W stored [out, in] as PyTorch does, so checkpoints load without transposes.
+#include "expar/core/tensor.hpp"
+
+namespace expar::nn {
+
+struct LinearSaved {
+  Tensor x;  // the input [N, in]; shares storage with the caller's tensor
+};
+
+// x [N, in], weight [out, in], bias [out] or nullptr. Returns y [N, out]. `saved` may be nullptr
+// (inference).
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, LinearSaved* saved);
+
+// Returns grad_x [N, in]; accumulates grad_weight [out, in] += grad_yᵀ·x and grad_bias [out] += Σ grad_y
+// (grad_bias nullptr when there is no bias).
+Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Tensor& weight,
+                       Tensor& grad_weight, Tensor* grad_bias);
+
+}  // namespace expar::nn
