@@ -1,0 +1,68 @@
+#include "expar/nn/rmsnorm.hpp"
+
+#include <gtest/gtest.h>
+
+#include "nn/test_util.hpp"
+
+namespace expar::nn {
+namespace {
+
+using testing::expect_gradient;
+using testing::project;
+using testing::randn;
+
+TEST(RmsNorm, ForwardMatchesNaiveReference) {
+  const int64_t n = 4, d = 9;
+  const float eps = 1e-5f;
+  Tensor x = randn({n, d}, 1, 3.0f), g = randn({d}, 2);
+  RmsNormSaved saved;
+  Tensor y = rmsnorm_forward(x, g, eps, &saved);
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += std::pow(static_cast<double>(x.data<float>()[i * d + j]), 2);
+    const double r = 1.0 / std::sqrt(ss / d + eps);
+    EXPECT_NEAR(saved.rstd.data<float>()[i], r, 1e-6 * r);
+    for (int64_t j = 0; j < d; ++j) {
+      const double ref = x.data<float>()[i * d + j] * r * g.data<float>()[j];
+      EXPECT_NEAR(y.data<float>()[i * d + j], ref, 1e-5 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
+TEST(RmsNorm, UnitGainGivesUnitRootMeanSquare) {
+  const int64_t n = 3, d = 16;
+  Tensor x = randn({n, d}, 1, 50.0f), g = Tensor::empty({d});
+  g.fill(1.0f);
+  Tensor y = rmsnorm_forward(x, g, 1e-6f, nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += std::pow(static_cast<double>(y.data<float>()[i * d + j]), 2);
+    EXPECT_NEAR(std::sqrt(ss / d), 1.0, 1e-5);
+  }
+}
+
+TEST(RmsNorm, GradientsMatchFiniteDifferences) {
+  const int64_t n = 5, d = 8;
+  const float eps = 1e-5f;
+  Tensor x = randn({n, d}, 1), g = randn({d}, 2), r = randn({n, d}, 3);
+  RmsNormSaved saved;
+  rmsnorm_forward(x, g, eps, &saved);
+  Tensor gg = Tensor::zeros({d});
+  Tensor gx = rmsnorm_backward(saved, r, g, gg);
+  auto loss = [&] { return project(r, rmsnorm_forward(x, g, eps, nullptr)); };
+  expect_gradient("rmsnorm grad_x", loss, x, gx, 1e-2, 5e-3);
+  expect_gradient("rmsnorm grad_gain", loss, g, gg, 1e-2, 5e-3);
+  // Accumulation: a second backward adds the same amount again.
+  Tensor gg1 = gg.clone();
+  rmsnorm_backward(saved, r, g, gg);
+  for (int64_t j = 0; j < d; ++j) EXPECT_FLOAT_EQ(gg.data<float>()[j], 2 * gg1.data<float>()[j]);
+}
+
+TEST(RmsNorm, RejectsBadArguments) {
+  Tensor x = randn({2, 4}, 1), g = randn({4}, 2), g_bad = randn({5}, 2);
+  EXPECT_THROW(rmsnorm_forward(x, g_bad, 1e-5f, nullptr), Error);
+  EXPECT_THROW(rmsnorm_forward(x, g, 0.0f, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace expar::nn

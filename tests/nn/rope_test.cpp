@@ -1,0 +1,119 @@
+#include "expar/nn/rope.hpp"
+
+#include <gtest/gtest.h>
+
+#include "nn/test_util.hpp"
+
+namespace expar::nn {
+namespace {
+
+using testing::expect_gradient;
+using testing::project;
+using testing::randn;
+
+Tensor positions_of(std::vector<int32_t> values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+TEST(Rope, MatchesRotateHalfReference) {
+  const int64_t hd = 8, heads = 2, half = hd / 2;
+  const double theta = 500.0;
+  Rope rope(hd, 64, theta);
+  Tensor pos = positions_of({0, 1, 7, 63});
+  Tensor x = randn({4, heads * hd}, 1);
+  Tensor y = x.clone();
+  rope.forward(y, heads, pos);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = pos.data<int32_t>()[r] * std::pow(theta, -2.0 * i / hd);
+        const float* v = x.data<float>() + r * heads * hd + h * hd;
+        const float* w = y.data<float>() + r * heads * hd + h * hd;
+        EXPECT_NEAR(w[i], v[i] * std::cos(angle) - v[i + half] * std::sin(angle), 1e-5);
+        EXPECT_NEAR(w[i + half], v[i + half] * std::cos(angle) + v[i] * std::sin(angle), 1e-5);
+      }
+  // Position 0 is the identity.
+  for (int64_t j = 0; j < heads * hd; ++j) EXPECT_EQ(y.data<float>()[j], x.data<float>()[j]);
+}
+
+TEST(Rope, PreservesNormsAndBackwardUndoesForward) {
+  const int64_t hd = 16, heads = 3;
+  Rope rope(hd, 300);
+  Tensor pos = positions_of({5, 299, 42});
+  Tensor x = randn({3, heads * hd}, 1);
+  Tensor y = x.clone();
+  rope.forward(y, heads, pos);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      double nx = 0, ny = 0;
+      for (int64_t i = 0; i < hd; ++i) {
+        nx += std::pow(static_cast<double>(x.data<float>()[(r * heads + h) * hd + i]), 2);
+        ny += std::pow(static_cast<double>(y.data<float>()[(r * heads + h) * hd + i]), 2);
+      }
+      EXPECT_NEAR(ny, nx, 1e-5 * nx);
+    }
+  EXPECT_GT(testing::max_abs_diff(x, y), 1e-2);  // it did rotate
+  rope.backward(y, heads, pos);
+  EXPECT_LT(testing::max_abs_diff(x, y), 1e-5);
+}
+
+TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
+  const int64_t hd = 8;
+  Rope rope(hd, 128);
+  Tensor q = randn({1, hd}, 1), k = randn({1, hd}, 2);
+  auto rotated_dot = [&](int32_t pq, int32_t pk) {
+    Tensor a = q.clone(), b = k.clone();
+    rope.forward(a, 1, positions_of({pq}));
+    rope.forward(b, 1, positions_of({pk}));
+    return project(a, b);
+  };
+  const double base = rotated_dot(10, 3);
+  EXPECT_NEAR(rotated_dot(17, 10), base, 1e-4);
+  EXPECT_NEAR(rotated_dot(107, 100), base, 1e-4);
+  EXPECT_GT(std::fabs(rotated_dot(10, 4) - base), 1e-3);
+}
+
+TEST(Rope, BackwardIsTheGradientOfForward) {
+  const int64_t hd = 6, heads = 2;
+  Rope rope(hd, 32);
+  Tensor pos = positions_of({3, 31, 0, 9});
+  Tensor x = randn({4, heads * hd}, 1), r = randn({4, heads * hd}, 2);
+  Tensor grad = r.clone();
+  rope.backward(grad, heads, pos);
+  expect_gradient(
+      "rope grad_x",
+      [&] {
+        Tensor y = x.clone();
+        rope.forward(y, heads, pos);
+        return project(r, y);
+      },
+      x, grad, 1e-2, 1e-3);
+}
+
+TEST(Rope, StridedRowsLeaveTheGapUntouched) {
+  const int64_t hd = 4, heads = 1, ld = 6;
+  Rope rope(hd, 8);
+  Tensor x = randn({2, ld}, 1);
+  Tensor y = x.clone();
+  const int32_t pos[2] = {3, 5};
+  rope.apply(y.data<float>(), 2, heads, ld, pos, false);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t j = hd; j < ld; ++j) EXPECT_EQ(y.data<float>()[r * ld + j], x.data<float>()[r * ld + j]);
+  EXPECT_NE(y.data<float>()[ld], x.data<float>()[ld]);
+}
+
+TEST(Rope, RejectsBadConfigurationAndPositions) {
+  EXPECT_THROW(Rope(7, 16), Error);
+  EXPECT_THROW(Rope(8, 0), Error);
+  EXPECT_THROW(Rope(8, 16, 1.0), Error);
+  Rope rope(4, 16);
+  Tensor x = randn({1, 4}, 1);
+  EXPECT_THROW(rope.forward(x, 1, positions_of({16})), Error);
+  EXPECT_THROW(rope.forward(x, 1, positions_of({-1})), Error);
+  EXPECT_THROW(rope.forward(x, 2, positions_of({0})), Error);
+}
+
+}  // namespace
+}  // namespace expar::nn
