@@ -1,0 +1,121 @@
+#include "expar/moe/expert_mlp.hpp"
+
+#include <cmath>
+
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+
+namespace expar {
+
+void ExpertWeights::validate() const {
+  EXPAR_CHECK(w1.ndim() == 3 && w3.ndim() == 3 && w2.ndim() == 3,
+              "expert weights must be 3-d [E_L, h, d] / [E_L, d, h], got w1 {} w3 {} w2 {}",
+              shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));
+  EXPAR_CHECK(
+      w3.shape() == w1.shape() && w2.dim(0) == w1.dim(0) && w2.dim(1) == w1.dim(2) && w2.dim(2) == w1.dim(1),
+      "expert weight shapes disagree: w1 {} (gate [E_L,h,d]), w3 {} (up [E_L,h,d]), w2 {} (down [E_L,d,h])",
+      shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));
+}
+
+namespace {
+
+float sigmoid(float a) {
+  return 1.0f / (1.0f + std::exp(-a));
+}
+
+void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  EXPAR_CHECK(t.dtype() == DType::F32 && t.ndim() == 2 && t.dim(0) >= rows && t.dim(1) == cols,
+              "{} must be f32 [>= {}, {}], got {} {}", what, rows, cols, dtype_name(t.dtype()),
+              shape_string(t.shape()));
+}
+
+}  // namespace
+
+void expert_mlp_forward(const Tensor& input, std::span<const int64_t> offsets, const ExpertWeights& weights,
+                        Tensor& out, ExpertMlpState& state) {
+  weights.validate();
+  const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
+  EXPAR_CHECK(offsets.size() == static_cast<size_t>(e_local + 1) && offsets[0] == 0,
+              "expert offsets must be [E_L + 1] = {} entries starting at 0, got {}", e_local + 1,
+              offsets.size());
+  const int64_t recv = offsets[static_cast<size_t>(e_local)];
+  check_rows(input, recv, d, "expert input");
+  check_rows(out, recv, d, "expert output");
+
+  state.input = input;
+  state.offsets.assign(offsets.begin(), offsets.end());
+  state.gate_pre = Tensor::empty({recv, h});
+  state.up_pre = Tensor::empty({recv, h});
+  Tensor act = Tensor::empty({recv, h});
+  const float* x = input.data<float>();
+  float* a = state.gate_pre.data<float>();
+  float* b = state.up_pre.data<float>();
+  float* m = act.data<float>();
+  float* y = out.data<float>();
+  for (int64_t l = 0; l < e_local; ++l) {
+    const int64_t begin = offsets[static_cast<size_t>(l)], n = offsets[static_cast<size_t>(l) + 1] - begin;
+    EXPAR_CHECK(n >= 0, "expert offsets decrease at local expert {}", l);
+    if (n == 0) continue;
+    const float* w1 = weights.w1.data<float>() + l * h * d;
+    const float* w3 = weights.w3.data<float>() + l * h * d;
+    const float* w2 = weights.w2.data<float>() + l * d * h;
+    matmul(x + begin * d, w1, a + begin * h, n, h, d, false, true, false);
+    matmul(x + begin * d, w3, b + begin * h, n, h, d, false, true, false);
+    for (int64_t i = begin * h; i < (begin + n) * h; ++i) m[i] = a[i] * sigmoid(a[i]) * b[i];
+    matmul(m + begin * h, w2, y + begin * d, n, d, h, false, true, false);
+  }
+}
+
+void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
+                         Tensor& grad_in, ExpertWeights& grads) {
+  weights.validate();
+  grads.validate();
+  EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
+              shape_string(grads.w1.shape()), shape_string(weights.w1.shape()));
+  const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
+  EXPAR_CHECK(state.offsets.size() == static_cast<size_t>(e_local + 1),
+              "expert backward: saved state is for {} local experts, weights for {}",
+              static_cast<int64_t>(state.offsets.size()) - 1, e_local);
+  const int64_t recv = state.offsets[static_cast<size_t>(e_local)];
+  check_rows(grad_out, recv, d, "expert output gradient");
+  check_rows(grad_in, recv, d, "expert input gradient");
+
+  Tensor act = Tensor::empty({recv, h});
+  Tensor grad_act = Tensor::empty({recv, h});
+  Tensor grad_a = Tensor::empty({recv, h});
+  Tensor grad_b = Tensor::empty({recv, h});
+  const float* x = state.input.data<float>();
+  const float* a = state.gate_pre.data<float>();
+  const float* b = state.up_pre.data<float>();
+  const float* gy = grad_out.data<float>();
+  float* m = act.data<float>();
+  float* gm = grad_act.data<float>();
+  float* ga = grad_a.data<float>();
+  float* gb = grad_b.data<float>();
+  float* gx = grad_in.data<float>();
+  for (int64_t l = 0; l < e_local; ++l) {
+    const int64_t begin = state.offsets[static_cast<size_t>(l)];
+    const int64_t n = state.offsets[static_cast<size_t>(l) + 1] - begin;
+    if (n == 0) continue;
+    const float* w1 = weights.w1.data<float>() + l * h * d;
+    const float* w3 = weights.w3.data<float>() + l * h * d;
+    const float* w2 = weights.w2.data<float>() + l * d * h;
+    for (int64_t i = begin * h; i < (begin + n) * h; ++i) m[i] = a[i] * sigmoid(a[i]) * b[i];
+    // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
+    matmul(gy + begin * d, m + begin * h, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
+    matmul(gy + begin * d, w2, gm + begin * h, n, h, d, false, false, false);
+    for (int64_t i = begin * h; i < (begin + n) * h; ++i) {
+      const float s = sigmoid(a[i]);
+      const float silu = a[i] * s;
+      gb[i] = gm[i] * silu;
+      ga[i] = gm[i] * b[i] * s * (1.0f + a[i] * (1.0f - s));
+    }
+    // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
+    matmul(ga + begin * h, x + begin * d, grads.w1.data<float>() + l * h * d, h, d, n, true, false, true);
+    matmul(gb + begin * h, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);
+    matmul(ga + begin * h, w1, gx + begin * d, n, d, h, false, false, false);
+    matmul(gb + begin * h, w3, gx + begin * d, n, d, h, false, false, true);
+  }
+}
+
+}  // namespace expar

@@ -1,0 +1,44 @@
+#pragma once
+// The routed experts of one rank: a SwiGLU MLP per local expert in Hugging Face Mixtral orientation,
+//   y = w2 · (silu(w1·x) ⊙ (w3·x)),  w1 (gate) [h, d], w3 (up) [h, d], w2 (down) [d, h],
+// stored for E_L local experts as [E_L, h, d], [E_L, h, d], [E_L, d, h].
+// Computed as grouped GEMMs over the expert-contiguous row intervals of the expert-side buffer (contract 3):
+// one oneDNN matmul per expert interval and product. Rows at and past offsets[E_L] (the capacity tail) are
+// never read or written.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "expar/core/tensor.hpp"
+
+namespace expar {
+
+struct ExpertWeights {
+  Tensor w1;  // [E_L, h, d]
+  Tensor w3;  // [E_L, h, d]
+  Tensor w2;  // [E_L, d, h]
+  int64_t local_count() const { return w1.dim(0); }
+  int64_t hidden() const { return w1.dim(1); }
+  int64_t model() const { return w1.dim(2); }
+  // Throws unless the three shapes agree.
+  void validate() const;
+};
+
+struct ExpertMlpState {
+  Tensor input;                  // expert-side input rows, saved by reference (the dispatch buffer in EP)
+  Tensor gate_pre;               // [recv_rows, h] w1·x
+  Tensor up_pre;                 // [recv_rows, h] w3·x
+  std::vector<int64_t> offsets;  // [E_L + 1]
+};
+
+// input [>= offsets[E_L], d]; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any
+// capacity).
+void expert_mlp_forward(const Tensor& input, std::span<const int64_t> offsets, const ExpertWeights& weights,
+                        Tensor& out, ExpertMlpState& state);
+
+// grad_out [>= recv, d]; writes rows [0, recv) of grad_in and ADDS the weight gradients into `grads`
+// (tensors shaped like the weights, initialised by the caller).
+void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
+                         Tensor& grad_in, ExpertWeights& grads);
+
+}  // namespace expar

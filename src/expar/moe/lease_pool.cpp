@@ -1,0 +1,92 @@
+#include "expar/moe/lease_pool.hpp"
+
+#include "expar/core/error.hpp"
+
+namespace expar {
+
+LeasePool::LeasePool(SymmetricHeap& heap, std::string name, size_t slot_bytes, bool debug_generations)
+    : heap_(heap), name_(std::move(name)), slot_bytes_(slot_bytes), debug_(debug_generations) {}
+
+LeasePool::Handle LeasePool::acquire(LeaseTag tag) {
+  int chosen = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].leased) {
+      chosen = static_cast<int>(i);
+      break;
+    }
+  }
+  if (chosen < 0) {
+    EXPAR_CHECK(
+        !frozen_,
+        "lease pool '{}' is frozen with {} slots, all leased, and block {} microbatch {} needs one more "
+        "({} slots needed): raise the pool size (run the dry run with the same schedule, or pass a larger "
+        "--lease-slots)",
+        name_, slots_.size(), tag.block, tag.microbatch, slots_.size() + 1);
+    Slot s;
+    s.buffer = heap_.allocate(name_ + ".slot" + std::to_string(slots_.size()), slot_bytes_,
+                              MemCategory::SymmetricBuffers);
+    slots_.push_back(s);
+    chosen = static_cast<int>(slots_.size()) - 1;
+  }
+  Slot& s = slots_[static_cast<size_t>(chosen)];
+  s.leased = true;
+  s.holder = tag;
+  ++s.generation;
+  high_water_ = std::max(high_water_, leased_count());
+  return Handle{chosen, s.generation, s.buffer, tag, true};
+}
+
+LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag) {
+  if (scratch_.buffer < 0)
+    scratch_.buffer = heap_.allocate(name_ + ".scratch", slot_bytes_, MemCategory::SymmetricBuffers);
+  ++scratch_.generation;
+  scratch_.holder = tag;
+  return Handle{-1, scratch_.generation, scratch_.buffer, tag, false};
+}
+
+void LeasePool::release(Handle& handle) {
+  EXPAR_CHECK(handle.leased,
+              "lease pool '{}': release of a handle of block {} microbatch {} that holds no lease", name_,
+              handle.tag.block, handle.tag.microbatch);
+  Slot& s = slots_.at(static_cast<size_t>(handle.slot));
+  EXPAR_CHECK(
+      s.leased && s.generation == handle.generation,
+      "lease pool '{}': slot {} released twice (block {} microbatch {}): release each lease exactly once, "
+      "after its last consumer",
+      name_, handle.slot, handle.tag.block, handle.tag.microbatch);
+  s.leased = false;
+  handle.leased = false;
+}
+
+void LeasePool::check(const Handle& handle) const {
+  if (!debug_) return;
+  const Slot& s = handle.slot < 0 ? scratch_ : slots_.at(static_cast<size_t>(handle.slot));
+  EXPAR_CHECK(
+      s.generation == handle.generation,
+      "lease pool '{}': the payload saved by block {} microbatch {} in {} was overwritten by block {} "
+      "microbatch {} (generation {} -> {}) before its backward read it: lease the buffer "
+      "instead of sharing it, or recompute the payload",
+      name_, handle.tag.block, handle.tag.microbatch,
+      handle.slot < 0 ? std::string("the shared scratch slot") : "slot " + std::to_string(handle.slot),
+      s.holder.block, s.holder.microbatch, handle.generation, s.generation);
+}
+
+void* LeasePool::data(const Handle& handle) {
+  return heap_.local(handle.buffer);
+}
+
+void LeasePool::freeze() {
+  frozen_ = true;
+}
+
+int LeasePool::leased_count() const {
+  int n = 0;
+  for (const auto& s : slots_) n += s.leased ? 1 : 0;
+  return n;
+}
+
+size_t LeasePool::resident_bytes() const {
+  return slot_bytes_ * (slots_.size() + (scratch_.buffer >= 0 ? 1 : 0));
+}
+
+}  // namespace expar

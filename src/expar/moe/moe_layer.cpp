@@ -1,0 +1,150 @@
+#include "expar/moe/moe_layer.hpp"
+
+#include <cmath>
+
+#include "expar/comm/comm.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/moe/score_bias.hpp"
+
+namespace expar {
+
+RouterConfig MoeConfig::router() const {
+  RouterConfig r;
+  r.num_experts = num_experts;
+  r.top_k = top_k;
+  r.score = score;
+  r.renormalize = renormalize;
+  r.n_group = n_group;
+  r.topk_group = topk_group;
+  r.aux_loss_coef = aux_loss_coef;
+  r.z_loss_coef = z_loss_coef;
+  return r;
+}
+
+void MoeConfig::validate(int ep_size) const {
+  router().validate();
+  EXPAR_CHECK(model_dim >= 1, "model_dim={} must be at least 1", model_dim);
+  EXPAR_CHECK(hidden_dim >= 1, "hidden_dim={} (expert MLP width) must be at least 1", hidden_dim);
+  capacity.validate();
+  EXPAR_CHECK(std::isfinite(bias_update_rate) && bias_update_rate >= 0.0f,
+              "bias_update_rate={} must be finite and >= 0", bias_update_rate);
+  ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
+}
+
+namespace {
+
+ExpertWeights make_experts(int64_t e_local, int64_t h, int64_t d, MemCategory category, bool zero) {
+  auto make = [&](Shape s) {
+    return zero ? Tensor::zeros(std::move(s), DType::F32, category)
+                : Tensor::empty(std::move(s), DType::F32, category);
+  };
+  ExpertWeights w;
+  w.w1 = make({e_local, h, d});
+  w.w3 = make({e_local, h, d});
+  w.w2 = make({e_local, d, h});
+  return w;
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name)
+    : config_(std::move(config)),
+      ep_group_(ep_group),
+      name_(std::move(name)),
+      placement_((config_.validate(ep_group.size()), config_.num_experts), ep_group.size(),
+                 config_.placement) {
+  PathOptions options;
+  options.model_dim = config_.model_dim;
+  options.top_k = config_.top_k;
+  options.placement = &placement_;
+  path_ = make_path(config_.path, ep_group_, options);
+  const int64_t e_local = placement_.local_count(), d = config_.model_dim, h = config_.hidden_dim;
+  params_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::DenseWeights);
+  if (config_.use_score_bias)
+    params_.score_bias = Tensor::zeros({config_.num_experts}, DType::F32, MemCategory::DenseWeights);
+  params_.experts = make_experts(e_local, h, d, MemCategory::ExpertWeights, true);
+  grads_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::Gradients);
+  grads_.experts = make_experts(e_local, h, d, MemCategory::Gradients, true);
+}
+
+MoeLayer::~MoeLayer() = default;
+
+int MoeLayer::ep_rank() const {
+  return ep_group_.rank();
+}
+
+void MoeLayer::init_params(uint64_t seed) {
+  const int64_t d = config_.model_dim, h = config_.hidden_dim;
+  fill_normal(params_.w_router, seed, stream_of((name_ + ".router").c_str()),
+              1.0f / std::sqrt(static_cast<float>(d)));
+  if (params_.score_bias.defined()) params_.score_bias.zero();
+  const int rank = ep_group_.rank();
+  for (int l = 0; l < placement_.local_count(); ++l) {
+    const int e = placement_.global_expert(rank, l);
+    auto fill = [&](Tensor& all, const char* which, int64_t rows, int64_t cols, int64_t fan_in) {
+      Tensor one = all.rows(l, l + 1).reshape({rows, cols});
+      const std::string stream = fmt::format("{}.experts.{}.{}", name_, e, which);
+      fill_normal(one, seed, stream_of(stream.c_str()), 1.0f / std::sqrt(static_cast<float>(fan_in)));
+    };
+    fill(params_.experts.w1, "w1", h, d, d);
+    fill(params_.experts.w3, "w3", h, d, d);
+    fill(params_.experts.w2, "w2", d, h, h);
+  }
+}
+
+void MoeLayer::zero_grads() {
+  grads_.w_router.zero();
+  grads_.experts.w1.zero();
+  grads_.experts.w3.zero();
+  grads_.experts.w2.zero();
+}
+
+Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
+  EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(1) == config_.model_dim,
+              "MoE layer '{}' input must be f32 [T, {}], got {} {}", name_, config_.model_dim,
+              dtype_name(x.dtype()), shape_string(x.shape()));
+  const Tensor* bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
+  RouterOutput routed = router_forward(config_.router(), x, params_.w_router, bias, state.router);
+  state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);
+  state.path = {};
+  Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
+  Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
+  expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
+  Tensor y = path_->combine_forward(expert_out, routed.topk_weight, state.routes, state.path);
+
+  MoeMetrics& m = state.metrics;
+  m.aux_loss = routed.aux_loss;
+  m.z_loss = routed.z_loss;
+  m.drop_rate = state.routes.group_drop_rate();
+  m.utilisation = state.routes.max_utilisation();
+  m.dropped = state.routes.dropped;
+  m.routes = x.dim(0) * config_.top_k;
+  m.expert_counts = std::move(routed.expert_counts);
+  return y;
+}
+
+Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
+  EXPAR_CHECK(grad_y.dtype() == DType::F32 && grad_y.ndim() == 2 && grad_y.dim(0) == state.routes.tokens &&
+                  grad_y.dim(1) == config_.model_dim,
+              "MoE layer '{}' backward: grad_y must be f32 [{}, {}], got {}", name_, state.routes.tokens,
+              config_.model_dim, shape_string(grad_y.shape()));
+  Tensor grad_topk_weight;
+  Tensor grad_out =
+      path_->combine_backward(grad_y, state.router.topk_weight, state.routes, state.path, grad_topk_weight);
+  Tensor grad_in = path_->expert_grad_input_buffer(state.routes, config_.model_dim, state.path);
+  expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts);
+  Tensor grad_x = path_->dispatch_backward(grad_in, state.routes, state.path);
+  router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x,
+                  grads_.w_router);
+  return grad_x;
+}
+
+void MoeLayer::update_score_bias(const MoeState& state, Comm& dp_group) {
+  EXPAR_CHECK(config_.use_score_bias,
+              "MoE layer '{}' has no score bias: set use_score_bias to balance with it", name_);
+  expar::update_score_bias(params_.score_bias.span<float>(), state.metrics.expert_counts,
+                           config_.bias_update_rate, dp_group);
+}
+
+}  // namespace expar

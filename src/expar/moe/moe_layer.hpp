@@ -1,0 +1,116 @@
+#pragma once
+// The MoE layer: router -> capacity policy + route map -> execution path dispatch -> grouped expert MLP ->
+// execution path combine, and the explicit backward of the same chain. The same layer object runs any
+// registered path (chosen by name), and with path "local" on one rank it is the reference every EP path is
+// held to.
+//
+// Parameters: the router weight W_r [E, d] (replicated on every rank of the EP group) and optional score
+// bias [E]; the E_L local experts' w1, w3 [E_L, h, d] and w2 [E_L, d, h]. init_params(seed) gives global
+// expert e the same values whatever the EP size or placement (one RNG stream per (layer name, expert)).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "expar/core/tensor.hpp"
+#include "expar/moe/capacity.hpp"
+#include "expar/moe/expert_mlp.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/route_map.hpp"
+#include "expar/moe/router.hpp"
+#include "expar/topo/placement.hpp"
+
+namespace expar {
+
+class Comm;
+
+struct MoeConfig {
+  int num_experts = 0;     // E
+  int top_k = 0;           // K
+  int64_t model_dim = 0;   // d
+  int64_t hidden_dim = 0;  // h (per expert)
+  ScoreFunction score = ScoreFunction::Softmax;
+  bool renormalize = false;
+  int n_group = 1;
+  int topk_group = 1;
+  bool use_score_bias = false;  // auxiliary-loss-free balancing
+  float bias_update_rate = 1e-3f;
+  CapacityPolicy capacity;  // dropless by default
+  double aux_loss_coef = 0.0;
+  double z_loss_coef = 0.0;
+  std::string path = "local";
+  PlacementKind placement = PlacementKind::Contiguous;
+
+  RouterConfig router() const;
+  // Throws expar::Error naming the offending value and the fix.
+  void validate(int ep_size) const;
+};
+
+struct MoeParams {
+  Tensor w_router;        // [E, d]
+  Tensor score_bias;      // [E] (defined only with use_score_bias)
+  ExpertWeights experts;  // local experts
+};
+
+struct MoeGrads {
+  Tensor w_router;        // [E, d]
+  ExpertWeights experts;  // local experts
+};
+
+struct MoeMetrics {
+  double aux_loss = 0.0;               // L_aux (unscaled)
+  double z_loss = 0.0;                 // L_z (unscaled)
+  double drop_rate = 0.0;              // dropped / (T·K), mean over the EP group's ranks
+  double utilisation = 0.0;            // received rows / capacity rows, max over the EP group's ranks
+  int64_t dropped = 0;                 // this rank's dropped routes
+  int64_t routes = 0;                  // this rank's T·K
+  std::vector<int64_t> expert_counts;  // [E] this rank's routes per expert (before capacity)
+};
+
+struct MoeState {
+  RouterState router;
+  RouteMap routes;
+  PathState path;
+  ExpertMlpState experts;
+  MoeMetrics metrics;
+};
+
+class MoeLayer {
+ public:
+  // ep_group: the EP_MP group (size M_E); it must outlive the layer.
+  MoeLayer(MoeConfig config, Comm& ep_group, std::string name = "moe");
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  const MoeConfig& config() const { return config_; }
+  const ExpertPlacement& placement() const { return placement_; }
+  const std::string& name() const { return name_; }
+  int ep_rank() const;
+  MoeParams& params() { return params_; }
+  const MoeParams& params() const { return params_; }
+  MoeGrads& grads() { return grads_; }
+  ExpertPath& path() { return *path_; }
+
+  // Deterministic, layout-independent initialisation (normal, std 1/sqrt(fan-in)); the bias starts at 0.
+  void init_params(uint64_t seed);
+  void zero_grads();
+
+  // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
+  Tensor forward(const Tensor& x, MoeState& state);
+  // grad_y [T, d] -> grad_x [T, d]; ADDS parameter gradients into grads(). Collective over the EP group.
+  Tensor backward(const Tensor& grad_y, MoeState& state);
+  // Auxiliary-loss-free balancing step with the counts of `state`, summed over dp_group (collective).
+  void update_score_bias(const MoeState& state, Comm& dp_group);
+
+ private:
+  MoeConfig config_;
+  Comm& ep_group_;
+  std::string name_;
+  ExpertPlacement placement_;
+  std::unique_ptr<ExpertPath> path_;
+  MoeParams params_;
+  MoeGrads grads_;
+};
+
+}  // namespace expar

@@ -1,0 +1,72 @@
+#pragma once
+// Execution paths (DESIGN contracts 1-5). A path ONLY MOVES ROWS between a source rank's tokens and the
+// expert-side buffers of the EP group; routing, capacity, the route map, the expert MLP and the per-route
+// arithmetic (route_rows.hpp) are shared, so every path gives bit-identical results for the same inputs.
+//
+// One layer step calls, in this order:
+//   forward:  in  = dispatch_forward(x)                  [capacity_rows, d], rows [0, recv_rows) written
+//             out = expert_output_buffer()               where the expert MLP writes rows [0, recv_rows)
+//             y   = combine_forward(out, topk_weight)    [T, d]
+//   backward: g_out = combine_backward(grad_y, topk_weight, &grad_topk_weight)  [capacity_rows, d]
+//             g_in  = expert_grad_input_buffer()         where the expert MLP backward writes its rows
+//             grad_x = dispatch_backward(g_in)           [T, d]
+// Tails [recv_rows, capacity_rows) of the expert-side tensors are never written or read by anyone.
+// The two *_buffer hooks let a path hand out memory its peers can reach (symmetric buffers) so that the
+// combine/dispatch backward can GET rows straight from where the experts wrote them; the default allocates.
+//
+// A new path is one file under moe/paths/ plus one line in paths/registry.cpp.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "expar/core/tensor.hpp"
+#include "expar/moe/paths/route_rows.hpp"
+#include "expar/moe/route_map.hpp"
+#include "expar/topo/placement.hpp"
+
+namespace expar {
+
+class Comm;
+
+// What a path keeps between its passes of one layer step (saved with the layer's state).
+struct PathState {
+  // Expert output rows as the source's routes see them, kept by combine_forward for the weight gradient
+  // in combine_backward (local: the expert-side buffer itself; EP paths: the rows gathered to the source).
+  RouteRows combine_rows;
+  // Anything else a path keeps (buffer leases, peer-packed buffers, ...), owned by the path's code.
+  std::shared_ptr<void> path_data;
+};
+
+struct PathOptions {
+  int64_t model_dim = 0;  // d
+  int top_k = 0;          // K
+  const ExpertPlacement* placement = nullptr;
+};
+
+class ExpertPath {
+ public:
+  virtual ~ExpertPath() = default;
+  virtual std::string name() const = 0;
+
+  // x [T, d] -> expert-side input [capacity_rows, d] in contract-3 layout (rows [0, recv_rows) written).
+  virtual Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) = 0;
+  // Expert output rows -> y [T, d] = merge_routes (Σ_k w[t,k]·out(route t,k) in k order, dropped = 0).
+  virtual Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
+                                 PathState& state) = 0;
+  // grad_y [T, d] -> gradient of the expert output rows (w·grad_y at each route's row, rows [0, recv_rows)),
+  // and grad_topk_weight [T, K] = route_weight_grads (dot(grad_y[t], out(route t,k)), 0 for dropped).
+  virtual Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                                  PathState& state, Tensor& grad_topk_weight) = 0;
+  // Gradient of the expert input rows -> grad_x [T, d] = sum_routes (Σ_k grad_in(route t,k) in k order).
+  virtual Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) = 0;
+
+  // Where the expert MLP writes its output rows / its input-gradient rows ([capacity_rows, d]).
+  virtual Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state);
+  virtual Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state);
+};
+
+// The registry: "local" (EP size 1). Throws expar::Error naming the known paths for an unknown name.
+std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
+std::vector<std::string> path_names();
+
+}  // namespace expar

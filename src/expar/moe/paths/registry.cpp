@@ -1,0 +1,45 @@
+// Where paths are registered: one declaration and one table line per path.
+#include <fmt/ranges.h>
+
+#include "expar/core/error.hpp"
+#include "expar/moe/paths/path.hpp"
+
+namespace expar {
+
+std::unique_ptr<ExpertPath> make_local_path(Comm& ep_group, const PathOptions& options);
+
+namespace {
+
+using PathFactory = std::unique_ptr<ExpertPath> (*)(Comm&, const PathOptions&);
+struct PathEntry {
+  const char* name;
+  PathFactory make;
+};
+
+constexpr PathEntry kPaths[] = {
+    {"local", make_local_path},
+};
+
+}  // namespace
+
+Tensor ExpertPath::expert_output_buffer(const RouteMap& map, int64_t d, PathState&) {
+  return Tensor::empty({map.capacity_rows, d});
+}
+
+Tensor ExpertPath::expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState&) {
+  return Tensor::empty({map.capacity_rows, d});
+}
+
+std::vector<std::string> path_names() {
+  std::vector<std::string> names;
+  for (const PathEntry& p : kPaths) names.emplace_back(p.name);
+  return names;
+}
+
+std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options) {
+  for (const PathEntry& p : kPaths)
+    if (name == p.name) return p.make(ep_group, options);
+  fail("execution path '{}' is unknown: choose one of {}", name, fmt::join(path_names(), ", "));
+}
+
+}  // namespace expar

@@ -1,0 +1,190 @@
+#include "expar/moe/route_map.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "expar/comm/comm.hpp"
+#include "expar/core/error.hpp"
+
+namespace expar {
+
+double RouteMap::drop_rate_of(int source) const {
+  const int64_t t = tokens_per_source[static_cast<size_t>(source)];
+  if (t == 0) return 0.0;
+  int64_t req = 0, acc = 0;
+  for (int e = 0; e < num_experts; ++e) {
+    req += requested_of(source, e);
+    acc += accepted_of(source, e);
+  }
+  return static_cast<double>(req - acc) / static_cast<double>(t * top_k);
+}
+
+double RouteMap::group_drop_rate() const {
+  double sum = 0.0;
+  for (int s = 0; s < ep_size; ++s) sum += drop_rate_of(s);
+  return sum / ep_size;
+}
+
+int64_t RouteMap::rows_received_by(int rank) const {
+  int64_t rows = 0;
+  for (int e = 0; e < num_experts; ++e)
+    if (expert_owner[static_cast<size_t>(e)] == rank)
+      for (int s = 0; s < ep_size; ++s) rows += accepted_of(s, e);
+  return rows;
+}
+
+double RouteMap::utilisation_of(int rank) const {
+  if (capacity_rows == 0) return 0.0;
+  return static_cast<double>(rows_received_by(rank)) / static_cast<double>(capacity_rows);
+}
+
+double RouteMap::max_utilisation() const {
+  double best = 0.0;
+  for (int r = 0; r < ep_size; ++r) best = std::max(best, utilisation_of(r));
+  return best;
+}
+
+std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts) {
+  EXPAR_CHECK(topk_idx.dtype() == DType::I32 && topk_idx.ndim() == 2,
+              "topk_idx must be an int32 [T, K] tensor, got {} {}", dtype_name(topk_idx.dtype()),
+              shape_string(topk_idx.shape()));
+  const int64_t t_count = topk_idx.dim(0);
+  const int k_count = static_cast<int>(topk_idx.dim(1));
+  const int32_t* idx = topk_idx.data<int32_t>();
+  std::vector<int64_t> counts(static_cast<size_t>(num_experts), 0);
+  for (int64_t t = 0; t < t_count; ++t) {
+    for (int k = 0; k < k_count; ++k) {
+      const int32_t e = idx[t * k_count + k];
+      if (e == -1) continue;
+      EXPAR_CHECK(e >= 0 && e < num_experts,
+                  "token {} route {} names expert {}: expert indices must be in [0, {}) "
+                  "or -1 for an invalid route",
+                  t, k, e, num_experts);
+      for (int j = 0; j < k; ++j)
+        EXPAR_CHECK(idx[t * k_count + j] != e,
+                    "token {} names expert {} in routes {} and {}: a token's K experts must be distinct", t,
+                    e, j, k);
+      ++counts[static_cast<size_t>(e)];
+    }
+  }
+  return counts;
+}
+
+RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
+                         std::span<const int64_t> tokens, const ExpertPlacement& placement,
+                         const CapacityPolicy& policy) {
+  const int m = placement.ep_size();
+  const int e_count = placement.num_experts();
+  const int e_local = placement.local_count();
+  EXPAR_CHECK(ep_rank >= 0 && ep_rank < m, "EP rank {} is outside the group of {}", ep_rank, m);
+  const std::vector<int64_t> mine = count_requests(topk_idx, e_count);
+  const int64_t t_count = topk_idx.dim(0);
+  const int k_count = static_cast<int>(topk_idx.dim(1));
+  EXPAR_CHECK(tokens.size() == static_cast<size_t>(m) && tokens[static_cast<size_t>(ep_rank)] == t_count,
+              "route map: rank {} has {} tokens but the gathered token counts say {}", ep_rank, t_count,
+              tokens.size() == static_cast<size_t>(m) ? tokens[static_cast<size_t>(ep_rank)] : -1);
+  EXPAR_CHECK(requests.size() == static_cast<size_t>(m) * e_count,
+              "route map: request matrix has {} entries, expected {} x {}", requests.size(), m, e_count);
+  for (int e = 0; e < e_count; ++e)
+    EXPAR_CHECK(requests[static_cast<size_t>(ep_rank) * e_count + e] == mine[static_cast<size_t>(e)],
+                "route map: rank {} routes {} tokens to expert {} but the gathered request matrix says {}",
+                ep_rank, mine[static_cast<size_t>(e)], e,
+                requests[static_cast<size_t>(ep_rank) * e_count + e]);
+
+  RouteMap map;
+  map.tokens = t_count;
+  map.top_k = k_count;
+  map.num_experts = e_count;
+  map.ep_size = m;
+  map.ep_rank = ep_rank;
+  map.tokens_per_source.assign(tokens.begin(), tokens.end());
+  map.requested.assign(requests.begin(), requests.end());
+  CapacityPlan plan = plan_capacity(requests, tokens, k_count, placement, policy);
+  map.accepted = std::move(plan.accepted);
+  map.capacity_rows = plan.capacity_rows;
+  EXPAR_CHECK(
+      map.capacity_rows <= std::numeric_limits<int32_t>::max(),
+      "expert-side capacity of {} rows exceeds the int32 row index of the route map: use fewer tokens "
+      "per rank or a capacity factor",
+      map.capacity_rows);
+  map.expert_owner.resize(static_cast<size_t>(e_count));
+  for (int e = 0; e < e_count; ++e) map.expert_owner[static_cast<size_t>(e)] = placement.owner(e);
+
+  // base[e]: the row where this rank's first route to expert e lands on its owner.
+  std::vector<int64_t> base(static_cast<size_t>(e_count), 0);
+  for (int r = 0; r < m; ++r) {
+    int64_t offset = 0;
+    for (int l = 0; l < e_local; ++l) {
+      const int e = placement.global_expert(r, l);
+      int64_t before_me = 0;
+      for (int s = 0; s < ep_rank; ++s) before_me += map.accepted_of(s, e);
+      base[static_cast<size_t>(e)] = offset + before_me;
+      int64_t all = 0;
+      for (int s = 0; s < m; ++s) all += map.accepted_of(s, e);
+      if (r == ep_rank) map.expert_offsets.push_back(offset);
+      offset += all;
+    }
+    if (r == ep_rank) {
+      map.expert_offsets.push_back(offset);
+      map.recv_rows = offset;
+    }
+  }
+  map.recv_counts.assign(static_cast<size_t>(m), 0);
+  map.send_counts.assign(static_cast<size_t>(m), 0);
+  for (int s = 0; s < m; ++s)
+    for (int e : placement.local_experts(ep_rank))
+      map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, e);
+
+  map.dst_rank = Tensor::empty({t_count, k_count}, DType::I32);
+  map.dst_row = Tensor::empty({t_count, k_count}, DType::I32);
+  int32_t* dst_rank = map.dst_rank.data<int32_t>();
+  int32_t* dst_row = map.dst_row.data<int32_t>();
+  const int32_t* idx = topk_idx.data<int32_t>();
+  std::vector<int64_t> used(static_cast<size_t>(e_count), 0);
+  for (int64_t t = 0; t < t_count; ++t) {
+    for (int k = 0; k < k_count; ++k) {
+      const int64_t i = t * k_count + k;
+      const int32_t e = idx[i];
+      if (e < 0) {
+        dst_rank[i] = dst_row[i] = -1;
+        ++map.invalid;
+        continue;
+      }
+      int64_t& n = used[static_cast<size_t>(e)];
+      if (n < map.accepted_of(ep_rank, e)) {
+        const int owner = map.expert_owner[static_cast<size_t>(e)];
+        dst_rank[i] = owner;
+        dst_row[i] = static_cast<int32_t>(base[static_cast<size_t>(e)] + n);
+        ++map.send_counts[static_cast<size_t>(owner)];
+        ++n;
+      } else {
+        dst_rank[i] = dst_row[i] = -1;
+        ++map.dropped;
+      }
+    }
+  }
+  return map;
+}
+
+RouteMap build_route_map(const Tensor& topk_idx, Comm& ep_group, const ExpertPlacement& placement,
+                         const CapacityPolicy& policy) {
+  const int m = placement.ep_size();
+  const int e_count = placement.num_experts();
+  EXPAR_CHECK(ep_group.size() == m,
+              "route map: EP group '{}' has {} ranks but the expert placement is for {}", ep_group.name(),
+              ep_group.size(), m);
+  std::vector<int64_t> mine = count_requests(topk_idx, e_count);
+  mine.push_back(topk_idx.dim(0));
+  std::vector<int64_t> gathered(static_cast<size_t>(m) * (e_count + 1));
+  ep_group.all_gather(mine.data(), gathered.data(), mine.size(), DType::I64);
+  std::vector<int64_t> requests, tokens;
+  requests.reserve(static_cast<size_t>(m) * e_count);
+  for (int s = 0; s < m; ++s) {
+    auto row = gathered.begin() + static_cast<ptrdiff_t>(s) * (e_count + 1);
+    requests.insert(requests.end(), row, row + e_count);
+    tokens.push_back(row[e_count]);
+  }
+  return build_route_map(topk_idx, ep_group.rank(), requests, tokens, placement, policy);
+}
+
+}  // namespace expar

@@ -1,0 +1,258 @@
+#include "expar/moe/router.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+
+namespace expar {
+
+ScoreFunction score_function_from_name(const std::string& name) {
+  if (name == "softmax") return ScoreFunction::Softmax;
+  if (name == "sigmoid") return ScoreFunction::Sigmoid;
+  fail("score function '{}' is unknown: use 'softmax' or 'sigmoid'", name);
+}
+
+std::string score_function_name(ScoreFunction fn) {
+  return fn == ScoreFunction::Softmax ? "softmax" : "sigmoid";
+}
+
+void RouterConfig::validate() const {
+  EXPAR_CHECK(num_experts >= 1, "num_experts={} must be at least 1", num_experts);
+  EXPAR_CHECK(top_k >= 1 && top_k <= num_experts,
+              "top_k={} must be in [1, num_experts={}]: a token cannot choose more experts than exist", top_k,
+              num_experts);
+  EXPAR_CHECK(n_group >= 1, "n_group={} must be at least 1 (1 = no group-limited routing)", n_group);
+  if (n_group > 1) {
+    EXPAR_CHECK(num_experts % n_group == 0,
+                "num_experts={} is not divisible by n_group={}: choose n_group dividing it", num_experts,
+                n_group);
+    EXPAR_CHECK(topk_group >= 1 && topk_group <= n_group, "topk_group={} must be in [1, n_group={}]",
+                topk_group, n_group);
+    const int eligible = topk_group * (num_experts / n_group);
+    EXPAR_CHECK(top_k <= eligible,
+                "top_k={} exceeds the {} experts eligible with topk_group={} of n_group={}: raise topk_group",
+                top_k, eligible, topk_group, n_group);
+  }
+  EXPAR_CHECK(std::isfinite(aux_loss_coef) && aux_loss_coef >= 0.0,
+              "aux_loss_coef={} must be finite and >= 0", aux_loss_coef);
+  EXPAR_CHECK(std::isfinite(z_loss_coef) && z_loss_coef >= 0.0, "z_loss_coef={} must be finite and >= 0",
+              z_loss_coef);
+}
+
+namespace {
+
+// Softmax of one row in double; returns logsumexp.
+double softmax_row(const float* logits, int n, double* out) {
+  double mx = -INFINITY;
+  for (int e = 0; e < n; ++e) mx = std::max(mx, static_cast<double>(logits[e]));
+  double sum = 0.0;
+  for (int e = 0; e < n; ++e) {
+    out[e] = std::exp(static_cast<double>(logits[e]) - mx);
+    sum += out[e];
+  }
+  for (int e = 0; e < n; ++e) out[e] /= sum;
+  return mx + std::log(sum);
+}
+
+// Greater-first with ties to the lower index: a strict weak order for finite values.
+struct ByScore {
+  const float* v;
+  bool operator()(int a, int b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+}  // namespace
+
+RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
+                            const Tensor* score_bias, RouterState& state) {
+  config.validate();
+  const int e_count = config.num_experts;
+  const int k_count = config.top_k;
+  EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2, "router input must be f32 [T, d], got {} {}",
+              dtype_name(x.dtype()), shape_string(x.shape()));
+  const int64_t t_count = x.dim(0), d = x.dim(1);
+  EXPAR_CHECK(w_router.ndim() == 2 && w_router.dim(0) == e_count && w_router.dim(1) == d,
+              "router weight has shape {}, expected [{}, {}] (num_experts, model dim)",
+              shape_string(w_router.shape()), e_count, d);
+  if (score_bias)
+    EXPAR_CHECK(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
+                score_bias->numel(), e_count);
+
+  state = {};
+  state.x = x;
+  state.logits = Tensor::empty({t_count, e_count});
+  matmul(x.data<float>(), w_router.data<float>(), state.logits.data<float>(), t_count, e_count, d, false,
+         true, false);
+  state.scores = Tensor::empty({t_count, e_count});
+  state.topk_idx = Tensor::empty({t_count, k_count}, DType::I32);
+  state.topk_weight = Tensor::empty({t_count, k_count});
+  state.expert_counts.assign(static_cast<size_t>(e_count), 0);
+
+  const float* logits = state.logits.data<float>();
+  float* scores = state.scores.data<float>();
+  int32_t* idx_out = state.topk_idx.data<int32_t>();
+  float* w_out = state.topk_weight.data<float>();
+  const float* bias = score_bias ? score_bias->data<float>() : nullptr;
+  const int group_size = e_count / config.n_group;
+
+  std::vector<double> prob(static_cast<size_t>(e_count));
+  std::vector<float> select(static_cast<size_t>(e_count));
+  std::vector<float> group_score(static_cast<size_t>(config.n_group));
+  std::vector<int> order(static_cast<size_t>(e_count)), groups(static_cast<size_t>(config.n_group));
+  std::vector<double> score_sum(static_cast<size_t>(e_count), 0.0);
+  double z_sum = 0.0;
+
+  for (int64_t t = 0; t < t_count; ++t) {
+    const float* lrow = logits + t * e_count;
+    float* srow = scores + t * e_count;
+    for (int e = 0; e < e_count; ++e)
+      EXPAR_CHECK(std::isfinite(lrow[e]),
+                  "router logit of token {} for expert {} is {}: the input or router "
+                  "weights are not finite",
+                  t, e, lrow[e]);
+    const double lse = softmax_row(lrow, e_count, prob.data());
+    z_sum += lse * lse;
+    for (int e = 0; e < e_count; ++e) {
+      srow[e] = config.score == ScoreFunction::Softmax
+                    ? static_cast<float>(prob[static_cast<size_t>(e)])
+                    : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e]))));
+      score_sum[static_cast<size_t>(e)] += srow[e];
+      select[static_cast<size_t>(e)] = bias ? srow[e] + bias[e] : srow[e];
+    }
+
+    // Eligible experts, in index order.
+    order.clear();
+    if (config.n_group > 1) {
+      for (int g = 0; g < config.n_group; ++g) {
+        const float* gs = select.data() + static_cast<ptrdiff_t>(g) * group_size;
+        if (config.score == ScoreFunction::Softmax) {
+          group_score[static_cast<size_t>(g)] = *std::max_element(gs, gs + group_size);
+        } else {
+          float first = -INFINITY, second = -INFINITY;
+          for (int i = 0; i < group_size; ++i) {
+            if (gs[i] > first) {
+              second = first;
+              first = gs[i];
+            } else if (gs[i] > second) {
+              second = gs[i];
+            }
+          }
+          group_score[static_cast<size_t>(g)] = group_size >= 2 ? first + second : first;
+        }
+      }
+      std::iota(groups.begin(), groups.end(), 0);
+      std::partial_sort(groups.begin(), groups.begin() + config.topk_group, groups.end(),
+                        ByScore{group_score.data()});
+      std::sort(groups.begin(), groups.begin() + config.topk_group);
+      for (int i = 0; i < config.topk_group; ++i)
+        for (int j = 0; j < group_size; ++j) order.push_back(groups[static_cast<size_t>(i)] * group_size + j);
+    } else {
+      order.resize(static_cast<size_t>(e_count));
+      std::iota(order.begin(), order.end(), 0);
+    }
+    std::partial_sort(order.begin(), order.begin() + k_count, order.end(), ByScore{select.data()});
+
+    double weight_sum = 0.0;
+    for (int k = 0; k < k_count; ++k) weight_sum += srow[order[static_cast<size_t>(k)]];
+    for (int k = 0; k < k_count; ++k) {
+      const int e = order[static_cast<size_t>(k)];
+      idx_out[t * k_count + k] = e;
+      w_out[t * k_count + k] = config.renormalize ? static_cast<float>(srow[e] / weight_sum) : srow[e];
+      ++state.expert_counts[static_cast<size_t>(e)];
+    }
+  }
+
+  RouterOutput out;
+  out.topk_idx = state.topk_idx;
+  out.topk_weight = state.topk_weight;
+  out.expert_counts = state.expert_counts;
+  if (t_count > 0) {
+    double aux = 0.0;
+    for (int e = 0; e < e_count; ++e) {
+      const double f = static_cast<double>(state.expert_counts[static_cast<size_t>(e)]) /
+                       static_cast<double>(t_count * k_count);
+      aux += f * score_sum[static_cast<size_t>(e)] / static_cast<double>(t_count);
+    }
+    out.aux_loss = aux * e_count / k_count;
+    out.z_loss = z_sum / static_cast<double>(t_count);
+  }
+  return out;
+}
+
+void router_backward(const RouterConfig& config, const RouterState& state, const Tensor& w_router,
+                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router) {
+  const int e_count = config.num_experts;
+  const int k_count = config.top_k;
+  const int64_t t_count = state.logits.dim(0);
+  const int64_t d = state.x.dim(1);
+  EXPAR_CHECK(grad_topk_weight.ndim() == 2 && grad_topk_weight.dim(0) == t_count &&
+                  grad_topk_weight.dim(1) == k_count,
+              "router backward: grad_topk_weight has shape {}, expected [{}, {}]",
+              shape_string(grad_topk_weight.shape()), t_count, k_count);
+  EXPAR_CHECK(grad_x.ndim() == 2 && grad_x.dim(0) == t_count && grad_x.dim(1) == d,
+              "router backward: grad_x has shape {}, expected [{}, {}]", shape_string(grad_x.shape()),
+              t_count, d);
+  EXPAR_CHECK(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
+              "router backward: grad_w_router has shape {}, expected [{}, {}]",
+              shape_string(grad_w_router.shape()), e_count, d);
+  if (t_count == 0) return;
+
+  const float* logits = state.logits.data<float>();
+  const float* scores = state.scores.data<float>();
+  const int32_t* idx = state.topk_idx.data<int32_t>();
+  const float* gw = grad_topk_weight.data<float>();
+  Tensor grad_logits = Tensor::empty({t_count, e_count});
+  float* gl = grad_logits.data<float>();
+
+  // d L_aux / d s_{t,e} = E/K · f_e / T (f_e is a count, held constant).
+  std::vector<double> aux_grad(static_cast<size_t>(e_count), 0.0);
+  if (config.aux_loss_coef != 0.0)
+    for (int e = 0; e < e_count; ++e)
+      aux_grad[static_cast<size_t>(e)] = config.aux_loss_coef * e_count / k_count *
+                                         static_cast<double>(state.expert_counts[static_cast<size_t>(e)]) /
+                                         static_cast<double>(t_count * k_count) /
+                                         static_cast<double>(t_count);
+
+  std::vector<double> gs(static_cast<size_t>(e_count)), prob(static_cast<size_t>(e_count));
+  for (int64_t t = 0; t < t_count; ++t) {
+    const float* srow = scores + t * e_count;
+    const float* lrow = logits + t * e_count;
+    for (int e = 0; e < e_count; ++e) gs[static_cast<size_t>(e)] = aux_grad[static_cast<size_t>(e)];
+    if (config.renormalize) {
+      double sum = 0.0, gdot = 0.0;
+      for (int k = 0; k < k_count; ++k) {
+        const double s = srow[idx[t * k_count + k]];
+        sum += s;
+        gdot += gw[t * k_count + k] * s;
+      }
+      for (int k = 0; k < k_count; ++k)
+        gs[static_cast<size_t>(idx[t * k_count + k])] += gw[t * k_count + k] / sum - gdot / (sum * sum);
+    } else {
+      for (int k = 0; k < k_count; ++k) gs[static_cast<size_t>(idx[t * k_count + k])] += gw[t * k_count + k];
+    }
+    const double lse = softmax_row(lrow, e_count, prob.data());
+    float* grow = gl + t * e_count;
+    if (config.score == ScoreFunction::Softmax) {
+      double dot = 0.0;
+      for (int e = 0; e < e_count; ++e) dot += gs[static_cast<size_t>(e)] * prob[static_cast<size_t>(e)];
+      for (int e = 0; e < e_count; ++e)
+        grow[e] = static_cast<float>(prob[static_cast<size_t>(e)] * (gs[static_cast<size_t>(e)] - dot));
+    } else {
+      for (int e = 0; e < e_count; ++e) {
+        const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e])));
+        grow[e] = static_cast<float>(gs[static_cast<size_t>(e)] * s * (1.0 - s));
+      }
+    }
+    if (config.z_loss_coef != 0.0) {
+      const double zscale = config.z_loss_coef * 2.0 * lse / static_cast<double>(t_count);
+      for (int e = 0; e < e_count; ++e) grow[e] += static_cast<float>(zscale * prob[static_cast<size_t>(e)]);
+    }
+  }
+  // grad_x += grad_logits [T,E] · W_r [E,d];  grad_W_r += grad_logitsᵀ [E,T] · x [T,d].
+  matmul(gl, w_router.data<float>(), grad_x.data<float>(), t_count, d, e_count, false, false, true);
+  matmul(gl, state.x.data<float>(), grad_w_router.data<float>(), e_count, d, t_count, true, false, true);
+}
+
+}  // namespace expar

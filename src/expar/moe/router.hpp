@@ -1,0 +1,69 @@
+#pragma once
+// The router (replicated on every rank): logits = x·W_rᵀ in f32, a score function, top-K selection with
+// optional group limits and a selection-only score bias, the K weights (optionally renormalised), and the two
+// auxiliary losses with their gradients. Explicit forward/backward with a saved-state struct.
+//
+// Conventions:
+//  - Ties in top-K (and in group selection) go to the lower index, always.
+//  - The score bias (auxiliary-loss-free balancing) changes SELECTION only (top-K and group scores); the
+//    weights always come from the unbiased scores.
+//  - Group-limited routing (DeepSeek-V3): the E experts form n_group consecutive groups; a group's score is
+//    the sum of its top-min(2, group size) selection scores for sigmoid and its max selection score for
+//    softmax; only experts of the topk_group best groups are eligible.
+//  - Load-balancing loss: L_aux = E/K · Σ_e f_e·P_e over this rank's tokens, f_e = (routes choosing e)/(T·K)
+//    (a count: no gradient), P_e = mean over tokens of the (unbiased, unrenormalised) score of e.
+//  - Router z-loss: L_z = mean over tokens of logsumexp(logits_t)², whatever the score function.
+//  - The layer's loss gains aux_loss_coef·L_aux + z_loss_coef·L_z; the outputs report L_aux and L_z
+//    unscaled and router_backward adds the scaled gradients. With T = 0 both losses are 0.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "expar/core/tensor.hpp"
+
+namespace expar {
+
+enum class ScoreFunction : uint8_t { Softmax, Sigmoid };
+ScoreFunction score_function_from_name(const std::string& name);  // "softmax" | "sigmoid"
+std::string score_function_name(ScoreFunction fn);
+
+struct RouterConfig {
+  int num_experts = 0;
+  int top_k = 0;
+  ScoreFunction score = ScoreFunction::Softmax;
+  bool renormalize = false;  // weights = scores of the K / their sum
+  int n_group = 1;           // > 1: group-limited routing
+  int topk_group = 1;        // groups eligible per token (with n_group > 1)
+  double aux_loss_coef = 0.0;
+  double z_loss_coef = 0.0;
+  // Throws expar::Error naming the value and the fix (K > E, E not divisible by n_group, ...).
+  void validate() const;
+};
+
+struct RouterState {
+  Tensor x;                            // [T, d], saved by reference
+  Tensor logits;                       // [T, E] f32
+  Tensor scores;                       // [T, E] f32, score function of the logits (no bias)
+  Tensor topk_idx;                     // [T, K] int32
+  Tensor topk_weight;                  // [T, K] f32
+  std::vector<int64_t> expert_counts;  // [E] routes choosing each expert
+};
+
+struct RouterOutput {
+  Tensor topk_idx;                     // [T, K] int32, experts of a token in descending selection score
+  Tensor topk_weight;                  // [T, K] f32
+  double aux_loss = 0.0;               // L_aux, unscaled
+  double z_loss = 0.0;                 // L_z, unscaled
+  std::vector<int64_t> expert_counts;  // [E]
+};
+
+// x [T, d] f32, w_router [E, d] f32, score_bias [E] f32 or null.
+RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
+                            const Tensor* score_bias, RouterState& state);
+
+// grad_topk_weight [T, K]: the gradient of the loss w.r.t. the K weights (from combine). ADDS the router's
+// contribution to grad_x [T, d] and to grad_w_router [E, d] (both must be initialised by the caller).
+void router_backward(const RouterConfig& config, const RouterState& state, const Tensor& w_router,
+                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router);
+
+}  // namespace expar
