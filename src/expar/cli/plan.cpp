@@ -1,16 +1,157 @@
-// `expar plan`: placeholder until the plan helper lands (topo/ + cli/plan.cpp).
+// `expar plan`: per-rank memory and per-step communication for a model and training layout (seed 000 §5.1,
+// equations 8 and 9). Only parses and prints; the computation is expar::make_plan in topo/plan.hpp.
+#include "expar/topo/plan.hpp"
+
+#include <cmath>
 #include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "expar/cli/commands.hpp"
+#include "expar/core/error.hpp"
+#include "expar/topo/plan_format.hpp"
 
 namespace expar::cli {
 
-void add_plan(CLI::App& app, CommandTable& table) {
-  auto* cmd = app.add_subcommand("plan", "Per-rank memory and communication volume for a model and layout");
-  table[cmd] = [] {
-    std::puts("expar plan: not built yet");
-    return 0;
+namespace {
+
+struct PlanOptions {
+  std::string preset;
+  // Explicit model shape; each overrides the preset's value when given.
+  std::optional<int> layers, d_model, vocab, heads, kv_heads, head_dim, experts, top_k, expert_hidden;
+  std::optional<int> shared_experts, shared_hidden, dense_layers, dense_hidden;
+  int world = 1, ep = 1, cp = 1, tp = 1, pp = 1;
+  std::string placement = "contiguous";
+  std::string param_dtype = "bf16", grad_dtype = "f32", optimizer_dtype = "f32", activation_dtype = "bf16";
+  int optimizer_states = 2;
+  bool no_master_weights = false;
+  bool shard_optimizer = false;
+  int64_t tokens = 4096;
+  int microbatches = 1;
+  double capacity_factor = 1.25;
+  double device_gib = 0;
+  bool json = false;
+};
+
+ModelShape build_model(const PlanOptions& o) {
+  ModelShape m;
+  if (!o.preset.empty()) {
+    m = model_preset(o.preset);
+  } else {
+    m.name = "custom";
+    EXPAR_CHECK(o.layers && o.d_model && o.vocab && o.heads && o.experts && o.top_k && o.expert_hidden,
+                "no --preset given: give --preset (one of {}) or all of --layers --d-model --vocab --heads "
+                "--experts --top-k --expert-hidden",
+                fmt::join(model_preset_names(), ", "));
+  }
+  auto set = [](int& field, const std::optional<int>& v) {
+    if (v) field = *v;
   };
+  set(m.layers, o.layers);
+  set(m.d_model, o.d_model);
+  set(m.vocab, o.vocab);
+  set(m.heads, o.heads);
+  set(m.kv_heads, o.kv_heads);
+  set(m.head_dim, o.head_dim);
+  set(m.num_experts, o.experts);
+  set(m.top_k, o.top_k);
+  set(m.expert_hidden, o.expert_hidden);
+  set(m.shared_experts, o.shared_experts);
+  set(m.shared_hidden, o.shared_hidden);
+  set(m.dense_layers, o.dense_layers);
+  set(m.dense_hidden, o.dense_hidden);
+  if (o.preset.empty()) {
+    // Custom GQA defaults: full multi-head attention with d_model / heads per head.
+    if (!o.kv_heads) m.kv_heads = m.heads;
+    if (!o.head_dim && m.heads > 0) m.head_dim = m.d_model / m.heads;
+    if (!o.shared_hidden) m.shared_hidden = m.expert_hidden;
+  }
+  return m;
+}
+
+int run_plan(const PlanOptions& o) {
+  PlanConfig c;
+  c.model = build_model(o);
+  c.world = o.world;
+  c.ep_mp = o.ep;
+  c.cp = o.cp;
+  c.tp = o.tp;
+  c.pp = o.pp;
+  c.placement = placement_from_name(o.placement);
+  c.param_dtype = plan_dtype_from_name(o.param_dtype);
+  c.grad_dtype = plan_dtype_from_name(o.grad_dtype);
+  c.optimizer_dtype = plan_dtype_from_name(o.optimizer_dtype);
+  c.activation_dtype = plan_dtype_from_name(o.activation_dtype);
+  c.optimizer_states = o.optimizer_states;
+  c.master_weights = !o.no_master_weights && c.param_dtype != DType::F32;
+  c.shard_optimizer = o.shard_optimizer;
+  c.tokens_per_rank = o.tokens;
+  c.microbatches = o.microbatches;
+  c.capacity_factor = o.capacity_factor;
+  EXPAR_CHECK(std::isfinite(o.device_gib) && o.device_gib >= 0,
+              "--device-gib {} must be a non-negative number of GiB (0: no fit check)", o.device_gib);
+  c.device_memory_bytes = static_cast<int64_t>(o.device_gib * 0x1p30);
+  const Plan plan = make_plan(c);
+  if (o.json) {
+    std::puts(plan_to_json(plan).dump(2).c_str());
+  } else {
+    std::fputs(format_plan_table(plan).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app, CommandTable& table) {
+  auto* cmd = app.add_subcommand(
+      "plan", "Per-rank memory and per-step communication for a MoE model and an EP training layout");
+  auto opts = std::make_shared<PlanOptions>();
+  cmd->add_option(
+      "--preset", opts->preset,
+      "model from a public config.json: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")));
+  cmd->add_option("--layers", opts->layers, "transformer layers (overrides the preset)");
+  cmd->add_option("--d-model", opts->d_model, "hidden size");
+  cmd->add_option("--vocab", opts->vocab, "vocabulary size");
+  cmd->add_option("--heads", opts->heads, "attention heads");
+  cmd->add_option("--kv-heads", opts->kv_heads, "key/value heads (default: --heads)");
+  cmd->add_option("--head-dim", opts->head_dim, "head dimension (default: d_model / heads)");
+  cmd->add_option("--experts", opts->experts, "routed experts N");
+  cmd->add_option("--top-k", opts->top_k, "experts per token K");
+  cmd->add_option("--expert-hidden", opts->expert_hidden, "intermediate size of one routed expert");
+  cmd->add_option("--shared-experts", opts->shared_experts, "shared (always active) experts per MoE layer");
+  cmd->add_option("--shared-hidden", opts->shared_hidden, "intermediate size of a shared expert");
+  cmd->add_option("--dense-layers", opts->dense_layers, "leading layers with a dense MLP instead of MoE");
+  cmd->add_option("--dense-hidden", opts->dense_hidden, "intermediate size of those dense MLPs");
+  cmd->add_option("--world,-W", opts->world, "world size W (all ranks)")->capture_default_str();
+  cmd->add_option("--ep", opts->ep, "EP_MP degree M_E (ranks that shard the experts)")->capture_default_str();
+  cmd->add_option("--cp", opts->cp, "context-parallel degree C")->capture_default_str();
+  cmd->add_option("--tp", opts->tp, "tensor-parallel degree of the dense weights")->capture_default_str();
+  cmd->add_option("--pp", opts->pp, "pipeline stages (a divisor of the layer count)")->capture_default_str();
+  cmd->add_option("--placement", opts->placement, "expert placement: contiguous | round-robin")
+      ->capture_default_str();
+  cmd->add_option("--param-dtype", opts->param_dtype, "parameter precision: bf16 | f16 | f32 | fp8")
+      ->capture_default_str();
+  cmd->add_option("--grad-dtype", opts->grad_dtype, "gradient precision")->capture_default_str();
+  cmd->add_option("--optimizer-dtype", opts->optimizer_dtype, "optimizer-state precision")
+      ->capture_default_str();
+  cmd->add_option("--activation-dtype", opts->activation_dtype, "dispatch/combine row precision")
+      ->capture_default_str();
+  cmd->add_option("--optimizer-states", opts->optimizer_states, "optimizer tensors per parameter (Adam: 2)")
+      ->capture_default_str();
+  cmd->add_flag("--no-master-weights", opts->no_master_weights,
+                "no f32 master copy of the parameters (by default kept when params are not f32)");
+  cmd->add_flag("--shard-optimizer", opts->shard_optimizer,
+                "shard expert optimizer state over EP_DP and dense state over the D*C replicas");
+  cmd->add_option("--tokens", opts->tokens, "tokens per rank per microbatch (T)")->capture_default_str();
+  cmd->add_option("--microbatches", opts->microbatches, "microbatches per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--capacity-factor", opts->capacity_factor, "expert capacity factor")
+      ->capture_default_str();
+  cmd->add_option("--device-gib", opts->device_gib,
+                  "device memory per rank in GiB for a fit check (0: none)");
+  cmd->add_flag("--json", opts->json, "print JSON instead of the table");
+  table[cmd] = [opts] { return run_plan(*opts); };
 }
 
 }  // namespace expar::cli

@@ -1,6 +1,7 @@
 #include "expar/topo/placement.hpp"
 
 #include "expar/core/error.hpp"
+#include "expar/topo/divisors.hpp"
 
 namespace expar {
 
@@ -14,21 +15,13 @@ std::string placement_name(PlacementKind kind) {
   return kind == PlacementKind::Contiguous ? "contiguous" : "round-robin";
 }
 
-namespace {
-std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return d;
-}
-}  // namespace
-
 ExpertPlacement::ExpertPlacement(int num_experts, int ep_size, PlacementKind kind)
     : num_experts_(num_experts), ep_size_(ep_size), kind_(kind) {
   EXPAR_CHECK(num_experts >= 1, "num_experts={} must be at least 1", num_experts);
   EXPAR_CHECK(ep_size >= 1, "EP degree={} must be at least 1", ep_size);
-  EXPAR_CHECK(num_experts % ep_size == 0, "num_experts={} is not divisible by EP degree={}: choose the EP degree in {{{}}}",
-              num_experts, ep_size, fmt::join(divisors(num_experts), ","));
+  EXPAR_CHECK(num_experts % ep_size == 0,
+              "num_experts={} is not divisible by EP degree={}: choose the EP degree in {{{}}}", num_experts,
+              ep_size, fmt::join(divisors(num_experts), ","));
 }
 
 int ExpertPlacement::owner(int e) const {
@@ -43,8 +36,8 @@ int ExpertPlacement::local_index(int e) const {
 
 int ExpertPlacement::global_expert(int ep_rank, int local) const {
   EXPAR_CHECK(ep_rank >= 0 && ep_rank < ep_size_ && local >= 0 && local < local_count(),
-              "EP rank {} / local expert {} out of range ({} ranks x {} local experts)", ep_rank, local, ep_size_,
-              local_count());
+              "EP rank {} / local expert {} out of range ({} ranks x {} local experts)", ep_rank, local,
+              ep_size_, local_count());
   return kind_ == PlacementKind::Contiguous ? ep_rank * local_count() + local : local * ep_size_ + ep_rank;
 }
 
