@@ -27,7 +27,7 @@ struct SafetensorsFile::Storage {
     if (mapped) {
       ::munmap(data, size);
     } else if (data != nullptr) {
-      ::operator delete(data, std::align_val_t{64});
+      ::operator delete (data, std::align_val_t{64});
     }
   }
   std::span<const std::byte> span() const { return {data, size}; }
@@ -46,7 +46,8 @@ SafetensorsFile::~SafetensorsFile() = default;
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   const std::string label = path.string();
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXPAR_CHECK(fd >= 0, "{}: cannot open: {}: check the path and its permissions", label, std::strerror(errno));
+  EXPAR_CHECK(fd >= 0, "{}: cannot open: {}: check the path and its permissions", label,
+              std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -76,7 +77,7 @@ SafetensorsFile SafetensorsFile::from_bytes(std::span<const std::byte> bytes, st
   auto storage = std::make_unique<Storage>();
   storage->size = bytes.size();
   if (!bytes.empty()) {
-    storage->data = static_cast<std::byte*>(::operator new(bytes.size(), std::align_val_t{64}));
+    storage->data = static_cast<std::byte*>(::operator new (bytes.size(), std::align_val_t{64}));
     std::memcpy(storage->data, bytes.data(), bytes.size());
   }
   return SafetensorsFile(std::move(storage), std::move(label));
@@ -89,12 +90,14 @@ std::vector<std::string> SafetensorsFile::names() const {
   return names;
 }
 
-bool SafetensorsFile::contains(std::string_view name) const { return index_.find(name) != index_.end(); }
+bool SafetensorsFile::contains(std::string_view name) const {
+  return index_.find(name) != index_.end();
+}
 
 const TensorInfo& SafetensorsFile::info(std::string_view name) const {
   auto it = index_.find(name);
-  EXPAR_CHECK(it != index_.end(), "{}: no tensor named \"{}\" (the file holds {} tensors): check the name", label_,
-              text_excerpt(name), index_.size());
+  EXPAR_CHECK(it != index_.end(), "{}: no tensor named \"{}\" (the file holds {} tensors): check the name",
+              label_, text_excerpt(name), index_.size());
   return header_.tensors[it->second];
 }
 
@@ -110,21 +113,24 @@ std::span<const std::byte> SafetensorsFile::row_bytes(const TensorInfo& t, int64
   EXPAR_CHECK(0 <= begin_row && begin_row <= end_row && end_row <= t.shape[0],
               "{}: tensor \"{}\": rows [{}, {}) are outside its first dimension of {} (shape {}): choose "
               "0 <= begin <= end <= {}",
-              label_, text_excerpt(t.name), begin_row, end_row, t.shape[0], shape_string(t.shape), t.shape[0]);
+              label_, text_excerpt(t.name), begin_row, end_row, t.shape[0], shape_string(t.shape),
+              t.shape[0]);
   // numel and byte counts were checked against overflow when the header was parsed.
   const uint64_t row_size = t.shape[0] == 0 ? 0 : t.nbytes() / static_cast<uint64_t>(t.shape[0]);
-  return storage_->span().subspan(header_.data_start() + t.data_begin + static_cast<uint64_t>(begin_row) * row_size,
-                                  static_cast<uint64_t>(end_row - begin_row) * row_size);
+  return storage_->span().subspan(
+      header_.data_start() + t.data_begin + static_cast<uint64_t>(begin_row) * row_size,
+      static_cast<uint64_t>(end_row - begin_row) * row_size);
 }
 
 Tensor SafetensorsFile::view_of(const TensorInfo& t, std::span<const std::byte> bytes, Shape shape) const {
   const size_t align = dtype_size(t.dtype);
   const uint64_t file_offset = static_cast<uint64_t>(bytes.data() - storage_->data);
-  EXPAR_CHECK(reinterpret_cast<uintptr_t>(bytes.data()) % align == 0,
-              "{}: tensor \"{}\" ({}) starts at file offset {}, not a multiple of its {}-byte element size, so it "
-              "cannot be viewed in place: use read() to copy it, or rewrite the file with expar's writer, which "
-              "aligns every tensor",
-              label_, text_excerpt(t.name), dtype_name(t.dtype), file_offset, align);
+  EXPAR_CHECK(
+      reinterpret_cast<uintptr_t>(bytes.data()) % align == 0,
+      "{}: tensor \"{}\" ({}) starts at file offset {}, not a multiple of its {}-byte element size, so it "
+      "cannot be viewed in place: use read() to copy it, or rewrite the file with expar's writer, which "
+      "aligns every tensor",
+      label_, text_excerpt(t.name), dtype_name(t.dtype), file_offset, align);
   // Tensor::borrow takes a mutable pointer; mapped pages are PROT_READ so a write faults instead of silently
   // diverging from the file.
   return Tensor::borrow(const_cast<std::byte*>(bytes.data()), std::move(shape), t.dtype);

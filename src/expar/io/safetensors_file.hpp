@@ -1,7 +1,7 @@
 #pragma once
-// SafetensorsFile: a validated safetensors file, read zero-copy. open() maps the file read-only and checks the
-// whole header against the file (parse_safetensors) before anything is handed out; afterwards every accessor
-// stays inside the bytes the header was checked against.
+// SafetensorsFile: a validated safetensors file, read zero-copy. open() maps the file read-only and checks
+// the whole header against the file (parse_safetensors) before anything is handed out; afterwards every
+// accessor stays inside the bytes the header was checked against.
 #include <cstdint>
 #include <filesystem>
 #include <map>

@@ -28,7 +28,8 @@ std::map<std::string, std::string> parse_metadata(const json& value, std::string
               label, kSafetensorsMetadataKey, json_excerpt(value));
   std::map<std::string, std::string> metadata;
   for (const auto& [key, entry] : value.items()) {
-    EXPAR_CHECK(entry.is_string(), "{}: \"{}\" entry \"{}\" must be a string, got {}: safetensors metadata is "
+    EXPAR_CHECK(entry.is_string(),
+                "{}: \"{}\" entry \"{}\" must be a string, got {}: safetensors metadata is "
                 "string-to-string (encode other values as text)",
                 label, kSafetensorsMetadataKey, text_excerpt(key), json_excerpt(entry));
     metadata.emplace(key, entry.get<std::string>());
@@ -36,24 +37,27 @@ std::map<std::string, std::string> parse_metadata(const json& value, std::string
   return metadata;
 }
 
-TensorInfo parse_tensor(const std::string& name, const json& entry, uint64_t data_bytes, std::string_view label) {
+TensorInfo parse_tensor(const std::string& name, const json& entry, uint64_t data_bytes,
+                        std::string_view label) {
   const std::string who = fmt::format("{}: tensor \"{}\"", label, text_excerpt(name));
-  EXPAR_CHECK(entry.is_object(), "{}: entry must be an object {{\"dtype\", \"shape\", \"data_offsets\"}}, got {}",
-              who, json_excerpt(entry));
+  EXPAR_CHECK(entry.is_object(),
+              "{}: entry must be an object {{\"dtype\", \"shape\", \"data_offsets\"}}, got {}", who,
+              json_excerpt(entry));
   for (const auto& [key, _] : entry.items()) {
     EXPAR_CHECK(key == "dtype" || key == "shape" || key == "data_offsets",
                 "{}: unknown field \"{}\": a tensor entry holds only dtype, shape and data_offsets", who,
                 text_excerpt(key));
   }
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
-    EXPAR_CHECK(entry.contains(field), "{}: missing field \"{}\": a tensor entry needs dtype, shape and data_offsets",
-                who, field);
+    EXPAR_CHECK(entry.contains(field),
+                "{}: missing field \"{}\": a tensor entry needs dtype, shape and data_offsets", who, field);
   }
 
   TensorInfo info;
   info.name = name;
   const json& dtype = entry["dtype"];
-  EXPAR_CHECK(dtype.is_string(), "{}: dtype must be a string such as \"F32\", got {}", who, json_excerpt(dtype));
+  EXPAR_CHECK(dtype.is_string(), "{}: dtype must be a string such as \"F32\", got {}", who,
+              json_excerpt(dtype));
   try {
     info.dtype = dtype_from_name(dtype.get_ref<const std::string&>());
   } catch (const Error& e) {
@@ -69,14 +73,15 @@ TensorInfo parse_tensor(const std::string& name, const json& entry, uint64_t dat
   constexpr auto kMaxElems = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   for (size_t i = 0; i < shape.size(); ++i) {
     const json& dim = shape[i];
-    EXPAR_CHECK(dim.is_number_unsigned() && dim.get<uint64_t>() <= kMaxElems,
-                "{}: shape dimension {} is {}, not a non-negative integer below 2^63: every dimension must be "
-                "one",
-                who, i, json_excerpt(dim));
+    EXPAR_CHECK(
+        dim.is_number_unsigned() && dim.get<uint64_t>() <= kMaxElems,
+        "{}: shape dimension {} is {}, not a non-negative integer below 2^63: every dimension must be "
+        "one",
+        who, i, json_excerpt(dim));
     auto d = dim.get<uint64_t>();
     EXPAR_CHECK(!__builtin_mul_overflow(numel, d, &numel) && numel <= kMaxElems,
-                "{}: shape {} has more than 2^63-1 elements (the product overflows): the header is corrupt", who,
-                json_excerpt(shape));
+                "{}: shape {} has more than 2^63-1 elements (the product overflows): the header is corrupt",
+                who, json_excerpt(shape));
     info.shape.push_back(static_cast<int64_t>(d));
   }
   uint64_t want_bytes = 0;
@@ -91,17 +96,20 @@ TensorInfo parse_tensor(const std::string& name, const json& entry, uint64_t dat
               json_excerpt(offsets));
   info.data_begin = offsets[0].get<uint64_t>();
   info.data_end = offsets[1].get<uint64_t>();
-  EXPAR_CHECK(info.data_begin <= info.data_end, "{}: data_offsets [{}, {}] have begin > end: begin must not exceed end",
-              who, info.data_begin, info.data_end);
-  EXPAR_CHECK(info.data_end <= data_bytes,
-              "{}: data_offsets [{}, {}] end past the data buffer of {} bytes: the file is truncated or its header "
-              "is wrong",
-              who, info.data_begin, info.data_end, data_bytes);
-  EXPAR_CHECK(info.nbytes() == want_bytes,
-              "{}: data_offsets [{}, {}] hold {} bytes but dtype {} x shape {} needs {} bytes: the header and the "
-              "data disagree",
-              who, info.data_begin, info.data_end, info.nbytes(), dtype_name(info.dtype), shape_string(info.shape),
-              want_bytes);
+  EXPAR_CHECK(info.data_begin <= info.data_end,
+              "{}: data_offsets [{}, {}] have begin > end: begin must not exceed end", who, info.data_begin,
+              info.data_end);
+  EXPAR_CHECK(
+      info.data_end <= data_bytes,
+      "{}: data_offsets [{}, {}] end past the data buffer of {} bytes: the file is truncated or its header "
+      "is wrong",
+      who, info.data_begin, info.data_end, data_bytes);
+  EXPAR_CHECK(
+      info.nbytes() == want_bytes,
+      "{}: data_offsets [{}, {}] hold {} bytes but dtype {} x shape {} needs {} bytes: the header and the "
+      "data disagree",
+      who, info.data_begin, info.data_end, info.nbytes(), dtype_name(info.dtype), shape_string(info.shape),
+      want_bytes);
   return info;
 }
 
@@ -109,10 +117,11 @@ TensorInfo parse_tensor(const std::string& name, const json& entry, uint64_t dat
 
 SafetensorsHeader parse_safetensors(std::span<const std::byte> file, std::string_view label) {
   SafetensorsHeader header;
-  EXPAR_CHECK(file.size() >= 8,
-              "{}: file is {} bytes, shorter than the 8-byte header length that starts a safetensors file: it is "
-              "truncated or not safetensors",
-              label, file.size());
+  EXPAR_CHECK(
+      file.size() >= 8,
+      "{}: file is {} bytes, shorter than the 8-byte header length that starts a safetensors file: it is "
+      "truncated or not safetensors",
+      label, file.size());
   header.header_bytes = read_le64(file.data());
   EXPAR_CHECK(header.header_bytes <= kSafetensorsMaxHeaderBytes,
               "{}: header length {} exceeds the safetensors limit of {} bytes: the file is corrupt or not "
@@ -126,7 +135,8 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, std::string
 
   std::string_view text(reinterpret_cast<const char*>(file.data()) + 8, header.header_bytes);
   EXPAR_CHECK(!text.empty() && text.front() == '{',
-              "{}: header does not start with '{{' (first byte {}): a safetensors header is a JSON object", label,
+              "{}: header does not start with '{{' (first byte {}): a safetensors header is a JSON object",
+              label,
               text.empty() ? std::string("none, the header is empty")
                            : fmt::format("0x{:02x}", static_cast<unsigned char>(text.front())));
   const json root = parse_strict_json(text, fmt::format("{}: header", label), kHeaderMaxDepth);
@@ -150,22 +160,25 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, std::string
   uint64_t covered = 0;
   const TensorInfo* previous = nullptr;
   for (const TensorInfo& t : header.tensors) {
-    EXPAR_CHECK(t.data_begin >= covered,
-                "{}: tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap: tensors must tile the data buffer without "
-                "overlap",
-                label, text_excerpt(previous->name), previous->data_begin, previous->data_end, text_excerpt(t.name),
-                t.data_begin, t.data_end);
-    EXPAR_CHECK(t.data_begin == covered,
-                "{}: gap of {} bytes before tensor \"{}\" at data offset {}: tensors must tile the data buffer "
-                "without gaps",
-                label, t.data_begin - covered, text_excerpt(t.name), t.data_begin);
+    EXPAR_CHECK(
+        t.data_begin >= covered,
+        "{}: tensors \"{}\" [{}, {}] and \"{}\" [{}, {}] overlap: tensors must tile the data buffer without "
+        "overlap",
+        label, text_excerpt(previous->name), previous->data_begin, previous->data_end, text_excerpt(t.name),
+        t.data_begin, t.data_end);
+    EXPAR_CHECK(
+        t.data_begin == covered,
+        "{}: gap of {} bytes before tensor \"{}\" at data offset {}: tensors must tile the data buffer "
+        "without gaps",
+        label, t.data_begin - covered, text_excerpt(t.name), t.data_begin);
     covered = t.data_end;
     previous = &t;
   }
-  EXPAR_CHECK(covered == header.data_bytes,
-              "{}: {} trailing bytes after the last tensor (the data buffer holds {} bytes, the tensors end at {}): "
-              "the file has extra bytes or its header is wrong",
-              label, header.data_bytes - covered, header.data_bytes, covered);
+  EXPAR_CHECK(
+      covered == header.data_bytes,
+      "{}: {} trailing bytes after the last tensor (the data buffer holds {} bytes, the tensors end at {}): "
+      "the file has extra bytes or its header is wrong",
+      label, header.data_bytes - covered, header.data_bytes, covered);
   return header;
 }
 

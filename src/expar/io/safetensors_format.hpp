@@ -31,8 +31,8 @@ struct TensorInfo {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N
-  uint64_t data_bytes = 0;    // length of the data buffer that follows the header
+  uint64_t header_bytes = 0;        // N
+  uint64_t data_bytes = 0;          // length of the data buffer that follows the header
   std::vector<TensorInfo> tensors;  // in data order (ascending data_begin)
   std::map<std::string, std::string> metadata;
   uint64_t data_start() const { return 8 + header_bytes; }

@@ -38,10 +38,12 @@ std::array<std::byte, 8> le64(uint64_t v) {
 
 void SafetensorsWriter::add(std::string name, Tensor tensor) {
   EXPAR_CHECK(!name.empty(), "safetensors writer: a tensor name must not be empty");
-  EXPAR_CHECK(name != kSafetensorsMetadataKey,
-              "safetensors writer: \"{}\" is reserved for the metadata map and cannot name a tensor: rename it",
-              kSafetensorsMetadataKey);
-  EXPAR_CHECK(is_valid_utf8(name), "safetensors writer: tensor name \"{}\" is not valid UTF-8: JSON needs UTF-8",
+  EXPAR_CHECK(
+      name != kSafetensorsMetadataKey,
+      "safetensors writer: \"{}\" is reserved for the metadata map and cannot name a tensor: rename it",
+      kSafetensorsMetadataKey);
+  EXPAR_CHECK(is_valid_utf8(name),
+              "safetensors writer: tensor name \"{}\" is not valid UTF-8: JSON needs UTF-8",
               text_excerpt(name));
   EXPAR_CHECK(tensor.defined(), "safetensors writer: tensor \"{}\" has no storage: add a tensor with data",
               text_excerpt(name));
@@ -103,14 +105,15 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   tmp += fmt::format(".tmp{}", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    EXPAR_CHECK(out.good(), "{}: cannot create: {}: check that the directory exists and is writable", tmp.string(),
-                std::strerror(errno));
+    EXPAR_CHECK(out.good(), "{}: cannot create: {}: check that the directory exists and is writable",
+                tmp.string(), std::strerror(errno));
     auto length = le64(header.size());
     out.write(reinterpret_cast<const char*>(length.data()), 8);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     for (const TensorInfo& info : infos) {
       const Tensor& t = tensors_.at(info.name);
-      if (t.nbytes() > 0) out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+      if (t.nbytes() > 0)
+        out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
     }
     out.flush();
     if (!out.good()) {

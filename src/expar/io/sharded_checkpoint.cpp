@@ -19,10 +19,11 @@ void check_shard_name(const std::string& file, const std::string& tensor, const 
   const std::filesystem::path p(file);
   bool escapes = file.empty() || p.is_absolute() || p.has_root_path();
   for (const auto& part : p) escapes = escapes || part == "..";
-  EXPAR_CHECK(!escapes,
-              "{}: weight_map maps \"{}\" to \"{}\", which is not a file name inside the checkpoint directory: "
-              "shard names must be relative paths without '..'",
-              label, text_excerpt(tensor), text_excerpt(file));
+  EXPAR_CHECK(
+      !escapes,
+      "{}: weight_map maps \"{}\" to \"{}\", which is not a file name inside the checkpoint directory: "
+      "shard names must be relative paths without '..'",
+      label, text_excerpt(tensor), text_excerpt(file));
 }
 
 }  // namespace
@@ -51,19 +52,21 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::filesystem::path& index_pat
   buffer << in.rdbuf();
   const std::string text = buffer.str();
   const nlohmann::json root = parse_strict_json(text, state->label, kIndexMaxDepth);
-  EXPAR_CHECK(root.is_object(), "{}: a checkpoint index must be a JSON object with \"weight_map\"", state->label);
+  EXPAR_CHECK(root.is_object(), "{}: a checkpoint index must be a JSON object with \"weight_map\"",
+              state->label);
   // Other top-level keys are tolerated: the index is a convention, not a specification, and writers add keys.
   if (root.contains("metadata")) {
     EXPAR_CHECK(root["metadata"].is_object(), "{}: \"metadata\" must be an object, got {}", state->label,
                 json_excerpt(root["metadata"]));
     state->metadata = root["metadata"];
   }
-  EXPAR_CHECK(root.contains("weight_map") && root["weight_map"].is_object(),
-              "{}: missing \"weight_map\" object mapping tensor names to shard files: not a safetensors index",
-              state->label);
+  EXPAR_CHECK(
+      root.contains("weight_map") && root["weight_map"].is_object(),
+      "{}: missing \"weight_map\" object mapping tensor names to shard files: not a safetensors index",
+      state->label);
   for (const auto& [name, file] : root["weight_map"].items()) {
-    EXPAR_CHECK(file.is_string(), "{}: weight_map entry \"{}\" must be a file name string, got {}", state->label,
-                text_excerpt(name), json_excerpt(file));
+    EXPAR_CHECK(file.is_string(), "{}: weight_map entry \"{}\" must be a file name string, got {}",
+                state->label, text_excerpt(name), json_excerpt(file));
     check_shard_name(file.get<std::string>(), name, state->label);
     state->weight_map.emplace(name, file.get<std::string>());
   }
@@ -75,8 +78,8 @@ ShardedCheckpoint ShardedCheckpoint::open_directory(const std::filesystem::path&
   if (std::filesystem::exists(index)) return open(index);
   const auto single = dir / "model.safetensors";
   EXPAR_CHECK(std::filesystem::exists(single),
-              "{}: neither {} nor model.safetensors exists: not a safetensors checkpoint directory", dir.string(),
-              kShardedIndexName);
+              "{}: neither {} nor model.safetensors exists: not a safetensors checkpoint directory",
+              dir.string(), kShardedIndexName);
   auto file = std::make_unique<SafetensorsFile>(SafetensorsFile::open(single));
   auto state = std::make_unique<State>();
   state->dir = dir;
@@ -98,12 +101,15 @@ bool ShardedCheckpoint::contains(std::string_view name) const {
 
 const std::string& ShardedCheckpoint::shard_of(std::string_view name) const {
   auto it = state_->weight_map.find(name);
-  EXPAR_CHECK(it != state_->weight_map.end(), "{}: no tensor named \"{}\" in the weight_map ({} tensors): check the name",
-              state_->label, text_excerpt(name), state_->weight_map.size());
+  EXPAR_CHECK(it != state_->weight_map.end(),
+              "{}: no tensor named \"{}\" in the weight_map ({} tensors): check the name", state_->label,
+              text_excerpt(name), state_->weight_map.size());
   return it->second;
 }
 
-const nlohmann::json& ShardedCheckpoint::metadata() const { return state_->metadata; }
+const nlohmann::json& ShardedCheckpoint::metadata() const {
+  return state_->metadata;
+}
 
 std::vector<std::string> ShardedCheckpoint::shard_names() const {
   std::set<std::string> files;
@@ -129,10 +135,11 @@ const SafetensorsFile& ShardedCheckpoint::shard(const std::string& file) const {
 const SafetensorsFile& ShardedCheckpoint::file_of(std::string_view name) const {
   const std::string& file = shard_of(name);
   const SafetensorsFile& f = shard(file);
-  EXPAR_CHECK(f.contains(name),
-              "{}: weight_map maps \"{}\" to {}, but that shard holds no such tensor: the index and the shards "
-              "disagree; regenerate the index",
-              state_->label, text_excerpt(name), file);
+  EXPAR_CHECK(
+      f.contains(name),
+      "{}: weight_map maps \"{}\" to {}, but that shard holds no such tensor: the index and the shards "
+      "disagree; regenerate the index",
+      state_->label, text_excerpt(name), file);
   return f;
 }
 
@@ -142,8 +149,8 @@ void ShardedCheckpoint::validate() const {
     for (const std::string& name : shard(file).names()) {
       auto it = state_->weight_map.find(name);
       EXPAR_CHECK(it != state_->weight_map.end() && it->second == file,
-                  "{}: shard {} holds tensor \"{}\", which the weight_map {}: regenerate the index", state_->label,
-                  file, text_excerpt(name),
+                  "{}: shard {} holds tensor \"{}\", which the weight_map {}: regenerate the index",
+                  state_->label, file, text_excerpt(name),
                   it == state_->weight_map.end() ? std::string("does not list")
                                                  : fmt::format("maps to {}", it->second));
     }
@@ -151,7 +158,8 @@ void ShardedCheckpoint::validate() const {
 }
 
 void write_sharded_index(const std::filesystem::path& index_path,
-                         const std::map<std::string, std::string>& weight_map, const nlohmann::json& metadata) {
+                         const std::map<std::string, std::string>& weight_map,
+                         const nlohmann::json& metadata) {
   EXPAR_CHECK(metadata.is_object(), "{}: index metadata must be a JSON object, got {}", index_path.string(),
               json_excerpt(metadata));
   for (const auto& [name, file] : weight_map) check_shard_name(file, name, index_path.string());
@@ -170,16 +178,15 @@ void write_sharded_index(const std::filesystem::path& index_path,
   std::filesystem::rename(tmp, index_path);
 }
 
-std::vector<std::filesystem::path> write_sharded_checkpoint(const std::filesystem::path& dir,
-                                                            const std::map<std::string, Tensor>& tensors,
-                                                            uint64_t max_shard_bytes,
-                                                            const std::map<std::string, std::string>& metadata,
-                                                            std::string_view prefix) {
+std::vector<std::filesystem::path> write_sharded_checkpoint(
+    const std::filesystem::path& dir, const std::map<std::string, Tensor>& tensors, uint64_t max_shard_bytes,
+    const std::map<std::string, std::string>& metadata, std::string_view prefix) {
   EXPAR_CHECK(max_shard_bytes > 0, "max_shard_bytes=0: a shard must be allowed at least one byte");
   std::vector<SafetensorsWriter> shards(1);
   uint64_t total = 0;
   for (const auto& [name, t] : tensors) {
-    if (shards.back().size() > 0 && shards.back().data_bytes() + t.nbytes() > max_shard_bytes) shards.emplace_back();
+    if (shards.back().size() > 0 && shards.back().data_bytes() + t.nbytes() > max_shard_bytes)
+      shards.emplace_back();
     shards.back().add(name, t);
     total += t.nbytes();
   }
@@ -193,7 +200,8 @@ std::vector<std::filesystem::path> write_sharded_checkpoint(const std::filesyste
     for (const TensorInfo& info : shards[i].layout()) weight_map.emplace(info.name, file);
     paths.push_back(dir / file);
   }
-  write_sharded_index(dir / fmt::format("{}.safetensors.index.json", prefix), weight_map, {{"total_size", total}});
+  write_sharded_index(dir / fmt::format("{}.safetensors.index.json", prefix), weight_map,
+                      {{"total_size", total}});
   return paths;
 }
 

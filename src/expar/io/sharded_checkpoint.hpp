@@ -78,10 +78,8 @@ void write_sharded_index(const std::filesystem::path& index_path,
 // Writes `tensors` into `dir` as shards "<prefix>-00001-of-0000N.safetensors" of at most `max_shard_bytes`
 // of tensor data each (a larger tensor gets a shard of its own), in name order, each with `metadata`, plus
 // "<prefix>.safetensors.index.json" whose metadata holds total_size. Returns the shard paths.
-std::vector<std::filesystem::path> write_sharded_checkpoint(const std::filesystem::path& dir,
-                                                            const std::map<std::string, Tensor>& tensors,
-                                                            uint64_t max_shard_bytes,
-                                                            const std::map<std::string, std::string>& metadata = {},
-                                                            std::string_view prefix = "model");
+std::vector<std::filesystem::path> write_sharded_checkpoint(
+    const std::filesystem::path& dir, const std::map<std::string, Tensor>& tensors, uint64_t max_shard_bytes,
+    const std::map<std::string, std::string>& metadata = {}, std::string_view prefix = "model");
 
 }  // namespace expar

@@ -26,7 +26,9 @@ nlohmann::json parse_strict_json(std::string_view text, std::string_view label, 
         --depth;
         open_objects.pop_back();
         break;
-      case json::parse_event_t::array_end: --depth; break;
+      case json::parse_event_t::array_end:
+        --depth;
+        break;
       case json::parse_event_t::key: {
         const auto& key = parsed.get_ref<const std::string&>();
         EXPAR_CHECK(open_objects.back().insert(key).second,
@@ -35,12 +37,14 @@ nlohmann::json parse_strict_json(std::string_view text, std::string_view label, 
                     label, text_excerpt(key));
         break;
       }
-      case json::parse_event_t::value: break;
+      case json::parse_event_t::value:
+        break;
     }
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", label, e.what());
   }

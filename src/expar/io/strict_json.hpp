@@ -1,7 +1,6 @@
 #pragma once
 // Strict JSON parsing for file headers we do not trust (safetensors headers, checkpoint indexes).
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
 
