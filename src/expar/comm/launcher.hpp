@@ -2,8 +2,10 @@
 // Starting ranks. One launcher shared by the CLI and the tests.
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/memory.hpp"
 
 namespace expar {
 
@@ -17,6 +19,13 @@ struct LaunchOptions {
 // bound and `compute_threads` compute threads. If any rank throws, every other rank's waits are woken with
 // an error and the first error is rethrown here, prefixed with its rank.
 void run_ranks(const LaunchOptions& options, const std::function<void(Comm& world)>& fn);
+// Like run_ranks, and returns every rank's memory snapshot (index = world rank), taken on the rank's thread
+// after fn returned: `current` is what fn left allocated, `peak` the high-water mark of the whole run. This
+// is how the CLI and tests read the per-rank trackers (inside fn, a rank reads its own with
+// current_tracker()). Timeouts: LaunchOptions::timeout_seconds, overridden by the environment variable
+// EXPAR_COMM_TIMEOUT.
+std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
+                                              const std::function<void(Comm& world)>& fn);
 inline void run_ranks(int ranks, const std::function<void(Comm& world)>& fn) {
   LaunchOptions o;
   o.ranks = ranks;

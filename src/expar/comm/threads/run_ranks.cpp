@@ -1,0 +1,77 @@
+// run_ranks: the threads backend's launcher.
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "expar/comm/comm_env.hpp"
+#include "expar/comm/launcher.hpp"
+#include "expar/comm/threads/group_state.hpp"
+#include "expar/comm/threads/threads_comm.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+
+namespace expar {
+
+std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
+                                              const std::function<void(Comm& world)>& fn) {
+  EXPAR_CHECK(options.ranks >= 1, "ranks = {}: run at least 1 rank", options.ranks);
+  EXPAR_CHECK(options.compute_threads >= 1, "compute_threads = {}: use at least 1 compute thread per rank",
+              options.compute_threads);
+  EXPAR_CHECK(options.timeout_seconds > 0, "timeout_seconds = {}: the wait timeout must be positive",
+              options.timeout_seconds);
+  const int n = options.ranks;
+  auto world = std::make_shared<threads::ThreadsWorld>(n, comm_timeout_seconds(options.timeout_seconds));
+  std::vector<int> members(static_cast<size_t>(n));
+  std::iota(members.begin(), members.end(), 0);
+  auto group = threads::GroupState::create(world, members, "world");
+
+  std::deque<MemoryTracker> trackers(static_cast<size_t>(n));  // atomics: neither movable nor copyable
+  std::vector<MemorySnapshot> snapshots(static_cast<size_t>(n));
+  std::mutex error_mutex;
+  int first_rank = -1;
+  std::string first_message;
+
+  auto body = [&](int r) {
+    TrackerBinding binding(trackers[static_cast<size_t>(r)]);
+    std::string message;
+    bool failed = false;
+    try {
+      set_compute_threads(options.compute_threads);
+      threads::ThreadsComm comm(group, r);
+      fn(comm);
+    } catch (const std::exception& e) {
+      failed = true;
+      message = e.what();
+    } catch (...) {
+      failed = true;
+      message = "unknown exception (not derived from std::exception)";
+    }
+    if (failed) {
+      {
+        std::lock_guard lock(error_mutex);
+        if (first_rank < 0) {
+          first_rank = r;
+          first_message = message;
+        }
+      }
+      world->abort(fmt::format("rank {} failed: {}", r, message));
+    }
+    world->mark_finished(r);
+    snapshots[static_cast<size_t>(r)] = trackers[static_cast<size_t>(r)].snapshot();
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+  if (first_rank >= 0) fail("rank {}: {}", first_rank, first_message);
+  return snapshots;
+}
+
+void run_ranks(const LaunchOptions& options, const std::function<void(Comm& world)>& fn) {
+  run_ranks_tracked(options, fn);
+}
+
+}  // namespace expar

@@ -1,0 +1,299 @@
+#include "expar/comm/threads/threads_comm.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "expar/comm/reduce.hpp"
+#include "expar/comm/threads/threads_heap.hpp"
+#include "expar/core/error.hpp"
+
+namespace expar::threads {
+
+namespace {
+
+// memcpy with zero-length (and then possibly null) buffers allowed.
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+
+std::vector<size_t> offsets_of(std::span<const size_t> counts) {
+  std::vector<size_t> offsets(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  return offsets;
+}
+
+size_t sum_except(std::span<const size_t> counts, int skip) {
+  size_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r)
+    if (static_cast<int>(r) != skip) total += counts[r];
+  return total;
+}
+
+}  // namespace
+
+ThreadsComm::ThreadsComm(std::shared_ptr<GroupState> group, int rank)
+    : group_(std::move(group)), rank_(rank) {}
+
+void ThreadsComm::check_uniform(std::span<const Slot> slots, const char* op, bool check_count) const {
+  for (size_t m = 1; m < slots.size(); ++m) {
+    EXPAR_CHECK(
+        slots[m].dtype == slots[0].dtype,
+        "{} on group '{}': group rank 0 passes dtype {} but group rank {} passes {}; every member must "
+        "pass the same dtype",
+        op, name(), dtype_name(slots[0].dtype), m, dtype_name(slots[m].dtype));
+    EXPAR_CHECK(
+        !check_count || slots[m].count == slots[0].count,
+        "{} on group '{}': group rank 0 passes count {} but group rank {} passes {}; every member must "
+        "pass the same count",
+        op, name(), slots[0].count, m, slots[m].count);
+  }
+}
+
+std::shared_ptr<Comm> ThreadsComm::split(int color, int key, const std::string& name) {
+  Slot mine;
+  mine.op = "split";
+  mine.a = color;
+  mine.b = key;
+  auto slots = exchange(std::move(mine));
+  // Members of my color, ordered by (key, parent rank).
+  std::vector<int> members;
+  for (int m = 0; m < size(); ++m)
+    if (slots[static_cast<size_t>(m)].a == color) members.push_back(m);
+  std::stable_sort(members.begin(), members.end(), [&](int x, int y) {
+    return slots[static_cast<size_t>(x)].b < slots[static_cast<size_t>(y)].b;
+  });
+  const int my_index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  std::vector<int> world;
+  for (int m : members) world.push_back(group_->world_ranks()[static_cast<size_t>(m)]);
+
+  // The first member of each new group creates its state; a second generation hands it to the others.
+  Slot offer;
+  offer.op = "split (hand over)";
+  if (my_index == 0) offer.object = GroupState::create(group_->world_ptr(), world, name);
+  auto offers = exchange(std::move(offer));
+  auto state = std::static_pointer_cast<GroupState>(offers[static_cast<size_t>(members[0])].object);
+  return std::make_shared<ThreadsComm>(std::move(state), my_index);
+}
+
+void ThreadsComm::barrier() {
+  ++stats_.barrier;
+  group_->wait(rank_, "barrier");
+}
+
+void ThreadsComm::broadcast(void* data, size_t count, DType dtype, int root) {
+  ++stats_.broadcast;
+  Slot mine;
+  mine.op = "broadcast";
+  mine.send = data;
+  mine.count = count;
+  mine.a = root;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "broadcast", true);
+  for (size_t m = 0; m < slots.size(); ++m)
+    EXPAR_CHECK(
+        slots[m].a == slots[0].a && root >= 0 && root < size(),
+        "broadcast on group '{}': root {} (group rank 0 passes {}, group rank {} passes {}) must be the "
+        "same group rank in [0, {}) on every member",
+        name(), root, slots[0].a, m, slots[m].a, size());
+  const size_t bytes = count * dtype_size(dtype);
+  if (rank_ == root) {
+    stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+  } else {
+    copy_bytes(data, slots[static_cast<size_t>(root)].send, bytes);
+  }
+  group_->wait(rank_, "broadcast (closing)");
+}
+
+void ThreadsComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  ++stats_.all_reduce;
+  check_reducible(dtype, "all_reduce");
+  Slot mine;
+  mine.op = "all_reduce";
+  mine.send = data;
+  mine.count = count;
+  mine.a = static_cast<int64_t>(op);
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "all_reduce", true);
+  for (size_t m = 1; m < slots.size(); ++m)
+    EXPAR_CHECK(slots[m].a == slots[0].a,
+                "all_reduce on group '{}': members pass different reduce operations", name());
+  const size_t bytes = count * dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+  // Reduce into a private accumulator in rank order; `data` is someone else's input until the closing wait.
+  std::vector<std::byte> acc(bytes);
+  copy_bytes(acc.data(), slots[0].send, bytes);
+  for (size_t m = 1; m < slots.size(); ++m) reduce_into(acc.data(), slots[m].send, count, dtype, op);
+  group_->wait(rank_, "all_reduce (closing)");
+  copy_bytes(data, acc.data(), bytes);
+}
+
+void ThreadsComm::all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  ++stats_.all_gather;
+  Slot mine;
+  mine.op = "all_gather";
+  mine.send = send;
+  mine.count = count;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "all_gather", true);
+  const size_t bytes = count * dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+  for (size_t m = 0; m < slots.size(); ++m)
+    copy_bytes(static_cast<std::byte*>(recv) + m * bytes, slots[m].send, bytes);
+  group_->wait(rank_, "all_gather (closing)");
+}
+
+void ThreadsComm::all_gather_v(const void* send, size_t send_count, void* recv,
+                               std::span<const size_t> recv_counts, DType dtype) {
+  ++stats_.all_gather_v;
+  Slot mine;
+  mine.op = "all_gather_v";
+  mine.send = send;
+  mine.counts = recv_counts;
+  mine.count = send_count;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "all_gather_v", false);
+  const size_t n = slots.size();
+  for (size_t q = 0; q < n; ++q) {
+    EXPAR_CHECK(slots[q].counts.size() == n,
+                "all_gather_v on group '{}': group rank {} passes {} recv_counts; pass one per member ({})",
+                name(), q, slots[q].counts.size(), n);
+  }
+  for (size_t q = 0; q < n; ++q)
+    for (size_t m = 0; m < n; ++m)
+      EXPAR_CHECK(slots[q].counts[m] == slots[m].count,
+                  "all_gather_v on group '{}': group rank {} sends {} elements but group rank {} expects "
+                  "recv_counts[{}]={}; recv_counts must hold every member's send_count",
+                  name(), m, slots[m].count, q, m, slots[q].counts[m]);
+  const size_t esize = dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(send_count * esize) * (size() - 1);
+  auto offsets = offsets_of(recv_counts);
+  for (size_t m = 0; m < n; ++m)
+    copy_bytes(static_cast<std::byte*>(recv) + offsets[m] * esize, slots[m].send, slots[m].count * esize);
+  group_->wait(rank_, "all_gather_v (closing)");
+}
+
+void ThreadsComm::reduce_scatter(const void* send, void* recv, size_t count, DType dtype) {
+  ++stats_.reduce_scatter;
+  check_reducible(dtype, "reduce_scatter");
+  Slot mine;
+  mine.op = "reduce_scatter";
+  mine.send = send;
+  mine.count = count;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "reduce_scatter", true);
+  const size_t bytes = count * dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+  const size_t my_offset = static_cast<size_t>(rank_) * bytes;
+  std::vector<std::byte> acc(bytes);
+  copy_bytes(acc.data(), static_cast<const std::byte*>(slots[0].send) + my_offset, bytes);
+  for (size_t m = 1; m < slots.size(); ++m)
+    reduce_into(acc.data(), static_cast<const std::byte*>(slots[m].send) + my_offset, count, dtype,
+                ReduceOp::Sum);
+  group_->wait(rank_, "reduce_scatter (closing)");
+  copy_bytes(recv, acc.data(), bytes);
+}
+
+void ThreadsComm::reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts,
+                                   DType dtype) {
+  ++stats_.reduce_scatter_v;
+  check_reducible(dtype, "reduce_scatter_v");
+  Slot mine;
+  mine.op = "reduce_scatter_v";
+  mine.send = send;
+  mine.counts = counts;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "reduce_scatter_v", false);
+  const size_t n = slots.size();
+  for (size_t q = 0; q < n; ++q)
+    EXPAR_CHECK(
+        std::ranges::equal(slots[q].counts, slots[0].counts) && slots[0].counts.size() == n,
+        "reduce_scatter_v on group '{}': group rank {} passes counts {} but group rank 0 passes {}; every "
+        "member must pass the same {} counts",
+        name(), q, slots[q].counts, slots[0].counts, n);
+  const size_t esize = dtype_size(dtype);
+  auto offsets = offsets_of(counts);
+  stats_.bytes_sent += static_cast<int64_t>(sum_except(counts, rank_) * esize);
+  const size_t my_offset = offsets[static_cast<size_t>(rank_)] * esize;
+  const size_t my_count = counts[static_cast<size_t>(rank_)];
+  std::vector<std::byte> acc(my_count * esize);
+  copy_bytes(acc.data(), static_cast<const std::byte*>(slots[0].send) + my_offset, acc.size());
+  for (size_t m = 1; m < n; ++m)
+    reduce_into(acc.data(), static_cast<const std::byte*>(slots[m].send) + my_offset, my_count, dtype,
+                ReduceOp::Sum);
+  group_->wait(rank_, "reduce_scatter_v (closing)");
+  copy_bytes(recv, acc.data(), acc.size());
+}
+
+void ThreadsComm::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
+  ++stats_.all_to_all;
+  Slot mine;
+  mine.op = "all_to_all";
+  mine.send = send;
+  mine.count = count;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "all_to_all", true);
+  const size_t bytes = count * dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+  const size_t my_offset = static_cast<size_t>(rank_) * bytes;
+  for (size_t m = 0; m < slots.size(); ++m)
+    copy_bytes(static_cast<std::byte*>(recv) + m * bytes,
+               static_cast<const std::byte*>(slots[m].send) + my_offset, bytes);
+  group_->wait(rank_, "all_to_all (closing)");
+}
+
+void ThreadsComm::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                               std::span<const size_t> recv_counts, DType dtype) {
+  ++stats_.all_to_all_v;
+  Slot mine;
+  mine.op = "all_to_all_v";
+  mine.send = send;
+  mine.counts = send_counts;
+  mine.counts2 = recv_counts;
+  mine.dtype = dtype;
+  auto slots = exchange(std::move(mine));
+  check_uniform(slots, "all_to_all_v", false);
+  const size_t n = slots.size();
+  for (size_t q = 0; q < n; ++q)
+    EXPAR_CHECK(
+        slots[q].counts.size() == n && slots[q].counts2.size() == n,
+        "all_to_all_v on group '{}': group rank {} passes {} send_counts and {} recv_counts; pass one per "
+        "member ({})",
+        name(), q, slots[q].counts.size(), slots[q].counts2.size(), n);
+  for (size_t s = 0; s < n; ++s)
+    for (size_t r = 0; r < n; ++r)
+      EXPAR_CHECK(
+          slots[s].counts[r] == slots[r].counts2[s],
+          "all_to_all_v on group '{}': group rank {} sends {} elements to group rank {}, which expects {} "
+          "(its recv_counts[{}]); the split lists must agree",
+          name(), s, slots[s].counts[r], r, slots[r].counts2[s], s);
+  const size_t esize = dtype_size(dtype);
+  stats_.bytes_sent += static_cast<int64_t>(sum_except(send_counts, rank_) * esize);
+  auto recv_offsets = offsets_of(recv_counts);
+  for (size_t s = 0; s < n; ++s) {
+    auto send_offsets = offsets_of(slots[s].counts);
+    copy_bytes(
+        static_cast<std::byte*>(recv) + recv_offsets[s] * esize,
+        static_cast<const std::byte*>(slots[s].send) + send_offsets[static_cast<size_t>(rank_)] * esize,
+        recv_counts[s] * esize);
+  }
+  group_->wait(rank_, "all_to_all_v (closing)");
+}
+
+std::unique_ptr<SymmetricHeap> ThreadsComm::make_heap() {
+  Slot offer;
+  offer.op = "make_heap";
+  if (rank_ == 0) offer.object = std::make_shared<HeapShared>(group_);
+  auto offers = exchange(std::move(offer));
+  return std::make_unique<ThreadsHeap>(std::static_pointer_cast<HeapShared>(offers[0].object), rank_);
+}
+
+}  // namespace expar::threads

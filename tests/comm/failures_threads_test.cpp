@@ -1,0 +1,106 @@
+// The threads launcher's failure behaviour: a rank that throws ends the run with its message, nothing hangs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "expar/comm/launcher.hpp"
+#include "expar/comm/symmetric_heap.hpp"
+#include "expar/core/error.hpp"
+
+namespace expar {
+namespace {
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Failures, ThrowingRankEndsTheRunWithItsMessage) {
+  for (int thrower = 0; thrower < 4; ++thrower) {
+    auto m = message_of([&] {
+      run_ranks(4, [&](Comm& world) {
+        auto sub = world.subgroup({{0, 1}, {2, 3}}, "pair");
+        if (world.rank() == thrower) throw Error("boom from the test");
+        // The others block in collectives the thrower never joins; they must be woken, not hang.
+        sub->barrier();
+        world.barrier();
+      });
+    });
+    EXPECT_EQ(m, "rank " + std::to_string(thrower) + ": boom from the test");
+  }
+}
+
+TEST(Failures, ThrowingRankWakesSignalWaiters) {
+  auto m = message_of([] {
+    run_ranks(2, [](Comm& world) {
+      auto heap = world.make_heap();
+      if (world.rank() == 1) throw std::runtime_error("plain std exception");
+      heap->wait_signal(0, 1);
+    });
+  });
+  EXPECT_EQ(m, "rank 1: plain std exception");
+}
+
+TEST(Failures, RankThatReturnsEarlyIsReportedNotWaitedFor) {
+  auto m = message_of([] {
+    run_ranks(3, [](Comm& world) {
+      if (world.rank() == 1) return;
+      world.barrier();
+    });
+  });
+  EXPECT_NE(m.find("barrier on group 'world'"), std::string::npos) << m;
+  EXPECT_NE(m.find("never arrived"), std::string::npos) << m;
+}
+
+TEST(Failures, TimeoutNamesOperationGroupAndMissingRanks) {
+  LaunchOptions options;
+  options.ranks = 3;
+  options.timeout_seconds = 0.2;
+  auto m = message_of([&] {
+    run_ranks(options, [](Comm& world) {
+      if (world.rank() == 2) std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::vector<float> x(4);
+      world.all_gather(x.data(), std::vector<float>(12).data(), 4, DType::F32);
+    });
+  });
+  EXPECT_NE(m.find("all_gather on group 'world' timed out"), std::string::npos) << m;
+  EXPECT_NE(m.find("group ranks [2]"), std::string::npos) << m;
+}
+
+TEST(Failures, SignalWaitTimesOut) {
+  LaunchOptions options;
+  options.ranks = 2;
+  options.timeout_seconds = 0.2;
+  auto m = message_of([&] {
+    run_ranks(options, [](Comm& world) {
+      auto heap = world.make_heap();
+      if (world.rank() == 0) heap->wait_signal(5, 1);
+      // Rank 1 arrives late at the barrier so that rank 0's signal wait is the first to time out.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      heap->barrier();
+    });
+  });
+  EXPECT_NE(m.find("wait_signal(slot 5, value 1)"), std::string::npos) << m;
+}
+
+TEST(Failures, BadOptionsAreRejected) {
+  EXPECT_THROW(run_ranks(0, [](Comm&) {}), Error);
+  LaunchOptions options;
+  options.compute_threads = 0;
+  EXPECT_THROW(run_ranks(options, [](Comm&) {}), Error);
+}
+
+TEST(Failures, ComputeThreadsAreSetPerRank) {
+  LaunchOptions options;
+  options.ranks = 2;
+  options.compute_threads = 1;
+  run_ranks(options, [](Comm& world) { world.barrier(); });
+}
+
+}  // namespace
+}  // namespace expar
