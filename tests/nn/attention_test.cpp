@@ -1,0 +1,288 @@
+#include "expar/nn/attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "nn/test_util.hpp"
+
+namespace expar::nn {
+namespace {
+
+using testing::expect_gradient;
+using testing::max_abs_diff;
+using testing::project;
+using testing::randn;
+
+constexpr double kTheta = 10000.0;
+
+AttentionWeights random_weights(const AttentionShape& s, int64_t d, uint64_t stream) {
+  const float std_in = 1.0f / std::sqrt(static_cast<float>(d));
+  const float std_out = 1.0f / std::sqrt(static_cast<float>(s.n_heads * s.head_dim));
+  // Larger query weights make the softmax far from uniform, so the check exercises it.
+  return {randn({s.n_heads * s.head_dim, d}, stream + 1, 3 * std_in),
+          randn({s.n_kv_heads * s.head_dim, d}, stream + 2, 3 * std_in),
+          randn({s.n_kv_heads * s.head_dim, d}, stream + 3, std_in),
+          randn({d, s.n_heads * s.head_dim}, stream + 4, std_out)};
+}
+
+AttentionGrads zero_grads(const AttentionWeights& w) {
+  return {Tensor::zeros(w.wq.shape()), Tensor::zeros(w.wk.shape()), Tensor::zeros(w.wv.shape()),
+          Tensor::zeros(w.wo.shape())};
+}
+
+// Straightforward attention in double: projections, rotate-half RoPE, causal softmax, output projection.
+std::vector<double> reference_attention(const AttentionShape& s, const AttentionWeights& w, const Tensor& x,
+                                        int64_t batch, int64_t seq) {
+  const int64_t d = x.dim(1), hd = s.head_dim, half = hd / 2, n = batch * seq;
+  auto proj = [&](const Tensor& wt, int64_t heads) {
+    std::vector<double> out(static_cast<size_t>(n * heads * hd));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < heads * hd; ++o) {
+        double acc = 0;
+        for (int64_t k = 0; k < d; ++k)
+          acc += static_cast<double>(x.data<float>()[r * d + k]) * wt.data<float>()[o * d + k];
+        out[static_cast<size_t>(r * heads * hd + o)] = acc;
+      }
+    return out;
+  };
+  auto rope = [&](std::vector<double>& t, int64_t heads) {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = static_cast<double>(r % seq) * std::pow(kTheta, -2.0 * i / hd);
+          double& a = t[static_cast<size_t>(r * heads * hd + h * hd + i)];
+          double& b = t[static_cast<size_t>(r * heads * hd + h * hd + i + half)];
+          const double a0 = a, b0 = b;
+          a = a0 * std::cos(angle) - b0 * std::sin(angle);
+          b = b0 * std::cos(angle) + a0 * std::sin(angle);
+        }
+  };
+  std::vector<double> q = proj(w.wq, s.n_heads), k = proj(w.wk, s.n_kv_heads), v = proj(w.wv, s.n_kv_heads);
+  rope(q, s.n_heads);
+  rope(k, s.n_kv_heads);
+  const int64_t qd = s.n_heads * hd, kd = s.n_kv_heads * hd;
+  std::vector<double> ctx(static_cast<size_t>(n * qd), 0.0);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < s.n_heads; ++h) {
+      const int64_t g = h / (s.n_heads / s.n_kv_heads);
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> p(static_cast<size_t>(i + 1));
+        double max = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < hd; ++e)
+            dot += q[static_cast<size_t>((b * seq + i) * qd + h * hd + e)] *
+                   k[static_cast<size_t>((b * seq + j) * kd + g * hd + e)];
+          p[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          max = std::max(max, p[static_cast<size_t>(j)]);
+        }
+        for (double& pj : p) sum += (pj = std::exp(pj - max));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < hd; ++e)
+            ctx[static_cast<size_t>((b * seq + i) * qd + h * hd + e)] +=
+                p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((b * seq + j) * kd + g * hd + e)];
+      }
+    }
+  std::vector<double> y(static_cast<size_t>(n * d), 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < d; ++o)
+      for (int64_t c = 0; c < qd; ++c)
+        y[static_cast<size_t>(r * d + o)] +=
+            ctx[static_cast<size_t>(r * qd + c)] * w.wo.data<float>()[o * qd + c];
+  return y;
+}
+
+class AttentionHeads : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {
+ protected:
+  AttentionShape shape() const { return {GetParam().first, GetParam().second, 4}; }
+};
+
+TEST_P(AttentionHeads, ForwardMatchesNaiveReference) {
+  const AttentionShape s = shape();
+  const int64_t batch = 2, seq = 7, d = 12;
+  Rope rope(s.head_dim, seq, kTheta);
+  AttentionWeights w = random_weights(s, d, 10);
+  Tensor x = randn({batch * seq, d}, 1);
+  AttentionSaved saved;
+  Tensor y = attention_forward(s, rope, w, x, batch, seq, &saved);
+  std::vector<double> ref = reference_attention(s, w, x, batch, seq);
+  for (int64_t i = 0; i < y.numel(); ++i)
+    EXPECT_NEAR(y.data<float>()[i], ref[static_cast<size_t>(i)],
+                1e-5 * (1 + std::fabs(ref[static_cast<size_t>(i)])))
+        << i;
+  // Saved probabilities: rows sum to 1, exactly zero above the diagonal, and not uniform.
+  const float* p = saved.probs.data<float>();
+  double spread = 0;
+  for (int64_t bh = 0; bh < batch * s.n_heads; ++bh)
+    for (int64_t i = 0; i < seq; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < seq; ++j) {
+        const float pij = p[(bh * seq + i) * seq + j];
+        if (j > i) {
+          EXPECT_EQ(pij, 0.0f);
+        }
+        sum += pij;
+        if (j <= i) spread += std::fabs(pij - 1.0 / static_cast<double>(i + 1));
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+  EXPECT_GT(spread, 1.0);
+  // Without saved state the result is the same.
+  Tensor y2 = attention_forward(s, rope, w, x, batch, seq, nullptr);
+  EXPECT_EQ(max_abs_diff(y, y2), 0.0);
+}
+
+TEST_P(AttentionHeads, LaterTokensDoNotChangeEarlierOutputs) {
+  const AttentionShape s = shape();
+  const int64_t batch = 2, seq = 6, d = 8, changed = 3;
+  Rope rope(s.head_dim, seq);
+  AttentionWeights w = random_weights(s, d, 20);
+  Tensor x = randn({batch * seq, d}, 1);
+  Tensor y = attention_forward(s, rope, w, x, batch, seq, nullptr);
+  Tensor x2 = x.clone();
+  for (int64_t j = 0; j < d; ++j) x2.data<float>()[changed * d + j] += 1.5f;  // sequence 0, token 3
+  Tensor y2 = attention_forward(s, rope, w, x2, batch, seq, nullptr);
+  for (int64_t r = 0; r < batch * seq; ++r) {
+    double diff = 0;
+    for (int64_t j = 0; j < d; ++j)
+      diff = std::max(
+          diff, std::fabs(static_cast<double>(y.data<float>()[r * d + j]) - y2.data<float>()[r * d + j]));
+    if (r < changed || r >= seq) {
+      EXPECT_EQ(diff, 0.0) << "row " << r << " changed";
+    } else {
+      EXPECT_GT(diff, 1e-4) << "row " << r << " should see token " << changed;
+    }
+  }
+}
+
+TEST_P(AttentionHeads, GradientsMatchFiniteDifferences) {
+  const AttentionShape s = shape();
+  const int64_t batch = 2, seq = 5, d = 8;
+  Rope rope(s.head_dim, seq);
+  AttentionWeights w = random_weights(s, d, 30);
+  Tensor x = randn({batch * seq, d}, 1), r = randn({batch * seq, d}, 2);
+  AttentionSaved saved;
+  attention_forward(s, rope, w, x, batch, seq, &saved);
+  AttentionGrads g = zero_grads(w);
+  Tensor gx = attention_backward(s, rope, w, saved, r, g);
+  auto loss = [&] { return project(r, attention_forward(s, rope, w, x, batch, seq, nullptr)); };
+  expect_gradient("attention grad_x", loss, x, gx);
+  expect_gradient("attention grad_wq", loss, w.wq, g.wq);
+  expect_gradient("attention grad_wk", loss, w.wk, g.wk);
+  expect_gradient("attention grad_wv", loss, w.wv, g.wv);
+  expect_gradient("attention grad_wo", loss, w.wo, g.wo);
+}
+
+TEST_P(AttentionHeads, CachedForwardMatchesFullForward) {
+  const AttentionShape s = shape();
+  const int64_t batch = 3, seq = 7, d = 8;
+  Rope rope(s.head_dim, 16);
+  AttentionWeights w = random_weights(s, d, 40);
+  Tensor x = randn({batch * seq, d}, 1);
+  Tensor full = attention_forward(s, rope, w, x, batch, seq, nullptr);
+  std::vector<KvCache> caches;
+  for (int64_t b = 0; b < batch; ++b) caches.push_back(KvCache::create(8, s));
+  std::vector<KvCache*> ptrs = {&caches[0], &caches[1], &caches[2]};
+  // Steps of different sizes per sequence (prefill, chunks, single-token decode, nothing).
+  const std::vector<std::vector<int64_t>> steps = {{4, 1, 7}, {1, 2, 0}, {2, 1, 0}, {0, 3, 0}};
+  Tensor out = Tensor::empty({batch * seq, d});
+  for (const auto& step : steps) {
+    std::vector<int64_t> starts;
+    int64_t total = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      starts.push_back(caches[static_cast<size_t>(b)].length);
+      total += step[static_cast<size_t>(b)];
+    }
+    Tensor xs = Tensor::empty({total, d});
+    for (int64_t b = 0, row = 0; b < batch; ++b)
+      for (int64_t t = 0; t < step[static_cast<size_t>(b)]; ++t, ++row)
+        std::copy_n(x.data<float>() + (b * seq + starts[static_cast<size_t>(b)] + t) * d, d,
+                    xs.data<float>() + row * d);
+    Tensor ys = attention_forward_cached(s, rope, w, xs, step, ptrs);
+    for (int64_t b = 0, row = 0; b < batch; ++b)
+      for (int64_t t = 0; t < step[static_cast<size_t>(b)]; ++t, ++row)
+        std::copy_n(ys.data<float>() + row * d, d,
+                    out.data<float>() + (b * seq + starts[static_cast<size_t>(b)] + t) * d);
+  }
+  for (int64_t b = 0; b < batch; ++b) EXPECT_EQ(caches[static_cast<size_t>(b)].length, seq);
+  EXPECT_LT(max_abs_diff(out, full), 1e-5);
+  EXPECT_GT(max_abs_diff(full, Tensor::zeros(full.shape())), 1e-2);  // the comparison is not between zeros
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, AttentionHeads,
+                         ::testing::Values(std::pair<int64_t, int64_t>{3, 3},
+                                           std::pair<int64_t, int64_t>{4, 2},
+                                           std::pair<int64_t, int64_t>{2, 1}),
+                         [](const auto& info) {
+                           return "h" + std::to_string(info.param.first) + "_kv" +
+                                  std::to_string(info.param.second);
+                         });
+
+Tensor columns(const Tensor& t, int64_t begin, int64_t end) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor out = Tensor::empty({rows, end - begin});
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(t.data<float>() + r * cols + begin, end - begin, out.data<float>() + r * (end - begin));
+  return out;
+}
+
+TEST(Attention, HeadsSplitAcrossTensorParallelRanksSumToTheWhole) {
+  const AttentionShape whole{4, 2, 4};
+  const AttentionShape local{2, 1, 4};
+  const int64_t batch = 2, seq = 5, d = 8, hd = 4;
+  Rope rope(hd, seq);
+  AttentionWeights w = random_weights(whole, d, 50);
+  Tensor x = randn({batch * seq, d}, 1), r = randn({batch * seq, d}, 2);
+  AttentionSaved saved;
+  Tensor y = attention_forward(whole, rope, w, x, batch, seq, &saved);
+  AttentionGrads g = zero_grads(w);
+  Tensor gx = attention_backward(whole, rope, w, saved, r, g);
+  Tensor y_sum = Tensor::zeros(y.shape()), gx_sum = Tensor::zeros(gx.shape());
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    AttentionWeights wl{
+        w.wq.rows(rank * 2 * hd, (rank + 1) * 2 * hd).clone(), w.wk.rows(rank * hd, (rank + 1) * hd).clone(),
+        w.wv.rows(rank * hd, (rank + 1) * hd).clone(), columns(w.wo, rank * 2 * hd, (rank + 1) * 2 * hd)};
+    AttentionSaved sl;
+    Tensor yl = attention_forward(local, rope, wl, x, batch, seq, &sl);
+    AttentionGrads gl = zero_grads(wl);
+    Tensor gxl = attention_backward(local, rope, wl, sl, r, gl);
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      y_sum.data<float>()[i] += yl.data<float>()[i];
+      gx_sum.data<float>()[i] += gxl.data<float>()[i];
+    }
+    EXPECT_LT(max_abs_diff(gl.wq, g.wq.rows(rank * 2 * hd, (rank + 1) * 2 * hd)), 1e-5);
+    EXPECT_LT(max_abs_diff(gl.wk, g.wk.rows(rank * hd, (rank + 1) * hd)), 1e-5);
+    EXPECT_LT(max_abs_diff(gl.wv, g.wv.rows(rank * hd, (rank + 1) * hd)), 1e-5);
+    EXPECT_LT(max_abs_diff(gl.wo, columns(g.wo, rank * 2 * hd, (rank + 1) * 2 * hd)), 1e-5);
+  }
+  EXPECT_LT(max_abs_diff(y_sum, y), 1e-5);
+  EXPECT_LT(max_abs_diff(gx_sum, gx), 1e-5);
+}
+
+TEST(Attention, RejectsBadShapesAndLeavesCachesUntouched) {
+  const AttentionShape s{4, 2, 4};
+  const int64_t d = 8;
+  Rope rope(4, 16);
+  AttentionWeights w = random_weights(s, d, 60);
+  Tensor x = randn({6, d}, 1);
+  EXPECT_THROW(attention_forward(AttentionShape{4, 3, 4}, rope, w, x, 2, 3, nullptr), Error);
+  EXPECT_THROW(attention_forward(s, rope, w, x, 2, 4, nullptr), Error);         // 8 rows expected
+  EXPECT_THROW(attention_forward(s, Rope(8, 16), w, x, 2, 3, nullptr), Error);  // rope head_dim differs
+  EXPECT_THROW(attention_forward(s, rope, w, randn({34, d}, 1), 2, 17, nullptr),
+               Error);  // beyond max_positions
+  KvCache a = KvCache::create(4, s), b = KvCache::create(4, s);
+  a.length = 3;
+  std::vector<KvCache*> ptrs = {&a, &b};
+  const std::vector<int64_t> counts = {2, 1};  // sequence 0 would overflow its cache
+  EXPECT_THROW(attention_forward_cached(s, rope, w, randn({3, d}, 1), counts, ptrs), Error);
+  EXPECT_EQ(a.length, 3);
+  EXPECT_EQ(b.length, 0);
+  std::vector<KvCache*> twice = {&b, &b};
+  const std::vector<int64_t> ones = {1, 1};
+  EXPECT_THROW(attention_forward_cached(s, rope, w, randn({2, d}, 1), ones, twice), Error);
+  EXPECT_EQ(b.length, 0);
+}
+
+}  // namespace
+}  // namespace expar::nn
