@@ -1,0 +1,257 @@
+// Route map and capacity policy: seed 000 Figures 15/16 (two ranks, top-2, E = 4, T = 5 per rank, cf = 1.2),
+// reproduced exactly under the `source` rule, and the same example under the `rank`, `expert` and dropless
+// rules with their drops worked out by hand.
+#include "expar/moe/route_map.hpp"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <vector>
+
+#include "expar/core/error.hpp"
+
+namespace expar {
+namespace {
+
+using Routes = std::vector<std::vector<int>>;  // [T][K] expert ids
+
+Tensor make_idx(const Routes& routes, int k) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(routes.size()), k}, DType::I32);
+  for (size_t i = 0; i < routes.size(); ++i)
+    for (int j = 0; j < k; ++j) t.data<int32_t>()[i * k + j] = routes[i][static_cast<size_t>(j)];
+  return t;
+}
+
+// Builds every rank's map with the pure builder, gathering the requests as the collective would.
+std::vector<RouteMap> build_all(const std::vector<Routes>& per_rank, int k, const ExpertPlacement& placement,
+                                const CapacityPolicy& policy) {
+  std::vector<int64_t> requests, tokens;
+  std::vector<Tensor> idx;
+  for (const Routes& r : per_rank) {
+    idx.push_back(make_idx(r, k));
+    auto c = count_requests(idx.back(), placement.num_experts());
+    requests.insert(requests.end(), c.begin(), c.end());
+    tokens.push_back(static_cast<int64_t>(r.size()));
+  }
+  std::vector<RouteMap> maps;
+  for (int s = 0; s < static_cast<int>(per_rank.size()); ++s)
+    maps.push_back(build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, placement, policy));
+  return maps;
+}
+
+// Figure 15/16: tokens A-E on rank 0, F-J on rank 1; experts 0,1 on rank 0 and 2,3 on rank 1.
+const std::vector<Routes> kFigure = {
+    {{1, 2}, {0, 1}, {3, 1}, {0, 1}, {1, 2}},  // A B C D E
+    {{2, 0}, {0, 1}, {3, 0}, {1, 3}, {1, 2}},  // F G H I J
+};
+
+struct Expected {
+  std::vector<std::vector<int>> rank, row;  // [T][K]
+};
+
+void expect_map(const RouteMap& map, const Expected& want, const char* what) {
+  ASSERT_EQ(map.tokens, static_cast<int64_t>(want.rank.size()));
+  for (int64_t t = 0; t < map.tokens; ++t)
+    for (int k = 0; k < map.top_k; ++k) {
+      EXPECT_EQ(map.rank_of(t, k), want.rank[static_cast<size_t>(t)][static_cast<size_t>(k)])
+          << what << " rank " << map.ep_rank << " token " << static_cast<char>('A' + 5 * map.ep_rank + t)
+          << " k " << k;
+      EXPECT_EQ(map.row_of(t, k), want.row[static_cast<size_t>(t)][static_cast<size_t>(k)])
+          << what << " rank " << map.ep_rank << " token " << static_cast<char>('A' + 5 * map.ep_rank + t)
+          << " k " << k;
+    }
+}
+
+TEST(RouteMapFigure16, SourceRuleReproducesEveryRankAndRow) {
+  ExpertPlacement placement(4, 2);
+  // B = ceil(1.2·5·2/2) = 6 rows per (source, destination); capacity 2·6 = 12. Rank 0 sends 7 routes to
+  // rank 0 (B→0, D→0, then A→1, B→1, C→1, D→1, E→1 in local-expert-major order): E→1 is the 7th and drops.
+  auto maps = build_all(kFigure, 2, placement, CapacityPolicy::with(CapacityRule::Source, 1.2));
+  expect_map(maps[0], {{{0, 1}, {0, 0}, {1, 0}, {0, 0}, {-1, 1}}, {{5, 0}, {0, 6}, {4, 7}, {1, 8}, {-1, 1}}},
+             "source");
+  expect_map(maps[1], {{{1, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 1}}, {{2, 2}, {3, 9}, {5, 4}, {10, 6}, {11, 3}}},
+             "source");
+  for (const RouteMap& m : maps) {
+    EXPECT_EQ(m.capacity_rows, 12);
+    EXPECT_EQ(m.accepted, maps[0].accepted);
+  }
+  EXPECT_EQ(maps[0].dropped, 1);
+  EXPECT_EQ(maps[1].dropped, 0);
+  EXPECT_EQ(maps[0].recv_rows, 12);
+  EXPECT_EQ(maps[1].recv_rows, 7);
+  EXPECT_EQ(maps[0].expert_offsets, (std::vector<int64_t>{0, 5, 12}));
+  EXPECT_EQ(maps[1].expert_offsets, (std::vector<int64_t>{0, 4, 7}));
+  EXPECT_EQ(maps[0].send_counts, (std::vector<int64_t>{6, 3}));
+  EXPECT_EQ(maps[1].send_counts, (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(maps[0].recv_counts, (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(maps[1].recv_counts, (std::vector<int64_t>{3, 4}));
+  // Drop rate: rank 0 1/10, rank 1 0 -> mean 0.05. Utilisation: rank 0 12/12, rank 1 7/12 -> max 1.
+  EXPECT_DOUBLE_EQ(maps[1].group_drop_rate(), 0.05);
+  EXPECT_DOUBLE_EQ(maps[0].utilisation_of(1), 7.0 / 12.0);
+  EXPECT_DOUBLE_EQ(maps[1].max_utilisation(), 1.0);
+}
+
+TEST(RouteMapFigure16, RankRuleDropsTheLastSourceRanksRoute) {
+  ExpertPlacement placement(4, 2);
+  // C = max(1, ceil(1.2·5·2)) = 12 rows per destination, granted expert-major then source rank. Rank 0's
+  // requests: expert 0: 2 (B, D) + 3 (F, G, H) = 5; expert 1: 5 (A..E from rank 0), then rank 1's G, I fill
+  // rows 10, 11 and J→1 (13th) drops. Rank 1 receives 7 <= 12.
+  auto maps = build_all(kFigure, 2, placement, CapacityPolicy::with(CapacityRule::Rank, 1.2));
+  expect_map(maps[0], {{{0, 1}, {0, 0}, {1, 0}, {0, 0}, {0, 1}}, {{5, 0}, {0, 6}, {4, 7}, {1, 8}, {9, 1}}},
+             "rank");
+  expect_map(maps[1],
+             {{{1, 0}, {0, 0}, {1, 0}, {0, 1}, {-1, 1}}, {{2, 2}, {3, 10}, {5, 4}, {11, 6}, {-1, 3}}},
+             "rank");
+  EXPECT_EQ(maps[0].dropped, 0);
+  EXPECT_EQ(maps[1].dropped, 1);
+  EXPECT_EQ(maps[0].capacity_rows, 12);
+  EXPECT_EQ(maps[0].recv_rows, 12);
+}
+
+TEST(RouteMapFigure16, ExpertRuleCapsEachSourceExpertPair) {
+  ExpertPlacement placement(4, 2);
+  // c = ceil(1.2·5·2/4) = 3 rows per (source, expert). Rank 0 has 5 routes to expert 1 (A, B, C, D, E): D→1
+  // and E→1 drop. Every other (source, expert) pair has at most 3 routes. Capacity 2 ranks·2 experts·3 = 12.
+  auto maps = build_all(kFigure, 2, placement, CapacityPolicy::with(CapacityRule::Expert, 1.2));
+  expect_map(maps[0],
+             {{{0, 1}, {0, 0}, {1, 0}, {0, -1}, {-1, 1}}, {{5, 0}, {0, 6}, {4, 7}, {1, -1}, {-1, 1}}},
+             "expert");
+  expect_map(maps[1], {{{1, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 1}}, {{2, 2}, {3, 8}, {5, 4}, {9, 6}, {10, 3}}},
+             "expert");
+  EXPECT_EQ(maps[0].dropped, 2);
+  EXPECT_EQ(maps[1].dropped, 0);
+  EXPECT_EQ(maps[0].capacity_rows, 12);
+  EXPECT_EQ(maps[0].recv_rows, 11);
+  EXPECT_DOUBLE_EQ(maps[0].group_drop_rate(), 0.1);
+}
+
+TEST(RouteMapFigure16, DroplessAcceptsEverything) {
+  ExpertPlacement placement(4, 2);
+  auto maps = build_all(kFigure, 2, placement, CapacityPolicy::dropless());
+  // Rank 0: expert 0 rows B D F G H (0-4); expert 1 rows A B C D E (5-9), then G I J (10-12).
+  expect_map(maps[0], {{{0, 1}, {0, 0}, {1, 0}, {0, 0}, {0, 1}}, {{5, 0}, {0, 6}, {4, 7}, {1, 8}, {9, 1}}},
+             "dropless");
+  expect_map(maps[1], {{{1, 0}, {0, 0}, {1, 0}, {0, 1}, {0, 1}}, {{2, 2}, {3, 10}, {5, 4}, {11, 6}, {12, 3}}},
+             "dropless");
+  // Dropless bound: Σ_s T_s·min(K, E_L) = 10·2 = 20 rows on every rank.
+  EXPECT_EQ(maps[0].capacity_rows, 20);
+  EXPECT_EQ(maps[1].capacity_rows, 20);
+  EXPECT_EQ(maps[0].recv_rows, 13);
+  EXPECT_EQ(maps[0].dropped + maps[1].dropped, 0);
+  EXPECT_DOUBLE_EQ(maps[0].group_drop_rate(), 0.0);
+}
+
+// Every accepted route has a distinct (rank, row), rows are packed from 0 on each rank, and the layout is
+// expert-major, then source rank, then (token, k): checked on random routes for every rule and placement.
+TEST(RouteMap, LayoutInvariantsOnRandomRoutes) {
+  for (PlacementKind kind : {PlacementKind::Contiguous, PlacementKind::RoundRobin}) {
+    for (CapacityRule rule :
+         {CapacityRule::Dropless, CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert}) {
+      const int m = 3, e_count = 6, k = 2;
+      ExpertPlacement placement(e_count, m, kind);
+      std::vector<Routes> per_rank;
+      uint32_t state = 12345;
+      auto next = [&] { return (state = state * 1103515245u + 12345u) >> 16; };
+      for (int s = 0; s < m; ++s) {
+        Routes r;
+        for (int t = 0; t < 4 + 3 * s; ++t) {  // uneven T: 4, 7, 10
+          int a = static_cast<int>(next() % (e_count - 1)), b = static_cast<int>(next() % e_count);
+          if (b == a) b = e_count - 1;
+          r.push_back({a, b});
+        }
+        per_rank.push_back(r);
+      }
+      CapacityPolicy policy =
+          rule == CapacityRule::Dropless ? CapacityPolicy::dropless() : CapacityPolicy::with(rule, 0.7);
+      auto maps = build_all(per_rank, k, placement, policy);
+      // key (dst rank, row) -> (expert local index, source, token, k)
+      std::vector<std::vector<std::array<int, 4>>> seen(m);
+      int64_t dropped = 0, requested = 0;
+      for (int s = 0; s < m; ++s) {
+        dropped += maps[static_cast<size_t>(s)].dropped;
+        for (int t = 0; t < static_cast<int>(per_rank[static_cast<size_t>(s)].size()); ++t)
+          for (int j = 0; j < k; ++j) {
+            ++requested;
+            const RouteMap& map = maps[static_cast<size_t>(s)];
+            if (!map.valid(t, j)) {
+              EXPECT_EQ(map.rank_of(t, j), -1);
+              continue;
+            }
+            const int e = per_rank[static_cast<size_t>(s)][static_cast<size_t>(t)][static_cast<size_t>(j)];
+            const int r = map.rank_of(t, j);
+            EXPECT_EQ(r, placement.owner(e));
+            auto& rows = seen[static_cast<size_t>(r)];
+            const auto row = static_cast<size_t>(map.row_of(t, j));
+            ASSERT_LT(static_cast<int64_t>(row), map.capacity_rows);
+            if (rows.size() <= row) rows.resize(row + 1, {-1, -1, -1, -1});
+            EXPECT_EQ(rows[row][0], -1) << "two routes share rank " << r << " row " << row;
+            rows[row] = {placement.local_index(e), s, t, j};
+          }
+      }
+      EXPECT_EQ(
+          dropped, requested - [&] {
+            int64_t n = 0;
+            for (int64_t a : maps[0].accepted) n += a;
+            return n;
+          }());
+      for (int r = 0; r < m; ++r) {
+        const auto& rows = seen[static_cast<size_t>(r)];
+        EXPECT_EQ(static_cast<int64_t>(rows.size()), maps[static_cast<size_t>(r)].recv_rows);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          EXPECT_NE(rows[i][0], -1) << "hole at rank " << r << " row " << i;
+          if (i > 0) {
+            EXPECT_LT(rows[i - 1], rows[i]) << "order broken at rank " << r << " row " << i;
+          }
+        }
+        // Offsets agree with the rows' experts.
+        const auto& off = maps[static_cast<size_t>(r)].expert_offsets;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const auto l = static_cast<size_t>(rows[i][0]);
+          EXPECT_GE(static_cast<int64_t>(i), off[l]);
+          EXPECT_LT(static_cast<int64_t>(i), off[l + 1]);
+        }
+        EXPECT_LE(maps[static_cast<size_t>(r)].recv_rows, maps[0].capacity_rows);
+      }
+    }
+  }
+}
+
+TEST(RouteMap, InvalidRoutesAndZeroTokens) {
+  ExpertPlacement placement(4, 2);
+  auto maps =
+      build_all({{{1, -1}, {-1, -1}}, {}}, 2, placement, CapacityPolicy::with(CapacityRule::Source, 1.0));
+  EXPECT_EQ(maps[0].invalid, 3);
+  EXPECT_EQ(maps[0].dropped, 0);
+  EXPECT_EQ(maps[0].rank_of(0, 0), 0);
+  EXPECT_EQ(maps[0].row_of(0, 0), 0);
+  EXPECT_EQ(maps[0].row_of(0, 1), -1);
+  EXPECT_EQ(maps[1].tokens, 0);
+  EXPECT_EQ(maps[1].recv_rows, 0);
+  EXPECT_DOUBLE_EQ(maps[1].drop_rate_of(1), 0.0);
+}
+
+TEST(RouteMap, RejectsBadInput) {
+  ExpertPlacement placement(4, 1);
+  EXPECT_THROW(count_requests(make_idx({{1, 1}}, 2), 4), Error);  // same expert twice
+  EXPECT_THROW(count_requests(make_idx({{1, 4}}, 2), 4), Error);  // out of range
+  for (double cf : {0.0, -1.0}) {
+    try {
+      build_all({{{0, 1}}}, 2, placement, CapacityPolicy::with(CapacityRule::Source, cf));
+      ADD_FAILURE() << "cf=" << cf << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("capacity factor"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(capacity_rule_from_name("bogus"), Error);
+  EXPECT_EQ(capacity_rule_from_name("expert"), CapacityRule::Expert);
+}
+
+TEST(Capacity, CeilForgivesDecimalRounding) {
+  EXPECT_EQ(ceil_rows(1.2 * 5 * 2 / 2), 6);
+  EXPECT_EQ(ceil_rows(6.000001), 7);
+  EXPECT_EQ(ceil_rows(0.0), 0);
+  EXPECT_EQ(ceil_rows(0.3), 1);
+}
+
+}  // namespace
+}  // namespace expar

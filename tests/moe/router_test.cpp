@@ -1,0 +1,210 @@
+// Router: selection rules (ties, groups, selection-only bias), weights, the two auxiliary losses, every
+// gradient by central finite differences, the bias update, and configuration errors.
+#include "expar/moe/router.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "expar/core/error.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/moe/score_bias.hpp"
+
+namespace expar {
+namespace {
+
+Tensor from(Shape shape, const std::vector<float>& v) {
+  Tensor t = Tensor::empty(std::move(shape));
+  EXPECT_EQ(t.numel(), static_cast<int64_t>(v.size()));
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+Tensor identity(int n) {
+  Tensor t = Tensor::zeros({n, n});
+  for (int i = 0; i < n; ++i) t.data<float>()[i * n + i] = 1.0f;
+  return t;
+}
+
+std::vector<int> idx_row(const RouterOutput& out, int64_t t) {
+  const int k = static_cast<int>(out.topk_idx.dim(1));
+  return {out.topk_idx.data<int32_t>() + t * k, out.topk_idx.data<int32_t>() + (t + 1) * k};
+}
+
+TEST(Router, TiesGoToTheLowerExpertIndex) {
+  RouterConfig c{.num_experts = 6, .top_k = 3};
+  RouterState s;
+  // Zero router weight: every score is 1/6; then a row with a tie between experts 4 and 2 at the top.
+  Tensor x = from({2, 6}, {0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 2, 1});
+  Tensor w = identity(6);
+  w.data<float>()[0] = 0.0f;
+  Tensor zero_w = Tensor::zeros({6, 6});
+  auto out0 = router_forward(c, x, zero_w, nullptr, s);
+  EXPECT_EQ(idx_row(out0, 0), (std::vector<int>{0, 1, 2}));
+  EXPECT_FLOAT_EQ(out0.topk_weight.data<float>()[0], 1.0f / 6.0f);
+  auto out = router_forward(c, x, identity(6), nullptr, s);
+  EXPECT_EQ(idx_row(out, 1), (std::vector<int>{2, 4, 1}));
+}
+
+TEST(Router, GroupLimitedRoutingPicksTheBestGroups) {
+  // Identity router weight: the logits are x. Groups of 2: {0,1} {2,3} {4,5} {6,7}.
+  Tensor x = from({1, 8}, {3.0f, -5.0f, 2.9f, -5.0f, 1.0f, 1.0f, 0.9f, 0.9f});
+  RouterState s;
+  RouterConfig sig{
+      .num_experts = 8, .top_k = 2, .score = ScoreFunction::Sigmoid, .n_group = 4, .topk_group = 2};
+  // Sigmoid group score = sum of the top 2: {0.957, 0.955, 1.462, 1.422}: groups 2 and 3 win, and the tie
+  // between experts 4 and 5 goes to 4 first.
+  EXPECT_EQ(idx_row(router_forward(sig, x, identity(8), nullptr, s), 0), (std::vector<int>{4, 5}));
+  RouterConfig soft = sig;
+  soft.score = ScoreFunction::Softmax;
+  // Softmax group score = max: groups 0 and 1 win.
+  EXPECT_EQ(idx_row(router_forward(soft, x, identity(8), nullptr, s), 0), (std::vector<int>{0, 2}));
+  RouterConfig plain = sig;
+  plain.n_group = 1;
+  EXPECT_EQ(idx_row(router_forward(plain, x, identity(8), nullptr, s), 0), (std::vector<int>{0, 2}));
+}
+
+TEST(Router, BiasChangesSelectionButNotWeights) {
+  RouterConfig c{.num_experts = 4, .top_k = 2, .score = ScoreFunction::Sigmoid};
+  Tensor x = from({1, 4}, {2.0f, 1.0f, 0.0f, -1.0f});
+  Tensor bias = from({4}, {0.0f, 0.0f, 0.0f, 0.9f});
+  RouterState s;
+  auto out = router_forward(c, x, identity(4), &bias, s);
+  // Selection scores: 0.881, 0.731, 0.5, 0.269 + 0.9 = 1.169: expert 3 first, then 0 (descending order).
+  EXPECT_EQ(idx_row(out, 0), (std::vector<int>{3, 0}));
+  EXPECT_FLOAT_EQ(out.topk_weight.data<float>()[0], static_cast<float>(1.0 / (1.0 + std::exp(1.0))));
+  EXPECT_FLOAT_EQ(out.topk_weight.data<float>()[1], static_cast<float>(1.0 / (1.0 + std::exp(-2.0))));
+  c.renormalize = true;
+  out = router_forward(c, x, identity(4), &bias, s);
+  EXPECT_NEAR(out.topk_weight.data<float>()[0] + out.topk_weight.data<float>()[1], 1.0f, 1e-6f);
+}
+
+TEST(Router, AuxiliaryLossesMatchTheirDefinitions) {
+  const int t_count = 7, d = 5, e_count = 6, k_count = 2;
+  Tensor x = Tensor::empty({t_count, d}), w = Tensor::empty({e_count, d});
+  fill_normal(x, 1, 1, 1.0f);
+  fill_normal(w, 1, 2, 1.0f);
+  for (ScoreFunction fn : {ScoreFunction::Softmax, ScoreFunction::Sigmoid}) {
+    RouterConfig c{.num_experts = e_count, .top_k = k_count, .score = fn};
+    RouterState s;
+    auto out = router_forward(c, x, w, nullptr, s);
+    std::vector<double> f(e_count, 0.0), p(e_count, 0.0);
+    double z = 0.0;
+    for (int t = 0; t < t_count; ++t) {
+      std::vector<double> l(e_count);
+      double mx = -1e30, sum = 0.0;
+      for (int e = 0; e < e_count; ++e) {
+        for (int i = 0; i < d; ++i) l[e] += double(x.data<float>()[t * d + i]) * w.data<float>()[e * d + i];
+        mx = std::max(mx, l[e]);
+      }
+      for (int e = 0; e < e_count; ++e) sum += std::exp(l[e] - mx);
+      z += std::pow(mx + std::log(sum), 2) / t_count;
+      for (int e = 0; e < e_count; ++e)
+        p[e] += (fn == ScoreFunction::Softmax ? std::exp(l[e] - mx) / sum : 1.0 / (1.0 + std::exp(-l[e]))) /
+                t_count;
+      for (int k = 0; k < k_count; ++k)
+        f[out.topk_idx.data<int32_t>()[t * k_count + k]] += 1.0 / (t_count * k_count);
+    }
+    double aux = 0.0;
+    for (int e = 0; e < e_count; ++e) aux += double(e_count) / k_count * f[e] * p[e];
+    EXPECT_NEAR(out.aux_loss, aux, 1e-5);
+    EXPECT_NEAR(out.z_loss, z, 1e-4);
+  }
+}
+
+// Central differences of L = Σ g·w + aux_coef·L_aux + z_coef·L_z w.r.t. x and W_r.
+void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed) {
+  const int t_count = 5, d = 4, e_count = c.num_experts, k_count = c.top_k;
+  Tensor x = Tensor::empty({t_count, d}), w = Tensor::empty({e_count, d}),
+         g = Tensor::empty({t_count, k_count});
+  Tensor bias = Tensor::empty({e_count});
+  fill_normal(x, seed, 1, 1.0f);
+  fill_normal(w, seed, 2, 1.0f);
+  fill_normal(g, seed, 3, 1.0f);
+  fill_normal(bias, seed, 4, 0.1f);
+  const Tensor* b = with_bias ? &bias : nullptr;
+  RouterState s;
+  auto base = router_forward(c, x, w, b, s);
+  Tensor grad_x = Tensor::zeros({t_count, d}), grad_w = Tensor::zeros({e_count, d});
+  router_backward(c, s, w, g, grad_x, grad_w);
+  auto loss = [&]() {
+    RouterState s2;
+    auto out = router_forward(c, x, w, b, s2);
+    for (int64_t i = 0; i < base.topk_idx.numel(); ++i)
+      EXPECT_EQ(out.topk_idx.data<int32_t>()[i], base.topk_idx.data<int32_t>()[i]) << "selection changed";
+    double l = c.aux_loss_coef * out.aux_loss + c.z_loss_coef * out.z_loss;
+    for (int64_t i = 0; i < g.numel(); ++i)
+      l += double(g.data<float>()[i]) * out.topk_weight.data<float>()[i];
+    return l;
+  };
+  auto check = [&](Tensor& param, const Tensor& grad, const char* name) {
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      float& v = param.data<float>()[i];
+      const float keep = v, eps = 1e-3f;
+      v = keep + eps;
+      const double up = loss();
+      v = keep - eps;
+      const double down = loss();
+      v = keep;
+      const double fd = (up - down) / (2.0 * eps);
+      EXPECT_NEAR(grad.data<float>()[i], fd, 2e-3 + 1e-2 * std::fabs(fd)) << name << "[" << i << "]";
+    }
+  };
+  check(x, grad_x, "x");
+  check(w, grad_w, "w_router");
+}
+
+TEST(RouterGradients, Softmax) {
+  check_router_gradients({.num_experts = 6, .top_k = 2}, false, 11);
+}
+TEST(RouterGradients, SoftmaxRenormalisedWithLosses) {
+  check_router_gradients(
+      {.num_experts = 6, .top_k = 3, .renormalize = true, .aux_loss_coef = 0.5, .z_loss_coef = 0.1}, false,
+      12);
+}
+TEST(RouterGradients, Sigmoid) {
+  check_router_gradients(
+      {.num_experts = 6, .top_k = 2, .score = ScoreFunction::Sigmoid, .aux_loss_coef = 0.3}, false, 13);
+}
+TEST(RouterGradients, SigmoidRenormalisedGroupedBiased) {
+  check_router_gradients({.num_experts = 8,
+                          .top_k = 2,
+                          .score = ScoreFunction::Sigmoid,
+                          .renormalize = true,
+                          .n_group = 4,
+                          .topk_group = 2,
+                          .aux_loss_coef = 0.2,
+                          .z_loss_coef = 0.05},
+                         true, 14);
+}
+
+TEST(ScoreBias, MovesTowardsBalance) {
+  std::vector<float> bias{0.0f, 0.0f, 0.5f, 0.0f};
+  std::vector<int64_t> counts{4, 0, 2, 2};  // mean 2
+  update_score_bias(bias, counts, 0.25f);
+  EXPECT_EQ(bias, (std::vector<float>{-0.25f, 0.25f, 0.5f, 0.0f}));
+}
+
+TEST(RouterConfig, BadConfigurationsAreClearErrors) {
+  auto message = [](RouterConfig c) {
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({.num_experts = 4, .top_k = 5}).find("top_k=5"), std::string::npos);
+  EXPECT_NE(message({.num_experts = 4, .top_k = 0}).find("top_k=0"), std::string::npos);
+  EXPECT_NE(message({.num_experts = 6, .top_k = 2, .n_group = 4, .topk_group = 1}).find("n_group=4"),
+            std::string::npos);
+  EXPECT_NE(message({.num_experts = 8, .top_k = 3, .n_group = 4, .topk_group = 1}).find("topk_group"),
+            std::string::npos);
+  EXPECT_EQ(message({.num_experts = 8, .top_k = 2, .n_group = 4, .topk_group = 1}), "");
+  EXPECT_THROW(score_function_from_name("relu"), Error);
+}
+
+}  // namespace
+}  // namespace expar
