@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <string_view>
 
 #include "expar/core/error.hpp"
@@ -74,6 +75,9 @@ std::span<const Slot> GroupState::exchange(int rank, Slot slot) {
   const char* op = slot.op;
   const size_t n = world_ranks_.size();
   std::unique_lock lock(mutex_);
+  // After an abort no generation may complete: peers that gave up have left, and their buffers with them.
+  if (world_->aborted())
+    fail("{} on group '{}' (group rank {}) abandoned: {}", op, name_, rank, world_->abort_reason());
   const uint64_t generation = generation_;
   auto& bank = banks_[generation % 2];
   bank[static_cast<size_t>(rank)] = std::move(slot);
@@ -84,6 +88,19 @@ std::span<const Slot> GroupState::exchange(int rank, Slot slot) {
     ++generation_;
     cv_.notify_all();
   } else {
+    // A member that leaves by throwing withdraws its arrival, so the generation can never complete with it.
+    struct Withdraw {
+      GroupState* g;
+      size_t rank;
+      uint64_t generation;
+      int exceptions = std::uncaught_exceptions();
+      ~Withdraw() {
+        if (std::uncaught_exceptions() > exceptions && g->generation_ == generation) {
+          g->has_arrived_[rank] = 0;
+          --g->arrived_;
+        }
+      }
+    } withdraw{this, static_cast<size_t>(rank), generation};
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(world_->timeout_seconds());
     while (generation_ == generation) {

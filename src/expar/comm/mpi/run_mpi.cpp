@@ -1,0 +1,39 @@
+// run_mpi: the MPI backend's launcher.
+#include <cstdio>
+#include <exception>
+
+#include "expar/comm/comm_env.hpp"
+#include "expar/comm/launcher.hpp"
+#include "expar/comm/mpi/mpi_comm.hpp"
+#include "expar/comm/mpi/mpi_util.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+
+namespace expar {
+
+int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
+            const std::function<void(Comm& world)>& fn) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) MPI_Init(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    set_compute_threads(options.compute_threads);
+    mpi::MpiComm world(MPI_COMM_WORLD, "world", comm_timeout_seconds(options.timeout_seconds));
+    fn(world);
+  } catch (const std::exception& e) {
+    // Peers may be blocked in a collective this rank will never join: take the whole job down.
+    std::fprintf(stderr, "expar: rank %d: error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  } catch (...) {
+    std::fprintf(stderr, "expar: rank %d: error: unknown exception\n", rank);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (!initialized) MPI_Finalize();
+  return 0;
+}
+
+}  // namespace expar
