@@ -1,0 +1,127 @@
+// Grouped SwiGLU experts: forward against a per-row f64 computation, every gradient by central finite
+// differences, and the capacity tail (and experts without rows) left unread and unwritten.
+#include "expar/moe/expert_mlp.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "expar/core/rng.hpp"
+
+namespace expar {
+namespace {
+
+constexpr int64_t kD = 4, kH = 5, kLocal = 3, kCapacity = 8;
+const std::vector<int64_t> kOffsets{0, 2, 2, 5};  // local expert 1 has no rows; rows 5..7 are the tail
+
+ExpertWeights random_weights(uint64_t seed) {
+  ExpertWeights w{Tensor::empty({kLocal, kH, kD}), Tensor::empty({kLocal, kH, kD}),
+                  Tensor::empty({kLocal, kD, kH})};
+  fill_normal(w.w1, seed, 1, 0.6f);
+  fill_normal(w.w3, seed, 2, 0.6f);
+  fill_normal(w.w2, seed, 3, 0.6f);
+  return w;
+}
+
+ExpertWeights zero_like(const ExpertWeights& w) {
+  return {Tensor::zeros(w.w1.shape()), Tensor::zeros(w.w3.shape()), Tensor::zeros(w.w2.shape())};
+}
+
+Tensor poisoned(Shape shape) {
+  Tensor t = Tensor::empty(std::move(shape));
+  fill_nan(t.raw(), t.nbytes());
+  return t;
+}
+
+Tensor random_input(uint64_t seed) {
+  Tensor x = poisoned({kCapacity, kD});
+  Tensor live = x.rows(0, kOffsets.back());
+  fill_normal(live, seed, 9, 1.0f);
+  return x;
+}
+
+int expert_of_row(int64_t row) {
+  for (int l = 0; l < kLocal; ++l)
+    if (row >= kOffsets[static_cast<size_t>(l)] && row < kOffsets[static_cast<size_t>(l) + 1]) return l;
+  return -1;
+}
+
+TEST(ExpertMlp, ForwardMatchesPerRowReferenceAndLeavesTheTailAlone) {
+  ExpertWeights w = random_weights(3);
+  Tensor x = random_input(3);
+  Tensor y = poisoned({kCapacity, kD});
+  ExpertMlpState state;
+  expert_mlp_forward(x, kOffsets, w, y, state);
+  for (int64_t r = 0; r < kCapacity; ++r) {
+    const int l = expert_of_row(r);
+    for (int64_t i = 0; i < kD; ++i) {
+      const float got = y.data<float>()[r * kD + i];
+      if (l < 0) {
+        EXPECT_TRUE(std::isnan(got)) << "tail row " << r << " was written";
+        continue;
+      }
+      double want = 0.0;
+      for (int64_t j = 0; j < kH; ++j) {
+        double a = 0.0, b = 0.0;
+        for (int64_t c = 0; c < kD; ++c) {
+          a += double(w.w1.data<float>()[(l * kH + j) * kD + c]) * x.data<float>()[r * kD + c];
+          b += double(w.w3.data<float>()[(l * kH + j) * kD + c]) * x.data<float>()[r * kD + c];
+        }
+        want += double(w.w2.data<float>()[(l * kD + i) * kH + j]) * a / (1.0 + std::exp(-a)) * b;
+      }
+      EXPECT_NEAR(got, want, 1e-5 + 1e-5 * std::fabs(want)) << "row " << r << " col " << i;
+    }
+  }
+}
+
+TEST(ExpertMlp, GradientsMatchFiniteDifferences) {
+  ExpertWeights w = random_weights(5);
+  Tensor x = random_input(5);
+  Tensor proj = Tensor::empty({kCapacity, kD});
+  fill_normal(proj, 5, 10, 1.0f);
+  auto loss = [&]() {
+    Tensor y = poisoned({kCapacity, kD});
+    ExpertMlpState s;
+    expert_mlp_forward(x, kOffsets, w, y, s);
+    double l = 0.0;
+    for (int64_t i = 0; i < kOffsets.back() * kD; ++i)
+      l += double(y.data<float>()[i]) * proj.data<float>()[i];
+    return l;
+  };
+  Tensor y = poisoned({kCapacity, kD});
+  ExpertMlpState state;
+  expert_mlp_forward(x, kOffsets, w, y, state);
+  ExpertWeights grads = zero_like(w);
+  // Accumulation: start the gradients at 1 and check they grew by exactly the gradient.
+  grads.w1.fill(1.0f);
+  Tensor grad_in = poisoned({kCapacity, kD});
+  expert_mlp_backward(proj, state, w, grad_in, grads);
+  for (int64_t i = kOffsets.back() * kD; i < kCapacity * kD; ++i)
+    EXPECT_TRUE(std::isnan(grad_in.data<float>()[i])) << "tail of grad_in written at " << i;
+  auto check = [&](Tensor& param, const Tensor& grad, float offset, int64_t count, const char* name) {
+    for (int64_t i = 0; i < count; ++i) {
+      float& v = param.data<float>()[i];
+      const float keep = v, eps = 1e-3f;
+      v = keep + eps;
+      const double up = loss();
+      v = keep - eps;
+      const double down = loss();
+      v = keep;
+      const double fd = (up - down) / (2.0 * eps);
+      EXPECT_NEAR(grad.data<float>()[i] - offset, fd, 2e-3 + 1e-2 * std::fabs(fd)) << name << "[" << i << "]";
+    }
+  };
+  check(w.w1, grads.w1, 1.0f, w.w1.numel(), "w1");
+  check(w.w3, grads.w3, 0.0f, w.w3.numel(), "w3");
+  check(w.w2, grads.w2, 0.0f, w.w2.numel(), "w2");
+  check(x, grad_in, 0.0f, kOffsets.back() * kD, "x");
+  // The expert without rows gets exactly zero gradient (1 for w1, where the gradient started at 1).
+  for (int64_t i = kH * kD; i < 2 * kH * kD; ++i) {
+    EXPECT_EQ(grads.w1.data<float>()[i], 1.0f);
+    EXPECT_EQ(grads.w3.data<float>()[i], 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace expar
