@@ -27,6 +27,8 @@
 namespace expar {
 
 class Comm;
+class SymmetricHeap;
+class LeasePool;
 
 // What a path keeps between its passes of one layer step (saved with the layer's state).
 struct PathState {
@@ -41,6 +43,15 @@ struct PathOptions {
   int64_t model_dim = 0;  // d
   int top_k = 0;          // K
   const ExpertPlacement* placement = nullptr;
+  // rowwise: a symmetric heap over the EP group and a lease pool on it, shared by the MoE blocks of a model
+  // (null: the path makes its own heap with ep_group.make_heap() and its own pool). block_index tags the
+  // leases of this block in the pool's messages.
+  SymmetricHeap* heap = nullptr;
+  LeasePool* lease_pool = nullptr;
+  int block_index = -1;
+  // agrs: the decode form (every rank of the EP group already holds the same tokens; one all_reduce sums
+  // the ranks' partial outputs). The registry name "agrs-decode" sets it.
+  bool agrs_decode = false;
 };
 
 class ExpertPath {
@@ -65,7 +76,8 @@ class ExpertPath {
   virtual Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state);
 };
 
-// The registry: "local" (EP size 1). Throws expar::Error naming the known paths for an unknown name.
+// The registry: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode". Throws expar::Error naming
+// the known paths for an unknown name.
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
 std::vector<std::string> path_names();
 

@@ -7,6 +7,10 @@
 namespace expar {
 
 std::unique_ptr<ExpertPath> make_local_path(Comm& ep_group, const PathOptions& options);
+std::unique_ptr<ExpertPath> make_block_path(Comm& ep_group, const PathOptions& options);
+std::unique_ptr<ExpertPath> make_rowwise_path(Comm& ep_group, const PathOptions& options);
+std::unique_ptr<ExpertPath> make_agrs_path(Comm& ep_group, const PathOptions& options);
+std::unique_ptr<ExpertPath> make_agrs_decode_path(Comm& ep_group, const PathOptions& options);
 
 namespace {
 
@@ -18,6 +22,10 @@ struct PathEntry {
 
 constexpr PathEntry kPaths[] = {
     {"local", make_local_path},
+    {"block", make_block_path},
+    {"rowwise", make_rowwise_path},
+    {"agrs", make_agrs_path},
+    {"agrs-decode", make_agrs_decode_path},
 };
 
 }  // namespace

@@ -1,0 +1,426 @@
+// Every execution path against the single-rank reference (DESIGN "Tests"), on the threads backend:
+// layouts (ranks 1..4, M_E dividing the rank count, EP groups as subgroups of the world) x {dropless,
+// capacity with drops} x {softmax, sigmoid}. Every rank builds every rank's inputs from the same seed; the
+// checks run on the test thread over what each rank recorded.
+//
+// The reference is the local path on one rank over the concatenated tokens of one EP group, with exactly the
+// routes the EP run dropped marked invalid (a capacity policy decides per source rank, so a single-source
+// run would drop different routes; the drops themselves are compared across paths).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "expar/comm/comm.hpp"
+#include "expar/comm/launcher.hpp"
+#include "expar/core/memory.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/moe/moe_layer.hpp"
+#include "expar/topo/training_layout.hpp"
+#include "moe/solo_comm.hpp"
+
+namespace expar {
+namespace {
+
+// Fresh float tensors and every symmetric buffer start as NaN, so a read of a row nobody wrote (a capacity
+// tail, a dropped route) poisons the results. Set before main, before poison_enabled() caches it.
+const bool kPoison = [] {
+  setenv("EXPAR_POISON", "1", 1);
+  return true;
+}();
+
+constexpr int kExperts = 12, kTopK = 3;
+constexpr int64_t kD = 8, kH = 16;
+constexpr uint64_t kSeed = 20240611;
+const std::vector<std::string> kEpPaths{"block", "rowwise", "agrs"};
+
+int64_t tokens_of(int ranks, int rank) {
+  if (ranks == 1) return 6;
+  static const int64_t t[] = {5, 0, 7, 3};  // uneven, and world rank 1 has no tokens
+  return t[rank];
+}
+
+Tensor input_of(int ranks, int rank, uint64_t stream) {
+  Tensor x = Tensor::empty({tokens_of(ranks, rank), kD});
+  fill_normal(x, kSeed, stream * 16 + static_cast<uint64_t>(rank), 1.0f);
+  // Channel 0 is a constant, so the router can be made to avoid some experts entirely.
+  for (int64_t t = 0; t < x.dim(0); ++t) x.data<float>()[t * kD] = 1.0f;
+  return x;
+}
+
+struct Case {
+  int ranks = 1;
+  int ep = 1;
+  bool capacity = false;
+  ScoreFunction score = ScoreFunction::Softmax;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return fmt::format("W{}_EP{}_{}_{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
+                     score_function_name(c.score));
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (int w = 1; w <= 4; ++w)
+    for (int ep = 1; ep <= w; ++ep)
+      if (w % ep == 0)
+        for (bool cap : {false, true})
+          for (ScoreFunction s : {ScoreFunction::Softmax, ScoreFunction::Sigmoid})
+            cases.push_back({w, ep, cap, s});
+  return cases;
+}
+
+MoeConfig config_of(const Case& c, const std::string& path) {
+  MoeConfig cfg;
+  cfg.num_experts = kExperts;
+  cfg.top_k = kTopK;
+  cfg.model_dim = kD;
+  cfg.hidden_dim = kH;
+  cfg.score = c.score;
+  cfg.renormalize = c.score == ScoreFunction::Sigmoid;
+  cfg.path = path;
+  if (c.capacity) {
+    // Cycle through the three rules so every one of them is seen by some layout.
+    static const CapacityRule rules[] = {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert};
+    cfg.capacity = CapacityPolicy::with(rules[(c.ranks + c.ep) % 3], 0.5);
+  }
+  return cfg;
+}
+
+// init_params, then push the experts of the last EP rank of a group out of every top-K (a rank whose
+// experts receive nothing): a large negative weight on the constant channel.
+void init_layer(MoeLayer& layer, int ep) {
+  layer.init_params(kSeed);
+  if (ep < 2) return;
+  const ExpertPlacement placement(kExperts, ep);
+  for (int e : placement.local_experts(ep - 1)) layer.params().w_router.data<float>()[e * kD] = -50.0f;
+}
+
+struct RankResult {
+  Tensor y, grad_x, grad_router;
+  ExpertWeights grad_experts;
+  Tensor dst_row;  // the route map's rows: equal drops across paths
+  int64_t dropped = 0, recv_rows = 0;
+  bool second_step_identical = false;
+  CommStats stats;
+  int64_t comm_scratch_peak = 0, symmetric_resident = 0;
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool all_finite(const Tensor& t) {
+  for (float v : t.span<float>())
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  for (int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_NEAR(g[i], w[i], 1e-5 * std::max(1.0f, std::abs(w[i]))) << what << " element " << i;
+}
+
+RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, const Tensor& grad_y) {
+  RankResult r;
+  auto step = [&](RankResult& out) {
+    layer.zero_grads();
+    MoeState state;
+    out.y = layer.forward(x, state).clone();
+    out.grad_x = layer.backward(grad_y, state).clone();
+    out.grad_router = layer.grads().w_router.clone();
+    out.grad_experts = {layer.grads().experts.w1.clone(), layer.grads().experts.w3.clone(),
+                        layer.grads().experts.w2.clone()};
+    out.dst_row = state.routes.dst_row.clone();
+    out.dropped = state.routes.dropped;
+    out.recv_rows = state.routes.recv_rows;
+    EXPECT_EQ(state.metrics.dropped, state.routes.dropped);
+  };
+  const int64_t symmetric_before = current_tracker().snapshot().current_of(MemCategory::SymmetricBuffers);
+  current_tracker().reset_peaks();
+  ep_group.reset_stats();
+  step(r);
+  r.stats = ep_group.stats();
+  const MemorySnapshot snap = current_tracker().snapshot();
+  r.comm_scratch_peak = snap.peak_of(MemCategory::CommScratch);
+  r.symmetric_resident = snap.current_of(MemCategory::SymmetricBuffers) - symmetric_before;
+  // A second step over buffers that hold the first step's rows (and fresh NaN poison) gives the same bits.
+  RankResult again;
+  step(again);
+  r.second_step_identical = same_bits(r.y, again.y) && same_bits(r.grad_x, again.grad_x) &&
+                            same_bits(r.grad_router, again.grad_router) &&
+                            same_bits(r.grad_experts.w1, again.grad_experts.w1) &&
+                            same_bits(r.grad_experts.w2, again.grad_experts.w2) &&
+                            same_bits(r.grad_experts.w3, again.grad_experts.w3);
+  return r;
+}
+
+struct Reference {
+  Tensor y, grad_x, grad_router;
+  ExpertWeights grad_experts;  // all E experts
+};
+
+Tensor concat_rows(const std::vector<Tensor>& parts, int64_t width) {
+  int64_t n = 0;
+  for (const auto& p : parts) n += p.dim(0);
+  Tensor all = Tensor::empty({n, width});
+  int64_t at = 0;
+  for (const auto& p : parts) {
+    if (p.numel() > 0) std::memcpy(all.data<float>() + at * width, p.data<float>(), p.nbytes());
+    at += p.dim(0);
+  }
+  return all;
+}
+
+// The local path on one rank over x [N, d], with the routes in `dropped` [N*K] made invalid.
+Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
+                    const std::vector<uint8_t>& dropped) {
+  testing::SoloComm solo;
+  MoeConfig cfg = config_of(c, "local");
+  cfg.capacity = CapacityPolicy::dropless();
+  MoeLayer layer(cfg, solo, "moe");
+  init_layer(layer, c.ep);
+  RouterState rs;
+  RouterOutput routed = router_forward(cfg.router(), x, layer.params().w_router, nullptr, rs);
+  Tensor idx = routed.topk_idx.clone();
+  for (size_t i = 0; i < dropped.size(); ++i)
+    if (dropped[i]) idx.data<int32_t>()[i] = -1;
+  const ExpertPlacement placement(kExperts, 1);
+  const std::vector<int64_t> requests = count_requests(idx, kExperts);
+  const std::vector<int64_t> tokens{x.dim(0)};
+  RouteMap map = build_route_map(idx, 0, requests, tokens, placement, CapacityPolicy::dropless());
+  PathOptions options;
+  options.model_dim = kD;
+  options.top_k = kTopK;
+  options.placement = &placement;
+  auto path = make_path("local", solo, options);
+  PathState ps;
+  ExpertMlpState es;
+  Tensor in = path->dispatch_forward(x, map, ps);
+  Tensor out = path->expert_output_buffer(map, kD, ps);
+  expert_mlp_forward(in, map.expert_offsets, layer.params().experts, out, es);
+  Reference ref;
+  ref.y = path->combine_forward(out, routed.topk_weight, map, ps);
+  layer.zero_grads();
+  Tensor grad_w;
+  Tensor grad_out = path->combine_backward(grad_y, routed.topk_weight, map, ps, grad_w);
+  Tensor grad_in = path->expert_grad_input_buffer(map, kD, ps);
+  expert_mlp_backward(grad_out, es, layer.params().experts, grad_in, layer.grads().experts);
+  ref.grad_x = path->dispatch_backward(grad_in, map, ps);
+  router_backward(cfg.router(), rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router);
+  ref.grad_router = layer.grads().w_router.clone();
+  ref.grad_experts = layer.grads().experts;
+  if (std::none_of(dropped.begin(), dropped.end(), [](uint8_t v) { return v != 0; })) {
+    // Without drops this reference is exactly MoeLayer with path "local" (a check on the test itself).
+    MoeState st;
+    layer.zero_grads();
+    EXPECT_TRUE(same_bits(layer.forward(x, st), ref.y));
+    EXPECT_TRUE(same_bits(layer.backward(grad_y, st), ref.grad_x));
+    EXPECT_TRUE(same_bits(layer.grads().w_router, ref.grad_router));
+  }
+  return ref;
+}
+
+Tensor expert_slice(const Tensor& all, int64_t e) {
+  return all.rows(e, e + 1);
+}
+
+class PathsTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
+  const Case c = GetParam();
+  const TrainingLayout layout(c.ranks, c.ep);
+  const auto groups = layout.groups(TrainingGroup::EpMp);
+  std::vector<std::string> paths = kEpPaths;
+  if (c.ep == 1) paths.push_back("local");
+  const bool decode = !c.capacity;  // the decode form agrees with the reference only without drops
+  // results[path][world rank]
+  std::map<std::string, std::vector<RankResult>> results;
+  for (const auto& p : paths) results[p].resize(static_cast<size_t>(c.ranks));
+  results["agrs-decode"].resize(static_cast<size_t>(c.ranks));
+  std::mutex mutex;
+
+  LaunchOptions launch;
+  launch.ranks = c.ranks;
+  launch.timeout_seconds = 120;
+  run_ranks(launch, [&](Comm& world) {
+    const int rank = world.rank();
+    auto ep_group = world.subgroup(groups, "ep_mp");
+    const Tensor x = input_of(c.ranks, rank, 1);
+    const Tensor grad_y = input_of(c.ranks, rank, 2);
+    for (const auto& p : paths) {
+      MoeLayer layer(config_of(c, p), *ep_group);
+      init_layer(layer, c.ep);
+      RankResult r = run_step_twice(layer, *ep_group, x, grad_y);
+      std::lock_guard lock(mutex);
+      results[p][static_cast<size_t>(rank)] = std::move(r);
+    }
+    if (decode) {
+      // Decode form: every rank of the group holds the group's tokens.
+      std::vector<Tensor> xs, gys;
+      for (int member : layout.group_of(rank, TrainingGroup::EpMp)) {
+        xs.push_back(input_of(c.ranks, member, 1));
+        gys.push_back(input_of(c.ranks, member, 2));
+      }
+      MoeLayer layer(config_of(c, "agrs-decode"), *ep_group);
+      init_layer(layer, c.ep);
+      RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
+      std::lock_guard lock(mutex);
+      results["agrs-decode"][static_cast<size_t>(rank)] = std::move(r);
+    }
+  });
+
+  int64_t world_dropped = 0;
+  for (const auto& group : groups) {
+    std::vector<Tensor> xs, gys;
+    std::vector<uint8_t> dropped;
+    for (int member : group) {
+      xs.push_back(input_of(c.ranks, member, 1));
+      gys.push_back(input_of(c.ranks, member, 2));
+      const RankResult& b = results["block"][static_cast<size_t>(member)];
+      for (int32_t row : b.dst_row.span<int32_t>()) dropped.push_back(row < 0 ? 1 : 0);
+      world_dropped += b.dropped;
+    }
+    const Reference ref = reference(c, concat_rows(xs, kD), concat_rows(gys, kD), dropped);
+    ASSERT_TRUE(all_finite(ref.y) && all_finite(ref.grad_x));
+
+    for (const auto& p : paths) {
+      SCOPED_TRACE("path " + p);
+      Tensor router_sum = Tensor::zeros({kExperts, kD});
+      int64_t offset = 0;
+      for (size_t pos = 0; pos < group.size(); ++pos) {
+        const int member = group[pos];
+        SCOPED_TRACE("world rank " + std::to_string(member));
+        const RankResult& r = results[p][static_cast<size_t>(member)];
+        const RankResult& block = results["block"][static_cast<size_t>(member)];
+        const int64_t t = tokens_of(c.ranks, member);
+        ASSERT_TRUE(all_finite(r.y) && all_finite(r.grad_x) && all_finite(r.grad_router));
+        EXPECT_TRUE(r.second_step_identical) << "a second step over reused buffers changed the results";
+        // Every path drops exactly the same routes (the route map is the single truth).
+        EXPECT_TRUE(same_bits(r.dst_row, block.dst_row));
+        EXPECT_EQ(r.dropped, block.dropped);
+        expect_close(r.y, ref.y.rows(offset, offset + t), "y");
+        expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x");
+        const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
+        for (size_t l = 0; l < experts.size(); ++l) {
+          const auto li = static_cast<int64_t>(l);
+          expect_close(expert_slice(r.grad_experts.w1, li), expert_slice(ref.grad_experts.w1, experts[l]),
+                       "w1");
+          expect_close(expert_slice(r.grad_experts.w3, li), expert_slice(ref.grad_experts.w3, experts[l]),
+                       "w3");
+          expect_close(expert_slice(r.grad_experts.w2, li), expert_slice(ref.grad_experts.w2, experts[l]),
+                       "w2");
+        }
+        for (int64_t i = 0; i < router_sum.numel(); ++i)
+          router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
+        // Contracts 3 and 4: block and rowwise move the same rows into the same places and sum in the same
+        // order, so their outputs and gradients are bit-identical.
+        if (p == "rowwise") {
+          EXPECT_TRUE(same_bits(r.y, block.y));
+          EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
+          EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
+          EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
+          EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
+          EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
+          // No host split list: not one all_to_all_v on the EP group.
+          EXPECT_EQ(r.stats.all_to_all_v, 0);
+          EXPECT_EQ(r.comm_scratch_peak, 0) << "rowwise packs no peer buffers";
+          EXPECT_GT(r.symmetric_resident, 0) << "rowwise buffers must show under symmetric buffers";
+        }
+        if (p == "block") {
+          EXPECT_EQ(r.stats.all_to_all_v, 4) << "two exchanges forward, two backward";
+          EXPECT_EQ(r.symmetric_resident, 0);
+          const bool moves_rows =
+              std::accumulate(r.dst_row.span<int32_t>().begin(), r.dst_row.span<int32_t>().end(), 0,
+                              [](int n, int32_t v) { return n + (v >= 0); }) > 0 ||
+              r.recv_rows > 0;
+          if (moves_rows) {
+            EXPECT_GT(r.comm_scratch_peak, 0) << "block's packed peer buffers are comm scratch";
+          }
+        }
+        if (p == "agrs") {
+          EXPECT_EQ(r.stats.all_to_all_v, 0);
+        }
+        // The last EP rank's experts are pushed out of every top-K: it receives nothing.
+        if (c.ep >= 2 && pos + 1 == group.size()) {
+          EXPECT_EQ(r.recv_rows, 0);
+        }
+        offset += t;
+      }
+      expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)");
+    }
+
+    if (decode) {
+      SCOPED_TRACE("path agrs-decode");
+      for (size_t pos = 0; pos < group.size(); ++pos) {
+        const RankResult& r = results["agrs-decode"][static_cast<size_t>(group[pos])];
+        EXPECT_TRUE(r.second_step_identical);
+        expect_close(r.y, ref.y, "decode y");
+        expect_close(r.grad_x, ref.grad_x, "decode grad_x");
+        // Every rank holds every token, so its router gradient is already the whole one.
+        expect_close(r.grad_router, ref.grad_router, "decode router weight gradient");
+        const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
+        for (size_t l = 0; l < experts.size(); ++l)
+          expect_close(expert_slice(r.grad_experts.w2, static_cast<int64_t>(l)),
+                       expert_slice(ref.grad_experts.w2, experts[l]), "decode w2");
+      }
+    }
+  }
+  if (c.capacity) {
+    EXPECT_GT(world_dropped, 0) << "the capacity case must actually drop routes";
+  }
+  if (!c.capacity) {
+    EXPECT_EQ(world_dropped, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PathsTest, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
+  const auto names = path_names();
+  for (const char* p : {"local", "block", "rowwise", "agrs", "agrs-decode"})
+    EXPECT_NE(std::find(names.begin(), names.end(), p), names.end()) << p;
+  run_ranks(1, [&](Comm& world) {
+    const ExpertPlacement placement(kExperts, 1);
+    PathOptions options;
+    options.model_dim = kD;
+    options.top_k = kTopK;
+    options.placement = &placement;
+    try {
+      make_path("a2a", world, options);
+      ADD_FAILURE() << "an unknown path must throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rowwise"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Paths, DecodeFormRejectsDifferentTokenCounts) {
+  LaunchOptions launch;
+  launch.ranks = 2;
+  launch.timeout_seconds = 60;
+  EXPECT_THROW(run_ranks(launch,
+                         [&](Comm& world) {
+                           Case c{2, 2, false, ScoreFunction::Softmax};
+                           MoeLayer layer(config_of(c, "agrs-decode"), world);
+                           init_layer(layer, 2);
+                           MoeState state;
+                           layer.forward(input_of(2, world.rank(), 1), state);  // 5 and 0 tokens
+                         }),
+               Error);
+}
+
+}  // namespace
+}  // namespace expar
