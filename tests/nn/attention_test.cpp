@@ -167,11 +167,14 @@ TEST_P(AttentionHeads, GradientsMatchFiniteDifferences) {
   AttentionGrads g = zero_grads(w);
   Tensor gx = attention_backward(s, rope, w, saved, r, g);
   auto loss = [&] { return project(r, attention_forward(s, rope, w, x, batch, seq, nullptr)); };
-  expect_gradient("attention grad_x", loss, x, gx);
-  expect_gradient("attention grad_wq", loss, w.wq, g.wq);
-  expect_gradient("attention grad_wk", loss, w.wk, g.wk);
-  expect_gradient("attention grad_wv", loss, w.wv, g.wv);
-  expect_gradient("attention grad_wo", loss, w.wo, g.wo);
+  // The f32 rounding of the loss is ~1e-4 of the largest gradient component here: 5e-3 leaves margin and
+  // still fails a 1% error in any part of the backward pass.
+  const double h = 1e-2, rtol = 5e-3;
+  expect_gradient("attention grad_x", loss, x, gx, h, rtol);
+  expect_gradient("attention grad_wq", loss, w.wq, g.wq, h, rtol);
+  expect_gradient("attention grad_wk", loss, w.wk, g.wk, h, rtol);
+  expect_gradient("attention grad_wv", loss, w.wv, g.wv, h, rtol);
+  expect_gradient("attention grad_wo", loss, w.wo, g.wo, h, rtol);
 }
 
 TEST_P(AttentionHeads, CachedForwardMatchesFullForward) {

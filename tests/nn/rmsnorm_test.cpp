@@ -50,8 +50,8 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
   Tensor gg = Tensor::zeros({d});
   Tensor gx = rmsnorm_backward(saved, r, g, gg);
   auto loss = [&] { return project(r, rmsnorm_forward(x, g, eps, nullptr)); };
-  expect_gradient("rmsnorm grad_x", loss, x, gx, 1e-2, 5e-3);
-  expect_gradient("rmsnorm grad_gain", loss, g, gg, 1e-2, 5e-3);
+  expect_gradient("rmsnorm grad_x", loss, x, gx);
+  expect_gradient("rmsnorm grad_gain", loss, g, gg);
   // Accumulation: a second backward adds the same amount again.
   Tensor gg1 = gg.clone();
   rmsnorm_backward(saved, r, g, gg);
