@@ -74,23 +74,30 @@ int MoeLayer::ep_rank() const {
   return ep_group_.rank();
 }
 
-void MoeLayer::init_params(uint64_t seed) {
-  const int64_t d = config_.model_dim, h = config_.hidden_dim;
-  fill_normal(params_.w_router, seed, stream_of((name_ + ".router").c_str()),
+void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPlacement& placement,
+                     int ep_rank, const std::string& name, uint64_t seed) {
+  const int64_t d = config.model_dim, h = config.hidden_dim;
+  EXPAR_CHECK(params.experts.local_count() == placement.local_count(),
+              "init of '{}': {} local expert slots for a placement with {} local experts", name,
+              params.experts.local_count(), placement.local_count());
+  fill_normal(params.w_router, seed, stream_of((name + ".router").c_str()),
               1.0f / std::sqrt(static_cast<float>(d)));
-  if (params_.score_bias.defined()) params_.score_bias.zero();
-  const int rank = ep_group_.rank();
-  for (int l = 0; l < placement_.local_count(); ++l) {
-    const int e = placement_.global_expert(rank, l);
+  if (params.score_bias.defined()) params.score_bias.zero();
+  for (int l = 0; l < placement.local_count(); ++l) {
+    const int e = placement.global_expert(ep_rank, l);
     auto fill = [&](Tensor& all, const char* which, int64_t rows, int64_t cols, int64_t fan_in) {
       Tensor one = all.rows(l, l + 1).reshape({rows, cols});
-      const std::string stream = fmt::format("{}.experts.{}.{}", name_, e, which);
+      const std::string stream = fmt::format("{}.experts.{}.{}", name, e, which);
       fill_normal(one, seed, stream_of(stream.c_str()), 1.0f / std::sqrt(static_cast<float>(fan_in)));
     };
-    fill(params_.experts.w1, "w1", h, d, d);
-    fill(params_.experts.w3, "w3", h, d, d);
-    fill(params_.experts.w2, "w2", d, h, h);
+    fill(params.experts.w1, "w1", h, d, d);
+    fill(params.experts.w3, "w3", h, d, d);
+    fill(params.experts.w2, "w2", d, h, h);
   }
+}
+
+void MoeLayer::init_params(uint64_t seed) {
+  init_moe_params(params_, config_, placement_, ep_group_.rank(), name_, seed);
 }
 
 void MoeLayer::zero_grads() {

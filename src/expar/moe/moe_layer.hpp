@@ -52,6 +52,12 @@ struct MoeParams {
   ExpertWeights experts;  // local experts
 };
 
+// The layout-independent initialisation behind MoeLayer::init_params: W_r ~ N(0, 1/d) from the stream of
+// "<name>.router"; global expert e's w1, w3 ~ N(0, 1/d) and w2 ~ N(0, 1/h) from the streams of
+// "<name>.experts.<e>.w1|w3|w2"; the score bias (if defined) 0. Fills the local experts of `ep_rank`.
+void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPlacement& placement,
+                     int ep_rank, const std::string& name, uint64_t seed);
+
 struct MoeGrads {
   Tensor w_router;        // [E, d]
   ExpertWeights experts;  // local experts
