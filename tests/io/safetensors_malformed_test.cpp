@@ -169,7 +169,7 @@ std::vector<Malformed> cases() {
   SafetensorsWriter writer;
   writer.add("x", test::patterned({16}, DType::F32, 1));
   auto truncated = writer.to_bytes();
-  truncated.resize(truncated.size() - 1);
+  truncated.pop_back();
   c.push_back({"truncated_data", truncated, {"tensor \"x\"", "end past the data buffer of 63 bytes"}});
   auto extended = writer.to_bytes();
   extended.push_back(std::byte{0});
