@@ -1,0 +1,29 @@
+#pragma once
+// The byte-level MoE transformer language model trained by `expar train`.
+#include <string>
+
+#include "expar/moe/moe_layer.hpp"
+
+namespace expar {
+
+struct ModelConfig {
+  int vocab = 256;  // bytes: no tokenizer
+  int64_t model_dim = 128;
+  int layers = 2;
+  int64_t heads = 4;
+  int64_t kv_heads = 4;
+  int64_t head_dim = 32;
+  int64_t max_seq = 256;
+  int64_t shared_expert_hidden = 0;  // 0: no shared expert
+  float norm_eps = 1e-5f;
+  double rope_theta = 10000.0;
+  // The routed MoE MLP of every block (model_dim is copied from above).
+  MoeConfig moe;
+
+  // Throws expar::Error for an inconsistent configuration (names the value and the fix).
+  void validate(int ep_size) const;
+  // Named presets: "tiny" (tests), "demo" (the README's main job), "small".
+  static ModelConfig preset(const std::string& name);
+};
+
+}  // namespace expar

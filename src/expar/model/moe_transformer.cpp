@@ -1,0 +1,255 @@
+#include "expar/model/moe_transformer.hpp"
+
+#include <cmath>
+
+#include "expar/comm/comm.hpp"
+#include "expar/nn/cross_entropy.hpp"
+#include "expar/nn/embedding.hpp"
+#include "expar/nn/init.hpp"
+#include "expar/nn/linear.hpp"
+#include "expar/nn/rmsnorm.hpp"
+
+namespace expar {
+
+namespace {
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape());
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
+  return out;
+}
+
+void add_into(Tensor& acc, const Tensor& b) {
+  float* pa = acc.data<float>();
+  const float* pb = b.data<float>();
+  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
+}
+
+Tensor int_tensor(const std::vector<int32_t>& values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+}  // namespace
+
+struct MoeTransformer::Block {
+  Tensor attn_norm, attn_norm_grad, mlp_norm, mlp_norm_grad;
+  nn::AttentionWeights attn;
+  nn::AttentionGrads attn_grad;
+  std::unique_ptr<MoeLayer> moe;
+  Tensor shared_gate, shared_up, shared_down;  // optional shared expert (SwiGLU)
+  Tensor shared_gate_grad, shared_up_grad, shared_down_grad;
+};
+
+struct MoeTransformer::Activations {
+  struct PerBlock {
+    nn::RmsNormSaved attn_norm, mlp_norm;
+    nn::AttentionSaved attn;
+    MoeState moe;
+    nn::LinearSaved shared_gate, shared_up, shared_down;
+    Tensor gate, up;  // shared expert pre-activations
+  };
+  std::vector<PerBlock> blocks;
+  nn::EmbeddingSaved embed;
+  nn::RmsNormSaved final_norm;
+  nn::LinearSaved head;
+};
+
+MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
+    : config_(std::move(config)), ep_group_(ep_group), rope_(config_.head_dim, config_.max_seq, config_.rope_theta) {
+  config_.moe.model_dim = config_.model_dim;
+  config_.validate(ep_group.size());
+  const int64_t d = config_.model_dim, hq = config_.heads * config_.head_dim, hkv = config_.kv_heads * config_.head_dim;
+  params_.reserve(static_cast<size_t>(config_.layers) * 16 + 4);
+  auto& embed = add_param("embed", {config_.vocab, d}, ParamKind::Dense, false);
+  embed_ = embed.value;
+  embed_grad_ = embed.grad;
+  for (int l = 0; l < config_.layers; ++l) {
+    auto b = std::make_unique<Block>();
+    const std::string p = "layers." + std::to_string(l);
+    auto& an = add_param(p + ".attn_norm", {d}, ParamKind::Dense, false);
+    b->attn_norm = an.value;
+    b->attn_norm_grad = an.grad;
+    auto bind = [&](const char* n, Shape s, Tensor& v, Tensor& g) {
+      auto& par = add_param(p + n, std::move(s), ParamKind::Dense, true);
+      v = par.value;
+      g = par.grad;
+    };
+    bind(".attn.wq", {hq, d}, b->attn.wq, b->attn_grad.wq);
+    bind(".attn.wk", {hkv, d}, b->attn.wk, b->attn_grad.wk);
+    bind(".attn.wv", {hkv, d}, b->attn.wv, b->attn_grad.wv);
+    bind(".attn.wo", {d, hq}, b->attn.wo, b->attn_grad.wo);
+    auto& mn = add_param(p + ".mlp_norm", {d}, ParamKind::Dense, false);
+    b->mlp_norm = mn.value;
+    b->mlp_norm_grad = mn.grad;
+    if (config_.shared_expert_hidden > 0) {
+      const int64_t hs = config_.shared_expert_hidden;
+      bind(".shared.w1", {hs, d}, b->shared_gate, b->shared_gate_grad);
+      bind(".shared.w3", {hs, d}, b->shared_up, b->shared_up_grad);
+      bind(".shared.w2", {d, hs}, b->shared_down, b->shared_down_grad);
+    }
+    b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe");
+    MoeParams& mp = b->moe->params();
+    MoeGrads& mg = b->moe->grads();
+    params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
+    params_.push_back(Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
+    params_.push_back(Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
+    params_.push_back(Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
+    blocks_.push_back(std::move(b));
+  }
+  auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
+  final_norm_ = fn.value;
+  final_norm_grad_ = fn.grad;
+  auto& head = add_param("lm_head", {config_.vocab, d}, ParamKind::Dense, true);
+  head_ = head.value;
+  head_grad_ = head.grad;
+}
+
+MoeTransformer::~MoeTransformer() = default;
+
+MoeLayer& MoeTransformer::moe(int layer) { return *blocks_.at(static_cast<size_t>(layer))->moe; }
+
+Parameter& MoeTransformer::add_param(const std::string& name, Shape shape, ParamKind kind, bool decay) {
+  params_.push_back(make_parameter(name, std::move(shape), kind, decay));
+  return params_.back();
+}
+
+void MoeTransformer::init(uint64_t seed) {
+  const auto d = static_cast<float>(config_.model_dim);
+  const float out_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.layers));
+  for (Parameter& p : params_) {
+    if (p.name.find(".moe.") != std::string::npos) continue;  // the MoE layers initialise their own
+    const std::string& n = p.name;
+    if (n.ends_with("norm")) {
+      nn::init_constant(p.value, 1.0f);
+    } else if (n == "embed") {
+      nn::init_normal(p.value, seed, n, 1.0f);
+    } else {
+      const auto fan_in = static_cast<float>(p.value.dim(1));
+      float stddev = 1.0f / std::sqrt(fan_in);
+      if (n.ends_with(".wo") || n.ends_with(".shared.w2")) stddev *= out_scale;
+      if (n == "lm_head") stddev = 1.0f / d;
+      nn::init_normal(p.value, seed, n, stddev);
+    }
+  }
+  for (auto& b : blocks_) b->moe->init_params(seed);
+}
+
+void MoeTransformer::zero_grads() {
+  for (Parameter& p : params_) p.grad.zero();
+}
+
+Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq, Activations* acts,
+                               StepMetrics& metrics) {
+  EXPAR_CHECK(static_cast<int64_t>(tokens.size()) == batch * seq, "got {} tokens for batch {} x seq {}",
+              tokens.size(), batch, seq);
+  EXPAR_CHECK(seq <= config_.max_seq, "sequence length {} exceeds the model's max_seq {}: shorten --seq-len", seq,
+              config_.max_seq);
+  const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
+  if (acts) acts->blocks.resize(blocks_.size());
+  Tensor h = nn::embedding_forward(embed_, int_tensor(tokens), acts ? &acts->embed : nullptr);
+  double aux = 0, z = 0, drop = 0, util = 0;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = *blocks_[l];
+    Activations::PerBlock* a = acts ? &acts->blocks[l] : nullptr;
+    MoeState local_state;
+    MoeState& moe_state = a ? a->moe : local_state;
+    Tensor n1 = nn::rmsnorm_forward(h, b.attn_norm, config_.norm_eps, a ? &a->attn_norm : nullptr);
+    Tensor att = nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, a ? &a->attn : nullptr);
+    Tensor h1 = add(h, att);
+    Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
+    Tensor m = b.moe->forward(n2, moe_state);
+    if (b.shared_gate.defined()) {
+      Tensor g = nn::linear_forward(n2, b.shared_gate, nullptr, a ? &a->shared_gate : nullptr);
+      Tensor u = nn::linear_forward(n2, b.shared_up, nullptr, a ? &a->shared_up : nullptr);
+      Tensor act = Tensor::empty(g.shape());
+      const float* pg = g.data<float>();
+      const float* pu = u.data<float>();
+      float* pa = act.data<float>();
+      for (int64_t i = 0; i < g.numel(); ++i) pa[i] = pg[i] * sigmoid(pg[i]) * pu[i];
+      add_into(m, nn::linear_forward(act, b.shared_down, nullptr, a ? &a->shared_down : nullptr));
+      if (a) {
+        a->gate = g;
+        a->up = u;
+      }
+    }
+    h = add(h1, m);
+    aux += moe_state.metrics.aux_loss;
+    z += moe_state.metrics.z_loss;
+    drop += moe_state.metrics.drop_rate;
+    util = std::max(util, moe_state.metrics.utilisation);
+  }
+  const auto layers = static_cast<double>(blocks_.size());
+  metrics.aux_loss = aux / layers;
+  metrics.z_loss = z / layers;
+  metrics.drop_rate = drop / layers;
+  metrics.utilisation = util;
+  metrics.tokens = batch * seq;
+  Tensor hf = nn::rmsnorm_forward(h, final_norm_, config_.norm_eps, acts ? &acts->final_norm : nullptr);
+  return nn::linear_forward(hf, head_, nullptr, acts ? &acts->head : nullptr);
+}
+
+StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                             int64_t batch, int64_t seq, int64_t loss_normalizer) {
+  StepMetrics metrics;
+  Activations acts;
+  Tensor logits = forward(tokens, batch, seq, &acts, metrics);
+  nn::CrossEntropyResult ce = nn::cross_entropy(logits, int_tensor(targets), loss_normalizer);
+  metrics.loss = ce.counted ? ce.loss_sum / static_cast<double>(ce.counted) : 0.0;
+  logits = Tensor();
+  Tensor grad = nn::linear_backward(acts.head, ce.grad_logits, head_, head_grad_, nullptr);
+  grad = nn::rmsnorm_backward(acts.final_norm, grad, final_norm_, final_norm_grad_);
+  for (size_t li = blocks_.size(); li-- > 0;) {
+    Block& b = *blocks_[li];
+    auto& a = acts.blocks[li];
+    // h = h1 + moe(norm(h1)) [+ shared(norm(h1))]
+    Tensor grad_n2 = b.moe->backward(grad, a.moe);
+    if (b.shared_gate.defined()) {
+      Tensor grad_act = nn::linear_backward(a.shared_down, grad, b.shared_down, b.shared_down_grad, nullptr);
+      Tensor grad_g = Tensor::empty(a.gate.shape()), grad_u = Tensor::empty(a.up.shape());
+      const float* pg = a.gate.data<float>();
+      const float* pu = a.up.data<float>();
+      const float* pa = grad_act.data<float>();
+      float* gg = grad_g.data<float>();
+      float* gu = grad_u.data<float>();
+      for (int64_t i = 0; i < grad_g.numel(); ++i) {
+        const float s = sigmoid(pg[i]);
+        gu[i] = pa[i] * pg[i] * s;
+        gg[i] = pa[i] * pu[i] * s * (1.0f + pg[i] * (1.0f - s));
+      }
+      add_into(grad_n2, nn::linear_backward(a.shared_gate, grad_g, b.shared_gate, b.shared_gate_grad, nullptr));
+      add_into(grad_n2, nn::linear_backward(a.shared_up, grad_u, b.shared_up, b.shared_up_grad, nullptr));
+    }
+    Tensor grad_h1 = nn::rmsnorm_backward(a.mlp_norm, grad_n2, b.mlp_norm, b.mlp_norm_grad);
+    add_into(grad_h1, grad);
+    // h1 = h + attn(norm(h))
+    const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
+    Tensor grad_n1 = nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad);
+    grad = nn::rmsnorm_backward(a.attn_norm, grad_n1, b.attn_norm, b.attn_norm_grad);
+    add_into(grad, grad_h1);
+  }
+  nn::embedding_backward(acts.embed, grad, embed_grad_);
+  return metrics;
+}
+
+StepMetrics MoeTransformer::evaluate(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                     int64_t batch, int64_t seq) {
+  StepMetrics metrics;
+  Tensor logits = forward(tokens, batch, seq, nullptr, metrics);
+  nn::CrossEntropyResult ce = nn::cross_entropy(logits, int_tensor(targets));
+  metrics.loss = ce.loss;
+  return metrics;
+}
+
+Tensor MoeTransformer::logits(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq) {
+  StepMetrics metrics;
+  return forward(tokens, batch, seq, nullptr, metrics);
+}
+
+}  // namespace expar

@@ -1,0 +1,74 @@
+#pragma once
+// The MoE transformer: token embedding; L blocks of [RMSNorm -> causal multi-head self-attention with RoPE
+// -> residual; RMSNorm -> MoE MLP (router + routed experts over the EP group, optional shared expert) ->
+// residual]; final RMSNorm; LM head. Explicit forward and backward over saved per-block state.
+//
+// Parameters are named ("layers.3.attn.wq", "layers.3.moe.experts.w1" for the local expert shard) and
+// initialised from (seed, name, element) only, so every layout starts from the same weights: routed expert
+// e has the same values whatever the EP degree (the MoE layer draws one stream per (layer, expert)).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "expar/core/parameter.hpp"
+#include "expar/model/model_config.hpp"
+#include "expar/moe/moe_layer.hpp"
+#include "expar/nn/attention.hpp"
+#include "expar/nn/rope.hpp"
+
+namespace expar {
+
+class Comm;
+
+struct StepMetrics {
+  double loss = 0.0;      // cross-entropy of this microbatch, mean over its tokens
+  double aux_loss = 0.0;  // L_aux, mean over the blocks (unscaled)
+  double z_loss = 0.0;    // L_z, mean over the blocks (unscaled)
+  double drop_rate = 0.0;     // mean over the blocks
+  double utilisation = 0.0;   // max over the blocks
+  int64_t tokens = 0;
+};
+
+class MoeTransformer {
+ public:
+  // ep_group: the EP_MP group of this rank (size M_E); it must outlive the model. The routed-expert path is
+  // config.moe.path.
+  MoeTransformer(ModelConfig config, Comm& ep_group);
+  ~MoeTransformer();
+  MoeTransformer(const MoeTransformer&) = delete;
+  MoeTransformer& operator=(const MoeTransformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  void init(uint64_t seed);
+  // Every parameter (dense and this rank's expert shard), values and gradients share the model's storage.
+  std::vector<Parameter>& parameters() { return params_; }
+  void zero_grads();
+  MoeLayer& moe(int layer);
+
+  // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
+  // parameters' grads; the loss gradient is divided by `loss_normalizer` (tokens of this rank over all
+  // microbatches of the step, so accumulation averages). Collective over the EP group.
+  StepMetrics forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch,
+                               int64_t seq, int64_t loss_normalizer);
+  // Forward only: mean cross-entropy over the tokens (collective over the EP group).
+  StepMetrics evaluate(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch,
+                       int64_t seq);
+  // Forward only: logits [B*S, vocab] (collective over the EP group).
+  Tensor logits(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq);
+
+ private:
+  struct Block;
+  struct Activations;
+  Tensor forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq, Activations* acts,
+                 StepMetrics& metrics);
+  Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);
+
+  ModelConfig config_;
+  Comm& ep_group_;
+  nn::Rope rope_;
+  std::vector<Parameter> params_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  Tensor embed_, embed_grad_, final_norm_, final_norm_grad_, head_, head_grad_;
+};
+
+}  // namespace expar

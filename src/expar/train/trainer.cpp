@@ -1,0 +1,139 @@
+#include "expar/train/trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "expar/core/timer.hpp"
+#include "expar/model/moe_transformer.hpp"
+#include "expar/topo/training_layout.hpp"
+#include "expar/train/adamw.hpp"
+#include "expar/train/checkpoint.hpp"
+#include "expar/train/grad_reducer.hpp"
+#include "expar/train/lr_schedule.hpp"
+
+namespace expar {
+
+namespace {
+
+std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement& placement) {
+  std::string out = fmt::format("layout: W={} ranks, D={} dense-DP, M_E={} (EP_MP), D_E={} (EP_DP)\n", layout.world,
+                                layout.dp, layout.ep_mp, layout.ep_dp);
+  auto list = [](const std::vector<std::vector<int>>& groups) {
+    std::string s;
+    for (const auto& g : groups) s += fmt::format("{{{}}} ", fmt::join(g, ","));
+    return s;
+  };
+  out += "  EP_MP groups (exchange token rows): " + list(layout.groups(TrainingGroup::EpMp)) + "\n";
+  out += "  EP_DP groups (reduce expert gradients): " + list(layout.groups(TrainingGroup::EpDp)) + "\n";
+  out += "  dense DP group (reduce dense gradients): " + list(layout.groups(TrainingGroup::Dp)) + "\n";
+  for (int r = 0; r < layout.world; ++r) {
+    auto experts = placement.local_experts(layout.coords(r).ep_mp);
+    out += fmt::format("  rank {}: (EP_DP {}, EP_MP {}) experts {}\n", r, layout.coords(r).ep_dp,
+                       layout.coords(r).ep_mp,
+                       experts.size() > 1 && experts.back() - experts.front() + 1 == static_cast<int>(experts.size())
+                           ? fmt::format("{}-{}", experts.front(), experts.back())
+                           : fmt::format("{}", fmt::join(experts, ",")));
+  }
+  return out;
+}
+
+double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
+  // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
+  // forwards (the MoE layer is collective), which holds because all ranks take the same count.
+  const int per_rank = std::max(1, cfg.eval_sequences / dp.size());
+  TokenBatch b = validation_batch(corpus, per_rank * dp.size(), dp.rank() * per_rank, per_rank, cfg.seq_len);
+  double loss = model.evaluate(b.inputs, b.targets, per_rank, cfg.seq_len).loss;
+  dp.all_reduce(&loss, 1, DType::F64, ReduceOp::Sum);
+  return loss / dp.size();
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus, const TrainObserver* observer) {
+  TrainingLayout layout(world.size(), cfg.ep);
+  auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");
+  auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
+  auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
+
+  EXPAR_CHECK(cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
+              "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
+              cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
+  EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
+  const int local_seqs = cfg.global_batch / layout.dp;
+  const int mb_seqs = local_seqs / cfg.microbatches;
+
+  ModelConfig mc = cfg.model;
+  mc.moe.path = cfg.path;
+  // The router adds coef·grad(L_aux) per forward; with accumulation the step averages over microbatches.
+  mc.moe.aux_loss_coef /= cfg.microbatches;
+  mc.moe.z_loss_coef /= cfg.microbatches;
+  MoeTransformer model(mc, *ep_mp);
+  model.init(cfg.seed);
+
+  std::vector<Parameter*> params;
+  for (Parameter& p : model.parameters()) params.push_back(&p);
+  GradReducer reducer(params, *dp, *ep_dp, cfg.bucket_bytes, layout.dp);
+  AdamWConfig acfg;
+  acfg.weight_decay = cfg.weight_decay;
+  acfg.clip_norm = cfg.clip_norm;
+  acfg.shard_expert_state = cfg.shard_optimizer;
+  AdamW optimizer(params, acfg, *ep_mp, *ep_dp);
+  LrSchedule schedule{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.steps};
+
+  int start = 0;
+  if (!cfg.resume_from.empty()) {
+    load_checkpoint(cfg.resume_from, model, &optimizer);
+    start = static_cast<int>(read_checkpoint_info(cfg.resume_from).step);
+  }
+  if (observer && observer->on_start && world.rank() == 0)
+    observer->on_start(describe_layout(layout, model.moe(0).placement()));
+
+  auto save = [&](int steps_done) {
+    CheckpointInfo info{steps_done, cfg.seed, cfg.model, cfg.ep, world.size()};
+    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp);
+  };
+
+  TrainSummary summary;
+  const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  for (int step = start; step < last; ++step) {
+    Timer timer;
+    model.zero_grads();
+    StepRecord rec;
+    rec.step = step;
+    for (int mb = 0; mb < cfg.microbatches; ++mb) {
+      TokenBatch batch = training_batch(corpus, cfg.seed, step, cfg.global_batch,
+                                        dp->rank() * local_seqs + mb * mb_seqs, mb_seqs, cfg.seq_len);
+      StepMetrics m = model.forward_backward(batch.inputs, batch.targets, mb_seqs, cfg.seq_len,
+                                             static_cast<int64_t>(local_seqs) * cfg.seq_len);
+      rec.loss += m.loss / cfg.microbatches;
+      rec.aux_loss += m.aux_loss / cfg.microbatches;
+      rec.z_loss += m.z_loss / cfg.microbatches;
+      rec.drop_rate += m.drop_rate / cfg.microbatches;
+      rec.utilisation = std::max(rec.utilisation, m.utilisation);
+    }
+    reducer.reduce();
+    rec.lr = schedule.at(step);
+    rec.grad_norm = optimizer.step(rec.lr);
+    double sums[4] = {rec.loss, rec.aux_loss, rec.z_loss, rec.drop_rate};
+    world.all_reduce(sums, 4, DType::F64, ReduceOp::Sum);
+    world.all_reduce(&rec.utilisation, 1, DType::F64, ReduceOp::Max);
+    rec.loss = sums[0] / world.size();
+    rec.aux_loss = sums[1] / world.size();
+    rec.z_loss = sums[2] / world.size();
+    rec.drop_rate = sums[3] / world.size();
+    rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
+    const bool last_step = step + 1 == last;
+    if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last_step)
+      rec.val_loss = validation_loss(model, corpus, cfg, *dp);
+    if (!cfg.checkpoint_dir.empty() &&
+        ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) || last_step))
+      save(step + 1);
+    summary.steps.push_back(rec);
+    if (observer && observer->on_step && world.rank() == 0) observer->on_step(rec, cfg);
+  }
+  if (!summary.steps.empty()) summary.final_val_loss = summary.steps.back().val_loss;
+  summary.memory = current_tracker().snapshot();
+  return summary;
+}
+
+}  // namespace expar

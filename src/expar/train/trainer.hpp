@@ -1,0 +1,67 @@
+#pragma once
+// The training loop of `expar train`, run by every rank with its world Comm (threads or MPI).
+//
+// Layout: W ranks, EP_MP degree M_E (TrainingLayout, seed 000 eq. 8): dense parameters replicated over the
+// D dense-DP ranks, routed experts sharded over EP_MP and replicated over EP_DP. Every dense-DP rank reads
+// its own slice of each global batch (data.hpp), runs `microbatches` forward/backward passes accumulating
+// gradients, then the multi-group reducer sums dense gradients over DP and expert gradients over EP_DP, and
+// AdamW (warmup + cosine) updates.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "expar/comm/comm.hpp"
+#include "expar/core/memory.hpp"
+#include "expar/model/model_config.hpp"
+#include "expar/train/data.hpp"
+
+namespace expar {
+
+struct TrainConfig {
+  ModelConfig model = ModelConfig::preset("demo");
+  int ep = 1;                        // M_E
+  std::string path = "rowwise";      // local | block | rowwise | agrs (local needs M_E = 1)
+  int steps = 100;
+  int global_batch = 16;             // sequences per optimizer step, over all dense-DP ranks
+  int seq_len = 128;
+  int microbatches = 1;              // per rank and step
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;
+  int warmup = 10;
+  double weight_decay = 0.1;
+  double clip_norm = 1.0;
+  bool shard_optimizer = false;      // shard expert Adam state over EP_DP
+  size_t bucket_bytes = size_t{4} << 20;
+  uint64_t seed = 1234;
+  int eval_every = 0;                // 0: only at the end
+  int eval_sequences = 16;
+  std::string checkpoint_dir;        // empty: no checkpoints
+  int checkpoint_every = 0;          // 0: only at the end (when checkpoint_dir is set)
+  std::string resume_from;           // a checkpoint directory to resume from
+  int stop_after = -1;               // stop (as if interrupted) after this step; -1: run to `steps`
+};
+
+struct StepRecord {
+  int step = 0;
+  double loss = 0, aux_loss = 0, z_loss = 0, drop_rate = 0, utilisation = 0, grad_norm = 0, lr = 0;
+  double tokens_per_second = 0;
+  double val_loss = -1;  // -1 when not evaluated at this step
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;
+  double final_val_loss = -1;
+  MemorySnapshot memory;  // this rank's tracker at the end
+};
+
+// Called on rank 0 after every step (printing, logging); and once at start with the layout description.
+struct TrainObserver {
+  std::function<void(const std::string&)> on_start;
+  std::function<void(const StepRecord&, const TrainConfig&)> on_step;
+};
+
+TrainSummary train(const TrainConfig& config, Comm& world, const ByteCorpus& corpus,
+                   const TrainObserver* observer = nullptr);
+
+}  // namespace expar
