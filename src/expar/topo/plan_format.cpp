@@ -156,7 +156,7 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
     out += "\n";
   };
   row("dense weights", &StagePlan::dense_weight_bytes);
-  row("expert weights (P_E/M_E)", &StagePlan::expert_weight_bytes);
+  row("expert weights (eq. 9)", &StagePlan::expert_weight_bytes);
   row("dense gradients", &StagePlan::dense_grad_bytes);
   row("expert gradients", &StagePlan::expert_grad_bytes);
   row("dense optimizer state", &StagePlan::dense_optimizer_bytes);
