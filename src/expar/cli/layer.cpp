@@ -1,0 +1,57 @@
+// `expar layer`: one MoE layer forward and backward from a safetensors file, every output and gradient
+// written to another (the tool to check a path against any other framework). Only parses and prints; the
+// work is expar::run_layer_tool_file in model/layer_tool.hpp, where the tensor names are documented.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "expar/cli/commands.hpp"
+#include "expar/io/safetensors_file.hpp"
+#include "expar/model/layer_tool.hpp"
+
+namespace expar::cli {
+
+namespace {
+
+struct LayerCliOptions {
+  std::string input, output;
+  LayerToolOptions tool;
+};
+
+int run_layer(const LayerCliOptions& o) {
+  run_layer_tool_file(o.input, o.output, o.tool);
+  const SafetensorsFile out = SafetensorsFile::open(o.output);
+  std::printf("expar layer: path %s, %d ranks, EP %d: wrote %zu tensors to %s (drop rate %.6f)\n",
+              o.tool.path.c_str(), o.tool.ranks, o.tool.ep, out.size(), o.output.c_str(),
+              out.view("metrics.drop_rate").data<double>()[0]);
+  return 0;
+}
+
+}  // namespace
+
+void add_layer(CLI::App& app, CommandTable& table) {
+  auto* cmd = app.add_subcommand(
+      "layer",
+      "Run one MoE layer forward and backward from a safetensors file (x, gate.weight, "
+      "experts.{e}.w1/w3/w2.weight, optional grad_y and tokens_per_rank) and write y, grad_x, grad.<weight>, "
+      "topk_idx, topk_weight, route_dropped and metrics.* to --out");
+  auto opts = std::make_shared<LayerCliOptions>();
+  cmd->add_option("input", opts->input, "input safetensors file")->required();
+  cmd->add_option("--out,-o", opts->output, "output safetensors file")->required();
+  cmd->add_option("--ranks", opts->tool.ranks, "ranks (threads); x is split rank-major")
+      ->capture_default_str();
+  cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")->capture_default_str();
+  cmd->add_option("--path", opts->tool.path, "execution path: local | block | rowwise | agrs | agrs-decode")
+      ->capture_default_str();
+  cmd->add_option("--top-k", opts->tool.top_k, "experts per token K")->capture_default_str();
+  cmd->add_option("--score", opts->tool.score, "router score function: softmax | sigmoid")
+      ->capture_default_str();
+  cmd->add_flag("--renormalize", opts->tool.renormalize, "renormalize the K weights to sum to 1");
+  cmd->add_option("--capacity-factor", opts->tool.capacity_factor, "expert capacity factor (0: dropless)")
+      ->capture_default_str();
+  cmd->add_option("--capacity-policy", opts->tool.capacity_policy, "capacity rule: source | rank | expert")
+      ->capture_default_str();
+  table[cmd] = [opts] { return run_layer(*opts); };
+}
+
+}  // namespace expar::cli
