@@ -4,6 +4,7 @@ namespace expar::cli {
 
 // One line per subcommand (each defined in its own file).
 void add_plan(CLI::App& app, CommandTable& table);
+void add_layer(CLI::App& app, CommandTable& table);
 
 namespace {
 CommandTable& table() {
@@ -12,7 +13,10 @@ CommandTable& table() {
 }
 }  // namespace
 
-void register_commands(CLI::App& app) { add_plan(app, table()); }
+void register_commands(CLI::App& app) {
+  add_plan(app, table());
+  add_layer(app, table());
+}
 
 int run_selected(CLI::App& app) {
   for (auto& [sub, fn] : table())
