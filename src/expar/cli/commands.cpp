@@ -5,6 +5,9 @@ namespace expar::cli {
 // One line per subcommand (each defined in its own file).
 void add_plan(CLI::App& app, CommandTable& table);
 void add_layer(CLI::App& app, CommandTable& table);
+void add_bench(CLI::App&, CommandTable&);
+void add_train(CLI::App& app, CommandTable& table);
+void add_generate(CLI::App& app, CommandTable& table);
 
 namespace {
 CommandTable& table() {
@@ -16,6 +19,9 @@ CommandTable& table() {
 void register_commands(CLI::App& app) {
   add_plan(app, table());
   add_layer(app, table());
+  add_bench(app, table());
+  add_train(app, table());
+  add_generate(app, table());
 }
 
 int run_selected(CLI::App& app) {

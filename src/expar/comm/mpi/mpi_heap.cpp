@@ -217,7 +217,8 @@ void MpiHeap::quiet() {
     check(MPI_Win_flush_all(b.window.rma), "MPI_Win_flush_all");
     b.window.pending = false;
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // direct stores through peer pointers
+  // Copies through peer pointers are complete when they return; signal() publishes them with a release store
+  // and barrier() with MPI_Win_sync.
 }
 
 void MpiHeap::sync_memory() {
