@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -83,8 +84,13 @@ int run_train(TrainArgs& a) {
   LaunchOptions launch;
   launch.ranks = a.ranks;
   if (a.threads <= 0) {
+    // Ranks x compute threads should not exceed the cores; under mpirun the ranks on this node are the
+    // processes Open MPI started here.
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    a.threads = std::max(1, static_cast<int>(cores) / std::max(1, a.ranks));
+    int local_ranks = a.ranks;
+    if (a.transport == "mpi")
+      if (const char* n = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::atoi(n);
+    a.threads = std::max(1, static_cast<int>(cores) / std::max(1, local_ranks));
   }
   launch.compute_threads = a.threads;
   std::vector<TrainSummary> summaries(static_cast<size_t>(a.ranks));
@@ -97,14 +103,37 @@ int run_train(TrainArgs& a) {
   std::vector<MemorySnapshot> memory;
   if (a.transport == "threads") {
     memory = run_ranks_tracked(launch, body);
+  } else if (a.transport == "mpi") {
+    // One rank per process under mpirun (the world size comes from mpirun, --ranks is ignored). Rank 0
+    // prints; every rank's peak memory is gathered to it.
+    int world_rank = 0;
+    run_mpi(nullptr, nullptr, launch, [&](Comm& world) {
+      world_rank = world.rank();
+      summaries.resize(static_cast<size_t>(world.size()));
+      TrainSummary s = train(cfg, world, corpus, &observer);
+      MemorySnapshot mine = current_tracker().snapshot();
+      std::vector<int64_t> all(static_cast<size_t>(world.size()) * kNumMemCategories * 2);
+      std::vector<int64_t> own(mine.current.begin(), mine.current.end());
+      own.insert(own.end(), mine.peak.begin(), mine.peak.end());
+      world.all_gather(own.data(), all.data(), own.size(), DType::I64);
+      for (int r = 0; r < world.size(); ++r) {
+        MemorySnapshot snap;
+        for (size_t c = 0; c < kNumMemCategories; ++c) {
+          snap.current[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + c];
+          snap.peak[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + kNumMemCategories + c];
+          snap.total_current += snap.current[c];
+          snap.total_peak += snap.peak[c];  // sum of per-category peaks: an upper bound of the total peak
+        }
+        memory.push_back(snap);
+      }
+      summaries[static_cast<size_t>(world.rank())] = std::move(s);
+    });
+    if (world_rank != 0) return 0;
   } else {
-    fail("--transport {} is not available from this entry point: use --transport threads, or run "
-         "`mpirun -n N expar train-mpi` (not built yet)", a.transport);
+    fail("--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", a.transport);
   }
   std::printf("\nper-rank memory (peak over the run):\n");
-  for (size_t r = 0; r < memory.size(); ++r) {
-    std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
-  }
+  for (size_t r = 0; r < memory.size(); ++r) std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
   const auto& s0 = summaries[0];
   if (!s0.steps.empty())
     std::printf("final: train loss %.4f, validation loss %.4f\n", s0.steps.back().loss, s0.final_val_loss);
@@ -118,7 +147,7 @@ void add_train(CLI::App& app, CommandTable& table) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   cmd->add_option("--preset", a->preset, "Model preset: tiny, demo, small")->capture_default_str();
-  cmd->add_option("--transport", a->transport, "threads (ranks are threads of this process)")->capture_default_str();
+  cmd->add_option("--transport", a->transport, "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")->capture_default_str();
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")->capture_default_str();
   cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")->capture_default_str();
