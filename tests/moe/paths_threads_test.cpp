@@ -22,6 +22,7 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/moe/lease_pool.hpp"
 #include "expar/moe/moe_layer.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "moe/solo_comm.hpp"
@@ -404,6 +405,100 @@ TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("rowwise"), std::string::npos) << e.what();
     }
+  });
+}
+
+// Rowwise with a heap and lease pool shared by two MoE blocks (PathOptions::heap / lease_pool), run in the
+// training order F0 F1 B1 B0: each block's dispatch payload keeps its own leased slot until its backward,
+// every lease is returned, and a pool with slots too small for the capacity is refused with the size needed.
+// The experts are the identity, so y[t] = Σ_k w[t,k]·x[t] and grad_x[t] = Σ_k w[t,k]·grad_y[t].
+TEST(Paths, RowwiseSharesOneHeapAndLeasePoolAcrossBlocks) {
+  LaunchOptions launch;
+  launch.ranks = 2;
+  launch.timeout_seconds = 60;
+  run_ranks(launch, [&](Comm& world) {
+    const ExpertPlacement placement(4, 2);
+    auto heap = world.make_heap();
+    const int64_t t_count = 3 + world.rank(), d = 4;
+    Tensor idx = Tensor::empty({t_count, 2}, DType::I32);
+    for (int64_t t = 0; t < t_count; ++t) {
+      idx.data<int32_t>()[t * 2] = static_cast<int32_t>(t % 4);
+      idx.data<int32_t>()[t * 2 + 1] = static_cast<int32_t>((t + 1 + world.rank()) % 4);
+    }
+    const RouteMap map = build_route_map(idx, world, placement, CapacityPolicy::dropless());
+    const size_t slot_bytes = static_cast<size_t>(map.capacity_rows * d) * sizeof(float);
+    {
+      LeasePool small(*heap, "small", slot_bytes - 1);
+      PathOptions options;
+      options.model_dim = d;
+      options.top_k = 2;
+      options.placement = &placement;
+      options.heap = heap.get();
+      options.lease_pool = &small;
+      auto path = make_path("rowwise", world, options);
+      PathState state;
+      Tensor x = Tensor::zeros({t_count, d});
+      try {
+        path->dispatch_forward(x, map, state);
+        ADD_FAILURE() << "a pool with slots too small must be refused";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(std::to_string(slot_bytes)), std::string::npos) << e.what();
+      }
+    }
+    LeasePool pool(*heap, "shared", slot_bytes);
+    std::vector<std::unique_ptr<ExpertPath>> blocks;
+    for (int b = 0; b < 2; ++b) {
+      PathOptions options;
+      options.model_dim = d;
+      options.top_k = 2;
+      options.placement = &placement;
+      options.heap = heap.get();
+      options.lease_pool = &pool;
+      options.block_index = b;
+      blocks.push_back(make_path("rowwise", world, options));
+    }
+    Tensor w = Tensor::empty({t_count, 2});
+    fill_uniform(w, kSeed, 77 + static_cast<uint64_t>(world.rank()), 0.1f, 1.0f);
+    std::vector<Tensor> xs, ys;
+    std::vector<PathState> states(2);
+    for (int b = 0; b < 2; ++b) {
+      Tensor x = Tensor::empty({t_count, d});
+      fill_normal(x, kSeed, 100 + static_cast<uint64_t>(b * 4 + world.rank()), 1.0f);
+      Tensor in = blocks[static_cast<size_t>(b)]->dispatch_forward(x, map, states[static_cast<size_t>(b)]);
+      Tensor out =
+          blocks[static_cast<size_t>(b)]->expert_output_buffer(map, d, states[static_cast<size_t>(b)]);
+      std::memcpy(out.raw(), in.raw(), static_cast<size_t>(map.recv_rows * d) * sizeof(float));
+      ys.push_back(
+          blocks[static_cast<size_t>(b)]->combine_forward(out, w, map, states[static_cast<size_t>(b)]));
+      xs.push_back(x);
+    }
+    EXPECT_EQ(pool.leased_count(), 2) << "each block's dispatch payload holds its own slot until backward";
+    for (int b = 1; b >= 0; --b) {
+      ExpertPath& path = *blocks[static_cast<size_t>(b)];
+      PathState& state = states[static_cast<size_t>(b)];
+      Tensor grad_w;
+      Tensor grad_out = path.combine_backward(xs[static_cast<size_t>(b)], w, map, state, grad_w);
+      Tensor grad_in = path.expert_grad_input_buffer(map, d, state);
+      std::memcpy(grad_in.raw(), grad_out.raw(), static_cast<size_t>(map.recv_rows * d) * sizeof(float));
+      Tensor grad_x = path.dispatch_backward(grad_in, map, state);
+      const Tensor& x = xs[static_cast<size_t>(b)];
+      for (int64_t t = 0; t < t_count; ++t) {
+        double norm2 = 0;
+        for (int64_t i = 0; i < d; ++i)
+          norm2 += static_cast<double>(x.data<float>()[t * d + i]) * x.data<float>()[t * d + i];
+        EXPECT_NEAR(grad_w.data<float>()[t * 2], norm2, 1e-4);
+        EXPECT_NEAR(grad_w.data<float>()[t * 2 + 1], norm2, 1e-4);
+        const float wsum = w.data<float>()[t * 2] + w.data<float>()[t * 2 + 1];
+        for (int64_t i = 0; i < d; ++i) {
+          const float xv = x.data<float>()[t * d + i];
+          EXPECT_NEAR(ys[static_cast<size_t>(b)].data<float>()[t * d + i], wsum * xv, 1e-5f);
+          // grad_y = x here, so grad_x = Σ_k w·x and the weight gradient is |x_t|².
+          EXPECT_NEAR(grad_x.data<float>()[t * d + i], wsum * xv, 1e-5f);
+        }
+      }
+    }
+    EXPECT_EQ(pool.leased_count(), 0) << "every lease is released by its dispatch backward";
+    EXPECT_EQ(pool.high_water(), 3) << "two saved payloads plus one gradient slot";
   });
 }
 
