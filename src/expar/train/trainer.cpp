@@ -37,6 +37,34 @@ std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement&
   return out;
 }
 
+// Every rank's current bytes per category, gathered to all, as a table (rank x category).
+std::string memory_table(Comm& world) {
+  MemorySnapshot mine = current_tracker().snapshot();
+  std::vector<int64_t> all(static_cast<size_t>(world.size()) * kNumMemCategories);
+  world.all_gather(mine.current.data(), all.data(), kNumMemCategories, DType::I64);
+  std::string out = fmt::format("per-rank memory at start:\n{:<6}", "rank");
+  std::vector<size_t> used;
+  for (size_t c = 0; c < kNumMemCategories; ++c) {
+    bool any = false;
+    for (int r = 0; r < world.size(); ++r) any |= all[static_cast<size_t>(r) * kNumMemCategories + c] != 0;
+    if (!any) continue;
+    used.push_back(c);
+    out += fmt::format("{:>23}", mem_category_name(static_cast<MemCategory>(c)));
+  }
+  out += fmt::format("{:>14}\n", "total");
+  for (int r = 0; r < world.size(); ++r) {
+    out += fmt::format("{:<6}", r);
+    int64_t total = 0;
+    for (size_t c : used) {
+      int64_t b = all[static_cast<size_t>(r) * kNumMemCategories + c];
+      total += b;
+      out += fmt::format("{:>23}", format_bytes(b));
+    }
+    out += fmt::format("{:>14}\n", format_bytes(total));
+  }
+  return out;
+}
+
 double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
   // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
   // forwards (the MoE layer is collective), which holds because all ranks take the same count.
@@ -85,8 +113,9 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
     load_checkpoint(cfg.resume_from, model, &optimizer);
     start = static_cast<int>(read_checkpoint_info(cfg.resume_from).step);
   }
+  const std::string memory = memory_table(world);
   if (observer && observer->on_start && world.rank() == 0)
-    observer->on_start(describe_layout(layout, model.moe(0).placement()));
+    observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
 
   auto save = [&](int steps_done) {
     CheckpointInfo info{steps_done, cfg.seed, cfg.model, cfg.ep, world.size()};
