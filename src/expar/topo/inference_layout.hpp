@@ -18,7 +18,9 @@
 // Validation follows seed 002: ep_degree > 1 needs enable_expert_parallel; with DP > 1 ep_degree must be
 // TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0. Unlike seed 002 (limitation 4) round-robin
 // placement is supported.
+#include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "expar/topo/placement.hpp"
