@@ -22,7 +22,8 @@ ModelConfig tiny_config() {
 
 std::vector<int32_t> random_bytes(uint64_t seed, int n) {
   std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>(random_u32(seed, 9, static_cast<uint64_t>(i)) % 256);
+  for (int i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = static_cast<int32_t>(random_u32(seed, 9, static_cast<uint64_t>(i)) % 256);
   return v;
 }
 
@@ -68,8 +69,10 @@ TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
     MoeTransformer m(tiny_config(), *group);
     m.init(11);
     for (auto& p : m.parameters()) {
-      if (p.name == "layers.1.moe.experts.w2") alone.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel() / 2);
-      if (p.name == "layers.0.attn.wq") dense_alone.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
+      if (p.name == "layers.1.moe.experts.w2")
+        alone.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel() / 2);
+      if (p.name == "layers.0.attn.wq")
+        dense_alone.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
     }
   });
   run_ranks(2, [&](Comm& world) {
@@ -79,8 +82,10 @@ TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
     m.init(11);
     if (world.rank() != 0) return;
     for (auto& p : m.parameters()) {
-      if (p.name == "layers.1.moe.experts.w2") sharded.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
-      if (p.name == "layers.0.attn.wq") dense_sharded.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
+      if (p.name == "layers.1.moe.experts.w2")
+        sharded.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
+      if (p.name == "layers.0.attn.wq")
+        dense_sharded.assign(p.value.data<float>(), p.value.data<float>() + p.value.numel());
     }
   });
   ASSERT_FALSE(alone.empty());
@@ -95,7 +100,8 @@ TEST(MoeTransformer, GradientStepsLowerTheLossOnText) {
     model.init(3);
     const std::string text =
         "In the beginning God created the heaven and the earth. And the earth was without form, and void.";
-    std::vector<int32_t> tokens(text.begin(), text.begin() + 64), targets(text.begin() + 1, text.begin() + 65);
+    std::vector<int32_t> tokens(text.begin(), text.begin() + 64),
+        targets(text.begin() + 1, text.begin() + 65);
     double first = 0, last = 0;
     for (int step = 0; step < 30; ++step) {
       model.zero_grads();

@@ -38,7 +38,9 @@ int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index
   std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return logits[x] > logits[y]; });
   const int keep = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;
   std::vector<double> p(static_cast<size_t>(keep));
-  for (int i = 0; i < keep; ++i) p[static_cast<size_t>(i)] = std::exp((logits[order[static_cast<size_t>(i)]] - logits[order[0]]) / a.temperature);
+  for (int i = 0; i < keep; ++i)
+    p[static_cast<size_t>(i)] =
+        std::exp((logits[order[static_cast<size_t>(i)]] - logits[order[0]]) / a.temperature);
   double total = std::accumulate(p.begin(), p.end(), 0.0);
   double u = random_uniform(a.seed, 0x5A3, index) * total;
   for (int i = 0; i < keep; ++i) {
@@ -67,10 +69,12 @@ int run_generate(const GenerateArgs& a) {
     Timer timer;
     std::string out;
     for (int i = 0; i < a.tokens; ++i) {
-      const auto window = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(config.max_seq)));
+      const auto window =
+          static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(config.max_seq)));
       std::vector<int32_t> ctx(ids.end() - window, ids.end());
       Tensor logits = model.logits(ctx, 1, window);
-      int32_t next = sample(logits.data<float>() + (window - 1) * config.vocab, config.vocab, a, static_cast<uint64_t>(i));
+      int32_t next = sample(logits.data<float>() + (window - 1) * config.vocab, config.vocab, a,
+                            static_cast<uint64_t>(i));
       world.broadcast(&next, 1, DType::I32, 0);  // every rank continues with rank 0's choice
       ids.push_back(next);
       out.push_back(static_cast<char>(next));
@@ -96,7 +100,8 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Bytes to generate")->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "Sample among the k most likely bytes (0: all)")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Sample among the k most likely bytes (0: all)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed)->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "Ranks (threads)")->capture_default_str();
   cmd->add_option("--ep", a->ep, "EP degree (the checkpoint reshards to it)")->capture_default_str();

@@ -34,19 +34,26 @@ struct TrainArgs {
 };
 
 void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log) {
-  nlohmann::json j{{"step", r.step + 1}, {"loss", r.loss}, {"aux_loss", r.aux_loss}, {"z_loss", r.z_loss},
-                   {"drop_rate", r.drop_rate}, {"utilisation", r.utilisation}, {"grad_norm", r.grad_norm},
-                   {"lr", r.lr}, {"tokens_per_second", r.tokens_per_second}};
+  nlohmann::json j{{"step", r.step + 1},
+                   {"loss", r.loss},
+                   {"aux_loss", r.aux_loss},
+                   {"z_loss", r.z_loss},
+                   {"drop_rate", r.drop_rate},
+                   {"utilisation", r.utilisation},
+                   {"grad_norm", r.grad_norm},
+                   {"lr", r.lr},
+                   {"tokens_per_second", r.tokens_per_second}};
   if (r.val_loss >= 0) j["val_loss"] = r.val_loss;
   log << j.dump() << "\n";
   log.flush();
   const bool tty = isatty(fileno(stdout));
   const int width = 24;
   const int filled = static_cast<int>(width * (r.step + 1) / std::max(1, cfg.steps));
-  std::string bar = std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.');
-  std::string line = fmt::format("step {:>4}/{} [{}] loss {:.4f} aux {:.3f} z {:.3f} drop {:.2f}% util {:.2f} {:.0f} tok/s",
-                                 r.step + 1, cfg.steps, bar, r.loss, r.aux_loss, r.z_loss, 100 * r.drop_rate,
-                                 r.utilisation, r.tokens_per_second);
+  std::string bar =
+      std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.');
+  std::string line = fmt::format(
+      "step {:>4}/{} [{}] loss {:.4f} aux {:.3f} z {:.3f} drop {:.2f}% util {:.2f} {:.0f} tok/s", r.step + 1,
+      cfg.steps, bar, r.loss, r.aux_loss, r.z_loss, 100 * r.drop_rate, r.utilisation, r.tokens_per_second);
   if (r.val_loss >= 0) line += fmt::format(" | val {:.4f}", r.val_loss);
   const bool keep = r.val_loss >= 0 || !tty || (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps;
   std::printf(tty ? "\r%s%s" : "%s%s", line.c_str(), keep ? "\n" : "");
@@ -60,9 +67,11 @@ int run_train(TrainArgs& a) {
   if (a.aux_coef >= 0) cfg.model.moe.aux_loss_coef = a.aux_coef;
   if (a.z_coef >= 0) cfg.model.moe.z_loss_coef = a.z_coef;
   if (a.capacity_factor > 0)
-    cfg.model.moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
-  EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq, "--seq-len {} exceeds the preset's max_seq {}: use at most {}",
-              cfg.seq_len, cfg.model.max_seq, cfg.model.max_seq);
+    cfg.model.moe.capacity =
+        CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
+  EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
+              "--seq-len {} exceeds the preset's max_seq {}: use at most {}", cfg.seq_len, cfg.model.max_seq,
+              cfg.model.max_seq);
   ByteCorpus corpus = ByteCorpus::load(a.data);
   std::filesystem::path log_path(a.log);
   if (log_path.has_parent_path()) std::filesystem::create_directories(log_path.parent_path());
@@ -71,12 +80,13 @@ int run_train(TrainArgs& a) {
 
   TrainObserver observer;
   observer.on_start = [&](const std::string& layout) {
-    std::printf("expar train: preset %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s\n", a.preset.c_str(),
-                cfg.model.layers, static_cast<long long>(cfg.model.model_dim), cfg.model.moe.num_experts,
-                cfg.model.moe.top_k, static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str());
+    std::printf("expar train: preset %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s\n",
+                a.preset.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
+                cfg.model.moe.num_experts, cfg.model.moe.top_k,
+                static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str());
     std::printf("%s", layout.c_str());
-    std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s\n", cfg.global_batch, cfg.seq_len,
-                cfg.microbatches, cfg.steps, a.log.c_str());
+    std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s\n", cfg.global_batch,
+                cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str());
     std::fflush(stdout);
   };
   observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
@@ -133,7 +143,8 @@ int run_train(TrainArgs& a) {
     fail("--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", a.transport);
   }
   std::printf("\nper-rank memory (peak over the run):\n");
-  for (size_t r = 0; r < memory.size(); ++r) std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
+  for (size_t r = 0; r < memory.size(); ++r)
+    std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
   const auto& s0 = summaries[0];
   if (!s0.steps.empty())
     std::printf("final: train loss %.4f, validation loss %.4f\n", s0.steps.back().loss, s0.final_val_loss);
@@ -147,11 +158,15 @@ void add_train(CLI::App& app, CommandTable& table) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   cmd->add_option("--preset", a->preset, "Model preset: tiny, demo, small")->capture_default_str();
-  cmd->add_option("--transport", a->transport, "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")->capture_default_str();
+  cmd->add_option("--transport", a->transport,
+                  "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")
+      ->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")->capture_default_str();
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")->capture_default_str();
-  cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")->capture_default_str();
+  cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
+      ->capture_default_str();
   cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   cmd->add_option("--batch", c.global_batch, "Global batch in sequences")->capture_default_str();
   cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes")->capture_default_str();
@@ -160,14 +175,16 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--warmup", c.warmup, "Warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", c.weight_decay)->capture_default_str();
   cmd->add_option("--clip", c.clip_norm, "Clip the global gradient norm (<= 0: off)")->capture_default_str();
-  cmd->add_option("--capacity-factor", a->capacity_factor, "Capacity factor (0: dropless)")->capture_default_str();
+  cmd->add_option("--capacity-factor", a->capacity_factor, "Capacity factor (0: dropless)")
+      ->capture_default_str();
   cmd->add_option("--capacity-policy", a->capacity_policy, "source | rank | expert")->capture_default_str();
   cmd->add_option("--score", a->score, "Router score function: softmax | sigmoid")->capture_default_str();
   cmd->add_option("--aux-coef", a->aux_coef, "Load-balancing loss coefficient (default: preset's)");
   cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)");
   cmd->add_flag("--shard-optimizer", c.shard_optimizer, "Shard expert Adam state over EP_DP");
   cmd->add_option("--seed", c.seed)->capture_default_str();
-  cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")->capture_default_str();
+  cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
+      ->capture_default_str();
   cmd->add_option("--data", a->data, "Training text (bytes)")->capture_default_str();
   cmd->add_option("--log", a->log, "JSON-lines log, one line per step")->capture_default_str();
   cmd->add_option("--checkpoint", c.checkpoint_dir, "Checkpoint directory (written at the end)");

@@ -12,14 +12,18 @@ uint16_t f32_to_bf16(float value) {
   return static_cast<uint16_t>((bits + rounding_bias) >> 16);
 }
 
-float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 uint16_t f32_to_f16(float value) {
   // The compiler's _Float16 conversion is IEEE round-to-nearest-even, including subnormals and overflow.
   return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
 }
 
-float f16_to_f32(uint16_t bits) { return static_cast<float>(std::bit_cast<_Float16>(bits)); }
+float f16_to_f32(uint16_t bits) {
+  return static_cast<float>(std::bit_cast<_Float16>(bits));
+}
 
 namespace {
 constexpr float kE4M3MaxNormal = 448.0f;
@@ -36,7 +40,8 @@ uint8_t f32_to_e4m3(float value) {
     return sign | static_cast<uint8_t>(steps);  // steps == 8 is exactly the smallest normal, code 0x08
   }
   int exponent = 0;
-  float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5,1)
+  float fraction =
+      std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5,1)
   int unbiased = exponent - 1;
   float mantissa = fraction * 2.0f;  // in [1, 2)
   int steps = static_cast<int>(std::nearbyint((mantissa - 1.0f) * 8.0f));

@@ -18,14 +18,24 @@ DType dtype_from_name(std::string_view name);
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::F64; }
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::I32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::I64; }
+constexpr DType dtype_of<int64_t>() {
+  return DType::I64;
+}
 template <>
-constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
+}
 
 }  // namespace expar

@@ -22,9 +22,9 @@ template <typename... Args>
 }  // namespace expar
 
 // EXPAR_CHECK(cond, "fmt", args...): throws expar::Error with the formatted message when cond is false.
-#define EXPAR_CHECK(cond, ...)     \
-  do {                             \
-    if (!(cond)) {                 \
-      ::expar::fail(__VA_ARGS__);  \
-    }                              \
+#define EXPAR_CHECK(cond, ...)    \
+  do {                            \
+    if (!(cond)) {                \
+      ::expar::fail(__VA_ARGS__); \
+    }                             \
   } while (0)

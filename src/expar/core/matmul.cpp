@@ -1,9 +1,9 @@
 #include "expar/core/matmul.hpp"
 
+#include <dnnl.h>
 #include <omp.h>
 
 #include <cstring>
-#include <dnnl.h>
 
 #include "expar/core/error.hpp"
 
@@ -17,15 +17,17 @@ void matmul(const MatmulArgs& p) {
   const int64_t ldc = p.ldc >= 0 ? p.ldc : p.n;
   if (p.k == 0) {
     if (!p.accumulate)
-      for (int64_t i = 0; i < p.m; ++i) std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
+      for (int64_t i = 0; i < p.m; ++i)
+        std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
     return;
   }
   // oneDNN's row-major sgemm: no primitive to create per shape, which matters because grouped expert GEMMs
   // see a different row count every step (a matmul primitive per shape cost ~100 us to create here).
   // beta = 0 does not read C, so a poisoned (NaN) output buffer stays harmless.
-  dnnl_status_t status = dnnl_sgemm(p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.m, p.n, p.k, 1.0f, p.a, lda,
-                                    p.b, ldb, p.accumulate ? 1.0f : 0.0f, p.c, ldc);
-  EXPAR_CHECK(status == dnnl_success, "oneDNN sgemm failed (status {}) for m={} n={} k={} lda={} ldb={} ldc={}",
+  dnnl_status_t status = dnnl_sgemm(p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.m, p.n, p.k, 1.0f, p.a,
+                                    lda, p.b, ldb, p.accumulate ? 1.0f : 0.0f, p.c, ldc);
+  EXPAR_CHECK(status == dnnl_success,
+              "oneDNN sgemm failed (status {}) for m={} n={} k={} lda={} ldb={} ldc={}",
               static_cast<int>(status), p.m, p.n, p.k, lda, ldb, ldc);
 }
 
@@ -34,6 +36,8 @@ void set_compute_threads(int threads) {
   omp_set_num_threads(threads);
 }
 
-int compute_threads() { return omp_get_max_threads(); }
+int compute_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace expar

@@ -9,9 +9,9 @@ struct MatmulArgs {
   const float* b = nullptr;  // op(B) is [k, n]
   float* c = nullptr;        // C is [m, n]
   int64_t m = 0, n = 0, k = 0;
-  bool trans_a = false;  // A stored as [k, m]
-  bool trans_b = false;  // B stored as [n, k]
-  bool accumulate = false;  // C += op(A)·op(B) instead of C = op(A)·op(B)
+  bool trans_a = false;                  // A stored as [k, m]
+  bool trans_b = false;                  // B stored as [n, k]
+  bool accumulate = false;               // C += op(A)·op(B) instead of C = op(A)·op(B)
   int64_t lda = -1, ldb = -1, ldc = -1;  // leading dimensions (row strides); -1 = packed
 };
 

@@ -6,14 +6,22 @@ namespace expar {
 
 std::string_view mem_category_name(MemCategory category) {
   switch (category) {
-    case MemCategory::DenseWeights: return "dense weights";
-    case MemCategory::ExpertWeights: return "expert weights";
-    case MemCategory::Gradients: return "gradients";
-    case MemCategory::OptimizerState: return "optimizer state";
-    case MemCategory::Activations: return "activations";
-    case MemCategory::SymmetricBuffers: return "symmetric buffers";
-    case MemCategory::CommScratch: return "communication scratch";
-    case MemCategory::Other: return "other";
+    case MemCategory::DenseWeights:
+      return "dense weights";
+    case MemCategory::ExpertWeights:
+      return "expert weights";
+    case MemCategory::Gradients:
+      return "gradients";
+    case MemCategory::OptimizerState:
+      return "optimizer state";
+    case MemCategory::Activations:
+      return "activations";
+    case MemCategory::SymmetricBuffers:
+      return "symmetric buffers";
+    case MemCategory::CommScratch:
+      return "communication scratch";
+    case MemCategory::Other:
+      return "other";
   }
   return "?";
 }
@@ -61,10 +69,16 @@ MemoryTracker& default_tracker() {
 thread_local MemoryTracker* bound_tracker = nullptr;
 }  // namespace
 
-MemoryTracker& current_tracker() { return bound_tracker ? *bound_tracker : default_tracker(); }
+MemoryTracker& current_tracker() {
+  return bound_tracker ? *bound_tracker : default_tracker();
+}
 
-TrackerBinding::TrackerBinding(MemoryTracker& tracker) : previous_(bound_tracker) { bound_tracker = &tracker; }
-TrackerBinding::~TrackerBinding() { bound_tracker = previous_; }
+TrackerBinding::TrackerBinding(MemoryTracker& tracker) : previous_(bound_tracker) {
+  bound_tracker = &tracker;
+}
+TrackerBinding::~TrackerBinding() {
+  bound_tracker = previous_;
+}
 
 std::string format_bytes(int64_t bytes) {
   double b = static_cast<double>(bytes);
@@ -82,7 +96,8 @@ std::string format_memory(const MemorySnapshot& s) {
     out += fmt::format("{:<24}{:>14}{:>14}\n", mem_category_name(static_cast<MemCategory>(i)),
                        format_bytes(s.current[i]), format_bytes(s.peak[i]));
   }
-  out += fmt::format("{:<24}{:>14}{:>14}\n", "total", format_bytes(s.total_current), format_bytes(s.total_peak));
+  out +=
+      fmt::format("{:<24}{:>14}{:>14}\n", "total", format_bytes(s.total_current), format_bytes(s.total_peak));
   return out;
 }
 

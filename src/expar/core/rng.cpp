@@ -26,7 +26,9 @@ std::array<uint32_t, 4> block(uint64_t seed, uint64_t stream, uint64_t index) {
 }
 }  // namespace
 
-uint32_t random_u32(uint64_t seed, uint64_t stream, uint64_t index) { return block(seed, stream, index)[0]; }
+uint32_t random_u32(uint64_t seed, uint64_t stream, uint64_t index) {
+  return block(seed, stream, index)[0];
+}
 
 float random_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   return static_cast<float>(random_u32(seed, stream, index) >> 8) * 0x1p-24f;

@@ -8,12 +8,15 @@
 
 namespace expar {
 
-std::string shape_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_string(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    EXPAR_CHECK(d >= 0, "shape {} has a negative dimension: every dimension must be >= 0", shape_string(shape));
+    EXPAR_CHECK(d >= 0, "shape {} has a negative dimension: every dimension must be >= 0",
+                shape_string(shape));
     n *= d;
   }
   return n;
@@ -83,11 +86,14 @@ Tensor Tensor::borrow(void* data, Shape shape, DType dtype) {
 }
 
 int64_t Tensor::dim(int i) const {
-  EXPAR_CHECK(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i, shape_string(shape_));
+  EXPAR_CHECK(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i,
+              shape_string(shape_));
   return shape_[static_cast<size_t>(i)];
 }
 
-MemCategory Tensor::category() const { return category_; }
+MemCategory Tensor::category() const {
+  return category_;
+}
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
   EXPAR_CHECK(ndim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],

@@ -9,10 +9,13 @@ void ModelConfig::validate(int ep_size) const {
   EXPAR_CHECK(model_dim > 0 && layers > 0 && heads > 0 && head_dim > 0,
               "model_dim={}, layers={}, heads={}, head_dim={} must all be positive", model_dim, layers, heads,
               head_dim);
-  EXPAR_CHECK(kv_heads > 0 && heads % kv_heads == 0, "heads={} is not divisible by kv_heads={}: choose kv_heads "
-              "dividing heads", heads, kv_heads);
+  EXPAR_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+              "heads={} is not divisible by kv_heads={}: choose kv_heads "
+              "dividing heads",
+              heads, kv_heads);
   EXPAR_CHECK(head_dim % 2 == 0, "head_dim={} must be even for rotary embeddings", head_dim);
-  EXPAR_CHECK(moe.model_dim == model_dim, "moe.model_dim={} differs from model_dim={}", moe.model_dim, model_dim);
+  EXPAR_CHECK(moe.model_dim == model_dim, "moe.model_dim={} differs from model_dim={}", moe.model_dim,
+              model_dim);
   moe.validate(ep_size);
 }
 

@@ -34,7 +34,9 @@ Tensor int_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
-float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+float sigmoid(float v) {
+  return 1.0f / (1.0f + std::exp(-v));
+}
 
 }  // namespace
 
@@ -62,10 +64,13 @@ struct MoeTransformer::Activations {
 };
 
 MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
-    : config_(std::move(config)), ep_group_(ep_group), rope_(config_.head_dim, config_.max_seq, config_.rope_theta) {
+    : config_(std::move(config)),
+      ep_group_(ep_group),
+      rope_(config_.head_dim, config_.max_seq, config_.rope_theta) {
   config_.moe.model_dim = config_.model_dim;
   config_.validate(ep_group.size());
-  const int64_t d = config_.model_dim, hq = config_.heads * config_.head_dim, hkv = config_.kv_heads * config_.head_dim;
+  const int64_t d = config_.model_dim, hq = config_.heads * config_.head_dim,
+                hkv = config_.kv_heads * config_.head_dim;
   params_.reserve(static_cast<size_t>(config_.layers) * 16 + 4);
   auto& embed = add_param("embed", {config_.vocab, d}, ParamKind::Dense, false);
   embed_ = embed.value;
@@ -98,9 +103,12 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
-    params_.push_back(Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
-    params_.push_back(Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
-    params_.push_back(Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
+    params_.push_back(
+        Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
+    params_.push_back(
+        Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
+    params_.push_back(
+        Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
     blocks_.push_back(std::move(b));
   }
   auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
@@ -113,7 +121,9 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
 
 MoeTransformer::~MoeTransformer() = default;
 
-MoeLayer& MoeTransformer::moe(int layer) { return *blocks_.at(static_cast<size_t>(layer))->moe; }
+MoeLayer& MoeTransformer::moe(int layer) {
+  return *blocks_.at(static_cast<size_t>(layer))->moe;
+}
 
 Parameter& MoeTransformer::add_param(const std::string& name, Shape shape, ParamKind kind, bool decay) {
   params_.push_back(make_parameter(name, std::move(shape), kind, decay));
@@ -145,12 +155,12 @@ void MoeTransformer::zero_grads() {
   for (Parameter& p : params_) p.grad.zero();
 }
 
-Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq, Activations* acts,
-                               StepMetrics& metrics) {
+Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq,
+                               Activations* acts, StepMetrics& metrics) {
   EXPAR_CHECK(static_cast<int64_t>(tokens.size()) == batch * seq, "got {} tokens for batch {} x seq {}",
               tokens.size(), batch, seq);
-  EXPAR_CHECK(seq <= config_.max_seq, "sequence length {} exceeds the model's max_seq {}: shorten --seq-len", seq,
-              config_.max_seq);
+  EXPAR_CHECK(seq <= config_.max_seq, "sequence length {} exceeds the model's max_seq {}: shorten --seq-len",
+              seq, config_.max_seq);
   const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
   if (acts) acts->blocks.resize(blocks_.size());
   Tensor h = nn::embedding_forward(embed_, int_tensor(tokens), acts ? &acts->embed : nullptr);
@@ -195,8 +205,9 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   return nn::linear_forward(hf, head_, nullptr, acts ? &acts->head : nullptr);
 }
 
-StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                                             int64_t batch, int64_t seq, int64_t loss_normalizer) {
+StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens,
+                                             const std::vector<int32_t>& targets, int64_t batch, int64_t seq,
+                                             int64_t loss_normalizer) {
   StepMetrics metrics;
   Activations acts;
   Tensor logits = forward(tokens, batch, seq, &acts, metrics);
@@ -223,7 +234,8 @@ StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens,
         gu[i] = pa[i] * pg[i] * s;
         gg[i] = pa[i] * pu[i] * s * (1.0f + pg[i] * (1.0f - s));
       }
-      add_into(grad_n2, nn::linear_backward(a.shared_gate, grad_g, b.shared_gate, b.shared_gate_grad, nullptr));
+      add_into(grad_n2,
+               nn::linear_backward(a.shared_gate, grad_g, b.shared_gate, b.shared_gate_grad, nullptr));
       add_into(grad_n2, nn::linear_backward(a.shared_up, grad_u, b.shared_up, b.shared_up_grad, nullptr));
     }
     Tensor grad_h1 = nn::rmsnorm_backward(a.mlp_norm, grad_n2, b.mlp_norm, b.mlp_norm_grad);

@@ -21,11 +21,11 @@ namespace expar {
 class Comm;
 
 struct StepMetrics {
-  double loss = 0.0;      // cross-entropy of this microbatch, mean over its tokens
-  double aux_loss = 0.0;  // L_aux, mean over the blocks (unscaled)
-  double z_loss = 0.0;    // L_z, mean over the blocks (unscaled)
-  double drop_rate = 0.0;     // mean over the blocks
-  double utilisation = 0.0;   // max over the blocks
+  double loss = 0.0;         // cross-entropy of this microbatch, mean over its tokens
+  double aux_loss = 0.0;     // L_aux, mean over the blocks (unscaled)
+  double z_loss = 0.0;       // L_z, mean over the blocks (unscaled)
+  double drop_rate = 0.0;    // mean over the blocks
+  double utilisation = 0.0;  // max over the blocks
   int64_t tokens = 0;
 };
 
@@ -48,8 +48,8 @@ class MoeTransformer {
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
   // parameters' grads; the loss gradient is divided by `loss_normalizer` (tokens of this rank over all
   // microbatches of the step, so accumulation averages). Collective over the EP group.
-  StepMetrics forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch,
-                               int64_t seq, int64_t loss_normalizer);
+  StepMetrics forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                               int64_t batch, int64_t seq, int64_t loss_normalizer);
   // Forward only: mean cross-entropy over the tokens (collective over the EP group).
   StepMetrics evaluate(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch,
                        int64_t seq);

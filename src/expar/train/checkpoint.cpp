@@ -16,7 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-bool is_expert_shard(const Parameter& p) { return p.kind == ParamKind::Expert; }
+bool is_expert_shard(const Parameter& p) {
+  return p.kind == ParamKind::Expert;
+}
 
 // "layers.3.moe.experts.w1" + global expert 5 -> "layers.3.moe.experts.5.w1"
 std::string expert_name(const std::string& shard_name, int expert) {
@@ -71,16 +73,15 @@ Tensor full_moment(AdamW& opt, size_t i, bool second, Comm& ep_dp) {
   Tensor full = Tensor::empty(p->value.shape(), DType::F32, MemCategory::CommScratch);
   std::vector<size_t> counts(static_cast<size_t>(ep_dp.size()));
   for (int r = 0; r < ep_dp.size(); ++r)
-    counts[static_cast<size_t>(r)] =
-        static_cast<size_t>(n * (r + 1) / ep_dp.size() - n * r / ep_dp.size());
+    counts[static_cast<size_t>(r)] = static_cast<size_t>(n * (r + 1) / ep_dp.size() - n * r / ep_dp.size());
   ep_dp.all_gather_v(part.raw(), static_cast<size_t>(part.numel()), full.raw(), counts, DType::F32);
   return full;
 }
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model, AdamW* optimizer,
-                     Comm& world, Comm& ep_mp, Comm& ep_dp) {
+void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model,
+                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp) {
   if (world.rank() == 0) fs::create_directories(dir);
   world.barrier();
   const ExpertPlacement& placement = model.moe(0).placement();
@@ -127,7 +128,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     write_safetensors(fs::path(dir) / ("experts-" + std::to_string(my_ep) + ".safetensors"), experts, meta);
   if (world.rank() == 0) {
     json files = json::object();
-    for (int m = 0; m < placement.ep_size(); ++m) files["experts-" + std::to_string(m) + ".safetensors"] = placement.local_experts(m);
+    for (int m = 0; m < placement.ep_size(); ++m)
+      files["experts-" + std::to_string(m) + ".safetensors"] = placement.local_experts(m);
     json manifest{{"format", "expar-checkpoint-1"},
                   {"step", info.step},
                   {"seed", info.seed},
@@ -145,7 +147,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train", dir);
+  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
+              dir);
   json j = json::parse(in);
   CheckpointInfo info;
   info.step = j.at("step");
@@ -158,7 +161,8 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer) {
   std::ifstream in(fs::path(dir) / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train", dir);
+  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
+              dir);
   json manifest = json::parse(in);
   SafetensorsFile dense = SafetensorsFile::open(fs::path(dir) / manifest.at("dense_file").get<std::string>());
   std::map<int, std::string> file_of_expert;
@@ -167,14 +171,18 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
   std::map<std::string, SafetensorsFile> expert_files;
   auto expert_file = [&](int e) -> SafetensorsFile& {
     auto it = file_of_expert.find(e);
-    EXPAR_CHECK(it != file_of_expert.end(), "checkpoint '{}' holds no file for expert {}: the model has more "
-                "experts than the checkpoint", dir, e);
+    EXPAR_CHECK(it != file_of_expert.end(),
+                "checkpoint '{}' holds no file for expert {}: the model has more "
+                "experts than the checkpoint",
+                dir, e);
     auto f = expert_files.find(it->second);
-    if (f == expert_files.end()) f = expert_files.emplace(it->second, SafetensorsFile::open(fs::path(dir) / it->second)).first;
+    if (f == expert_files.end())
+      f = expert_files.emplace(it->second, SafetensorsFile::open(fs::path(dir) / it->second)).first;
     return f->second;
   };
   auto copy_into = [&](Tensor dst, const SafetensorsFile& file, const std::string& name) {
-    EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", dir, name, file.label());
+    EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", dir, name,
+                file.label());
     Tensor src = file.view(name);
     EXPAR_CHECK(src.numel() == dst.numel() && src.dtype() == DType::F32,
                 "checkpoint '{}': tensor '{}' has shape {} {} but the model needs {} F32", dir, name,
@@ -205,8 +213,10 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
       // The state may cover only a slice [begin, end) of the flattened local shard (EP_DP sharding).
       for (const char* which : {"m", "v"}) {
         const std::string key = std::string("optimizer.") + which + "." + name;
-        EXPAR_CHECK(file.contains(key), "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint "
-                    "written with its optimizer", dir, key);
+        EXPAR_CHECK(file.contains(key),
+                    "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint "
+                    "written with its optimizer",
+                    dir, key);
         Tensor src = file.view(key);
         Tensor& dst = which[0] == 'm' ? st->m : st->v;
         const int64_t lo = std::max<int64_t>(st->begin, l * per_expert);

@@ -24,8 +24,8 @@ struct CheckpointInfo {
 };
 
 // Collective over `world`. ep_mp / ep_dp are this rank's expert groups; `optimizer` may be null.
-void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model, AdamW* optimizer,
-                     Comm& world, Comm& ep_mp, Comm& ep_dp);
+void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model,
+                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp);
 
 // Reads manifest.json (model config, step, ...). Throws expar::Error naming the directory if it is missing.
 CheckpointInfo read_checkpoint_info(const std::string& dir);

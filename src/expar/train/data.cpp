@@ -41,12 +41,13 @@ TokenBatch training_batch(const ByteCorpus& corpus, uint64_t seed, int64_t step,
                           int count, int seq_len) {
   const auto& bytes = corpus.train();
   EXPAR_CHECK(bytes.size() > static_cast<size_t>(seq_len) + 1,
-              "training split of {} bytes is shorter than seq_len+1={}: use a shorter --seq-len", bytes.size(),
-              seq_len + 1);
+              "training split of {} bytes is shorter than seq_len+1={}: use a shorter --seq-len",
+              bytes.size(), seq_len + 1);
   TokenBatch batch{count, seq_len, {}, {}};
   const uint64_t positions = bytes.size() - static_cast<size_t>(seq_len) - 1;
   for (int i = first; i < first + count; ++i) {
-    uint64_t index = static_cast<uint64_t>(step) * static_cast<uint64_t>(global_batch) + static_cast<uint64_t>(i);
+    uint64_t index =
+        static_cast<uint64_t>(step) * static_cast<uint64_t>(global_batch) + static_cast<uint64_t>(i);
     uint64_t r = (static_cast<uint64_t>(random_u32(seed, kDataStream, 2 * index)) << 32) |
                  random_u32(seed, kDataStream, 2 * index + 1);
     copy_window(bytes, r % positions, seq_len, batch);
@@ -56,13 +57,15 @@ TokenBatch training_batch(const ByteCorpus& corpus, uint64_t seed, int64_t step,
 
 TokenBatch validation_batch(const ByteCorpus& corpus, int total, int first, int count, int seq_len) {
   const auto& bytes = corpus.validation();
-  EXPAR_CHECK(bytes.size() > static_cast<size_t>(seq_len) + 1,
-              "validation split of {} bytes is shorter than seq_len+1={}: use a shorter --seq-len or a larger corpus",
-              bytes.size(), seq_len + 1);
+  EXPAR_CHECK(
+      bytes.size() > static_cast<size_t>(seq_len) + 1,
+      "validation split of {} bytes is shorter than seq_len+1={}: use a shorter --seq-len or a larger corpus",
+      bytes.size(), seq_len + 1);
   TokenBatch batch{count, seq_len, {}, {}};
   const size_t span = bytes.size() - static_cast<size_t>(seq_len) - 1;
   for (int i = first; i < first + count; ++i)
-    copy_window(bytes, span * static_cast<size_t>(i) / static_cast<size_t>(std::max(1, total)), seq_len, batch);
+    copy_window(bytes, span * static_cast<size_t>(i) / static_cast<size_t>(std::max(1, total)), seq_len,
+                batch);
   return batch;
 }
 

@@ -7,8 +7,12 @@ namespace expar {
 
 GradReducer::GradReducer(std::vector<Parameter*> params, Comm& dense_dp, Comm& ep_dp, size_t bucket_bytes,
                          int dense_world)
-    : params_(std::move(params)), dense_dp_(dense_dp), ep_dp_(ep_dp), scale_(1.0f / static_cast<float>(dense_world)) {
-  EXPAR_CHECK(bucket_bytes >= sizeof(float), "bucket size {} B is too small: use at least 4 bytes", bucket_bytes);
+    : params_(std::move(params)),
+      dense_dp_(dense_dp),
+      ep_dp_(ep_dp),
+      scale_(1.0f / static_cast<float>(dense_world)) {
+  EXPAR_CHECK(bucket_bytes >= sizeof(float), "bucket size {} B is too small: use at least 4 bytes",
+              bucket_bytes);
   EXPAR_CHECK(dense_world >= 1, "dense data-parallel world {} must be >= 1", dense_world);
   const size_t bucket_elems = bucket_bytes / sizeof(float);
   size_t largest = 0;

@@ -15,7 +15,8 @@ namespace expar {
 
 class GradReducer {
  public:
-  GradReducer(std::vector<Parameter*> params, Comm& dense_dp, Comm& ep_dp, size_t bucket_bytes, int dense_world);
+  GradReducer(std::vector<Parameter*> params, Comm& dense_dp, Comm& ep_dp, size_t bucket_bytes,
+              int dense_world);
 
   // Sum and scale every gradient over its group. Call once per optimizer step, after the last
   // microbatch's backward (gradient accumulation needs no reduction before that).

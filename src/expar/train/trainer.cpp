@@ -16,8 +16,8 @@ namespace expar {
 namespace {
 
 std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement& placement) {
-  std::string out = fmt::format("layout: W={} ranks, D={} dense-DP, M_E={} (EP_MP), D_E={} (EP_DP)\n", layout.world,
-                                layout.dp, layout.ep_mp, layout.ep_dp);
+  std::string out = fmt::format("layout: W={} ranks, D={} dense-DP, M_E={} (EP_MP), D_E={} (EP_DP)\n",
+                                layout.world, layout.dp, layout.ep_mp, layout.ep_dp);
   auto list = [](const std::vector<std::vector<int>>& groups) {
     std::string s;
     for (const auto& g : groups) s += fmt::format("{{{}}} ", fmt::join(g, ","));
@@ -28,11 +28,11 @@ std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement&
   out += "  dense DP group (reduce dense gradients): " + list(layout.groups(TrainingGroup::Dp)) + "\n";
   for (int r = 0; r < layout.world; ++r) {
     auto experts = placement.local_experts(layout.coords(r).ep_mp);
-    out += fmt::format("  rank {}: (EP_DP {}, EP_MP {}) experts {}\n", r, layout.coords(r).ep_dp,
-                       layout.coords(r).ep_mp,
-                       experts.size() > 1 && experts.back() - experts.front() + 1 == static_cast<int>(experts.size())
-                           ? fmt::format("{}-{}", experts.front(), experts.back())
-                           : fmt::format("{}", fmt::join(experts, ",")));
+    out += fmt::format(
+        "  rank {}: (EP_DP {}, EP_MP {}) experts {}\n", r, layout.coords(r).ep_dp, layout.coords(r).ep_mp,
+        experts.size() > 1 && experts.back() - experts.front() + 1 == static_cast<int>(experts.size())
+            ? fmt::format("{}-{}", experts.front(), experts.back())
+            : fmt::format("{}", fmt::join(experts, ",")));
   }
   return out;
 }
@@ -77,15 +77,17 @@ double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const Tr
 
 }  // namespace
 
-TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus, const TrainObserver* observer) {
+TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus,
+                   const TrainObserver* observer) {
   TrainingLayout layout(world.size(), cfg.ep);
   auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");
   auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
   auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
 
-  EXPAR_CHECK(cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
-              "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
-              cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
+  EXPAR_CHECK(
+      cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
+      "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
+      cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
   EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
   const int local_seqs = cfg.global_batch / layout.dp;
   const int mb_seqs = local_seqs / cfg.microbatches;
