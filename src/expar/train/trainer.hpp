@@ -22,19 +22,19 @@ struct TrainConfig {
   ModelConfig model = ModelConfig::preset("demo");
   int ep = 1;                    // M_E
   std::string path = "rowwise";  // local | block | rowwise | agrs (local needs M_E = 1)
-  int steps = 100;
+  int steps = 300;
   int global_batch = 16;  // sequences per optimizer step, over all dense-DP ranks
   int seq_len = 128;
   int microbatches = 1;  // per rank and step
   double lr = 3e-3;
   double min_lr_ratio = 0.1;
-  int warmup = 10;
+  int warmup = 20;
   double weight_decay = 0.1;
   double clip_norm = 1.0;
   bool shard_optimizer = false;  // shard expert Adam state over EP_DP
   size_t bucket_bytes = size_t{4} << 20;
   uint64_t seed = 1234;
-  int eval_every = 0;  // 0: only at the end
+  int eval_every = 50;  // 0: only at the end
   int eval_sequences = 16;
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 0;    // 0: only at the end (when checkpoint_dir is set)
