@@ -168,6 +168,19 @@ RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, cons
   return r;
 }
 
+// Tensors are charged to the tracker of the thread that allocates them, and a rank's tracker dies with
+// run_ranks: what a rank hands back to the test thread is cloned under the test thread's tracker.
+RankResult exported(const RankResult& r, MemoryTracker& host) {
+  TrackerBinding bind(host);
+  RankResult out = r;
+  out.y = r.y.clone();
+  out.grad_x = r.grad_x.clone();
+  out.grad_router = r.grad_router.clone();
+  out.grad_experts = {r.grad_experts.w1.clone(), r.grad_experts.w3.clone(), r.grad_experts.w2.clone()};
+  out.dst_row = r.dst_row.clone();
+  return out;
+}
+
 struct Reference {
   Tensor y, grad_x, grad_router;
   ExpertWeights grad_experts;  // all E experts
@@ -252,6 +265,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
   for (const auto& p : paths) results[p].resize(static_cast<size_t>(c.ranks));
   results["agrs-decode"].resize(static_cast<size_t>(c.ranks));
   std::mutex mutex;
+  MemoryTracker& host = current_tracker();
 
   LaunchOptions launch;
   launch.ranks = c.ranks;
@@ -266,7 +280,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, x, grad_y);
       std::lock_guard lock(mutex);
-      results[p][static_cast<size_t>(rank)] = std::move(r);
+      results[p][static_cast<size_t>(rank)] = exported(r, host);
     }
     if (decode) {
       // Decode form: every rank of the group holds the group's tokens.
@@ -279,7 +293,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
-      results["agrs-decode"][static_cast<size_t>(rank)] = std::move(r);
+      results["agrs-decode"][static_cast<size_t>(rank)] = exported(r, host);
     }
   });
 

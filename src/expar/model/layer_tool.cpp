@@ -131,6 +131,9 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     offsets[static_cast<size_t>(r) + 1] = offsets[static_cast<size_t>(r)] + tokens[static_cast<size_t>(r)];
 
   std::vector<RankOutput> outs(static_cast<size_t>(options.ranks));
+  // A rank's tensors are charged to its own tracker, which ends with run_ranks: what a rank hands back is
+  // cloned under this thread's tracker.
+  MemoryTracker& host = current_tracker();
   LaunchOptions launch;
   launch.ranks = options.ranks;
   run_ranks(launch, [&](Comm& world) {
@@ -150,11 +153,14 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     }
     const int64_t begin = offsets[static_cast<size_t>(rank)], end = offsets[static_cast<size_t>(rank) + 1];
     MoeState state;
-    out.y = layer.forward(x.rows(begin, end), state);
-    out.grad_x = layer.backward(grad_y.rows(begin, end), state);
-    out.topk_idx = state.router.topk_idx;
-    out.topk_weight = state.router.topk_weight;
-    out.dst_row = state.routes.dst_row;
+    const Tensor y = layer.forward(x.rows(begin, end), state);
+    const Tensor gx = layer.backward(grad_y.rows(begin, end), state);
+    TrackerBinding bind(host);
+    out.y = y.clone();
+    out.grad_x = gx.clone();
+    out.topk_idx = state.router.topk_idx.clone();
+    out.topk_weight = state.router.topk_weight.clone();
+    out.dst_row = state.routes.dst_row.clone();
     out.grad_router = layer.grads().w_router.clone();
     out.grad_experts = {layer.grads().experts.w1.clone(), layer.grads().experts.w3.clone(),
                         layer.grads().experts.w2.clone()};
