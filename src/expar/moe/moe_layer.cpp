@@ -5,6 +5,7 @@
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/moe/phase_timer.hpp"
 #include "expar/moe/score_bias.hpp"
 
 namespace expar {
@@ -48,7 +49,7 @@ ExpertWeights make_experts(int64_t e_local, int64_t h, int64_t d, MemCategory ca
 
 }  // namespace
 
-MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name)
+MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name, MoeSharedResources shared)
     : config_(std::move(config)),
       ep_group_(ep_group),
       name_(std::move(name)),
@@ -58,6 +59,9 @@ MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name)
   options.model_dim = config_.model_dim;
   options.top_k = config_.top_k;
   options.placement = &placement_;
+  options.heap = shared.heap;
+  options.lease_pool = shared.lease_pool;
+  options.block_index = shared.block_index;
   path_ = make_path(config_.path, ep_group_, options);
   const int64_t e_local = placement_.local_count(), d = config_.model_dim, h = config_.hidden_dim;
   params_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::DenseWeights);
@@ -112,12 +116,18 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
               "MoE layer '{}' input must be f32 [T, {}], got {} {}", name_, config_.model_dim,
               dtype_name(x.dtype()), shape_string(x.shape()));
   const Tensor* bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
+  PhaseScope router_phase(phase::kRouter);
   RouterOutput routed = router_forward(config_.router(), x, params_.w_router, bias, state.router);
+  router_phase.stop();
+  PhaseScope route_map_phase(phase::kRouteMap);
   state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);
+  route_map_phase.stop();
   state.path = {};
   Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
+  PhaseScope gemm_phase(phase::kGroupedGemm);
   expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
+  gemm_phase.stop();
   Tensor y = path_->combine_forward(expert_out, routed.topk_weight, state.routes, state.path);
 
   MoeMetrics& m = state.metrics;
@@ -140,10 +150,14 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
   Tensor grad_out =
       path_->combine_backward(grad_y, state.router.topk_weight, state.routes, state.path, grad_topk_weight);
   Tensor grad_in = path_->expert_grad_input_buffer(state.routes, config_.model_dim, state.path);
+  PhaseScope gemm_phase(phase::kGroupedGemm);
   expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts);
+  gemm_phase.stop();
   Tensor grad_x = path_->dispatch_backward(grad_in, state.routes, state.path);
+  PhaseScope router_phase(phase::kRouter);
   router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x,
                   grads_.w_router);
+  router_phase.stop();
   return grad_x;
 }
 

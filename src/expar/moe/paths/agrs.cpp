@@ -19,11 +19,13 @@
 // summed per owning rank and then across ranks in rank order, not in k order (contract 4 holds for the other
 // paths). The router-weight gradients are exact (one rank holds each route; the others add 0).
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/phase_timer.hpp"
 
 namespace expar {
 
@@ -66,10 +68,12 @@ class AgrsPath final : public ExpertPath {
       dst_rank = map.dst_rank;
       dst_row = map.dst_row;
     } else {
+      PhaseScope gather_phase(phase::kAllGather);
       tokens = gather(x, map, d);
       dst_rank = gather(map.dst_rank, map, map.top_k);
       dst_row = gather(map.dst_row, map, map.top_k);
     }
+    PhaseScope copy_phase(phase::kRowCopy);
     step->mine = local_view(map, dst_rank, dst_row);
     const RouteMap& mine = step->mine;
     Tensor in = Tensor::empty({map.capacity_rows, d});
@@ -87,9 +91,14 @@ class AgrsPath final : public ExpertPath {
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
                          PathState& state) override {
     AgrsStep& step = step_of(state, "combine forward");
+    PhaseScope gather_phase(phase::kAllGather);
     step.gathered_weight = decode_ ? topk_weight : gather(topk_weight, map, map.top_k);
+    gather_phase.stop();
+    PhaseScope merge_phase(phase::kPartialMerge);
     state.combine_rows = RouteRows::expert_side(expert_out, step.mine);
     Tensor partial = merge_routes(state.combine_rows, step.gathered_weight, step.mine);
+    merge_phase.stop();
+    PhaseScope scatter_phase(phase::kReduceScatter);
     return scatter_sum(partial, map, expert_out.dim(1));
   }
 
@@ -98,9 +107,16 @@ class AgrsPath final : public ExpertPath {
     AgrsStep& step = step_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "{} combine backward called before combine forward", name());
     const int64_t d = grad_y.dim(1);
+    PhaseScope gather_phase(phase::kAllGather);
     Tensor grad_all = decode_ ? grad_y : gather(grad_y, map, d);
-    grad_topk_weight =
-        scatter_sum(route_weight_grads(grad_all, state.combine_rows, step.mine), map, map.top_k);
+    gather_phase.stop();
+    PhaseScope merge_phase(phase::kPartialMerge);
+    Tensor partial_weight_grads = route_weight_grads(grad_all, state.combine_rows, step.mine);
+    merge_phase.stop();
+    PhaseScope scatter_phase(phase::kReduceScatter);
+    grad_topk_weight = scatter_sum(std::move(partial_weight_grads), map, map.top_k);
+    scatter_phase.stop();
+    PhaseScope copy_phase(phase::kRowCopy);
     Tensor grad_out = Tensor::empty({map.capacity_rows, d});
     if (decode_) std::memset(grad_out.raw(), 0, static_cast<size_t>(map.recv_rows * d) * sizeof(float));
     const RouteMap& mine = step.mine;
@@ -117,7 +133,10 @@ class AgrsPath final : public ExpertPath {
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     AgrsStep& step = step_of(state, "dispatch backward");
+    PhaseScope merge_phase(phase::kPartialMerge);
     Tensor partial = sum_routes(RouteRows::expert_side(grad_expert_in, step.mine), step.mine);
+    merge_phase.stop();
+    PhaseScope scatter_phase(phase::kReduceScatter);
     return scatter_sum(partial, map, grad_expert_in.dim(1));
   }
 

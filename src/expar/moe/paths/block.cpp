@@ -17,6 +17,7 @@
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/phase_timer.hpp"
 
 namespace expar {
 
@@ -83,6 +84,7 @@ class BlockPath final : public ExpertPath {
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
     check_map(map, x, "dispatch forward");
     const int64_t d = x.dim(1);
+    PhaseScope permute_phase(phase::kLocalPermute);  // the plan's sort is part of the local permute
     auto plan = std::make_shared<BlockPlan>(make_plan(map, *options_.placement, d));
     state.path_data = plan;
     // Local permute: replicate each token row once per accepted route, packed by destination rank.
@@ -92,8 +94,12 @@ class BlockPath final : public ExpertPath {
     for (int64_t i = 0; i < plan->send_rows; ++i)
       std::memcpy(packed + i * d, src + (plan->send_order[static_cast<size_t>(i)] / map.top_k) * d,
                   sizeof(float) * d);
+    permute_phase.stop();
+    PhaseScope exchange_phase(phase::kAllToAllDispatch);
     Tensor recv = exchange(send, plan->send_elems, plan->recv_rows, plan->recv_elems, d);
+    exchange_phase.stop();
     // Global permute: source-rank blocks -> local-expert order.
+    PhaseScope global_phase(phase::kGlobalPermute);
     Tensor in = Tensor::empty({map.capacity_rows, d});
     global_permute(*plan, recv, in, d);
     return in;
@@ -103,7 +109,9 @@ class BlockPath final : public ExpertPath {
                          PathState& state) override {
     const BlockPlan& plan = plan_of(state, "combine forward");
     const int64_t d = expert_out.dim(1);
-    Tensor gathered = return_to_sources(plan, expert_out, map, d);
+    Tensor gathered = return_to_sources(plan, expert_out, map, d, phase::kGlobalUnpermute,
+                                        phase::kAllToAllCombine, phase::kLocalUnpermuteMerge);
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     state.combine_rows = RouteRows::gathered(std::move(gathered), map);
     return merge_routes(state.combine_rows, topk_weight, map);
   }
@@ -112,6 +120,7 @@ class BlockPath final : public ExpertPath {
                           PathState& state, Tensor& grad_topk_weight) override {
     const BlockPlan& plan = plan_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "block combine backward called before combine forward");
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
     // Local unpermute backward: each route's w·grad_y row, packed by destination rank like dispatch.
@@ -123,7 +132,11 @@ class BlockPath final : public ExpertPath {
       const int64_t route = plan.send_order[static_cast<size_t>(i)];
       weighted_route_grad(gy + (route / map.top_k) * d, w[route], packed + i * d, d);
     }
+    merge_phase.stop();
+    PhaseScope exchange_phase(phase::kAllToAllCombine);
     Tensor recv = exchange(send, plan.send_elems, plan.recv_rows, plan.recv_elems, d);
+    exchange_phase.stop();
+    PhaseScope unpermute_phase(phase::kGlobalUnpermute);
     Tensor grad_out = Tensor::empty({map.capacity_rows, d});
     global_permute(plan, recv, grad_out, d);
     return grad_out;
@@ -132,7 +145,9 @@ class BlockPath final : public ExpertPath {
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     const BlockPlan& plan = plan_of(state, "dispatch backward");
     const int64_t d = grad_expert_in.dim(1);
-    Tensor gathered = return_to_sources(plan, grad_expert_in, map, d);
+    Tensor gathered = return_to_sources(plan, grad_expert_in, map, d, phase::kGlobalPermute,
+                                        phase::kAllToAllDispatch, phase::kLocalPermute);
+    PhaseScope sum_phase(phase::kLocalPermute);
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
@@ -167,15 +182,23 @@ class BlockPath final : public ExpertPath {
   }
 
   // Global unpermute -> reverse all_to_all_v -> local unpermute: expert-side rows [recv_rows, d] become
-  // [T, K, d] at each route's (t, k); rows of dropped routes are left unwritten and never read.
-  Tensor return_to_sources(const BlockPlan& plan, const Tensor& expert_side, const RouteMap& map, int64_t d) {
+  // [T, K, d] at each route's (t, k); rows of dropped routes are left unwritten and never read. The three
+  // phase names are the forward phases these movements belong to (combine) or are the adjoint of (dispatch).
+  Tensor return_to_sources(const BlockPlan& plan, const Tensor& expert_side, const RouteMap& map, int64_t d,
+                           const char* unpermute_phase, const char* exchange_phase,
+                           const char* scatter_phase) {
+    PhaseScope unpermute(unpermute_phase);
     Tensor back = Tensor::empty({plan.recv_rows, d}, DType::F32, MemCategory::CommScratch);
     const float* from = expert_side.data<float>();
     float* to = back.data<float>();
     for (const auto& run : plan.runs)
       std::memcpy(to + run.recv_begin * d, from + run.expert_begin * d, sizeof(float) * run.rows * d);
+    unpermute.stop();
     // Backward swaps the split lists.
+    PhaseScope exchange_scope(exchange_phase);
     Tensor recv = exchange(back, plan.recv_elems, plan.send_rows, plan.send_elems, d);
+    exchange_scope.stop();
+    PhaseScope scatter(scatter_phase);
     Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
     const float* rows = recv.data<float>();
     float* out = gathered.data<float>();

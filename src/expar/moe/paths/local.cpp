@@ -6,6 +6,7 @@
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/phase_timer.hpp"
 
 namespace expar {
 
@@ -20,6 +21,7 @@ class LocalPath final : public ExpertPath {
     const int64_t d = x.dim(1);
     EXPAR_CHECK(x.dim(0) == map.tokens, "local dispatch: x has {} rows, the route map {} tokens", x.dim(0),
                 map.tokens);
+    PhaseScope permute_phase(phase::kLocalPermute);
     Tensor in = Tensor::empty({map.capacity_rows, d});
     const float* src = x.data<float>();
     float* dst = in.data<float>();
@@ -33,6 +35,7 @@ class LocalPath final : public ExpertPath {
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
                          PathState& state) override {
     check_map(map);
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     state.combine_rows = RouteRows::expert_side(expert_out, map);
     return merge_routes(state.combine_rows, topk_weight, map);
   }
@@ -41,6 +44,7 @@ class LocalPath final : public ExpertPath {
                           PathState& state, Tensor& grad_topk_weight) override {
     check_map(map);
     EXPAR_CHECK(state.combine_rows.defined(), "local combine backward called before combine forward");
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
     Tensor grad_out = Tensor::empty({map.capacity_rows, d});
@@ -57,6 +61,7 @@ class LocalPath final : public ExpertPath {
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     check_map(map);
+    PhaseScope permute_phase(phase::kLocalPermute);
     return sum_routes(RouteRows::expert_side(grad_expert_in, map), map);
   }
 
