@@ -63,7 +63,7 @@ struct MoeTransformer::Activations {
   nn::LinearSaved head;
 };
 
-MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
+MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens)
     : config_(std::move(config)),
       ep_group_(ep_group),
       rope_(config_.head_dim, config_.max_seq, config_.rope_theta) {
@@ -75,6 +75,14 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
   auto& embed = add_param("embed", {config_.vocab, d}, ParamKind::Dense, false);
   embed_ = embed.value;
   embed_grad_ = embed.grad;
+  if (config_.moe.path == "rowwise" && max_microbatch_tokens > 0) {
+    // No rank can receive more than M_E * T * min(K, E_L) rows (a token's K experts are distinct).
+    const int64_t m = ep_group.size(), k = config_.moe.top_k, e_local = config_.moe.num_experts / m;
+    const int64_t rows = m * max_microbatch_tokens * std::min(k, e_local);
+    heap_ = ep_group.make_heap();
+    lease_pool_ =
+        std::make_unique<LeasePool>(*heap_, "moe.dispatch", static_cast<size_t>(rows * d) * sizeof(float));
+  }
   for (int l = 0; l < config_.layers; ++l) {
     auto b = std::make_unique<Block>();
     const std::string p = "layers." + std::to_string(l);
@@ -99,7 +107,8 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
       bind(".shared.w3", {hs, d}, b->shared_up, b->shared_up_grad);
       bind(".shared.w2", {d, hs}, b->shared_down, b->shared_down_grad);
     }
-    b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe");
+    b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
+                                        MoeSharedResources{heap_.get(), lease_pool_.get(), l});
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
@@ -120,6 +129,10 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group)
 }
 
 MoeTransformer::~MoeTransformer() = default;
+
+void MoeTransformer::freeze_leases() {
+  if (lease_pool_) lease_pool_->freeze();
+}
 
 MoeLayer& MoeTransformer::moe(int layer) {
   return *blocks_.at(static_cast<size_t>(layer))->moe;

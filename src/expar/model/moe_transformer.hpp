@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/parameter.hpp"
 #include "expar/model/model_config.hpp"
+#include "expar/moe/lease_pool.hpp"
 #include "expar/moe/moe_layer.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/nn/rope.hpp"
@@ -32,8 +34,10 @@ struct StepMetrics {
 class MoeTransformer {
  public:
   // ep_group: the EP_MP group of this rank (size M_E); it must outlive the model. The routed-expert path is
-  // config.moe.path.
-  MoeTransformer(ModelConfig config, Comm& ep_group);
+  // config.moe.path. With the rowwise path and max_microbatch_tokens > 0, all blocks share one symmetric
+  // heap and one lease pool whose slots hold the dispatch payload of max_microbatch_tokens tokens per rank
+  // (seed 000 §5.7); otherwise each block's path keeps private buffers.
+  MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens = 0);
   ~MoeTransformer();
   MoeTransformer(const MoeTransformer&) = delete;
   MoeTransformer& operator=(const MoeTransformer&) = delete;
@@ -44,6 +48,9 @@ class MoeTransformer {
   std::vector<Parameter>& parameters() { return params_; }
   void zero_grads();
   MoeLayer& moe(int layer);
+  // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
+  void freeze_leases();
+  const LeasePool* lease_pool() const { return lease_pool_.get(); }
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
   // parameters' grads; the loss gradient is divided by `loss_normalizer` (tokens of this rank over all
@@ -67,6 +74,9 @@ class MoeTransformer {
   Comm& ep_group_;
   nn::Rope rope_;
   std::vector<Parameter> params_;
+  // Declared before blocks_: the blocks' paths hold leases on them, so they must be destroyed after.
+  std::unique_ptr<SymmetricHeap> heap_;
+  std::unique_ptr<LeasePool> lease_pool_;
   std::vector<std::unique_ptr<Block>> blocks_;
   Tensor embed_, embed_grad_, final_norm_, final_norm_grad_, head_, head_grad_;
 };

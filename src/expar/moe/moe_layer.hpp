@@ -81,10 +81,19 @@ struct MoeState {
   MoeMetrics metrics;
 };
 
+// Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
+// one lease pool on it for the dispatch payloads saved for backward (seed 000 §5.7). Null: the path makes
+// its own (private per block).
+struct MoeSharedResources {
+  SymmetricHeap* heap = nullptr;
+  LeasePool* lease_pool = nullptr;
+  int block_index = -1;  // tags this block's leases in the pool's messages
+};
+
 class MoeLayer {
  public:
-  // ep_group: the EP_MP group (size M_E); it must outlive the layer.
-  MoeLayer(MoeConfig config, Comm& ep_group, std::string name = "moe");
+  // ep_group: the EP_MP group (size M_E); it must outlive the layer (and so must `shared`'s heap and pool).
+  MoeLayer(MoeConfig config, Comm& ep_group, std::string name = "moe", MoeSharedResources shared = {});
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;

@@ -97,7 +97,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   // The router adds coef·grad(L_aux) per forward; with accumulation the step averages over microbatches.
   mc.moe.aux_loss_coef /= cfg.microbatches;
   mc.moe.z_loss_coef /= cfg.microbatches;
-  MoeTransformer model(mc, *ep_mp);
+  MoeTransformer model(mc, *ep_mp, static_cast<int64_t>(mb_seqs) * cfg.seq_len);
   model.init(cfg.seed);
 
   std::vector<Parameter*> params;
@@ -142,6 +142,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
       rec.drop_rate += m.drop_rate / cfg.microbatches;
       rec.utilisation = std::max(rec.utilisation, m.utilisation);
     }
+    // The first step is the dry run that sizes the shared lease pool; after it the pool is frozen.
+    if (step == start) model.freeze_leases();
     reducer.reduce();
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
