@@ -127,6 +127,10 @@ int run_bench_comm(const BenchOptions& o) {
 
 }  // namespace
 
+// Subcommands in bench_*.cpp files.
+void add_bench_paths(CLI::App* bench, CommandTable& table);
+void add_bench_bar(CLI::App* bench, CommandTable& table);
+
 void add_bench(CLI::App& app, CommandTable& table) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
@@ -139,6 +143,8 @@ void add_bench(CLI::App& app, CommandTable& table) {
   comm->add_option("--repeats", o->repeats, "repeats per figure (the median is printed)");
   comm->add_option("--bytes", o->bytes_per_rank, "bytes each rank moves per transfer");
   table[comm] = [o] { return run_bench_comm(*o); };
+  add_bench_paths(bench, table);
+  add_bench_bar(bench, table);
 }
 
 }  // namespace expar::cli

@@ -1,0 +1,90 @@
+#pragma once
+// The measurements behind `expar bench paths`, `expar bench bar` and `expar bench scaling`: every execution
+// path on identical inputs, weights and routes, timed phase by phase (seed 000 Table 7) with the machine's
+// own limits (oneDNN matmul FLOP/s, memcpy bandwidth) measured in the same run, and the per-rank peak
+// memory of one MoE layer training step by category with and without EP (Table 6).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "expar/core/memory.hpp"
+
+namespace expar::cli {
+
+struct PathsBenchOptions {
+  int ranks = 2;
+  int ep = 0;             // EP degree (0: = ranks)
+  int64_t tokens = 4096;  // per rank
+  int64_t model_dim = 1024;
+  int64_t hidden_dim = 2048;
+  int experts = 32;
+  int top_k = 4;
+  int threads = 1;  // compute threads per rank
+  int warmup = 1;
+  int repeats = 3;
+  bool oversubscribe = false;
+  uint64_t seed = 1;
+  std::vector<std::string> paths = {"local", "block", "rowwise", "agrs"};
+};
+
+// Throws expar::Error for a bad shape, an unknown path, or ranks x threads above the cores without
+// oversubscribe.
+void validate(const PathsBenchOptions& o);
+
+// One pass (forward or backward) of one path: per phase the median over repeats of the max over ranks.
+struct PassTimes {
+  std::vector<std::pair<std::string, double>> phases;  // display order
+  double total = 0.0;  // median over repeats of the max over ranks of the whole pass (wall, barrier to end)
+  double phase_seconds(const std::string& name) const;
+  // Everything except the router and the grouped GEMM: what the path (and its route map) costs.
+  double dispatch_combine() const;
+};
+
+struct PathResult {
+  std::string path;
+  PassTimes forward, backward;
+  std::map<std::string, double> bytes;  // per phase: bytes read + written (max over ranks), per pass
+  double gemm_flops_forward = 0.0;      // max over ranks
+  double gemm_flops_backward = 0.0;
+  double step() const { return forward.total + backward.total; }
+};
+
+struct Limits {
+  double matmul_flops = 0.0;  // FLOP/s of one oneDNN matmul [rows, d] x [d, h] per rank, all ranks at once
+  int64_t matmul_rows = 0;
+  double memcpy_bandwidth = 0.0;  // bytes read + written per second per rank, all ranks at once
+  int64_t memcpy_bytes = 0;
+};
+
+struct PathsReport {
+  PathsBenchOptions options;
+  Limits limits;
+  std::vector<PathResult> results;
+  const PathResult* find(const std::string& path) const;
+};
+
+PathsReport measure_paths(const PathsBenchOptions& o);
+
+// Table 6: peak per-rank bytes by category of one MoE layer training step (forward + backward, parameters
+// and gradients allocated), max over ranks.
+struct MemoryRow {
+  std::string label;
+  int ranks = 1;
+  MemorySnapshot peak;  // per category and total: max over ranks of the peak
+};
+std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o);
+
+// Phase kinds for limits and the chart.
+enum class PhaseKind { Router, RouteMap, Layout, Collective, Rowwise, Compute };
+PhaseKind phase_kind(const std::string& name);
+
+std::string format_paths_table(const PathsReport& report);
+std::string format_memory_table(const std::vector<MemoryRow>& rows);
+std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& memory);
+std::string paths_svg(const PathsReport& report);
+
+// Fraction of the limit a phase reached: ideal time at the limit / measured time (0 when not applicable).
+double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& phase, bool forward);
+
+}  // namespace expar::cli

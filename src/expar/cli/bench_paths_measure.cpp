@@ -1,0 +1,359 @@
+// Measurement side of `expar bench paths` (see bench_paths.hpp). Every rank runs every path on the same
+// inputs (x and grad_y seeded by rank), the same weights (layout-independent init) and therefore the same
+// routes; each pass starts at a world barrier so that one pass's imbalance does not leak into the next.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "expar/cli/bench_paths.hpp"
+#include "expar/comm/comm.hpp"
+#include "expar/comm/launcher.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/core/timer.hpp"
+#include "expar/moe/moe_layer.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/phase_timer.hpp"
+
+namespace expar::cli {
+
+namespace {
+
+// Display order: dispatch phases, expert computation, combine phases (Table 7 top to bottom).
+const std::vector<std::string>& phase_order() {
+  static const std::vector<std::string> order = {
+      phase::kRouter,          phase::kRouteMap,        phase::kLocalPermute,    phase::kAllToAllDispatch,
+      phase::kGlobalPermute,   phase::kRowDispatch,     phase::kAllGather,       phase::kRowCopy,
+      phase::kGroupedGemm,     phase::kGlobalUnpermute, phase::kAllToAllCombine, phase::kLocalUnpermuteMerge,
+      phase::kRowGatherReduce, phase::kPartialMerge,    phase::kReduceScatter};
+  return order;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int ep_of(const PathsBenchOptions& o) {
+  return o.ep == 0 ? o.ranks : o.ep;
+}
+
+MoeConfig config_of(const PathsBenchOptions& o, const std::string& path) {
+  MoeConfig c;
+  c.num_experts = o.experts;
+  c.top_k = o.top_k;
+  c.model_dim = o.model_dim;
+  c.hidden_dim = o.hidden_dim;
+  c.path = path;
+  return c;
+}
+
+Tensor input_of(const PathsBenchOptions& o, int rank, uint64_t stream) {
+  Tensor t = Tensor::empty({o.tokens, o.model_dim});
+  fill_normal(t, o.seed, stream * 1000 + static_cast<uint64_t>(rank), 1.0f);
+  return t;
+}
+
+// Bytes read + written by each data-movement phase of one pass on this rank, in rows of d floats:
+// R = accepted routes this rank sends, V = rows its experts receive, T = its tokens, N = the group's tokens.
+// Backward passes move the same rows in the other direction, so the same counts serve both.
+std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d) {
+  int64_t r = 0, n = 0;
+  for (int64_t c : map.send_counts) r += c;
+  for (int64_t t : map.tokens_per_source) n += t;
+  if (map.ep_size == 1) r = map.recv_rows;
+  const int64_t v = map.recv_rows, t = map.tokens;
+  const double row = static_cast<double>(d) * sizeof(float);
+  return {{phase::kLocalPermute, row * 2 * r},
+          {phase::kAllToAllDispatch, row * (r + v)},
+          {phase::kGlobalPermute, row * 2 * v},
+          {phase::kRowDispatch, row * 2 * r},
+          {phase::kAllGather, row * (t + n)},
+          {phase::kRowCopy, row * 2 * v},
+          {phase::kGlobalUnpermute, row * 2 * v},
+          {phase::kAllToAllCombine, row * (r + v)},
+          // local path: no scatter, the merge reads the expert side in place (R rows read, T written)
+          {phase::kLocalUnpermuteMerge, row * (map.ep_size == 1 ? r + t : 3 * r + t)},
+          {phase::kRowGatherReduce, row * (3 * r + t)},
+          {phase::kPartialMerge, row * (v + n)},
+          {phase::kReduceScatter, row * (n + t)}};
+}
+
+// Seconds of the slowest rank for fn, from a world barrier.
+template <typename Fn>
+double timed_max(Comm& world, Fn&& fn) {
+  world.barrier();
+  Timer t;
+  fn();
+  double s = t.seconds();
+  world.all_reduce(&s, 1, DType::F64, ReduceOp::Max);
+  return s;
+}
+
+PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, const std::string& path,
+                       const Tensor& x, const Tensor& grad_y, int64_t& recv_rows_out,
+                       int64_t& send_rows_out) {
+  MoeLayer layer(config_of(o, path), group, "bench");
+  layer.init_params(o.seed);
+  const auto& order = phase_order();
+  const size_t p = order.size();
+  // Per repeat: [forward total, backward total, forward phases..., backward phases...], max over ranks.
+  std::vector<std::vector<double>> samples;
+  std::map<std::string, double> bytes;
+  RouteMap last_map;
+  for (int i = 0; i < o.warmup + o.repeats; ++i) {
+    PhaseTimer forward_timer, backward_timer;
+    std::vector<double> sample(2 + 2 * p, 0.0);
+    {
+      MoeState state;
+      world.barrier();
+      Timer t;
+      {
+        PhaseTimerBinding bind(&forward_timer);
+        layer.forward(x, state);
+      }
+      sample[0] = t.seconds();
+      world.barrier();
+      t.reset();
+      {
+        PhaseTimerBinding bind(&backward_timer);
+        layer.backward(grad_y, state);
+      }
+      sample[1] = t.seconds();
+      if (i == 0) last_map = state.routes;
+    }
+    for (size_t j = 0; j < p; ++j) {
+      sample[2 + j] = forward_timer.seconds(order[j]);
+      sample[2 + p + j] = backward_timer.seconds(order[j]);
+    }
+    world.all_reduce(sample.data(), sample.size(), DType::F64, ReduceOp::Max);
+    if (i >= o.warmup) samples.push_back(std::move(sample));
+  }
+  PathResult r;
+  r.path = path;
+  auto med = [&](size_t index) {
+    std::vector<double> v;
+    for (const auto& s : samples) v.push_back(s[index]);
+    return median(v);
+  };
+  r.forward.total = med(0);
+  r.backward.total = med(1);
+  for (size_t j = 0; j < p; ++j) {
+    // A phase this path has: recorded (> 0) on some rank in some repeat.
+    bool seen_f = false, seen_b = false;
+    for (const auto& s : samples) {
+      seen_f = seen_f || s[2 + j] > 0.0;
+      seen_b = seen_b || s[2 + p + j] > 0.0;
+    }
+    if (seen_f) r.forward.phases.emplace_back(order[j], med(2 + j));
+    if (seen_b) r.backward.phases.emplace_back(order[j], med(2 + p + j));
+  }
+  // Bytes and GEMM work of the slowest rank (max over ranks).
+  auto b = phase_bytes(last_map, o.model_dim);
+  std::vector<double> work;
+  for (const auto& name : order) work.push_back(b.count(name) ? b[name] : 0.0);
+  const double rows = static_cast<double>(last_map.recv_rows);
+  const double gemm = 2.0 * rows * static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_dim);
+  work.push_back(3 * gemm);
+  work.push_back(6 * gemm);
+  world.all_reduce(work.data(), work.size(), DType::F64, ReduceOp::Max);
+  for (size_t j = 0; j < p; ++j)
+    if (work[j] > 0.0) r.bytes[order[j]] = work[j];
+  r.gemm_flops_forward = work[p];
+  r.gemm_flops_backward = work[p + 1];
+  recv_rows_out = last_map.recv_rows;
+  int64_t sent = 0;
+  for (int64_t c : last_map.send_counts) sent += c;
+  send_rows_out = last_map.ep_size == 1 ? last_map.recv_rows : sent;
+  return r;
+}
+
+Limits measure_limits(Comm& world, const PathsBenchOptions& o, int64_t gemm_rows, int64_t copy_rows) {
+  Limits l;
+  int64_t rows = std::max<int64_t>(gemm_rows, 1);
+  world.all_reduce(&rows, 1, DType::I64, ReduceOp::Max);
+  l.matmul_rows = rows;
+  {
+    Tensor a = Tensor::empty({rows, o.model_dim}, DType::F32, MemCategory::Other);
+    Tensor w = Tensor::empty({o.hidden_dim, o.model_dim}, DType::F32, MemCategory::Other);
+    Tensor c = Tensor::empty({rows, o.hidden_dim}, DType::F32, MemCategory::Other);
+    fill_normal(a, o.seed, 9001, 1.0f);
+    fill_normal(w, o.seed, 9002, 1.0f);
+    std::vector<double> s;
+    for (int i = 0; i < o.warmup + o.repeats; ++i) {
+      const double t = timed_max(world, [&] {
+        // Same orientation as the expert MLP: x [rows, d] times w1^T.
+        matmul(a.data<float>(), w.data<float>(), c.data<float>(), rows, o.hidden_dim, o.model_dim, false,
+               true, false);
+      });
+      if (i >= o.warmup) s.push_back(t);
+    }
+    l.matmul_flops = 2.0 * static_cast<double>(rows) * static_cast<double>(o.model_dim) *
+                     static_cast<double>(o.hidden_dim) / median(s);
+  }
+  {
+    int64_t bytes = std::max<int64_t>(copy_rows * o.model_dim * static_cast<int64_t>(sizeof(float)), 1 << 20);
+    world.all_reduce(&bytes, 1, DType::I64, ReduceOp::Max);
+    l.memcpy_bytes = bytes;
+    std::vector<std::byte> src(static_cast<size_t>(bytes), std::byte{1}), dst(static_cast<size_t>(bytes));
+    std::memset(dst.data(), 0, dst.size());
+    std::vector<double> s;
+    for (int i = 0; i < o.warmup + o.repeats; ++i) {
+      const double t = timed_max(world, [&] { std::memcpy(dst.data(), src.data(), src.size()); });
+      if (i >= o.warmup) s.push_back(t);
+    }
+    l.memcpy_bandwidth = 2.0 * static_cast<double>(bytes) / median(s);
+  }
+  return l;
+}
+
+}  // namespace
+
+double PassTimes::phase_seconds(const std::string& name) const {
+  for (const auto& [n, s] : phases)
+    if (n == name) return s;
+  return 0.0;
+}
+
+double PassTimes::dispatch_combine() const {
+  double sum = 0.0;
+  for (const auto& [n, s] : phases)
+    if (n != phase::kRouter && n != phase::kGroupedGemm) sum += s;
+  return sum;
+}
+
+const PathResult* PathsReport::find(const std::string& path) const {
+  for (const auto& r : results)
+    if (r.path == path) return &r;
+  return nullptr;
+}
+
+PhaseKind phase_kind(const std::string& name) {
+  if (name == phase::kRouter) return PhaseKind::Router;
+  if (name == phase::kRouteMap) return PhaseKind::RouteMap;
+  if (name == phase::kGroupedGemm) return PhaseKind::Compute;
+  if (name == phase::kAllToAllDispatch || name == phase::kAllToAllCombine || name == phase::kAllGather ||
+      name == phase::kReduceScatter)
+    return PhaseKind::Collective;
+  if (name == phase::kRowDispatch || name == phase::kRowGatherReduce) return PhaseKind::Rowwise;
+  return PhaseKind::Layout;
+}
+
+double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& name, bool forward) {
+  const PassTimes& pass = forward ? r.forward : r.backward;
+  const double seconds = pass.phase_seconds(name);
+  if (seconds <= 0.0) return 0.0;
+  const PhaseKind kind = phase_kind(name);
+  if (kind == PhaseKind::Compute) {
+    const double flops = forward ? r.gemm_flops_forward : r.gemm_flops_backward;
+    return report.limits.matmul_flops > 0.0 ? flops / report.limits.matmul_flops / seconds : 0.0;
+  }
+  if (kind == PhaseKind::Router || kind == PhaseKind::RouteMap) return 0.0;
+  auto it = r.bytes.find(name);
+  if (it == r.bytes.end() || report.limits.memcpy_bandwidth <= 0.0) return 0.0;
+  return it->second / report.limits.memcpy_bandwidth / seconds;
+}
+
+void validate(const PathsBenchOptions& o) {
+  EXPAR_CHECK(o.ranks >= 1, "--ranks {}: use at least 1", o.ranks);
+  const int ep = ep_of(o);
+  EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0,
+              "--ep {} does not divide --ranks {}: choose an EP degree that divides the ranks", ep, o.ranks);
+  EXPAR_CHECK(o.threads >= 1, "--threads {}: use at least 1 compute thread per rank", o.threads);
+  EXPAR_CHECK(o.tokens >= 1 && o.model_dim >= 1 && o.hidden_dim >= 1,
+              "--tokens {} --d {} --h {}: every size must be at least 1", o.tokens, o.model_dim,
+              o.hidden_dim);
+  EXPAR_CHECK(o.top_k >= 1 && o.top_k <= o.experts, "--top-k {} must be in [1, --experts {}]", o.top_k,
+              o.experts);
+  EXPAR_CHECK(o.experts % ep == 0,
+              "--experts {} is not divisible by the EP degree {}: choose E a multiple of {}", o.experts, ep,
+              ep);
+  EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
+              o.repeats, o.warmup);
+  const auto known = path_names();
+  for (const auto& p : o.paths)
+    EXPAR_CHECK(p != "agrs-decode" && std::find(known.begin(), known.end(), p) != known.end(),
+                "--paths: unknown path '{}': choose from local, block, rowwise, agrs", p);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  EXPAR_CHECK(o.oversubscribe || static_cast<unsigned>(o.ranks * o.threads) <= cores,
+              "--ranks {} x --threads {} = {} compute threads but this machine has {} cores: timings would "
+              "measure the scheduler; lower --ranks or --threads, or pass --oversubscribe",
+              o.ranks, o.threads, o.ranks * o.threads, cores);
+}
+
+PathsReport measure_paths(const PathsBenchOptions& o) {
+  validate(o);
+  PathsReport report;
+  report.options = o;
+  report.options.ep = ep_of(o);
+  const int ep = report.options.ep;
+  std::mutex mutex;
+  LaunchOptions launch;
+  launch.ranks = o.ranks;
+  launch.compute_threads = o.threads;
+  launch.timeout_seconds = 3600;
+  run_ranks(launch, [&](Comm& world) {
+    const int rank = world.rank();
+    auto ep_group = world.split(rank / ep, rank, "ep");
+    auto solo = world.split(rank, 0, "solo");
+    const Tensor x = input_of(o, rank, 1);
+    const Tensor grad_y = input_of(o, rank, 2);
+    std::vector<PathResult> results;
+    int64_t gemm_rows = 0, copy_rows = 0;
+    for (const auto& path : o.paths) {
+      Comm& group = path == "local" ? *solo : *ep_group;
+      int64_t recv = 0, sent = 0;
+      results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
+      gemm_rows = std::max(gemm_rows, recv);
+      copy_rows = std::max(copy_rows, sent);
+    }
+    Limits limits = measure_limits(world, o, gemm_rows, copy_rows);
+    if (rank == 0) {
+      std::lock_guard lock(mutex);
+      report.results = std::move(results);
+      report.limits = limits;
+    }
+  });
+  return report;
+}
+
+std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
+  validate(o);
+  const int ep = ep_of(o);
+  std::vector<MemoryRow> rows;
+  auto run = [&](const std::string& path, int ranks, const std::string& label) {
+    LaunchOptions launch;
+    launch.ranks = ranks;
+    launch.compute_threads = 1;
+    launch.timeout_seconds = 3600;
+    const auto snapshots = run_ranks_tracked(launch, [&](Comm& world) {
+      MoeLayer layer(config_of(o, path), world, "bench");
+      layer.init_params(o.seed);
+      const Tensor x = input_of(o, world.rank(), 1);
+      const Tensor grad_y = input_of(o, world.rank(), 2);
+      MoeState state;
+      layer.forward(x, state);
+      layer.backward(grad_y, state);
+    });
+    MemoryRow row;
+    row.label = label;
+    row.ranks = ranks;
+    for (const auto& s : snapshots) {
+      for (size_t c = 0; c < kNumMemCategories; ++c) row.peak.peak[c] = std::max(row.peak.peak[c], s.peak[c]);
+      row.peak.total_peak = std::max(row.peak.total_peak, s.total_peak);
+    }
+    rows.push_back(row);
+  };
+  run("local", 1, "no EP (local, all experts)");
+  if (ep > 1)
+    for (const auto& p : o.paths)
+      if (p != "local") run(p, ep, fmt::format("EP{} {}", ep, p));
+  return rows;
+}
+
+}  // namespace expar::cli
