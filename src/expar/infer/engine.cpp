@@ -1,0 +1,338 @@
+#include "expar/infer/engine.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/core/timer.hpp"
+#include "expar/moe/router.hpp"
+#include "expar/nn/attention.hpp"
+#include "expar/nn/embedding.hpp"
+#include "expar/nn/linear.hpp"
+#include "expar/nn/rmsnorm.hpp"
+
+namespace expar::infer {
+
+namespace {
+
+// Rows of member r when `rows` rows are split as evenly as possible over n members (the SP layout).
+int64_t share(int64_t rows, int n, int r) {
+  return rows * (r + 1) / n - rows * r / n;
+}
+
+std::vector<size_t> element_counts(const std::vector<int64_t>& rows, int64_t width) {
+  std::vector<size_t> c(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) c[i] = static_cast<size_t>(rows[i] * width);
+  return c;
+}
+
+std::vector<int64_t> even_rows(int64_t rows, int n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) v[static_cast<size_t>(r)] = share(rows, n, r);
+  return v;
+}
+
+// Concatenates every member's rows [rows[r], width] in member order.
+Tensor gather_rows(Comm& group, const Tensor& mine, const std::vector<int64_t>& rows, int64_t width) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  Tensor out = Tensor::empty({total, width}, DType::F32, MemCategory::CommScratch);
+  const auto counts = element_counts(rows, width);
+  group.all_gather_v(mine.raw(), static_cast<size_t>(mine.numel()), out.raw(), counts, DType::F32);
+  return out;
+}
+
+// Sums every member's [Σ rows, width] and keeps this member's block of rows.
+Tensor reduce_scatter_rows(Comm& group, const Tensor& full, const std::vector<int64_t>& rows, int64_t width) {
+  Tensor out = Tensor::empty({rows[static_cast<size_t>(group.rank())], width});
+  const auto counts = element_counts(rows, width);
+  group.reduce_scatter_v(full.raw(), out.raw(), counts, DType::F32);
+  return out;
+}
+
+// Rows of each member of `group` when every member holds `mine` rows (a collective).
+std::vector<int64_t> rows_of_members(Comm& group, int64_t mine) {
+  std::vector<int64_t> all(static_cast<size_t>(group.size()));
+  group.all_gather(&mine, all.data(), 1, DType::I64);
+  return all;
+}
+
+void add_into(Tensor& acc, const Tensor& b) {
+  float* pa = acc.data<float>();
+  const float* pb = b.data<float>();
+  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
+}
+
+Tensor rmsnorm(const Tensor& x, const Tensor& gain, float eps) {
+  if (x.dim(0) == 0) return Tensor::empty(x.shape());
+  return nn::rmsnorm_forward(x, gain, eps, nullptr);
+}
+
+float silu(float v) {
+  return v / (1.0f + std::exp(-v));
+}
+
+}  // namespace
+
+struct Engine::Sequence {
+  std::vector<nn::KvCache> caches;  // one per layer
+  int64_t capacity = 0;
+  int64_t length() const { return caches.empty() ? 0 : caches[0].length; }
+};
+
+Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights)
+    : layout_(layout),
+      weights_(std::move(weights)),
+      rank_(world.rank()),
+      tp_rank_(layout.rank_info(world.rank()).tp_rank),
+      dp_rank_(layout.rank_info(world.rank()).dp_rank),
+      rope_(weights_.config.head_dim, weights_.config.max_seq, weights_.config.rope_theta) {
+  EXPAR_CHECK(world.size() == layout.world(),
+              "the inference layout needs TP*DP={}*{}={} ranks but the world has {}: start {} ranks",
+              layout.tp(), layout.dp(), layout.world(), world.size(), layout.world());
+  tp_ = world.subgroup(layout.groups(InferenceGroup::Tp), "tp");
+  dp_ = world.subgroup(layout.groups(InferenceGroup::Dp), "dp");
+  global_to_local_.assign(static_cast<size_t>(weights_.config.moe.num_experts), -1);
+  for (size_t l = 0; l < weights_.local_experts.size(); ++l)
+    global_to_local_[static_cast<size_t>(weights_.local_experts[l])] = static_cast<int>(l);
+}
+
+Engine::~Engine() = default;
+
+int Engine::add_sequence(int64_t capacity) {
+  EXPAR_CHECK(capacity >= 1 && capacity <= weights_.config.max_seq,
+              "sequence capacity {} must be in [1, max_seq={}]: shorten the prompt or the generation",
+              capacity, weights_.config.max_seq);
+  auto s = std::make_unique<Sequence>();
+  s->capacity = capacity;
+  for (int l = 0; l < weights_.config.layers; ++l)
+    s->caches.push_back(nn::KvCache::create(capacity, weights_.local_attn));
+  sequences_.push_back(std::move(s));
+  return static_cast<int>(sequences_.size()) - 1;
+}
+
+void Engine::remove_sequence(int id) {
+  EXPAR_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[static_cast<size_t>(id)],
+              "sequence {} does not exist: pass an id returned by add_sequence", id);
+  sequences_[static_cast<size_t>(id)].reset();
+}
+
+int64_t Engine::length(int id) const {
+  EXPAR_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[static_cast<size_t>(id)],
+              "sequence {} does not exist: pass an id returned by add_sequence", id);
+  return sequences_[static_cast<size_t>(id)]->length();
+}
+
+Tensor Engine::prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens) {
+  return step(ids, tokens, true);
+}
+
+Tensor Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens) {
+  EXPAR_CHECK(ids.size() == tokens.size(), "decode got {} tokens for {} sequences: pass one token each",
+              tokens.size(), ids.size());
+  std::vector<std::vector<int32_t>> per(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) per[i] = {tokens[i]};
+  return step(ids, per, false);
+}
+
+Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill) {
+  Timer timer;
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.model_dim;
+  EXPAR_CHECK(ids.size() == tokens.size(), "{} token lists for {} sequences: pass one list per sequence",
+              tokens.size(), ids.size());
+  std::vector<int64_t> new_tokens;
+  std::vector<int32_t> flat;
+  std::vector<std::vector<nn::KvCache*>> caches(static_cast<size_t>(c.layers));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int id = ids[i];
+    EXPAR_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[static_cast<size_t>(id)],
+                "sequence {} does not exist: pass an id returned by add_sequence", id);
+    Sequence& s = *sequences_[static_cast<size_t>(id)];
+    const auto n = static_cast<int64_t>(tokens[i].size());
+    EXPAR_CHECK(s.length() + n <= s.capacity,
+                "sequence {} holds {} tokens and adds {}, beyond its capacity {}: add it with a larger "
+                "capacity",
+                id, s.length(), n, s.capacity);
+    new_tokens.push_back(n);
+    flat.insert(flat.end(), tokens[i].begin(), tokens[i].end());
+    for (int l = 0; l < c.layers; ++l)
+      caches[static_cast<size_t>(l)].push_back(&s.caches[static_cast<size_t>(l)]);
+  }
+  const auto total = static_cast<int64_t>(flat.size());
+  const int tp = tp_->size();
+  // Prefill keeps the residual stream in SP layout: this rank owns rows [row0, row0 + rows).
+  const std::vector<int64_t> sp_rows = even_rows(total, tp);
+  const int64_t row0 = total * tp_rank_ / tp;
+  const int64_t rows = prefill ? sp_rows[static_cast<size_t>(tp_rank_)] : total;
+  const int64_t first = prefill ? row0 : 0;
+
+  Tensor ids_tensor = Tensor::empty({rows}, DType::I32);
+  std::copy(flat.begin() + first, flat.begin() + first + rows, ids_tensor.data<int32_t>());
+  Tensor h = rows > 0 ? nn::embedding_forward(weights_.embed, ids_tensor, nullptr) : Tensor::empty({0, d});
+
+  for (int l = 0; l < c.layers; ++l) {
+    const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
+    Tensor n1 = rmsnorm(h, lw.attn_norm, c.norm_eps);
+    if (prefill) n1 = gather_rows(*tp_, n1, sp_rows, d);
+    Tensor att = total > 0 ? nn::attention_forward_cached(weights_.local_attn, rope_, lw.attn, n1, new_tokens,
+                                                          caches[static_cast<size_t>(l)])
+                           : Tensor::zeros({0, d});
+    // Each rank's attention output is a partial sum over its heads.
+    if (prefill) {
+      att = reduce_scatter_rows(*tp_, att, sp_rows, d);
+    } else {
+      tp_->all_reduce(att.raw(), static_cast<size_t>(att.numel()), DType::F32, ReduceOp::Sum);
+    }
+    add_into(h, att);
+    Tensor n2 = rmsnorm(h, lw.mlp_norm, c.norm_eps);
+    Tensor m = prefill ? moe_prefill(l, n2, total) : moe_decode(l, n2);
+    add_into(h, m);
+  }
+  Tensor hf = rmsnorm(h, weights_.final_norm, c.norm_eps);
+  if (prefill) hf = gather_rows(*tp_, hf, sp_rows, d);
+  Tensor logits = total > 0 ? nn::linear_forward(hf, weights_.lm_head, nullptr, nullptr)
+                            : Tensor::empty({0, static_cast<int64_t>(c.vocab)});
+  (prefill ? stats_.prefill_tokens : stats_.decode_tokens) += total;
+  (prefill ? stats_.prefill_seconds : stats_.decode_seconds) += timer.seconds();
+  return logits;
+}
+
+Tensor Engine::moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows) {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.model_dim, k = c.moe.top_k, width = d + 2 * k, rows = x_sp.dim(0);
+  // Step 1 (seed 002): the router on this rank's SP rows; hidden rows and their routes travel together.
+  Tensor packed = Tensor::empty({rows, width}, DType::F32, MemCategory::CommScratch);
+  if (rows > 0) {
+    RouterState state;
+    RouterOutput r = router_forward(
+        c.moe.router(), x_sp, lw.router,
+        lw.score_bias.defined() && lw.score_bias.numel() > 0 ? &lw.score_bias : nullptr, state);
+    for (int64_t t = 0; t < rows; ++t) {
+      float* p = packed.data<float>() + t * width;
+      std::memcpy(p, x_sp.data<float>() + t * d, sizeof(float) * static_cast<size_t>(d));
+      for (int64_t j = 0; j < k; ++j) {
+        p[d + j] = r.topk_weight.data<float>()[t * k + j];
+        p[d + k + j] = static_cast<float>(r.topk_idx.data<int32_t>()[t * k + j]);  // exact: E < 2^24
+      }
+    }
+  }
+  // Step 2: all-gather over TP (every rank sees the replica's whole sequence), and over DP with cross-DP EP.
+  const std::vector<int64_t> sp_rows = even_rows(total_rows, tp_->size());
+  Tensor all = gather_rows(*tp_, packed, sp_rows, width);
+  std::vector<int64_t> dp_rows;
+  int64_t my_offset = 0;
+  if (layout_.cross_dp_ep()) {
+    dp_rows = rows_of_members(*dp_, total_rows);
+    for (int r = 0; r < dp_->rank(); ++r) my_offset += dp_rows[static_cast<size_t>(r)];
+    all = gather_rows(*dp_, all, dp_rows, width);
+  }
+  // Steps 3-5: local experts on every gathered token; tokens routed elsewhere contribute zero.
+  const int64_t n = all.dim(0);
+  Tensor x = Tensor::empty({n, d});
+  std::vector<int32_t> idx(static_cast<size_t>(n * k));
+  std::vector<float> weight(static_cast<size_t>(n * k));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* p = all.data<float>() + t * width;
+    std::memcpy(x.data<float>() + t * d, p, sizeof(float) * static_cast<size_t>(d));
+    for (int64_t j = 0; j < k; ++j) {
+      weight[static_cast<size_t>(t * k + j)] = p[d + j];
+      idx[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(p[d + k + j]);
+    }
+  }
+  Tensor out = Tensor::zeros({n, d});
+  local_experts(layer, x, idx.data(), weight.data(), out);
+  // Step 6: reduce-scatter over DP (cross-DP EP), then over TP back to SP. The shared expert's TP partial
+  // sums for this replica's tokens join the TP reduce-scatter.
+  if (layout_.cross_dp_ep()) out = reduce_scatter_rows(*dp_, out, dp_rows, d);
+  shared_expert(layer, x.rows(my_offset, my_offset + total_rows), out.data<float>());
+  return reduce_scatter_rows(*tp_, out, sp_rows, d);
+}
+
+Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.model_dim, mine = x_mine.dim(0);
+  Tensor x = x_mine;
+  std::vector<int64_t> dp_rows;
+  int64_t my_offset = 0;
+  // Step 1 (cross-DP EP): all-gather over DP, so each rank sees both replicas' tokens.
+  if (layout_.cross_dp_ep()) {
+    dp_rows = rows_of_members(*dp_, mine);
+    for (int r = 0; r < dp_->rank(); ++r) my_offset += dp_rows[static_cast<size_t>(r)];
+    x = gather_rows(*dp_, x_mine, dp_rows, d);
+  }
+  // Step 2: router + local experts on every token (the router is replicated, so every rank routes alike).
+  const int64_t n = x.dim(0);
+  Tensor out = Tensor::zeros({n, d});
+  if (n > 0) {
+    RouterState state;
+    RouterOutput r = router_forward(
+        c.moe.router(), x, lw.router,
+        lw.score_bias.defined() && lw.score_bias.numel() > 0 ? &lw.score_bias : nullptr, state);
+    local_experts(layer, x, r.topk_idx.data<int32_t>(), r.topk_weight.data<float>(), out);
+  }
+  shared_expert(layer, x_mine, out.data<float>() + my_offset * d);
+  // Step 3: all-reduce over TP; step 4 (cross-DP EP): reduce-scatter over DP.
+  tp_->all_reduce(out.raw(), static_cast<size_t>(out.numel()), DType::F32, ReduceOp::Sum);
+  if (layout_.cross_dp_ep()) out = reduce_scatter_rows(*dp_, out, dp_rows, d);
+  return out;
+}
+
+void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,
+                           Tensor& out) const {
+  const ExpertWeights& w = weights_.layers[static_cast<size_t>(layer)].experts;
+  const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k, h = w.hidden();
+  const int64_t el = w.local_count();
+  // Tokens of each local expert, with their weights, in token order.
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(el));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = idx[t * k + j];
+      EXPAR_CHECK(e >= 0 && e < static_cast<int32_t>(global_to_local_.size()), "routed to expert {} of {}", e,
+                  global_to_local_.size());
+      const int l = global_to_local_[static_cast<size_t>(e)];
+      if (l >= 0) routed[static_cast<size_t>(l)].emplace_back(t, weight[t * k + j]);
+    }
+  for (int64_t l = 0; l < el; ++l) {
+    const auto& rt = routed[static_cast<size_t>(l)];
+    const auto m = static_cast<int64_t>(rt.size());
+    if (m == 0 || h == 0) continue;
+    Tensor xe = Tensor::empty({m, d}), g = Tensor::empty({m, h}), u = Tensor::empty({m, h}),
+           y = Tensor::empty({m, d});
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(xe.data<float>() + i * d, x.data<float>() + rt[static_cast<size_t>(i)].first * d,
+                  sizeof(float) * static_cast<size_t>(d));
+    const float* w1 = w.w1.data<float>() + l * h * d;
+    const float* w3 = w.w3.data<float>() + l * h * d;
+    const float* w2 = w.w2.data<float>() + l * d * h;
+    matmul(xe.data<float>(), w1, g.data<float>(), m, h, d, false, true, false);
+    matmul(xe.data<float>(), w3, u.data<float>(), m, h, d, false, true, false);
+    float* pg = g.data<float>();
+    const float* pu = u.data<float>();
+    for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
+    matmul(pg, w2, y.data<float>(), m, d, h, false, true, false);
+    for (int64_t i = 0; i < m; ++i) {
+      const auto [t, wt] = rt[static_cast<size_t>(i)];
+      float* o = out.data<float>() + t * d;
+      const float* py = y.data<float>() + i * d;
+      for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
+    }
+  }
+}
+
+void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  if (!lw.shared_w1.defined() || lw.shared_w1.numel() == 0 || x.dim(0) == 0) return;
+  const int64_t m = x.dim(0), d = x.dim(1), h = lw.shared_w1.dim(0);
+  Tensor g = Tensor::empty({m, h}), u = Tensor::empty({m, h});
+  matmul(x.data<float>(), lw.shared_w1.data<float>(), g.data<float>(), m, h, d, false, true, false);
+  matmul(x.data<float>(), lw.shared_w3.data<float>(), u.data<float>(), m, h, d, false, true, false);
+  float* pg = g.data<float>();
+  for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * u.data<float>()[i];
+  matmul(pg, lw.shared_w2.data<float>(), out, m, d, h, false, true, true);  // accumulate into out
+}
+
+}  // namespace expar::infer

@@ -1,0 +1,85 @@
+#pragma once
+// The inference engine (seed 002): one object per rank of a TP x DP world; attention uses TP heads inside a
+// DP replica, MoE layers use expert parallelism over the layout's ep_degree partitions.
+//
+// Collective patterns per MoE layer (T = this replica's new tokens; see docs/inference.md):
+//  prefill  input in sequence-parallel (SP) layout [T/TP, d] (attention ends in a reduce-scatter over TP)
+//           router on the local rows -> all-gather [hidden | affinities] over TP (-> and over DP with
+//           cross-DP EP) -> local experts on every token (zero for tokens routed elsewhere)
+//           -> (reduce-scatter over DP) -> reduce-scatter over TP back to SP.
+//  decode   input [T, d] on every TP rank (attention ends in an all-reduce over TP)
+//           (all-gather over DP) -> router + local experts on every token -> all-reduce over TP
+//           (-> reduce-scatter over DP).
+// One sum over the TP group adds both the EP contributions (other experts) and the TP partial products
+// (other intermediate shards) — seed 002, "Why a Single All-Reduce Works". The shared expert is TP-sharded
+// and its partial sums ride in the same collective.
+//
+// Every rank of the world calls prefill/decode together, in the same phase; ranks of one DP replica pass
+// the same sequences and tokens. A replica with nothing to do passes no sequences: it runs a dummy step
+// with zero tokens that still takes part in every collective (seed 002's DP padding), so its peers never
+// wait.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "expar/comm/comm.hpp"
+#include "expar/infer/rank_weights.hpp"
+#include "expar/nn/rope.hpp"
+#include "expar/topo/inference_layout.hpp"
+
+namespace expar::infer {
+
+struct EngineStats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;  // this replica's tokens
+  double prefill_seconds = 0.0, decode_seconds = 0.0;
+};
+
+class Engine {
+ public:
+  // world: the TP*DP ranks of `layout` (collective: builds the TP and DP groups). weights: this rank's
+  // (load_rank_weights with the same layout and world rank).
+  Engine(const InferenceLayout& layout, Comm& world, RankWeights weights);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const RankWeights& weights() const { return weights_; }
+  int dp_rank() const { return dp_rank_; }
+  // A new sequence with room for `capacity` tokens (at most the model's max_seq); returns its id.
+  // Local: every rank of the replica must add the same sequences in the same order.
+  int add_sequence(int64_t capacity);
+  void remove_sequence(int id);
+  int64_t length(int id) const;
+
+  // Runs tokens[i] (one or more) of sequence ids[i] through the model; returns the logits [Σ tokens, V] of
+  // every new token, in order, on every rank of the replica. Collective over the world.
+  Tensor prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens);
+  // One new token per sequence; returns logits [ids.size(), V]. Collective over the world.
+  Tensor decode(std::span<const int> ids, std::span<const int32_t> tokens);
+
+  const EngineStats& stats() const { return stats_; }
+  // The collective groups (tests count calls on them).
+  Comm& tp_group() { return *tp_; }
+  Comm& dp_group() { return *dp_; }
+
+ private:
+  struct Sequence;
+  Tensor step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill);
+  Tensor moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows);
+  Tensor moe_decode(int layer, const Tensor& x);
+  // Adds this rank's expert contribution for tokens x [N, d] routed by (idx, weight) [N, K] into out.
+  void local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight, Tensor& out) const;
+  void shared_expert(int layer, const Tensor& x, float* out) const;
+
+  InferenceLayout layout_;
+  RankWeights weights_;
+  std::shared_ptr<Comm> tp_, dp_;
+  int rank_, tp_rank_, dp_rank_;
+  nn::Rope rope_;
+  std::vector<int> global_to_local_;  // [E] local index of each expert here, -1 elsewhere
+  std::vector<std::unique_ptr<Sequence>> sequences_;
+  EngineStats stats_;
+};
+
+}  // namespace expar::infer

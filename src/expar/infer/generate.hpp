@@ -1,0 +1,42 @@
+#pragma once
+// Greedy decoding on the engine, and the one-call library entry point behind `expar generate`.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "expar/infer/engine.hpp"
+#include "expar/topo/placement.hpp"
+
+namespace expar::infer {
+
+// Greedy decoding of one sequence per DP replica (collective over the world): prefill `prompt`, then
+// `max_new` decode steps, each feeding back the arg-max token (ties to the lower id). A replica with an empty
+// prompt is idle: it runs zero-token steps (DP padding) while its peers decode. Returns the new tokens.
+std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>& prompt, int max_new);
+
+// Index of the largest value of row `row` of logits [N, V] (ties to the lower index).
+int32_t argmax_row(const Tensor& logits, int64_t row);
+
+struct GenerateOptions {
+  int tp = 1;
+  int dp = 1;
+  bool enable_expert_parallel = false;
+  std::optional<int> ep_degree;  // unset: TP*DP with EP
+  PlacementKind placement = PlacementKind::Contiguous;
+  int compute_threads = 1;  // oneDNN threads per rank
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // the generated tokens (DP replica 0's)
+  double prefill_tokens_per_s = 0.0;
+  double decode_tokens_per_s = 0.0;
+};
+
+// Starts TP*DP ranks (threads), loads `checkpoint_dir` (ours: manifest.json; Hugging Face Mixtral:
+// config.json + model.safetensors[.index.json]), and greedily generates `max_new` tokens after `prompt` on
+// DP replica 0 (other replicas run the DP-padding dummy steps).
+GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint_dir,
+                        const std::vector<int32_t>& prompt, int max_new);
+
+}  // namespace expar::infer

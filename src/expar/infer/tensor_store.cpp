@@ -1,0 +1,181 @@
+#include "expar/infer/tensor_store.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "expar/core/convert.hpp"
+#include "expar/core/error.hpp"
+#include "expar/io/safetensors_file.hpp"
+#include "expar/io/sharded_checkpoint.hpp"
+
+namespace expar::infer {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+Tensor TensorStore::view(const std::string& name) const {
+  const TensorInfo& i = info(name);
+  const int64_t rows = i.shape.empty() ? 1 : i.shape[0];
+  if (i.shape.empty()) return view_rows(name, 0, rows).reshape(i.shape);
+  return view_rows(name, 0, rows);
+}
+
+Tensor to_f32(const Tensor& t, MemCategory category) {
+  Tensor out = Tensor::empty(t.shape(), DType::F32, category);
+  float* o = out.data<float>();
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::F32:
+      std::memcpy(o, t.raw(), sizeof(float) * static_cast<size_t>(n));
+      break;
+    case DType::BF16: {
+      const auto* p = static_cast<const uint16_t*>(t.raw());
+      for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::F16: {
+      const auto* p = static_cast<const uint16_t*>(t.raw());
+      for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      fail("a weight of dtype {} cannot be loaded: inference loads F32, BF16 or F16 weights",
+           dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+ModelConfig model_config_from_manifest(const fs::path& dir) {
+  std::ifstream in(dir / "manifest.json");
+  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
+              dir.string());
+  json j = json::parse(in);
+  const json& m = j.at("model");
+  ModelConfig c;
+  c.model_dim = m.at("model_dim");
+  c.layers = m.at("layers");
+  c.heads = m.at("heads");
+  c.kv_heads = m.at("kv_heads");
+  c.head_dim = m.at("head_dim");
+  c.max_seq = m.at("max_seq");
+  c.shared_expert_hidden = m.at("shared_expert_hidden");
+  c.norm_eps = m.at("norm_eps");
+  c.rope_theta = m.at("rope_theta");
+  c.moe.model_dim = c.model_dim;
+  c.moe.num_experts = m.at("num_experts");
+  c.moe.top_k = m.at("top_k");
+  c.moe.hidden_dim = m.at("expert_hidden");
+  c.moe.score = score_function_from_name(m.at("score").get<std::string>());
+  c.moe.renormalize = m.at("renormalize");
+  return c;
+}
+
+// ---- ExparCheckpointStore ----
+
+struct ExparCheckpointStore::State {
+  fs::path dir;
+  std::string dense_file;
+  std::map<std::string, std::string> file_of_tensor;  // expert tensors only; the rest live in dense
+  mutable std::mutex mutex;
+  mutable std::map<std::string, SafetensorsFile> files;
+
+  const SafetensorsFile& file(const std::string& name) const {
+    std::lock_guard lock(mutex);
+    auto it = files.find(name);
+    if (it == files.end()) it = files.emplace(name, SafetensorsFile::open(dir / name)).first;
+    return it->second;
+  }
+  // "layers.L.moe.experts.E.w1" -> the expert file of E; anything else -> dense.
+  const SafetensorsFile& file_for(const std::string& tensor) const {
+    auto it = file_of_tensor.find(tensor);
+    return file(it == file_of_tensor.end() ? dense_file : it->second);
+  }
+};
+
+std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path& dir) {
+  ModelConfig model = model_config_from_manifest(dir);
+  std::ifstream in(dir / "manifest.json");
+  json j = json::parse(in);
+  auto state = std::make_unique<State>();
+  state->dir = dir;
+  state->dense_file = j.at("dense_file").get<std::string>();
+  // Expert tensor names are known from the config, so the map is built without opening any expert file.
+  for (auto& [file, ids] : j.at("expert_files").items())
+    for (int e : ids)
+      for (int l = 0; l < model.layers; ++l)
+        for (const char* w : {"w1", "w2", "w3"})
+          state->file_of_tensor["layers." + std::to_string(l) + ".moe.experts." + std::to_string(e) + "." +
+                                w] = file;
+  return std::unique_ptr<ExparCheckpointStore>(new ExparCheckpointStore(std::move(state), std::move(model)));
+}
+
+ExparCheckpointStore::ExparCheckpointStore(std::unique_ptr<State> state, ModelConfig model)
+    : state_(std::move(state)), model_(std::move(model)) {}
+ExparCheckpointStore::~ExparCheckpointStore() = default;
+
+std::string ExparCheckpointStore::label() const {
+  return state_->dir.string();
+}
+
+bool ExparCheckpointStore::contains(const std::string& name) const {
+  return state_->file_for(name).contains(name);
+}
+
+const TensorInfo& ExparCheckpointStore::info(const std::string& name) const {
+  const SafetensorsFile& f = state_->file_for(name);
+  EXPAR_CHECK(f.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label(), name, f.label());
+  return f.info(name);
+}
+
+Tensor ExparCheckpointStore::view_rows(const std::string& name, int64_t begin, int64_t end) const {
+  info(name);
+  return state_->file_for(name).view_rows(name, begin, end);
+}
+
+size_t ExparCheckpointStore::files_opened() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->files.size();
+}
+
+// ---- ShardedStore ----
+
+struct ShardedStore::State {
+  fs::path dir;
+  ShardedCheckpoint checkpoint;
+};
+
+std::unique_ptr<ShardedStore> ShardedStore::open(const fs::path& dir) {
+  auto state = std::unique_ptr<State>(new State{dir, ShardedCheckpoint::open_directory(dir)});
+  return std::unique_ptr<ShardedStore>(new ShardedStore(std::move(state)));
+}
+
+ShardedStore::ShardedStore(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ShardedStore::~ShardedStore() = default;
+
+std::string ShardedStore::label() const {
+  return state_->dir.string();
+}
+
+bool ShardedStore::contains(const std::string& name) const {
+  return state_->checkpoint.contains(name);
+}
+
+const TensorInfo& ShardedStore::info(const std::string& name) const {
+  EXPAR_CHECK(contains(name), "checkpoint '{}' has no tensor '{}': is it a checkpoint of this architecture?",
+              label(), name);
+  return state_->checkpoint.info(name);
+}
+
+Tensor ShardedStore::view_rows(const std::string& name, int64_t begin, int64_t end) const {
+  info(name);
+  return state_->checkpoint.view_rows(name, begin, end);
+}
+
+size_t ShardedStore::shards_opened() const {
+  return state_->checkpoint.shards_opened();
+}
+
+}  // namespace expar::infer

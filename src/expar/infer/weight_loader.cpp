@@ -1,0 +1,153 @@
+#include "expar/infer/weight_loader.hpp"
+
+#include <cstring>
+
+#include "expar/core/convert.hpp"
+#include "expar/core/error.hpp"
+
+namespace expar::infer {
+
+namespace {
+
+// Element (r, c) of a 2-D view as f32 (F32, BF16 or F16).
+class F32Reader {
+ public:
+  explicit F32Reader(const Tensor& t) : t_(t), cols_(t.dim(1)) {}
+  float at(int64_t r, int64_t c) const {
+    const int64_t i = r * cols_ + c;
+    switch (t_.dtype()) {
+      case DType::F32:
+        return static_cast<const float*>(t_.raw())[i];
+      case DType::BF16:
+        return bf16_to_f32(static_cast<const uint16_t*>(t_.raw())[i]);
+      case DType::F16:
+        return f16_to_f32(static_cast<const uint16_t*>(t_.raw())[i]);
+      default:
+        fail("a weight of dtype {} cannot be loaded: inference loads F32, BF16 or F16 weights",
+             dtype_name(t_.dtype()));
+    }
+  }
+
+ private:
+  const Tensor& t_;
+  int64_t cols_;
+};
+
+void check_matrix(const Tensor& t, int expert) {
+  EXPAR_CHECK(t.ndim() == 2, "expert {}'s weight has shape {}: an expert matrix must be 2-D", expert,
+              shape_string(t.shape()));
+}
+
+}  // namespace
+
+ExpertView per_expert_view(const TensorStore& store, std::function<std::string(int)> name) {
+  return [&store, name = std::move(name)](int e) { return store.view(name(e)); };
+}
+
+ExpertView stacked_expert_view(const TensorStore& store, std::string name) {
+  return [&store, name = std::move(name)](int e) {
+    const TensorInfo& info = store.info(name);
+    EXPAR_CHECK(info.shape.size() == 3 && e >= 0 && e < info.shape[0],
+                "stacked expert tensor '{}' has shape {}: expected [E, a, b] with expert {} < E", name,
+                shape_string(info.shape), e);
+    return store.view_rows(name, e, e + 1).reshape({info.shape[1], info.shape[2]});
+  };
+}
+
+ExpertLoader identity_loader(ExpertView view) {
+  return [view = std::move(view)](int e) {
+    Tensor v = view(e);
+    check_matrix(v, e);
+    return to_f32(v, MemCategory::ExpertWeights);
+  };
+}
+
+ExpertLoader rows_loader(ExpertView view, int64_t begin, int64_t end, bool transpose) {
+  return [view = std::move(view), begin, end, transpose](int e) {
+    Tensor v = view(e);
+    check_matrix(v, e);
+    EXPAR_CHECK(0 <= begin && begin <= end && end <= v.dim(0),
+                "expert {}: rows [{}, {}) are outside its {} rows: the intermediate shard does not fit", e,
+                begin, end, v.dim(0));
+    const int64_t n = end - begin, cols = v.dim(1);
+    if (!transpose) return to_f32(v.rows(begin, end), MemCategory::ExpertWeights);
+    Tensor out = Tensor::empty({cols, n}, DType::F32, MemCategory::ExpertWeights);
+    F32Reader r(v);
+    float* o = out.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < cols; ++c) o[c * n + i] = r.at(begin + i, c);
+    return out;
+  };
+}
+
+ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t stride, int64_t offset,
+                            bool transpose) {
+  return [view = std::move(view), begin, end, stride, offset, transpose](int e) {
+    Tensor v = view(e);
+    check_matrix(v, e);
+    const int64_t rows = v.dim(0), n = end - begin;
+    EXPAR_CHECK(stride >= 1 && offset >= 0 && 0 <= begin && begin <= end &&
+                    (n == 0 || offset + stride * (end - 1) < v.dim(1)),
+                "expert {}: columns {}+{}*[{}, {}) are outside its {} columns: the intermediate shard does "
+                "not fit",
+                e, offset, stride, begin, end, v.dim(1));
+    Tensor out =
+        Tensor::empty(transpose ? Shape{n, rows} : Shape{rows, n}, DType::F32, MemCategory::ExpertWeights);
+    F32Reader r(v);
+    float* o = out.data<float>();
+    for (int64_t a = 0; a < rows; ++a)
+      for (int64_t j = 0; j < n; ++j) {
+        const float x = r.at(a, offset + stride * (begin + j));
+        if (transpose)
+          o[j * rows + a] = x;
+        else
+          o[a * n + j] = x;
+      }
+    return out;
+  };
+}
+
+Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base) {
+  Tensor out;
+  int64_t per = 0;
+  for (size_t l = 0; l < local_experts.size(); ++l) {
+    Tensor piece = base(local_experts[l]);
+    if (l == 0) {
+      Shape s{static_cast<int64_t>(local_experts.size())};
+      s.insert(s.end(), piece.shape().begin(), piece.shape().end());
+      out = Tensor::empty(s, DType::F32, MemCategory::ExpertWeights);
+      per = piece.numel();
+    }
+    EXPAR_CHECK(piece.numel() == per && Shape(out.shape().begin() + 1, out.shape().end()) == piece.shape(),
+                "expert {} loads as {} but expert {} loaded as {}: every expert must have the same shape",
+                local_experts[l], shape_string(piece.shape()), local_experts[0],
+                shape_string(Shape(out.shape().begin() + 1, out.shape().end())));
+    std::memcpy(out.data<float>() + static_cast<int64_t>(l) * per, piece.data<float>(),
+                sizeof(float) * static_cast<size_t>(per));
+  }
+  return out;
+}
+
+Tensor load_dense(const TensorStore& store, const std::string& name) {
+  return to_f32(store.view(name), MemCategory::DenseWeights);
+}
+
+Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  return to_f32(store.view_rows(name, begin, end), MemCategory::DenseWeights);
+}
+
+Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  Tensor v = store.view(name);
+  EXPAR_CHECK(v.ndim() == 2 && 0 <= begin && begin <= end && end <= v.dim(1),
+              "tensor '{}' has shape {}: cannot take columns [{}, {})", name, shape_string(v.shape()), begin,
+              end);
+  const int64_t rows = v.dim(0), n = end - begin;
+  Tensor out = Tensor::empty({rows, n}, DType::F32, MemCategory::DenseWeights);
+  F32Reader r(v);
+  float* o = out.data<float>();
+  for (int64_t a = 0; a < rows; ++a)
+    for (int64_t j = 0; j < n; ++j) o[a * n + j] = r.at(a, begin + j);
+  return out;
+}
+
+}  // namespace expar::infer

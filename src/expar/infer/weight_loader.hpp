@@ -1,0 +1,46 @@
+#pragma once
+// Expert-parallel weight loading (seed 002, "Weight Loading"): a base loader produces this rank's piece of
+// ONE expert's matrix (whole, or TP-sharded on the intermediate dimension: gate/up rows, down columns), and
+// expert_parallel_weight_loader wraps it to keep only this rank's experts, stacked [E_L, ...]. Base loaders
+// copy from zero-copy views of the mapped files, so only the bytes of the rank's experts (and, for a row
+// shard, only the shard's rows) are read.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "expar/core/memory.hpp"
+#include "expar/core/tensor.hpp"
+#include "expar/infer/tensor_store.hpp"
+
+namespace expar::infer {
+
+// A zero-copy 2-D view of global expert e's matrix, in the file's dtype.
+using ExpertView = std::function<Tensor(int expert)>;
+// Checkpoints with one tensor per expert (ours, Mixtral, Qwen-MoE): name(e) must be 2-D.
+ExpertView per_expert_view(const TensorStore& store, std::function<std::string(int)> name);
+// Checkpoints with all experts stacked in one tensor [E, a, b] (gpt-oss): expert e is rows [e, e+1).
+ExpertView stacked_expert_view(const TensorStore& store, std::string name);
+
+// This rank's f32 piece of one expert's matrix.
+using ExpertLoader = std::function<Tensor(int expert)>;
+// The whole matrix.
+ExpertLoader identity_loader(ExpertView view);
+// Rows [begin, end) of [a, b]: the gate/up (w1/w3 [h, d]) intermediate shard; transpose gives [b, n].
+ExpertLoader rows_loader(ExpertView view, int64_t begin, int64_t end, bool transpose = false);
+// Columns offset + stride·j for j in [begin, end) of [a, b]: the down (w2 [d, h]) intermediate shard; stride
+// 2 with offset 0/1 picks gpt-oss's interleaved gate/up columns; transpose gives [n, a].
+ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t stride = 1,
+                            int64_t offset = 0, bool transpose = false);
+
+// Stacks base(e) for every e of local_experts (in that order): [E_L, ...base shape], charged to
+// MemCategory::ExpertWeights. Every piece must have the same shape.
+Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base);
+
+// Dense helpers: f32 copies of a whole tensor, of rows [begin, end) of the first dimension, or of columns
+// [begin, end) of a 2-D tensor.
+Tensor load_dense(const TensorStore& store, const std::string& name);
+Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+
+}  // namespace expar::infer

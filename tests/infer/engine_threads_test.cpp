@@ -1,0 +1,273 @@
+// The inference engine against the single-rank reference (MoeTransformer::logits with path "local"):
+// every layout of TP 1..4 x {no EP, full EP, variable EP} x DP {1, 2}, contiguous and round-robin placement,
+// gives the reference's prefill and decode logits within 1e-5 relative and the same greedy tokens; a DP
+// replica with no tokens runs the dummy step while its peer decodes; the collective pattern of each phase
+// is the one seed 002 lists.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "expar/infer/engine.hpp"
+#include "expar/infer/generate.hpp"
+#include "infer_test_util.hpp"
+
+namespace expar::infer {
+namespace {
+
+using namespace testing;
+
+constexpr int kReplicas = 2, kSeqsPerReplica = 2, kDecodeSteps = 4;
+
+struct Reference {
+  fs::path dir;
+  ModelConfig config;
+  // [replica][sequence]
+  std::vector<std::vector<std::vector<int32_t>>> prompts;
+  std::vector<std::vector<Tensor>> prefill_logits;              // [prompt len, V]
+  std::vector<std::vector<std::vector<int32_t>>> greedy;        // kDecodeSteps + 1 tokens
+  std::vector<std::vector<std::vector<Tensor>>> decode_logits;  // logits [1, V] after feeding greedy[i]
+};
+
+Tensor last_row(const Tensor& logits) {
+  return logits.rows(logits.dim(0) - 1, logits.dim(0)).clone();
+}
+
+const Reference& reference() {
+  static Reference ref = [] {
+    Reference r;
+    r.dir = temp_dir("engine");
+    r.config = test_config();
+    r.prompts = {{random_tokens(1, 7), random_tokens(2, 4)}, {random_tokens(3, 5), random_tokens(4, 9)}};
+    run_ranks(1, [&](Comm& world) {
+      auto group = world.split(0, 0, "ep");
+      MoeTransformer model(r.config, *group);
+      model.init(11);
+      write_expar_checkpoint(r.dir, model, 4);
+      for (int rep = 0; rep < kReplicas; ++rep) {
+        r.prefill_logits.emplace_back();
+        r.greedy.emplace_back();
+        r.decode_logits.emplace_back();
+        for (int s = 0; s < kSeqsPerReplica; ++s) {
+          std::vector<int32_t> seq = r.prompts[rep][s];
+          Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size())).clone();
+          r.prefill_logits[rep].push_back(logits);
+          std::vector<int32_t> greedy;
+          std::vector<Tensor> steps;
+          for (int i = 0; i <= kDecodeSteps; ++i) {
+            greedy.push_back(argmax_row(logits, logits.dim(0) - 1));
+            if (i == kDecodeSteps) break;
+            seq.push_back(greedy.back());
+            logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
+            steps.push_back(last_row(logits));
+          }
+          r.greedy[rep].push_back(greedy);
+          r.decode_logits[rep].push_back(steps);
+        }
+      }
+    });
+    return r;
+  }();
+  return ref;
+}
+
+struct LayoutCase {
+  int tp, dp;
+  bool ep;
+  std::optional<int> ep_degree;
+  PlacementKind placement = PlacementKind::Contiguous;
+};
+
+std::string case_name(const ::testing::TestParamInfo<LayoutCase>& info) {
+  const LayoutCase& c = info.param;
+  std::string mode = !c.ep ? "noEP" : c.ep_degree ? "EP" + std::to_string(*c.ep_degree) : "fullEP";
+  return "TP" + std::to_string(c.tp) + "_DP" + std::to_string(c.dp) + "_" + mode +
+         (c.placement == PlacementKind::RoundRobin ? "_rr" : "");
+}
+
+InferenceLayout make_layout(const LayoutCase& c, int num_experts) {
+  InferenceConfig ic;
+  ic.tp = c.tp;
+  ic.dp = c.dp;
+  ic.enable_expert_parallel = c.ep;
+  ic.ep_degree = c.ep_degree;
+  ic.num_experts = num_experts;
+  ic.placement = c.placement;
+  return InferenceLayout(ic);
+}
+
+class EngineLayouts : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(EngineLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
+  const Reference& ref = reference();
+  const InferenceLayout layout = make_layout(GetParam(), ref.config.moe.num_experts);
+  run_ranks(layout.world(), [&](Comm& world) {
+    auto store = ExparCheckpointStore::open(ref.dir);
+    Engine engine(layout, world,
+                  load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+    // A rank maps only the expert files holding its experts (4 files of 6 experts each).
+    std::set<int> files;
+    for (int e : engine.weights().local_experts) files.insert(e / 6);
+    EXPECT_EQ(store->files_opened(), 1 + files.size()) << "rank " << world.rank();
+    const int rep = engine.dp_rank();
+    std::vector<int> ids;
+    for (int s = 0; s < kSeqsPerReplica; ++s) ids.push_back(engine.add_sequence(ref.config.max_seq));
+    Tensor logits = engine.prefill(ids, ref.prompts[rep]);
+    int64_t row = 0;
+    for (int s = 0; s < kSeqsPerReplica; ++s) {
+      const Tensor& want = ref.prefill_logits[rep][s];
+      EXPECT_TRUE(close(logits.rows(row, row + want.dim(0)), want))
+          << "prefill, rank " << world.rank() << " sequence " << s;
+      row += want.dim(0);
+      EXPECT_EQ(argmax_row(logits, row - 1), ref.greedy[rep][s][0]);
+    }
+    for (int i = 0; i < kDecodeSteps; ++i) {
+      std::vector<int32_t> next;
+      for (int s = 0; s < kSeqsPerReplica; ++s) next.push_back(ref.greedy[rep][s][i]);
+      Tensor out = engine.decode(ids, next);
+      ASSERT_EQ(out.dim(0), kSeqsPerReplica);
+      for (int s = 0; s < kSeqsPerReplica; ++s) {
+        EXPECT_TRUE(close(out.rows(s, s + 1), ref.decode_logits[rep][s][i]))
+            << "decode step " << i << ", rank " << world.rank() << " sequence " << s;
+        EXPECT_EQ(argmax_row(out, s), ref.greedy[rep][s][i + 1]) << "greedy token, decode step " << i;
+      }
+    }
+  });
+}
+
+std::vector<LayoutCase> all_layouts() {
+  std::vector<LayoutCase> v;
+  for (int dp = 1; dp <= 2; ++dp)
+    for (int tp = 1; tp <= 4; ++tp) {
+      v.push_back({tp, dp, false, std::nullopt});
+      v.push_back({tp, dp, true, std::nullopt});  // full EP: ep_degree = TP * DP
+    }
+  v.push_back({4, 1, true, 2});  // variable EP: EP_TP {0,1},{2,3}, EP {0,2},{1,3}
+  v.push_back({2, 1, true, 1});  // EP enabled with one partition: experts TP-sharded over the group
+  v.push_back({4, 1, true, std::nullopt, PlacementKind::RoundRobin});
+  v.push_back({4, 1, true, 2, PlacementKind::RoundRobin});
+  v.push_back({2, 2, true, std::nullopt, PlacementKind::RoundRobin});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Infer, EngineLayouts, ::testing::ValuesIn(all_layouts()), case_name);
+
+// Seed 002's DP padding: replica 1 has no request; it runs zero-token steps that take part in every
+// collective, and replica 0 still gets the reference's tokens.
+TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
+  const Reference& ref = reference();
+  const InferenceLayout layout = make_layout({2, 2, true, std::nullopt}, ref.config.moe.num_experts);
+  std::mutex mutex;
+  std::vector<std::vector<int32_t>> got(static_cast<size_t>(layout.world()));
+  run_ranks(layout.world(), [&](Comm& world) {
+    auto store = ExparCheckpointStore::open(ref.dir);
+    Engine engine(layout, world,
+                  load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+    const bool serving = engine.dp_rank() == 0;
+    auto tokens =
+        greedy_generate(engine, serving ? ref.prompts[0][0] : std::vector<int32_t>{}, kDecodeSteps + 1);
+    std::lock_guard lock(mutex);
+    got[static_cast<size_t>(world.rank())] = tokens;
+    EXPECT_EQ(engine.stats().decode_tokens, serving ? kDecodeSteps : 0);
+  });
+  for (int r = 0; r < layout.world(); ++r)
+    EXPECT_EQ(got[static_cast<size_t>(r)], r < 2 ? ref.greedy[0][0] : std::vector<int32_t>{}) << "rank " << r;
+}
+
+// The collectives of each phase (seed 002's step lists), counted on the TP and DP groups.
+TEST(Engine, CollectivePatternPerPhase) {
+  const Reference& ref = reference();
+  const int layers = ref.config.layers;
+  for (const LayoutCase& c : {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt}}) {
+    const InferenceLayout layout = make_layout(c, ref.config.moe.num_experts);
+    run_ranks(layout.world(), [&](Comm& world) {
+      auto store = ExparCheckpointStore::open(ref.dir);
+      Engine engine(layout, world,
+                    load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+      const int id = engine.add_sequence(16);
+      const bool cross = c.dp > 1;
+      engine.tp_group().reset_stats();
+      engine.dp_group().reset_stats();
+      engine.prefill(std::vector<int>{id}, {ref.prompts[engine.dp_rank()][0]});
+      // Per layer: attention all-gather + reduce-scatter over TP; MoE all-gather + reduce-scatter over TP;
+      // plus the final all-gather. Cross-DP EP adds a count exchange, an all-gather and a reduce-scatter
+      // over DP per layer.
+      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 2 * layers + 1);
+      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 2 * layers);
+      EXPECT_EQ(engine.tp_group().stats().all_reduce, 0);
+      EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
+      EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);
+      engine.tp_group().reset_stats();
+      engine.dp_group().reset_stats();
+      engine.decode(std::vector<int>{id}, std::vector<int32_t>{1});
+      // Decode: attention all-reduce and one MoE all-reduce over TP per layer, no SP.
+      EXPECT_EQ(engine.tp_group().stats().all_reduce, 2 * layers);
+      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 0);
+      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 0);
+      EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
+      EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);
+    });
+  }
+}
+
+// Grouped key/value heads with TP above the key/value head count: each rank keeps the one key/value head its
+// query heads use.
+TEST(Engine, ReplicatesKeyValueHeadsWhenTpExceedsThem) {
+  const fs::path dir = temp_dir("gqa");
+  ModelConfig config = test_config();
+  config.heads = 8;
+  config.kv_heads = 2;
+  std::vector<int32_t> prompt = random_tokens(9, 6);
+  Tensor want;
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(config, *group);
+    model.init(3);
+    write_expar_checkpoint(dir, model, 1);
+    want = model.logits(prompt, 1, 6).clone();
+  });
+  const InferenceLayout layout = make_layout({4, 1, true, std::nullopt}, config.moe.num_experts);
+  run_ranks(4, [&](Comm& world) {
+    auto store = ExparCheckpointStore::open(dir);
+    RankWeights w = load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank());
+    EXPECT_EQ(w.local_attn.n_heads, 2);
+    EXPECT_EQ(w.local_attn.n_kv_heads, 1);
+    Engine engine(layout, world, std::move(w));
+    const int id = engine.add_sequence(8);
+    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), want));
+  });
+  fs::remove_all(dir);
+}
+
+TEST(Engine, GenerateLoadsTheCheckpointAndMatchesTheReference) {
+  const Reference& ref = reference();
+  GenerateOptions o;
+  o.tp = 2;
+  o.dp = 2;
+  o.enable_expert_parallel = true;
+  GenerateResult r = generate(o, ref.dir.string(), ref.prompts[0][1], kDecodeSteps + 1);
+  EXPECT_EQ(r.tokens, ref.greedy[0][1]);
+  EXPECT_GT(r.prefill_tokens_per_s, 0.0);
+  EXPECT_GT(r.decode_tokens_per_s, 0.0);
+}
+
+TEST(Engine, RejectsALayoutThatDoesNotFitTheModel) {
+  const Reference& ref = reference();
+  auto store = ExparCheckpointStore::open(ref.dir);
+  InferenceConfig ic;
+  ic.tp = 4;
+  ic.num_experts = 16;  // the model has 24
+  EXPECT_THROW(load_rank_weights(*store, expar_weight_names(), store->model(), InferenceLayout(ic), 0),
+               Error);
+  ModelConfig c = store->model();
+  c.heads = 10;  // not divisible by TP = 4
+  ic.num_experts = 24;
+  try {
+    load_rank_weights(*store, expar_weight_names(), c, InferenceLayout(ic), 0);
+    FAIL() << "heads=10 with TP=4 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads=10"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace expar::infer

@@ -1,0 +1,135 @@
+#pragma once
+// Helpers for the inference tests: a small random MoE transformer written as an expar checkpoint (the
+// trainer's format: dense.safetensors, experts-<m>.safetensors, manifest.json) and single-rank references.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "expar/comm/launcher.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/io/safetensors_writer.hpp"
+#include "expar/model/moe_transformer.hpp"
+
+namespace expar::infer::testing {
+
+namespace fs = std::filesystem;
+
+// Heads divisible by TP 1..4, experts by every full-EP degree of TP 1..4 x DP 1..2, intermediate by every
+// EP_TP size.
+inline ModelConfig test_config() {
+  ModelConfig c = ModelConfig::preset("tiny");
+  c.model_dim = 48;
+  c.layers = 2;
+  c.heads = 12;
+  c.kv_heads = 12;
+  c.head_dim = 8;
+  c.max_seq = 32;
+  c.shared_expert_hidden = 12;
+  c.moe.num_experts = 24;
+  c.moe.top_k = 3;
+  c.moe.hidden_dim = 12;
+  c.moe.renormalize = true;
+  c.moe.aux_loss_coef = 0.0;
+  c.moe.z_loss_coef = 0.0;
+  c.moe.path = "local";
+  return c;
+}
+
+inline fs::path temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() /
+      ("expar_infer_" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+       std::to_string(static_cast<long>(::getpid())));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// Writes model's weights as an expar checkpoint with experts split over `expert_files` files (contiguous).
+inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, int expert_files) {
+  const ModelConfig& c = model.config();
+  std::map<std::string, Tensor> dense;
+  std::vector<std::map<std::string, Tensor>> experts(static_cast<size_t>(expert_files));
+  const int per_file = c.moe.num_experts / expert_files;
+  for (Parameter& p : model.parameters()) {
+    if (p.kind != ParamKind::Expert) {
+      dense[p.name] = p.value;
+      continue;
+    }
+    const auto dot = p.name.rfind('.');
+    for (int e = 0; e < c.moe.num_experts; ++e) {
+      Shape s(p.value.shape().begin() + 1, p.value.shape().end());
+      experts[static_cast<size_t>(e / per_file)][p.name.substr(0, dot) + "." + std::to_string(e) +
+                                                 p.name.substr(dot)] = p.value.rows(e, e + 1).reshape(s);
+    }
+  }
+  write_safetensors(dir / "dense.safetensors", dense);
+  nlohmann::json files = nlohmann::json::object();
+  for (int m = 0; m < expert_files; ++m) {
+    const std::string name = "experts-" + std::to_string(m) + ".safetensors";
+    write_safetensors(dir / name, experts[static_cast<size_t>(m)]);
+    std::vector<int> ids;
+    for (int e = m * per_file; e < (m + 1) * per_file; ++e) ids.push_back(e);
+    files[name] = ids;
+  }
+  nlohmann::json model_json{{"model_dim", c.model_dim},
+                            {"layers", c.layers},
+                            {"heads", c.heads},
+                            {"kv_heads", c.kv_heads},
+                            {"head_dim", c.head_dim},
+                            {"max_seq", c.max_seq},
+                            {"shared_expert_hidden", c.shared_expert_hidden},
+                            {"norm_eps", c.norm_eps},
+                            {"rope_theta", c.rope_theta},
+                            {"num_experts", c.moe.num_experts},
+                            {"top_k", c.moe.top_k},
+                            {"expert_hidden", c.moe.hidden_dim},
+                            {"score", score_function_name(c.moe.score)},
+                            {"renormalize", c.moe.renormalize}};
+  nlohmann::json manifest{{"format", "expar-checkpoint-1"},
+                          {"step", 0},
+                          {"seed", 0},
+                          {"world", 1},
+                          {"ep", expert_files},
+                          {"placement", "contiguous"},
+                          {"model", model_json},
+                          {"dense_file", "dense.safetensors"},
+                          {"expert_files", files}};
+  std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
+}
+
+inline std::vector<int32_t> random_tokens(uint64_t stream, int n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = static_cast<int32_t>(random_u32(77, stream, static_cast<uint64_t>(i)) % 256);
+  return v;
+}
+
+// max |a - b| <= rtol * max |b| over the whole tensor, with the location of the worst element.
+inline ::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol = 1e-5) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure()
+           << "shape " << shape_string(a.shape()) << " vs " << shape_string(b.shape());
+  double scale = 0, worst = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(b.data<float>()[i])));
+    const double diff = std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]);
+    if (!(diff <= worst)) {
+      worst = diff;
+      at = i;
+    }
+  }
+  if (worst <= rtol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "max |diff| " << worst << " at element " << at << " exceeds " << rtol << " x max |ref| " << scale;
+}
+
+}  // namespace expar::infer::testing
