@@ -258,9 +258,17 @@ TEST(Engine, RejectsALayoutThatDoesNotFitTheModel) {
   ic.num_experts = 16;  // the model has 24
   EXPECT_THROW(load_rank_weights(*store, expar_weight_names(), store->model(), InferenceLayout(ic), 0),
                Error);
+  ic.num_experts = 24;
+  ModelConfig wrong_dim = store->model();
+  wrong_dim.head_dim = 4;  // the checkpoint's Wq is [96, 48]
+  try {
+    load_rank_weights(*store, expar_weight_names(), wrong_dim, InferenceLayout(ic), 0);
+    FAIL() << "a config whose head_dim does not match the weights must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[96, 48]"), std::string::npos) << e.what();
+  }
   ModelConfig c = store->model();
   c.heads = 10;  // not divisible by TP = 4
-  ic.num_experts = 24;
   try {
     load_rank_weights(*store, expar_weight_names(), c, InferenceLayout(ic), 0);
     FAIL() << "heads=10 with TP=4 must be refused";

@@ -79,6 +79,16 @@ HeadSplit head_split(const ModelConfig& c, int tp, int t) {
   return s;
 }
 
+// Checks the stored shape before a slice of it is taken, so a config that does not match the checkpoint
+// fails with both shapes instead of loading the wrong rows.
+void expect_shape(const TensorStore& store, const std::string& name, const Shape& want) {
+  const TensorInfo& info = store.info(name);
+  EXPAR_CHECK(info.shape == want,
+              "checkpoint '{}': tensor '{}' has shape {} but the model config needs {}: the config does not "
+              "match the weights",
+              store.label(), name, shape_string(info.shape), shape_string(want));
+}
+
 }  // namespace
 
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
@@ -97,6 +107,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   w.local_attn = nn::AttentionShape{hs.q1 - hs.q0, hs.k1 - hs.k0, hd};
   const auto [i0, i1] = layout.intermediate_shard(rank, static_cast<int>(config.moe.hidden_dim));
 
+  expect_shape(store, names.embed, {config.vocab, config.model_dim});
+  expect_shape(store, names.lm_head, {config.vocab, config.model_dim});
   w.embed = load_dense(store, names.embed);
   w.final_norm = load_dense(store, names.final_norm);
   w.lm_head = load_dense(store, names.lm_head);
@@ -105,6 +117,11 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     auto name = [&](const char* key) { return names.layer(l, key); };
     lw.attn_norm = load_dense(store, name("attn_norm"));
     lw.mlp_norm = load_dense(store, name("mlp_norm"));
+    const int64_t d = config.model_dim;
+    expect_shape(store, name("wq"), {config.heads * hd, d});
+    expect_shape(store, name("wk"), {config.kv_heads * hd, d});
+    expect_shape(store, name("wv"), {config.kv_heads * hd, d});
+    expect_shape(store, name("wo"), {d, config.heads * hd});
     lw.attn.wq = load_rows(store, name("wq"), hs.q0 * hd, hs.q1 * hd);
     lw.attn.wk = load_rows(store, name("wk"), hs.k0 * hd, hs.k1 * hd);
     lw.attn.wv = load_rows(store, name("wv"), hs.k0 * hd, hs.k1 * hd);
@@ -116,6 +133,12 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
     // Seed 002's composition: a TP-sharding base loader (gate/up rows, down columns of the intermediate
     // shard) wrapped by the expert-parallel loader that keeps this rank's experts.
+    for (int e : info.local_experts) {
+      const int64_t h = config.moe.hidden_dim;
+      expect_shape(store, names.expert(l, e, "w1"), {h, d});
+      expect_shape(store, names.expert(l, e, "w3"), {h, d});
+      expect_shape(store, names.expert(l, e, "w2"), {d, h});
+    }
     auto view = [&](const char* key) {
       return per_expert_view(store,
                              [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });

@@ -47,9 +47,10 @@ ExpertView per_expert_view(const TensorStore& store, std::function<std::string(i
 ExpertView stacked_expert_view(const TensorStore& store, std::string name) {
   return [&store, name = std::move(name)](int e) {
     const TensorInfo& info = store.info(name);
-    EXPAR_CHECK(info.shape.size() == 3 && e >= 0 && e < info.shape[0],
-                "stacked expert tensor '{}' has shape {}: expected [E, a, b] with expert {} < E", name,
-                shape_string(info.shape), e);
+    EXPAR_CHECK((info.shape.size() == 3 || info.shape.size() == 2) && e >= 0 && e < info.shape[0],
+                "stacked expert tensor '{}' has shape {}: expected [E, a, b] or [E, b] with expert {} < E",
+                name, shape_string(info.shape), e);
+    if (info.shape.size() == 2) return store.view_rows(name, e, e + 1);  // a stacked bias: [1, b]
     return store.view_rows(name, e, e + 1).reshape({info.shape[1], info.shape[2]});
   };
 }

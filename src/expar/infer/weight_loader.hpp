@@ -19,7 +19,8 @@ namespace expar::infer {
 using ExpertView = std::function<Tensor(int expert)>;
 // Checkpoints with one tensor per expert (ours, Mixtral, Qwen-MoE): name(e) must be 2-D.
 ExpertView per_expert_view(const TensorStore& store, std::function<std::string(int)> name);
-// Checkpoints with all experts stacked in one tensor [E, a, b] (gpt-oss): expert e is rows [e, e+1).
+// Checkpoints with all experts stacked in one tensor [E, a, b] (gpt-oss): expert e is rows [e, e+1), viewed
+// [a, b]; a stacked bias [E, b] gives [1, b].
 ExpertView stacked_expert_view(const TensorStore& store, std::string name);
 
 // This rank's f32 piece of one expert's matrix.
