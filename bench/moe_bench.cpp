@@ -77,7 +77,7 @@ void BM_LocalPermute(benchmark::State& state) {
   // Bytes read + written: every route's row once each way.
   state.SetBytesProcessed(state.iterations() * 2 * map.recv_rows * d * static_cast<int64_t>(sizeof(float)));
 }
-BENCHMARK(BM_LocalPermute)->Args({4096, 1024})->Args({16384, 256})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LocalPermute)->Args({4096, 256})->Args({4096, 512})->Args({4096, 1024})->Args({16384, 256})->Unit(benchmark::kMicrosecond);
 
 void BM_GroupedGemmForward(benchmark::State& state) {
   const int64_t tokens = state.range(0), d = state.range(1), h = state.range(2);
