@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
 
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
@@ -38,6 +39,7 @@ const Reference& reference() {
     r.dir = temp_dir("engine");
     r.config = test_config();
     r.prompts = {{random_tokens(1, 7), random_tokens(2, 4)}, {random_tokens(3, 5), random_tokens(4, 9)}};
+    MemoryTracker& host = current_tracker();
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(r.config, *group);
@@ -49,8 +51,8 @@ const Reference& reference() {
         r.decode_logits.emplace_back();
         for (int s = 0; s < kSeqsPerReplica; ++s) {
           std::vector<int32_t> seq = r.prompts[rep][s];
-          Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size())).clone();
-          r.prefill_logits[rep].push_back(logits);
+          Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
+          r.prefill_logits[rep].push_back(export_to(host, logits));
           std::vector<int32_t> greedy;
           std::vector<Tensor> steps;
           for (int i = 0; i <= kDecodeSteps; ++i) {
@@ -58,7 +60,7 @@ const Reference& reference() {
             if (i == kDecodeSteps) break;
             seq.push_back(greedy.back());
             logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
-            steps.push_back(last_row(logits));
+            steps.push_back(export_to(host, last_row(logits)));
           }
           r.greedy[rep].push_back(greedy);
           r.decode_logits[rep].push_back(steps);
@@ -218,12 +220,13 @@ TEST(Engine, ReplicatesKeyValueHeadsWhenTpExceedsThem) {
   config.kv_heads = 2;
   std::vector<int32_t> prompt = random_tokens(9, 6);
   Tensor want;
+  MemoryTracker& host = current_tracker();
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
     MoeTransformer model(config, *group);
     model.init(3);
     write_expar_checkpoint(dir, model, 1);
-    want = model.logits(prompt, 1, 6).clone();
+    want = export_to(host, model.logits(prompt, 1, 6));
   });
   const InferenceLayout layout = make_layout({4, 1, true, std::nullopt}, config.moe.num_experts);
   run_ranks(4, [&](Comm& world) {

@@ -2,6 +2,7 @@
 // Helpers for the inference tests: a small random MoE transformer written as an expar checkpoint (the
 // trainer's format: dense.safetensors, experts-<m>.safetensors, manifest.json) and single-rank references.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "expar/comm/launcher.hpp"
+#include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/model/moe_transformer.hpp"
@@ -103,6 +105,13 @@ inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, i
                           {"dense_file", "dense.safetensors"},
                           {"expert_files", files}};
   std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
+}
+
+// A rank's tensors are charged to its tracker, which ends with run_ranks: what a rank hands back to the test
+// thread is cloned under the test thread's tracker (`host`, read with current_tracker() before run_ranks).
+inline Tensor export_to(MemoryTracker& host, const Tensor& t) {
+  TrackerBinding bind(host);
+  return t.clone();
 }
 
 inline std::vector<int32_t> random_tokens(uint64_t stream, int n) {
