@@ -78,13 +78,15 @@ std::vector<float> copy_of(const Tensor& t) {
   return v;
 }
 
-StepResult run_step(Comm& group, const std::string& path, int rank, bool timed) {
+StepResult run_step(Comm& group, const std::string& path, int rank, bool timed, bool sync = false) {
   MoeLayer layer(config_of(path), group);
   layer.init_params(11);
   Tensor x = Tensor::empty({5, 8}), grad_y = Tensor::empty({5, 8});
   fill_normal(x, 3, 100 + static_cast<uint64_t>(rank), 1.0f);
   fill_normal(grad_y, 4, 200 + static_cast<uint64_t>(rank), 1.0f);
   PhaseTimer forward_timer, backward_timer;
+  forward_timer.set_sync_comm(sync);
+  backward_timer.set_sync_comm(sync);
   MoeState state;
   StepResult r;
   {
@@ -138,8 +140,22 @@ TEST(PhaseTimer, PathsRecordTheirPhasesAndTimingChangesNothing) {
       EXPECT_EQ(plain.grad_w1, timed.grad_w1) << path;
       ++checked;
     }
+    // --sync-comm: every path that communicates books a barrier wait before its communication phases and
+    // still computes the same values; local never communicates.
+    for (const std::string path : {"block", "rowwise", "agrs", "local"}) {
+      Comm& group = path == "local" ? *solo : world;
+      const StepResult plain = run_step(group, path, rank, false);
+      const StepResult synced = run_step(group, path, rank, true, true);
+      std::lock_guard lock(mutex);
+      EXPECT_EQ(synced.forward_phases.count(phase::kWait), path == "local" ? 0u : 1u) << path;
+      EXPECT_EQ(synced.backward_phases.count(phase::kWait), path == "local" ? 0u : 1u) << path;
+      EXPECT_EQ(plain.y, synced.y) << path;
+      EXPECT_EQ(plain.grad_x, synced.grad_x) << path;
+      EXPECT_EQ(plain.grad_w1, synced.grad_w1) << path;
+      ++checked;
+    }
   });
-  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(checked, 16);
 }
 
 }  // namespace

@@ -45,8 +45,10 @@ std::string format_paths_table(const PathsReport& report) {
   s += fmt::format(
       "expar bench paths: {} ranks (EP {}) x {} compute thread(s); T={} tokens/rank, d={}, h={}, E={}, "
       "top-{}; "
-      "median of {} repeats after {} warm-up, max over ranks\n",
-      o.ranks, o.ep, o.threads, o.tokens, o.model_dim, o.hidden_dim, o.experts, o.top_k, o.repeats, o.warmup);
+      "median of {} repeats after {} warm-up, max over ranks{}\n",
+      o.ranks, o.ep, o.threads, o.tokens, o.model_dim, o.hidden_dim, o.experts, o.top_k, o.repeats, o.warmup,
+      o.sync_comm ? "; --sync-comm: a barrier before each communication phase, booked as 'wait for peers'"
+                  : "");
   s += fmt::format(
       "limits (same run, every rank at once): oneDNN matmul [{} x {}]·[{} x {}] {:.1f} GFLOP/s per rank; "
       "memcpy {} {:.2f} GB/s per rank (bytes read + written)\n",
@@ -64,7 +66,7 @@ std::string format_paths_table(const PathsReport& report) {
     // Keep the measurement's display order (dispatch, GEMM, combine) across paths.
     std::vector<std::string> ordered;
     for (const char* n :
-         {phase::kRouter, phase::kRouteMap, phase::kLocalPermute, phase::kAllToAllDispatch,
+         {phase::kWait, phase::kRouter, phase::kRouteMap, phase::kLocalPermute, phase::kAllToAllDispatch,
           phase::kGlobalPermute, phase::kRowDispatch, phase::kAllGather, phase::kRowCopy, phase::kGroupedGemm,
           phase::kGlobalUnpermute, phase::kAllToAllCombine, phase::kLocalUnpermuteMerge,
           phase::kRowGatherReduce, phase::kPartialMerge, phase::kReduceScatter})
@@ -184,6 +186,8 @@ std::string paths_svg(const PathsReport& report) {
         return "#59a14f";
       case PhaseKind::Compute:
         return "#9c755f";
+      case PhaseKind::Wait:
+        return "#e15759";
     }
     return "#000000";
   };
@@ -231,13 +235,13 @@ std::string paths_svg(const PathsReport& report) {
   for (auto [kind, label] :
        {std::pair{PhaseKind::Router, "router"}, std::pair{PhaseKind::RouteMap, "route map"},
         std::pair{PhaseKind::Layout, "layout transform"}, std::pair{PhaseKind::Collective, "collective"},
-        std::pair{PhaseKind::Rowwise, "rowwise phase"},
-        std::pair{PhaseKind::Compute, "expert computation"}}) {
+        std::pair{PhaseKind::Rowwise, "rowwise phase"}, std::pair{PhaseKind::Compute, "expert computation"},
+        std::pair{PhaseKind::Wait, "wait for peers"}}) {
     s += fmt::format(
         "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.0f}\" "
         "y=\"{:.0f}\">{}</text>\n",
         lx, y + 10, color(kind), lx + 16, y + 20, label);
-    lx += 140;
+    lx += 125;
   }
   s += fmt::format(
       "<text x=\"10\" y=\"{:.0f}\">Widths are cumulative phase durations on one axis, not a timeline; "
@@ -268,6 +272,9 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   cmd->add_option("--seed", o->seed, "seed of inputs and weights");
   cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   cmd->add_flag("--no-memory", *no_memory, "skip the memory table");
+  cmd->add_flag("--sync-comm", o->sync_comm,
+                "barrier before each communication phase, shown as 'wait for peers' (phases then measure "
+                "moving rows, not the slowest peer)");
   cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
   table[cmd] = [o, json_path, svg_path, no_memory] {

@@ -24,6 +24,9 @@ struct PathsBenchOptions {
   int warmup = 1;
   int repeats = 3;
   bool oversubscribe = false;
+  // Barrier before every communication phase, booked as "wait for peers" (phase::kWait), so that the
+  // communication phases measure moving rows and not the slowest peer.
+  bool sync_comm = false;
   uint64_t seed = 1;
   std::vector<std::string> paths = {"local", "block", "rowwise", "agrs"};
 };
@@ -37,7 +40,8 @@ struct PassTimes {
   std::vector<std::pair<std::string, double>> phases;  // display order
   double total = 0.0;  // median over repeats of the max over ranks of the whole pass (wall, barrier to end)
   double phase_seconds(const std::string& name) const;
-  // Everything except the router and the grouped GEMM: what the path (and its route map) costs.
+  // Everything except the router, the grouped GEMM and the waits of --sync-comm: what the path (and its
+  // route map) costs.
   double dispatch_combine() const;
 };
 
@@ -76,7 +80,7 @@ struct MemoryRow {
 std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o);
 
 // Phase kinds for limits and the chart.
-enum class PhaseKind { Router, RouteMap, Layout, Collective, Rowwise, Compute };
+enum class PhaseKind { Router, RouteMap, Layout, Collective, Rowwise, Compute, Wait };
 PhaseKind phase_kind(const std::string& name);
 
 std::string format_paths_table(const PathsReport& report);

@@ -25,11 +25,22 @@ namespace {
 
 // Display order: dispatch phases, expert computation, combine phases (Table 7 top to bottom).
 const std::vector<std::string>& phase_order() {
-  static const std::vector<std::string> order = {
-      phase::kRouter,          phase::kRouteMap,        phase::kLocalPermute,    phase::kAllToAllDispatch,
-      phase::kGlobalPermute,   phase::kRowDispatch,     phase::kAllGather,       phase::kRowCopy,
-      phase::kGroupedGemm,     phase::kGlobalUnpermute, phase::kAllToAllCombine, phase::kLocalUnpermuteMerge,
-      phase::kRowGatherReduce, phase::kPartialMerge,    phase::kReduceScatter};
+  static const std::vector<std::string> order = {phase::kWait,
+                                                 phase::kRouter,
+                                                 phase::kRouteMap,
+                                                 phase::kLocalPermute,
+                                                 phase::kAllToAllDispatch,
+                                                 phase::kGlobalPermute,
+                                                 phase::kRowDispatch,
+                                                 phase::kAllGather,
+                                                 phase::kRowCopy,
+                                                 phase::kGroupedGemm,
+                                                 phase::kGlobalUnpermute,
+                                                 phase::kAllToAllCombine,
+                                                 phase::kLocalUnpermuteMerge,
+                                                 phase::kRowGatherReduce,
+                                                 phase::kPartialMerge,
+                                                 phase::kReduceScatter};
   return order;
 }
 
@@ -108,6 +119,8 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   RouteMap last_map;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     PhaseTimer forward_timer, backward_timer;
+    forward_timer.set_sync_comm(o.sync_comm);
+    backward_timer.set_sync_comm(o.sync_comm);
     std::vector<double> sample(2 + 2 * p, 0.0);
     {
       MoeState state;
@@ -223,7 +236,7 @@ double PassTimes::phase_seconds(const std::string& name) const {
 double PassTimes::dispatch_combine() const {
   double sum = 0.0;
   for (const auto& [n, s] : phases)
-    if (n != phase::kRouter && n != phase::kGroupedGemm) sum += s;
+    if (n != phase::kRouter && n != phase::kGroupedGemm && n != phase::kWait) sum += s;
   return sum;
 }
 
@@ -235,6 +248,7 @@ const PathResult* PathsReport::find(const std::string& path) const {
 
 PhaseKind phase_kind(const std::string& name) {
   if (name == phase::kRouter) return PhaseKind::Router;
+  if (name == phase::kWait) return PhaseKind::Wait;
   if (name == phase::kRouteMap) return PhaseKind::RouteMap;
   if (name == phase::kGroupedGemm) return PhaseKind::Compute;
   if (name == phase::kAllToAllDispatch || name == phase::kAllToAllCombine || name == phase::kAllGather ||
@@ -253,7 +267,7 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
     const double flops = forward ? r.gemm_flops_forward : r.gemm_flops_backward;
     return report.limits.matmul_flops > 0.0 ? flops / report.limits.matmul_flops / seconds : 0.0;
   }
-  if (kind == PhaseKind::Router || kind == PhaseKind::RouteMap) return 0.0;
+  if (kind == PhaseKind::Router || kind == PhaseKind::RouteMap || kind == PhaseKind::Wait) return 0.0;
   auto it = r.bytes.find(name);
   if (it == r.bytes.end() || report.limits.memcpy_bandwidth <= 0.0) return 0.0;
   return it->second / report.limits.memcpy_bandwidth / seconds;

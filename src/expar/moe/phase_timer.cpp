@@ -1,5 +1,7 @@
 #include "expar/moe/phase_timer.hpp"
 
+#include "expar/comm/comm.hpp"
+
 namespace expar {
 
 namespace {
@@ -29,6 +31,13 @@ double PhaseTimer::total() const {
 
 PhaseTimer* bound_phase_timer() noexcept {
   return tl_phase_timer;
+}
+
+void sync_before_comm(Comm& group) {
+  PhaseTimer* timer = tl_phase_timer;
+  if (timer == nullptr || !timer->sync_comm()) return;
+  PhaseScope wait(phase::kWait);
+  group.barrier();
 }
 
 PhaseTimerBinding::PhaseTimerBinding(PhaseTimer* timer) noexcept : previous_(tl_phase_timer) {

@@ -15,6 +15,8 @@
 
 namespace expar {
 
+class Comm;
+
 // Phase names shared by the hooks and the bench.
 namespace phase {
 inline constexpr const char* kRouter = "router";
@@ -32,6 +34,7 @@ inline constexpr const char* kAllGather = "all-gather";
 inline constexpr const char* kRowCopy = "expert row copy";
 inline constexpr const char* kPartialMerge = "partial merge";
 inline constexpr const char* kReduceScatter = "reduce-scatter";
+inline constexpr const char* kWait = "wait for peers";
 }  // namespace phase
 
 // Seconds per phase, summed over every scope of that name since the last clear(), in first-seen order.
@@ -43,9 +46,14 @@ class PhaseTimer {
   double total() const;
   const std::vector<std::pair<std::string, double>>& phases() const { return phases_; }
   void clear() { phases_.clear(); }
+  // With sync_comm set, every communication phase first waits at a barrier of its group (sync_before_comm),
+  // booked as phase::kWait, so that the phase itself measures moving rows rather than the slowest peer.
+  void set_sync_comm(bool on) { sync_comm_ = on; }
+  bool sync_comm() const { return sync_comm_; }
 
  private:
   std::vector<std::pair<std::string, double>> phases_;
+  bool sync_comm_ = false;
 };
 
 // The timer bound to the calling thread (null when none).
@@ -62,6 +70,11 @@ class PhaseTimerBinding {
  private:
   PhaseTimer* previous_;
 };
+
+// Called by a path right before a communication phase: a barrier of `group`, timed as phase::kWait, when
+// the bound timer asks for it (sync_comm); otherwise nothing. Every rank of the group runs the same
+// sequence of phases, so the barriers match; no row or result depends on it.
+void sync_before_comm(Comm& group);
 
 // Adds the wall time from construction to destruction (or to stop()) to `phase` of the bound timer.
 class PhaseScope {

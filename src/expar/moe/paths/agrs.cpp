@@ -68,6 +68,7 @@ class AgrsPath final : public ExpertPath {
       dst_rank = map.dst_rank;
       dst_row = map.dst_row;
     } else {
+      sync_before_comm(group_);
       PhaseScope gather_phase(phase::kAllGather);
       tokens = gather(x, map, d);
       dst_rank = gather(map.dst_rank, map, map.top_k);
@@ -91,6 +92,7 @@ class AgrsPath final : public ExpertPath {
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
                          PathState& state) override {
     AgrsStep& step = step_of(state, "combine forward");
+    sync_before_comm(group_);
     PhaseScope gather_phase(phase::kAllGather);
     step.gathered_weight = decode_ ? topk_weight : gather(topk_weight, map, map.top_k);
     gather_phase.stop();
@@ -98,6 +100,7 @@ class AgrsPath final : public ExpertPath {
     state.combine_rows = RouteRows::expert_side(expert_out, step.mine);
     Tensor partial = merge_routes(state.combine_rows, step.gathered_weight, step.mine);
     merge_phase.stop();
+    sync_before_comm(group_);
     PhaseScope scatter_phase(phase::kReduceScatter);
     return scatter_sum(partial, map, expert_out.dim(1));
   }
@@ -107,12 +110,14 @@ class AgrsPath final : public ExpertPath {
     AgrsStep& step = step_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "{} combine backward called before combine forward", name());
     const int64_t d = grad_y.dim(1);
+    sync_before_comm(group_);
     PhaseScope gather_phase(phase::kAllGather);
     Tensor grad_all = decode_ ? grad_y : gather(grad_y, map, d);
     gather_phase.stop();
     PhaseScope merge_phase(phase::kPartialMerge);
     Tensor partial_weight_grads = route_weight_grads(grad_all, state.combine_rows, step.mine);
     merge_phase.stop();
+    sync_before_comm(group_);
     PhaseScope scatter_phase(phase::kReduceScatter);
     grad_topk_weight = scatter_sum(std::move(partial_weight_grads), map, map.top_k);
     scatter_phase.stop();
@@ -136,6 +141,7 @@ class AgrsPath final : public ExpertPath {
     PhaseScope merge_phase(phase::kPartialMerge);
     Tensor partial = sum_routes(RouteRows::expert_side(grad_expert_in, step.mine), step.mine);
     merge_phase.stop();
+    sync_before_comm(group_);
     PhaseScope scatter_phase(phase::kReduceScatter);
     return scatter_sum(partial, map, grad_expert_in.dim(1));
   }

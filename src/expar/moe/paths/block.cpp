@@ -95,6 +95,7 @@ class BlockPath final : public ExpertPath {
       std::memcpy(packed + i * d, src + (plan->send_order[static_cast<size_t>(i)] / map.top_k) * d,
                   sizeof(float) * d);
     permute_phase.stop();
+    sync_before_comm(group_);
     PhaseScope exchange_phase(phase::kAllToAllDispatch);
     Tensor recv = exchange(send, plan->send_elems, plan->recv_rows, plan->recv_elems, d);
     exchange_phase.stop();
@@ -133,6 +134,7 @@ class BlockPath final : public ExpertPath {
       weighted_route_grad(gy + (route / map.top_k) * d, w[route], packed + i * d, d);
     }
     merge_phase.stop();
+    sync_before_comm(group_);
     PhaseScope exchange_phase(phase::kAllToAllCombine);
     Tensor recv = exchange(send, plan.send_elems, plan.recv_rows, plan.recv_elems, d);
     exchange_phase.stop();
@@ -194,6 +196,7 @@ class BlockPath final : public ExpertPath {
     for (const auto& run : plan.runs)
       std::memcpy(to + run.recv_begin * d, from + run.expert_begin * d, sizeof(float) * run.rows * d);
     unpermute.stop();
+    sync_before_comm(group_);
     // Backward swaps the split lists.
     PhaseScope exchange_scope(exchange_phase);
     Tensor recv = exchange(back, plan.recv_elems, plan.send_rows, plan.send_elems, d);

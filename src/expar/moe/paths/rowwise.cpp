@@ -88,6 +88,7 @@ class RowwisePath final : public ExpertPath {
                 "rowwise dispatch: x must be f32 [{}, d], got {} {}", map.tokens, dtype_name(x.dtype()),
                 shape_string(x.shape()));
     const int64_t d = x.dim(1);
+    sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     auto step = std::make_shared<RowwiseStep>();
     step->pool = pool_for(map.capacity_rows, d, *step);
@@ -116,6 +117,7 @@ class RowwisePath final : public ExpertPath {
                          PathState& state) override {
     RowwiseStep& step = step_of(state, "combine forward");
     const int64_t d = expert_out.dim(1);
+    sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
     heap_->barrier();
     step.pool->check(step.combine);
@@ -127,6 +129,7 @@ class RowwisePath final : public ExpertPath {
                           PathState& state, Tensor& grad_topk_weight) override {
     RowwiseStep& step = step_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "rowwise combine backward called before combine forward");
+    sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
     step.pool->check(step.dispatch);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
@@ -165,6 +168,7 @@ class RowwisePath final : public ExpertPath {
                 "rowwise dispatch backward: the expert input gradient must be written into "
                 "expert_grad_input_buffer() (peers GET the route gradients from it)");
     const int64_t d = grad_expert_in.dim(1);
+    sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     heap_->barrier();  // every peer's expert backward wrote its rows
     step.pool->check(step.grad_in);
