@@ -1,6 +1,11 @@
-// `expar generate`: text from a trained checkpoint, greedy or with temperature / top-k sampling, on one rank
-// or with expert parallelism (ranks as threads; the checkpoint reshards to the requested EP degree).
-// Each new byte reruns the forward over the window (no KV cache yet: the inference engine is its own issue).
+// `expar generate`: text from a checkpoint (ours, or Hugging Face Mixtral).
+//  - greedy (the default): the inference engine of seed 002 (infer/): TP x DP ranks as threads, attention
+//    heads split over TP, experts over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
+//    prefill all-gather -> experts -> reduce-scatter and decode all-reduce; prints prefill/decode tokens/s.
+//  - --temperature > 0: sampling (temperature, top-k) with the training model over TP*DP ranks with EP
+//    degree --ep; each new byte reruns the forward over the window (no KV cache on this path).
+#include "expar/infer/generate.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,10 +31,32 @@ struct GenerateArgs {
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;             // 0: all
   uint64_t seed = 7;
-  int ranks = 1;
-  int ep = 1;
+  int tp = 1;
+  int dp = 1;
+  int ep = 0;  // 0: TP*DP (full EP)
+  bool no_ep = false;
+  std::string placement = "contiguous";
   std::string path = "rowwise";
 };
+
+int run_engine(const GenerateArgs& a) {
+  infer::GenerateOptions o;
+  o.tp = a.tp;
+  o.dp = a.dp;
+  o.enable_expert_parallel = !a.no_ep;
+  if (a.ep > 0) o.ep_degree = a.ep;
+  o.placement = placement_from_name(a.placement);
+  std::vector<int32_t> prompt;
+  for (unsigned char c : a.prompt) prompt.push_back(c);
+  infer::GenerateResult r = infer::generate(o, a.checkpoint, prompt, a.tokens);
+  std::string text = a.prompt;
+  for (int32_t t : r.tokens) text.push_back(static_cast<char>(t));
+  std::printf("%s\n", text.c_str());
+  std::fprintf(stderr, "[TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode %.1f tokens/s]\n", a.tp, a.dp,
+               a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep).c_str() : "TP*DP"), r.prefill_tokens_per_s,
+               r.decode_tokens_per_s);
+  return 0;
+}
 
 int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index) {
   if (a.temperature <= 0.0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
@@ -51,16 +78,18 @@ int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index
 }
 
 int run_generate(const GenerateArgs& a) {
+  if (a.temperature <= 0.0) return run_engine(a);
   CheckpointInfo info = read_checkpoint_info(a.checkpoint);
   ModelConfig config = info.model;
-  config.moe.path = a.ep == 1 ? "local" : a.path;
+  const int ranks = a.tp * a.dp, ep = a.no_ep ? 1 : (a.ep > 0 ? a.ep : ranks);
+  config.moe.path = ep == 1 ? "local" : a.path;
   std::string text = a.prompt;
   std::mutex mutex;
   double seconds = 0;
   LaunchOptions launch;
-  launch.ranks = a.ranks;
+  launch.ranks = ranks;
   run_ranks(launch, [&](Comm& world) {
-    TrainingLayout layout(world.size(), a.ep);
+    TrainingLayout layout(world.size(), ep);
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
     MoeTransformer model(config, *ep_mp);
     load_checkpoint(a.checkpoint, model, nullptr);
@@ -86,8 +115,8 @@ int run_generate(const GenerateArgs& a) {
     }
   });
   std::printf("%s\n", text.c_str());
-  std::fprintf(stderr, "[%d bytes in %.2f s, %.1f bytes/s, %d rank(s), EP %d]\n", a.tokens, seconds,
-               a.tokens / std::max(seconds, 1e-9), a.ranks, a.ep);
+  std::fprintf(stderr, "[sampled %d bytes in %.2f s, %.1f bytes/s, %d rank(s), EP %d]\n", a.tokens, seconds,
+               a.tokens / std::max(seconds, 1e-9), ranks, ep);
   return 0;
 }
 
@@ -99,13 +128,19 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory written by expar train")->required();
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Bytes to generate")->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "0: greedy on the inference engine; > 0: sampling")
+      ->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Sample among the k most likely bytes (0: all)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed)->capture_default_str();
-  cmd->add_option("--ranks", a->ranks, "Ranks (threads)")->capture_default_str();
-  cmd->add_option("--ep", a->ep, "EP degree (the checkpoint reshards to it)")->capture_default_str();
-  cmd->add_option("--path", a->path, "Expert path when --ep > 1")->capture_default_str();
+  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")->capture_default_str();
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas")->capture_default_str();
+  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
+  cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
+  cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
+      ->capture_default_str();
+  cmd->add_option("--path", a->path, "Expert path of the sampling mode (--temperature > 0)")
+      ->capture_default_str();
   table[cmd] = [a] { return run_generate(*a); };
 }
 
