@@ -55,8 +55,14 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
       "step {:>4}/{} [{}] loss {:.4f} aux {:.3f} z {:.3f} drop {:.2f}% util {:.2f} {:.0f} tok/s", r.step + 1,
       cfg.steps, bar, r.loss, r.aux_loss, r.z_loss, 100 * r.drop_rate, r.utilisation, r.tokens_per_second);
   if (r.val_loss >= 0) line += fmt::format(" | val {:.4f}", r.val_loss);
-  const bool keep = r.val_loss >= 0 || !tty || (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps;
-  std::printf(tty ? "\r%s%s" : "%s%s", line.c_str(), keep ? "\n" : "");
+  // On a terminal the line is redrawn in place and kept every 10 steps; in a log (not a terminal) every
+  // 10th step is printed, and every step of a short run.
+  const bool periodic = (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps || r.val_loss >= 0;
+  if (tty) {
+    std::printf("\r%s%s", line.c_str(), periodic ? "\n" : "");
+  } else if (periodic || cfg.steps <= 50) {
+    std::printf("%s\n", line.c_str());
+  }
   std::fflush(stdout);
 }
 
