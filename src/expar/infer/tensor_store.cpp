@@ -10,6 +10,7 @@
 #include "expar/core/error.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
+#include "expar/model/model_config_json.hpp"
 
 namespace expar::infer {
 
@@ -52,25 +53,7 @@ ModelConfig model_config_from_manifest(const fs::path& dir) {
   std::ifstream in(dir / "manifest.json");
   EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
               dir.string());
-  json j = json::parse(in);
-  const json& m = j.at("model");
-  ModelConfig c;
-  c.model_dim = m.at("model_dim");
-  c.layers = m.at("layers");
-  c.heads = m.at("heads");
-  c.kv_heads = m.at("kv_heads");
-  c.head_dim = m.at("head_dim");
-  c.max_seq = m.at("max_seq");
-  c.shared_expert_hidden = m.at("shared_expert_hidden");
-  c.norm_eps = m.at("norm_eps");
-  c.rope_theta = m.at("rope_theta");
-  c.moe.model_dim = c.model_dim;
-  c.moe.num_experts = m.at("num_experts");
-  c.moe.top_k = m.at("top_k");
-  c.moe.hidden_dim = m.at("expert_hidden");
-  c.moe.score = score_function_from_name(m.at("score").get<std::string>());
-  c.moe.renormalize = m.at("renormalize");
-  return c;
+  return model_config_from_json(json::parse(in).at("model"));
 }
 
 // ---- ExparCheckpointStore ----

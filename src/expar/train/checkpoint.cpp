@@ -8,6 +8,7 @@
 
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
+#include "expar/model/model_config_json.hpp"
 
 namespace expar {
 
@@ -24,43 +25,6 @@ bool is_expert_shard(const Parameter& p) {
 std::string expert_name(const std::string& shard_name, int expert) {
   auto dot = shard_name.rfind('.');
   return shard_name.substr(0, dot) + "." + std::to_string(expert) + shard_name.substr(dot);
-}
-
-json config_to_json(const ModelConfig& c) {
-  return json{{"model_dim", c.model_dim},
-              {"layers", c.layers},
-              {"heads", c.heads},
-              {"kv_heads", c.kv_heads},
-              {"head_dim", c.head_dim},
-              {"max_seq", c.max_seq},
-              {"shared_expert_hidden", c.shared_expert_hidden},
-              {"norm_eps", c.norm_eps},
-              {"rope_theta", c.rope_theta},
-              {"num_experts", c.moe.num_experts},
-              {"top_k", c.moe.top_k},
-              {"expert_hidden", c.moe.hidden_dim},
-              {"score", c.moe.score == ScoreFunction::Softmax ? "softmax" : "sigmoid"},
-              {"renormalize", c.moe.renormalize}};
-}
-
-ModelConfig config_from_json(const json& j) {
-  ModelConfig c;
-  c.model_dim = j.at("model_dim");
-  c.layers = j.at("layers");
-  c.heads = j.at("heads");
-  c.kv_heads = j.at("kv_heads");
-  c.head_dim = j.at("head_dim");
-  c.max_seq = j.at("max_seq");
-  c.shared_expert_hidden = j.at("shared_expert_hidden");
-  c.norm_eps = j.at("norm_eps");
-  c.rope_theta = j.at("rope_theta");
-  c.moe.model_dim = c.model_dim;
-  c.moe.num_experts = j.at("num_experts");
-  c.moe.top_k = j.at("top_k");
-  c.moe.hidden_dim = j.at("expert_hidden");
-  c.moe.score = j.at("score") == "softmax" ? ScoreFunction::Softmax : ScoreFunction::Sigmoid;
-  c.moe.renormalize = j.at("renormalize");
-  return c;
 }
 
 // Full Adam moment of parameter i (gathers an EP_DP-sharded slice), or an empty tensor.
@@ -136,7 +100,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
                   {"world", info.world},
                   {"ep", info.ep},
                   {"placement", placement_name(placement.kind())},
-                  {"model", config_to_json(info.model)},
+                  {"model", model_config_to_json(info.model)},
                   {"dense_file", "dense.safetensors"},
                   {"expert_files", files}};
     std::ofstream out(fs::path(dir) / "manifest.json");
@@ -155,7 +119,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   info.seed = j.at("seed");
   info.world = j.at("world");
   info.ep = j.at("ep");
-  info.model = config_from_json(j.at("model"));
+  info.model = model_config_from_json(j.at("model"));
   return info;
 }
 
