@@ -17,6 +17,7 @@
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/io/safetensors_writer.hpp"
+#include "expar/model/model_config_json.hpp"
 #include "expar/model/moe_transformer.hpp"
 
 namespace expar::infer::testing {
@@ -81,20 +82,7 @@ inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, i
     for (int e = m * per_file; e < (m + 1) * per_file; ++e) ids.push_back(e);
     files[name] = ids;
   }
-  nlohmann::json model_json{{"model_dim", c.model_dim},
-                            {"layers", c.layers},
-                            {"heads", c.heads},
-                            {"kv_heads", c.kv_heads},
-                            {"head_dim", c.head_dim},
-                            {"max_seq", c.max_seq},
-                            {"shared_expert_hidden", c.shared_expert_hidden},
-                            {"norm_eps", c.norm_eps},
-                            {"rope_theta", c.rope_theta},
-                            {"num_experts", c.moe.num_experts},
-                            {"top_k", c.moe.top_k},
-                            {"expert_hidden", c.moe.hidden_dim},
-                            {"score", score_function_name(c.moe.score)},
-                            {"renormalize", c.moe.renormalize}};
+  nlohmann::json model_json = model_config_to_json(c);
   nlohmann::json manifest{{"format", "expar-checkpoint-1"},
                           {"step", 0},
                           {"seed", 0},
