@@ -19,49 +19,47 @@ void ModelConfig::validate(int ep_size) const {
   moe.validate(ep_size);
 }
 
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t model_dim;
+  int layers;
+  int64_t heads, kv_heads, head_dim, max_seq;
+  int num_experts, top_k;
+  int64_t expert_hidden, shared_expert_hidden;
+};
+
+constexpr Preset kPresets[] = {
+    // name    d    L  heads kv  hd  seq  E   K  h    shared
+    {"tiny", 32, 2, 2, 2, 16, 64, 8, 2, 32, 16},
+    {"demo", 128, 3, 4, 4, 32, 128, 16, 2, 128, 0},
+    {"small", 256, 4, 8, 8, 32, 256, 32, 4, 256, 256},
+};
+
+}  // namespace
+
 ModelConfig ModelConfig::preset(const std::string& name) {
-  ModelConfig c;
-  c.moe.score = ScoreFunction::Softmax;
-  c.moe.aux_loss_coef = 1e-2;
-  c.moe.z_loss_coef = 1e-3;
-  if (name == "tiny") {
-    c.model_dim = 32;
-    c.layers = 2;
-    c.heads = 2;
-    c.kv_heads = 2;
-    c.head_dim = 16;
-    c.max_seq = 64;
-    c.moe.num_experts = 8;
-    c.moe.top_k = 2;
-    c.moe.hidden_dim = 32;
-    c.shared_expert_hidden = 16;
-  } else if (name == "demo") {
-    c.model_dim = 128;
-    c.layers = 3;
-    c.heads = 4;
-    c.kv_heads = 4;
-    c.head_dim = 32;
-    c.max_seq = 128;
-    c.moe.num_experts = 16;
-    c.moe.top_k = 2;
-    c.moe.hidden_dim = 128;
-    c.shared_expert_hidden = 0;
-  } else if (name == "small") {
-    c.model_dim = 256;
-    c.layers = 4;
-    c.heads = 8;
-    c.kv_heads = 8;
-    c.head_dim = 32;
-    c.max_seq = 256;
-    c.moe.num_experts = 32;
-    c.moe.top_k = 4;
-    c.moe.hidden_dim = 256;
-    c.shared_expert_hidden = 256;
-  } else {
-    fail("model preset '{}' is unknown: choose tiny, demo or small", name);
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    ModelConfig c;
+    c.model_dim = p.model_dim;
+    c.layers = p.layers;
+    c.heads = p.heads;
+    c.kv_heads = p.kv_heads;
+    c.head_dim = p.head_dim;
+    c.max_seq = p.max_seq;
+    c.shared_expert_hidden = p.shared_expert_hidden;
+    c.moe.model_dim = p.model_dim;
+    c.moe.num_experts = p.num_experts;
+    c.moe.top_k = p.top_k;
+    c.moe.hidden_dim = p.expert_hidden;
+    c.moe.score = ScoreFunction::Softmax;
+    c.moe.aux_loss_coef = 1e-2;
+    c.moe.z_loss_coef = 1e-3;
+    return c;
   }
-  c.moe.model_dim = c.model_dim;
-  return c;
+  fail("model preset '{}' is unknown: choose tiny, demo or small", name);
 }
 
 }  // namespace expar
