@@ -6,6 +6,8 @@
 #include <limits>
 #include <numeric>
 
+#include "expar/core/host_allocator.hpp"
+
 namespace expar {
 
 std::string shape_string(const Shape& shape) {
@@ -54,17 +56,14 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category) {
   t.dtype_ = dtype;
   t.category_ = category;
   size_t bytes = t.nbytes();
-  size_t rounded = (bytes + 63) / 64 * 64;
-  if (rounded == 0) rounded = 64;
-  void* p = std::aligned_alloc(64, rounded);
-  EXPAR_CHECK(p != nullptr, "allocation of {} for a tensor of shape {} failed: reduce the sizes",
-              format_bytes(static_cast<int64_t>(bytes)), shape_string(t.shape_));
+  // host_alloc keeps freed large blocks for reuse: fresh pages are expensive to touch (host_allocator.hpp).
+  void* p = host_alloc(bytes);
   MemoryTracker* tracker = &current_tracker();
   tracker->add(category, static_cast<int64_t>(bytes));
   auto info = Allocation{tracker, category, static_cast<int64_t>(bytes)};
   t.storage_ = std::shared_ptr<void>(p, [info](void* q) {
     info.tracker->sub(info.category, info.bytes);
-    std::free(q);
+    host_free(q, static_cast<size_t>(info.bytes));
   });
   t.data_ = p;
   if (poison_enabled()) fill_nan(p, bytes);
