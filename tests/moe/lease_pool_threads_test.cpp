@@ -113,5 +113,44 @@ TEST(LeasePool, FrozenPoolRefusesToGrowAndSaysHowManySlotsWereNeeded) {
   });
 }
 
+// Two scratch roles (the expert output and, under activation recomputation, the dispatch payload): each is
+// its own shared slot with its own generation, allocated on first use; neither is a lease.
+TEST(LeasePool, ScratchSlotsAreIndependentAndHoldNoLease) {
+  run_ranks(2, [](Comm& world) {
+    auto heap = world.make_heap();
+    LeasePool pool(*heap, "dispatch", 64);
+    auto out = pool.acquire_scratch({1, 0}, 0);
+    EXPECT_EQ(pool.scratch_count(), 1);
+    auto payload = pool.acquire_scratch({1, 0}, 1);
+    EXPECT_EQ(pool.scratch_count(), 2);
+    EXPECT_NE(out.buffer, payload.buffer);
+    EXPECT_FALSE(payload.leased);
+    EXPECT_EQ(pool.leased_count(), 0);
+    EXPECT_EQ(pool.slot_count(), 0);
+    EXPECT_EQ(pool.resident_bytes(), 2u * 64u);
+    // Block 2 reuses the output scratch: block 1's payload in the other slot is untouched...
+    auto out2 = pool.acquire_scratch({2, 0}, 0);
+    EXPECT_NO_THROW(pool.check(payload));
+    EXPECT_NO_THROW(pool.check(out2));
+    EXPECT_THROW(pool.check(out), Error);
+    // ...until block 2 puts its own payload there.
+    pool.acquire_scratch({2, 0}, 1);
+    try {
+      pool.check(payload);
+      ADD_FAILURE() << "an overwritten scratch payload passed the check";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("shared scratch slot 1"));
+      EXPECT_THAT(e.what(), HasSubstr("overwritten by block 2"));
+    }
+    EXPECT_THROW(pool.release(payload), Error);  // scratch is never released
+    try {
+      pool.acquire_scratch({3, 0}, LeasePool::kScratchSlots);
+      ADD_FAILURE() << "a scratch slot past the last one was handed out";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("scratch slot 2"));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace expar

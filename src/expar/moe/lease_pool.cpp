@@ -36,12 +36,17 @@ LeasePool::Handle LeasePool::acquire(LeaseTag tag) {
   return Handle{chosen, s.generation, s.buffer, tag, true};
 }
 
-LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag) {
-  if (scratch_.buffer < 0)
-    scratch_.buffer = heap_.allocate(name_ + ".scratch", slot_bytes_, MemCategory::SymmetricBuffers);
-  ++scratch_.generation;
-  scratch_.holder = tag;
-  return Handle{-1, scratch_.generation, scratch_.buffer, tag, false};
+LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag, int which) {
+  EXPAR_CHECK(which >= 0 && which < kScratchSlots,
+              "lease pool '{}': scratch slot {} requested by block {} does not exist: use 0 .. {}", name_,
+              which, tag.block, kScratchSlots - 1);
+  Slot& s = scratch_[which];
+  if (s.buffer < 0)
+    s.buffer = heap_.allocate(name_ + ".scratch" + (which == 0 ? std::string() : std::to_string(which)),
+                              slot_bytes_, MemCategory::SymmetricBuffers);
+  ++s.generation;
+  s.holder = tag;
+  return Handle{-1 - which, s.generation, s.buffer, tag, false};
 }
 
 void LeasePool::release(Handle& handle) {
@@ -60,14 +65,15 @@ void LeasePool::release(Handle& handle) {
 
 void LeasePool::check(const Handle& handle) const {
   if (!debug_) return;
-  const Slot& s = handle.slot < 0 ? scratch_ : slots_.at(static_cast<size_t>(handle.slot));
+  const Slot& s = handle.slot < 0 ? scratch_[-1 - handle.slot] : slots_.at(static_cast<size_t>(handle.slot));
   EXPAR_CHECK(
       s.generation == handle.generation,
       "lease pool '{}': the payload saved by block {} microbatch {} in {} was overwritten by block {} "
       "microbatch {} (generation {} -> {}) before its backward read it: lease the buffer "
       "instead of sharing it, or recompute the payload",
       name_, handle.tag.block, handle.tag.microbatch,
-      handle.slot < 0 ? std::string("the shared scratch slot") : "slot " + std::to_string(handle.slot),
+      handle.slot < 0 ? fmt::format("shared scratch slot {}", -1 - handle.slot)
+                      : fmt::format("slot {}", handle.slot),
       s.holder.block, s.holder.microbatch, handle.generation, s.generation);
 }
 
@@ -85,8 +91,14 @@ int LeasePool::leased_count() const {
   return n;
 }
 
+int LeasePool::scratch_count() const {
+  int n = 0;
+  for (const auto& s : scratch_) n += s.buffer >= 0 ? 1 : 0;
+  return n;
+}
+
 size_t LeasePool::resident_bytes() const {
-  return slot_bytes_ * (slots_.size() + (scratch_.buffer >= 0 ? 1 : 0));
+  return slot_bytes_ * (slots_.size() + static_cast<size_t>(scratch_count()));
 }
 
 }  // namespace expar

@@ -10,7 +10,10 @@
 // raise the limit.
 //
 // Scratch (the expert-output buffer, read only by the combine transfer; or a dispatch payload that
-// activation recomputation will rebuild) uses one SHARED slot across blocks: no lease.
+// activation recomputation will rebuild) uses SHARED slots across blocks: no lease. A pool has up to
+// kScratchSlots of them, one per role a user names (`which`), because one block step may need two scratch
+// payloads at once (under recomputation the rowwise experts read the dispatch payload from one scratch slot
+// while writing their output into another); each is allocated on first use and stays resident.
 //
 // Debug generations: every acquisition of a slot (leased or scratch) bumps that slot's generation and the
 // holder remembers the generation it got; a consumer calls check() before reading, so a payload that a
@@ -31,19 +34,22 @@ struct LeaseTag {
 class LeasePool {
  public:
   struct Handle {
-    int slot = -1;  // -1: the shared scratch slot
+    int slot = -1;  // < 0: the shared scratch slot -1 - slot (0 .. kScratchSlots - 1)
     uint64_t generation = 0;
     BufferId buffer = -1;
     LeaseTag tag;
     bool leased = false;
   };
 
+  static constexpr int kScratchSlots = 2;
+
   LeasePool(SymmetricHeap& heap, std::string name, size_t slot_bytes, bool debug_generations = true);
 
   // Collective (same order on every member). Leases a free slot for (block, microbatch).
   Handle acquire(LeaseTag tag);
-  // The shared scratch slot (allocated on first use); bumps its generation.
-  Handle acquire_scratch(LeaseTag tag);
+  // Shared scratch slot `which` in [0, kScratchSlots) (collective on first use, which allocates it); bumps
+  // its generation.
+  Handle acquire_scratch(LeaseTag tag, int which = 0);
   void release(Handle& handle);
   // Throws expar::Error if the slot was re-acquired since `handle` was taken (its payload was overwritten).
   void check(const Handle& handle) const;
@@ -58,6 +64,8 @@ class LeasePool {
   int slot_count() const { return static_cast<int>(slots_.size()); }
   int leased_count() const;
   int high_water() const { return high_water_; }
+  // Scratch slots allocated so far (resident, not counted in slot_count()).
+  int scratch_count() const;
   size_t slot_bytes() const { return slot_bytes_; }
   // Resident symmetric bytes of this pool on each member (leased slots + scratch).
   size_t resident_bytes() const;
@@ -76,7 +84,7 @@ class LeasePool {
   bool frozen_ = false;
   int high_water_ = 0;
   std::vector<Slot> slots_;
-  Slot scratch_;
+  Slot scratch_[kScratchSlots];
 };
 
 }  // namespace expar

@@ -123,12 +123,21 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);
   route_map_phase.stop();
   state.path = {};
+  state.path.scratch_dispatch = recompute_;
+  state.recomputed = recompute_;
   Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
   PhaseScope gemm_phase(phase::kGroupedGemm);
   expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
   gemm_phase.stop();
   Tensor y = path_->combine_forward(expert_out, routed.topk_weight, state.routes, state.path);
+  if (recompute_) {
+    // Backward rebuilds these; dropping them now frees the expert activations and the gathered expert
+    // outputs (and, for rowwise, the reference to the dispatch scratch payload, which the next block's
+    // dispatch overwrites).
+    state.path = {};
+    state.experts = {};
+  }
 
   MoeMetrics& m = state.metrics;
   m.aux_loss = routed.aux_loss;
@@ -146,6 +155,7 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
                   grad_y.dim(1) == config_.model_dim,
               "MoE layer '{}' backward: grad_y must be f32 [{}, {}], got {}", name_, state.routes.tokens,
               config_.model_dim, shape_string(grad_y.shape()));
+  if (state.recomputed) recompute_forward(state);
   Tensor grad_topk_weight;
   Tensor grad_out =
       path_->combine_backward(grad_y, state.router.topk_weight, state.routes, state.path, grad_topk_weight);
@@ -159,6 +169,26 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
                   grads_.w_router);
   router_phase.stop();
   return grad_x;
+}
+
+void MoeLayer::recompute_forward(MoeState& state) {
+  EXPAR_CHECK(state.router.x.defined() && state.router.topk_weight.defined(),
+              "MoE layer '{}' backward: the recomputing forward's router state is gone (was the state moved "
+              "or reset?): keep the MoeState of a forward until its backward",
+              name_);
+  // The original forward's dispatch, experts and combine gather again, from the saved input and route map
+  // (no router, no route-map collective). The payload may be scratch again: see rowwise.cpp for why no
+  // other block can overwrite it before this block's expert backward has read it.
+  state.path = {};
+  state.path.scratch_dispatch = true;
+  Tensor expert_in = path_->dispatch_forward(state.router.x, state.routes, state.path);
+  Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
+  PhaseScope gemm_phase(phase::kGroupedGemm);
+  expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
+  gemm_phase.stop();
+  // Only for the gathered expert outputs it saves (the routing-weight gradient reads them); its merged
+  // output equals the forward's y and is dropped.
+  path_->combine_forward(expert_out, state.router.topk_weight, state.routes, state.path);
 }
 
 void MoeLayer::update_score_bias(const MoeState& state, Comm& dp_group) {

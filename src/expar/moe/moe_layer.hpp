@@ -74,11 +74,14 @@ struct MoeMetrics {
 };
 
 struct MoeState {
-  RouterState router;
+  RouterState router;  // keeps the layer input x (by reference): the recomputation redoes dispatch from it
   RouteMap routes;
   PathState path;
   ExpertMlpState experts;
   MoeMetrics metrics;
+  // Set by a forward under activation recomputation: path and experts were dropped after the forward, and
+  // backward rebuilds them first (MoeLayer::set_recompute).
+  bool recomputed = false;
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -111,6 +114,19 @@ class MoeLayer {
   void init_params(uint64_t seed);
   void zero_grads();
 
+  // Activation recomputation (seed 000 §5.7): a forward keeps only the router state (which holds the input
+  // x by reference) and the route map; the dispatch payload goes to shared scratch (rowwise: no lease), and
+  // the path state and expert activations (w1·x, w3·x, the gathered expert outputs) are dropped. Its
+  // backward first re-dispatches x with the saved route map, re-runs the expert MLP and the combine gather,
+  // then runs the ordinary backward: the same arithmetic in the same order, so gradients are bit-identical.
+  // Costs one more dispatch and combine transfer and one more expert forward per backward. The router is not
+  // recomputed: its backward needs its state anyway, and keeping the route map avoids the route-map
+  // collective in backward and any dependence on a score bias updated in between. Parameters must not
+  // change between a forward and its backward (true within a training step). Applies to the forwards that
+  // run while it is set; a state remembers how its forward ran.
+  void set_recompute(bool recompute) { recompute_ = recompute; }
+  bool recompute() const { return recompute_; }
+
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);
   // grad_y [T, d] -> grad_x [T, d]; ADDS parameter gradients into grads(). Collective over the EP group.
@@ -124,8 +140,12 @@ class MoeLayer {
   std::string name_;
   ExpertPlacement placement_;
   std::unique_ptr<ExpertPath> path_;
+  // Rebuilds what a recomputing forward dropped: dispatch (into scratch), expert MLP, combine gather.
+  void recompute_forward(MoeState& state);
+
   MoeParams params_;
   MoeGrads grads_;
+  bool recompute_ = false;
 };
 
 }  // namespace expar

@@ -37,6 +37,11 @@ struct PathState {
   RouteRows combine_rows;
   // Anything else a path keeps (buffer leases, peer-packed buffers, ...), owned by the path's code.
   std::shared_ptr<void> path_data;
+  // Set by the caller before dispatch_forward: the dispatch payload is NOT saved for a later backward (the
+  // caller recomputes it right before the backward that reads it, or runs no backward), so a path may put it
+  // in storage shared across blocks (rowwise: the lease pool's dispatch scratch slot instead of a lease,
+  // seed 000 §5.7). The path must still guard its backward reads (the pool's generation check).
+  bool scratch_dispatch = false;
 };
 
 struct PathOptions {

@@ -11,9 +11,21 @@
 // Buffers (seed 000 §5.7): the dispatch buffer is saved for backward (the up-projection reads it again for
 // Wgrad), so it is LEASED from a LeasePool in dispatch_forward and released at the end of
 // dispatch_backward, with check() before every backward read. The expert-output buffer is scratch (only the
-// combine transfer reads it), so it is the pool's shared scratch slot; it also carries the
+// combine transfer reads it), so it is the pool's shared scratch slot kOutputScratch; it also carries the
 // expert-output-gradient rows in backward. The expert-input-gradient buffer is a short lease that lives from
 // expert backward to the end of dispatch backward.
+//
+// Activation recomputation (PathState::scratch_dispatch, set by the MoE layer): the dispatch payload goes to
+// the second shared scratch slot kDispatchScratch instead of a lease, both in the forward (whose expert
+// activations the layer drops) and in the re-dispatch that the layer's backward runs first. A re-dispatched
+// payload must survive until its own expert backward, and it does: between this block's re-dispatch and
+// the first barrier of its dispatch backward, every rank runs only this block's passes (re-run experts,
+// combine forward, combine backward, expert backward), and no rank can start another block's dispatch (the
+// only writer of the slot) before every rank has entered that barrier, i.e. finished its expert backward.
+// The same barrier argument covers the forward: a peer's next dispatch PUT comes after the combine forward
+// barrier, which this rank enters only after its experts read the payload. A caller that skipped the
+// recomputation would read a payload another block overwrote; check() in combine backward and before the
+// expert backward turns that into an error.
 //
 // Ordering (all ranks run the same sequence, so every heap barrier matches):
 //   dispatch fwd:  PUT rows; barrier                      (every row in place before experts read)
@@ -39,11 +51,16 @@ namespace expar {
 
 namespace {
 
+// The pool's shared scratch slots (LeasePool::acquire_scratch).
+constexpr int kOutputScratch = 0;    // expert output (forward), expert-output gradient (backward)
+constexpr int kDispatchScratch = 1;  // dispatch payload under activation recomputation
+
 // What one step keeps between its passes.
 struct RowwiseStep {
   std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while its leases are out
   LeasePool* pool = nullptr;
-  LeasePool::Handle dispatch;  // leased: [capacity_rows, d] expert input, read again by expert backward
+  LeasePool::Handle dispatch;  // [capacity_rows, d] expert input, read again by expert backward: leased, or
+                               // scratch kDispatchScratch when the caller recomputes it (scratch_dispatch)
   LeasePool::Handle combine;   // scratch: expert output (forward), expert-output gradient (backward)
   LeasePool::Handle grad_in;   // leased: expert-input gradient, from expert backward to dispatch backward
   bool grad_in_held = false;
@@ -92,7 +109,8 @@ class RowwisePath final : public ExpertPath {
     PhaseScope dispatch_phase(phase::kRowDispatch);
     auto step = std::make_shared<RowwiseStep>();
     step->pool = pool_for(map.capacity_rows, d, *step);
-    step->dispatch = step->pool->acquire(tag());
+    step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(tag(), kDispatchScratch)
+                                            : step->pool->acquire(tag());
     state.path_data = step;
     const BufferId buffer = step->dispatch.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
@@ -106,7 +124,7 @@ class RowwisePath final : public ExpertPath {
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     RowwiseStep& step = step_of(state, "expert_output_buffer");
-    step.combine = step.pool->acquire_scratch(tag());
+    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
     // Only this rank's experts write here in forward, and every peer finished reading the previous
     // contents before it entered this step's dispatch barrier: no barrier needed after the poison.
     if (poison_enabled()) fill_nan(step.pool->data(step.combine), step.pool->slot_bytes());
@@ -135,7 +153,7 @@ class RowwisePath final : public ExpertPath {
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
     heap_->barrier();  // every peer finished gathering expert outputs from the combine buffer
-    step.combine = step.pool->acquire_scratch(tag());
+    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
     const BufferId buffer = step.combine.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
     const float* gy = grad_y.data<float>();
@@ -176,7 +194,7 @@ class RowwisePath final : public ExpertPath {
     heap_->barrier();  // nobody reads our gradient or dispatch rows any more
     step.pool->release(step.grad_in);
     step.grad_in_held = false;
-    step.pool->release(step.dispatch);
+    if (step.dispatch.leased) step.pool->release(step.dispatch);  // a scratch payload holds no lease
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
