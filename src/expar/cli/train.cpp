@@ -91,8 +91,9 @@ int run_train(TrainArgs& a) {
                 cfg.model.moe.num_experts, cfg.model.moe.top_k,
                 static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str());
     std::printf("%s", layout.c_str());
-    std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s\n", cfg.global_batch,
-                cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str());
+    std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s%s\n", cfg.global_batch,
+                cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str(),
+                cfg.recompute_moe ? ", MoE recomputed in backward" : "");
     std::fflush(stdout);
   };
   observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
@@ -188,6 +189,11 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--aux-coef", a->aux_coef, "Load-balancing loss coefficient (default: preset's)");
   cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)");
   cmd->add_flag("--shard-optimizer", c.shard_optimizer, "Shard expert Adam state over EP_DP");
+  cmd->add_flag("--recompute-moe", c.recompute_moe,
+                "Activation recomputation of every block's MoE MLP: backward redoes dispatch, experts and "
+                "combine gather instead of keeping them (same gradients; saves the expert activations and, "
+                "with rowwise, the per-block dispatch leases; costs one more dispatch + expert forward per "
+                "block)");
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
       ->capture_default_str();

@@ -1,5 +1,7 @@
 #include "expar/model/model_config.hpp"
 
+#include <algorithm>
+
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -17,6 +19,20 @@ void ModelConfig::validate(int ep_size) const {
   EXPAR_CHECK(moe.model_dim == model_dim, "moe.model_dim={} differs from model_dim={}", moe.model_dim,
               model_dim);
   moe.validate(ep_size);
+  for (size_t i = 0; i < recompute_moe_layers.size(); ++i) {
+    const int l = recompute_moe_layers[i];
+    EXPAR_CHECK(l >= 0 && l < layers,
+                "recompute_moe_layers names block {} but the model has blocks 0 .. {}: list existing blocks",
+                l, layers - 1);
+    EXPAR_CHECK(std::find(recompute_moe_layers.begin(), recompute_moe_layers.begin() + static_cast<long>(i),
+                          l) == recompute_moe_layers.begin() + static_cast<long>(i),
+                "recompute_moe_layers lists block {} twice: list each block once", l);
+  }
+}
+
+bool ModelConfig::recomputes_moe(int layer) const {
+  return std::find(recompute_moe_layers.begin(), recompute_moe_layers.end(), layer) !=
+         recompute_moe_layers.end();
 }
 
 namespace {

@@ -1,6 +1,7 @@
 #pragma once
 // The byte-level MoE transformer language model trained by `expar train`.
 #include <string>
+#include <vector>
 
 #include "expar/moe/moe_layer.hpp"
 
@@ -19,6 +20,13 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   // The routed MoE MLP of every block (model_dim is copied from above).
   MoeConfig moe;
+  // Activation recomputation of the routed MoE MLP (seed 000 §5.7, MoeLayer::set_recompute): the blocks
+  // listed here keep only their MoE input, router state and route map in forward (the rowwise dispatch
+  // payload goes to shared scratch, no lease) and redo dispatch, experts and combine gather in backward.
+  // Same gradients, bit for bit. A training-time choice: not part of the model's manifest.
+  std::vector<int> recompute_moe_layers;
+  // Whether block `layer`'s MoE MLP is recomputed in backward.
+  bool recomputes_moe(int layer) const;
 
   // Throws expar::Error for an inconsistent configuration (names the value and the fix).
   void validate(int ep_size) const;

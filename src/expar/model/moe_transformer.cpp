@@ -109,6 +109,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     }
     b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
                                         MoeSharedResources{heap_.get(), lease_pool_.get(), l});
+    b->moe->set_recompute(config_.recomputes_moe(l));
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
@@ -136,6 +137,17 @@ void MoeTransformer::freeze_leases() {
 
 MoeLayer& MoeTransformer::moe(int layer) {
   return *blocks_.at(static_cast<size_t>(layer))->moe;
+}
+
+bool MoeTransformer::recomputes_moe(int layer) const {
+  return blocks_.at(static_cast<size_t>(layer))->moe->recompute();
+}
+
+void MoeTransformer::set_recompute_moe(int layer, bool recompute) {
+  EXPAR_CHECK(layer >= 0 && layer < config_.layers,
+              "set_recompute_moe: block {} does not exist (the model has blocks 0 .. {})", layer,
+              config_.layers - 1);
+  blocks_[static_cast<size_t>(layer)]->moe->set_recompute(recompute);
 }
 
 Parameter& MoeTransformer::add_param(const std::string& name, Shape shape, ParamKind kind, bool decay) {
@@ -218,16 +230,39 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   return nn::linear_forward(hf, head_, nullptr, acts ? &acts->head : nullptr);
 }
 
+MoeTransformer::Pending::Pending() = default;
+MoeTransformer::Pending::~Pending() = default;
+MoeTransformer::Pending::Pending(Pending&&) noexcept = default;
+MoeTransformer::Pending& MoeTransformer::Pending::operator=(Pending&&) noexcept = default;
+
 StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens,
                                              const std::vector<int32_t>& targets, int64_t batch, int64_t seq,
                                              int64_t loss_normalizer) {
-  StepMetrics metrics;
-  Activations acts;
-  Tensor logits = forward(tokens, batch, seq, &acts, metrics);
+  Pending pending = forward_train(tokens, targets, batch, seq, loss_normalizer);
+  return backward(pending);
+}
+
+MoeTransformer::Pending MoeTransformer::forward_train(const std::vector<int32_t>& tokens,
+                                                      const std::vector<int32_t>& targets, int64_t batch,
+                                                      int64_t seq, int64_t loss_normalizer) {
+  Pending pending;
+  pending.acts_ = std::make_unique<Activations>();
+  Tensor logits = forward(tokens, batch, seq, pending.acts_.get(), pending.metrics_);
   nn::CrossEntropyResult ce = nn::cross_entropy(logits, int_tensor(targets), loss_normalizer);
-  metrics.loss = ce.counted ? ce.loss_sum / static_cast<double>(ce.counted) : 0.0;
-  logits = Tensor();
-  Tensor grad = nn::linear_backward(acts.head, ce.grad_logits, head_, head_grad_, nullptr);
+  pending.metrics_.loss = ce.counted ? ce.loss_sum / static_cast<double>(ce.counted) : 0.0;
+  pending.grad_logits_ = std::move(ce.grad_logits);
+  return pending;
+}
+
+StepMetrics MoeTransformer::backward(Pending& pending) {
+  EXPAR_CHECK(!pending.done(),
+              "MoeTransformer::backward: this microbatch's backward already ran (or it holds no forward): "
+              "run backward once per forward_train");
+  // Released when this returns, whatever happens: the MoE blocks' leases go back with their states.
+  std::unique_ptr<Activations> owned = std::move(pending.acts_);
+  Activations& acts = *owned;
+  Tensor grad = nn::linear_backward(acts.head, pending.grad_logits_, head_, head_grad_, nullptr);
+  pending.grad_logits_ = Tensor();
   grad = nn::rmsnorm_backward(acts.final_norm, grad, final_norm_, final_norm_grad_);
   for (size_t li = blocks_.size(); li-- > 0;) {
     Block& b = *blocks_[li];
@@ -260,7 +295,7 @@ StepMetrics MoeTransformer::forward_backward(const std::vector<int32_t>& tokens,
     add_into(grad, grad_h1);
   }
   nn::embedding_backward(acts.embed, grad, embed_grad_);
-  return metrics;
+  return pending.metrics_;
 }
 
 StepMetrics MoeTransformer::evaluate(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,

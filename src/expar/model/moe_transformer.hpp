@@ -32,6 +32,10 @@ struct StepMetrics {
 };
 
 class MoeTransformer {
+ private:
+  struct Block;
+  struct Activations;
+
  public:
   // ep_group: the EP_MP group of this rank (size M_E); it must outlive the model. The routed-expert path is
   // config.moe.path. With the rowwise path and max_microbatch_tokens > 0, all blocks share one symmetric
@@ -48,6 +52,10 @@ class MoeTransformer {
   std::vector<Parameter>& parameters() { return params_; }
   void zero_grads();
   MoeLayer& moe(int layer);
+  // Whether block `layer`'s MoE MLP runs with activation recomputation (config().recompute_moe_layers);
+  // set_recompute_moe changes it for the forwards that follow.
+  bool recomputes_moe(int layer) const;
+  void set_recompute_moe(int layer, bool recompute);
   // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
   void freeze_leases();
   const LeasePool* lease_pool() const { return lease_pool_.get(); }
@@ -57,6 +65,29 @@ class MoeTransformer {
   // microbatches of the step, so accumulation averages). Collective over the EP group.
   StepMetrics forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
                                int64_t batch, int64_t seq, int64_t loss_normalizer);
+
+  // The same split in two, for schedules with several microbatches in flight (F1 F2 B2 B1, as under
+  // pipeline parallelism, seed 000 §5.7): forward_train keeps what the backward of its microbatch needs
+  // (activations, the loss gradient, the MoE blocks' leases) in a Pending; backward(pending) consumes it.
+  // Every rank of the EP group must run the same sequence of forwards and backwards (they are collective).
+  class Pending {
+   public:
+    Pending();
+    ~Pending();
+    Pending(Pending&&) noexcept;
+    Pending& operator=(Pending&&) noexcept;
+    const StepMetrics& metrics() const { return metrics_; }
+    bool done() const { return acts_ == nullptr; }
+
+   private:
+    friend class MoeTransformer;
+    std::unique_ptr<Activations> acts_;
+    Tensor grad_logits_;
+    StepMetrics metrics_;
+  };
+  Pending forward_train(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                        int64_t batch, int64_t seq, int64_t loss_normalizer);
+  StepMetrics backward(Pending& pending);
   // Forward only: mean cross-entropy over the tokens (collective over the EP group).
   StepMetrics evaluate(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch,
                        int64_t seq);
@@ -64,8 +95,6 @@ class MoeTransformer {
   Tensor logits(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq);
 
  private:
-  struct Block;
-  struct Activations;
   Tensor forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq, Activations* acts,
                  StepMetrics& metrics);
   Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);

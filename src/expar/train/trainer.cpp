@@ -97,6 +97,9 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   // The router adds coef·grad(L_aux) per forward; with accumulation the step averages over microbatches.
   mc.moe.aux_loss_coef /= cfg.microbatches;
   mc.moe.z_loss_coef /= cfg.microbatches;
+  if (cfg.recompute_moe)
+    for (int l = 0; l < mc.layers; ++l)
+      if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
   MoeTransformer model(mc, *ep_mp, static_cast<int64_t>(mb_seqs) * cfg.seq_len);
   model.init(cfg.seed);
 

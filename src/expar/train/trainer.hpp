@@ -32,6 +32,10 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double clip_norm = 1.0;
   bool shard_optimizer = false;  // shard expert Adam state over EP_DP
+  // Activation recomputation of every block's MoE MLP (adds to model.recompute_moe_layers): same gradients,
+  // less resident memory (no expert activations kept; rowwise: no dispatch lease per block and microbatch),
+  // one more dispatch + expert forward + combine gather per block in backward.
+  bool recompute_moe = false;
   size_t bucket_bytes = size_t{4} << 20;
   uint64_t seed = 1234;
   int eval_every = 50;  // 0: only at the end
