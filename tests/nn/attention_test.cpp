@@ -31,15 +31,19 @@ AttentionGrads zero_grads(const AttentionWeights& w) {
           Tensor::zeros(w.wo.shape())};
 }
 
-// Straightforward attention in double: projections, rotate-half RoPE, causal softmax, output projection.
+// Straightforward attention in double: projections, rotate-half RoPE, causal softmax, output projection;
+// with `opt`, its biases, sinks (an extra exp(sink) in each softmax denominator) and sliding window.
 std::vector<double> reference_attention(const AttentionShape& s, const AttentionWeights& w, const Tensor& x,
-                                        int64_t batch, int64_t seq) {
+                                        int64_t batch, int64_t seq, const AttentionOptions& opt = {}) {
   const int64_t d = x.dim(1), hd = s.head_dim, half = hd / 2, n = batch * seq;
-  auto proj = [&](const Tensor& wt, int64_t heads) {
+  auto bias = [](const Tensor& b, int64_t i) {
+    return b.defined() && b.numel() > 0 ? b.data<float>()[i] : 0.0;
+  };
+  auto proj = [&](const Tensor& wt, int64_t heads, const Tensor& b) {
     std::vector<double> out(static_cast<size_t>(n * heads * hd));
     for (int64_t r = 0; r < n; ++r)
       for (int64_t o = 0; o < heads * hd; ++o) {
-        double acc = 0;
+        double acc = bias(b, o);
         for (int64_t k = 0; k < d; ++k)
           acc += static_cast<double>(x.data<float>()[r * d + k]) * wt.data<float>()[o * d + k];
         out[static_cast<size_t>(r * heads * hd + o)] = acc;
@@ -58,7 +62,8 @@ std::vector<double> reference_attention(const AttentionShape& s, const Attention
           b = b0 * std::cos(angle) + a0 * std::sin(angle);
         }
   };
-  std::vector<double> q = proj(w.wq, s.n_heads), k = proj(w.wk, s.n_kv_heads), v = proj(w.wv, s.n_kv_heads);
+  std::vector<double> q = proj(w.wq, s.n_heads, opt.bq), k = proj(w.wk, s.n_kv_heads, opt.bk),
+                      v = proj(w.wv, s.n_kv_heads, opt.bv);
   rope(q, s.n_heads);
   rope(k, s.n_kv_heads);
   const int64_t qd = s.n_heads * hd, kd = s.n_kv_heads * hd;
@@ -67,9 +72,11 @@ std::vector<double> reference_attention(const AttentionShape& s, const Attention
     for (int64_t h = 0; h < s.n_heads; ++h) {
       const int64_t g = h / (s.n_heads / s.n_kv_heads);
       for (int64_t i = 0; i < seq; ++i) {
-        std::vector<double> p(static_cast<size_t>(i + 1));
-        double max = -INFINITY, sum = 0;
+        std::vector<double> p(static_cast<size_t>(i + 1), -INFINITY);
+        const bool sink = opt.sinks.defined() && opt.sinks.numel() > 0;
+        double max = sink ? opt.sinks.data<float>()[h] : -INFINITY, sum = 0;
         for (int64_t j = 0; j <= i; ++j) {
+          if (opt.window > 0 && i - j >= opt.window) continue;
           double dot = 0;
           for (int64_t e = 0; e < hd; ++e)
             dot += q[static_cast<size_t>((b * seq + i) * qd + h * hd + e)] *
@@ -77,6 +84,7 @@ std::vector<double> reference_attention(const AttentionShape& s, const Attention
           p[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
           max = std::max(max, p[static_cast<size_t>(j)]);
         }
+        if (sink) sum = std::exp(opt.sinks.data<float>()[h] - max);
         for (double& pj : p) sum += (pj = std::exp(pj - max));
         for (int64_t j = 0; j <= i; ++j)
           for (int64_t e = 0; e < hd; ++e)
@@ -86,10 +94,12 @@ std::vector<double> reference_attention(const AttentionShape& s, const Attention
     }
   std::vector<double> y(static_cast<size_t>(n * d), 0.0);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t o = 0; o < d; ++o)
+    for (int64_t o = 0; o < d; ++o) {
+      y[static_cast<size_t>(r * d + o)] = bias(opt.bo, o);
       for (int64_t c = 0; c < qd; ++c)
         y[static_cast<size_t>(r * d + o)] +=
             ctx[static_cast<size_t>(r * qd + c)] * w.wo.data<float>()[o * qd + c];
+    }
   return y;
 }
 
@@ -261,6 +271,55 @@ TEST(Attention, HeadsSplitAcrossTensorParallelRanksSumToTheWhole) {
   }
   EXPECT_LT(max_abs_diff(y_sum, y), 1e-5);
   EXPECT_LT(max_abs_diff(gx_sum, gx), 1e-5);
+}
+
+// Inference options (Hugging Face Qwen-MoE / gpt-oss): q/k/v/o biases, per-head sinks and a sliding window,
+// through the cache in chunks (prefill, single tokens), against the double reference with the same options.
+TEST(Attention, CachedForwardWithBiasesSinksAndWindowMatchesTheReference) {
+  const AttentionShape s{4, 2, 4};
+  const int64_t d = 8, seq = 9;
+  Rope rope(s.head_dim, 16, kTheta);
+  AttentionWeights w = random_weights(s, d, 70);
+  Tensor x = randn({seq, d}, 3);
+  for (int64_t window : {0, 1, 3}) {
+    for (bool sinks : {false, true}) {
+      AttentionOptions o;
+      o.bq = randn({16}, 71, 0.5f);
+      o.bk = randn({8}, 72, 0.5f);
+      o.bv = randn({8}, 73, 0.5f);
+      o.bo = randn({d}, 74, 0.5f);
+      if (sinks) o.sinks = randn({4}, 75, 1.0f);
+      o.window = window;
+      const std::vector<double> ref = reference_attention(s, w, x, 1, seq, o);
+      KvCache cache = KvCache::create(seq, s);
+      std::vector<KvCache*> ptrs = {&cache};
+      int64_t row = 0;
+      for (int64_t chunk : {4, 1, 1, 3}) {
+        const std::vector<int64_t> counts = {chunk};
+        Tensor y = attention_forward_cached(s, rope, w, x.rows(row, row + chunk).clone(), counts, ptrs, o);
+        for (int64_t i = 0; i < chunk * d; ++i) {
+          const double want = ref[static_cast<size_t>(row * d + i)];
+          EXPECT_NEAR(y.data<float>()[i], want, 1e-5 * (1 + std::fabs(want)))
+              << "window " << window << " sinks " << sinks << " row " << row + i / d;
+        }
+        row += chunk;
+      }
+    }
+  }
+  // The options change the result (the reference is not blind to them), and plain options give the plain
+  // reference.
+  AttentionOptions windowed;
+  windowed.window = 2;
+  EXPECT_GT(std::fabs(reference_attention(s, w, x, 1, seq, windowed)[8 * d] -
+                      reference_attention(s, w, x, 1, seq)[8 * d]),
+            1e-4);
+  AttentionOptions bad;
+  bad.sinks = randn({3}, 76);  // 4 heads
+  KvCache cache = KvCache::create(seq, s);
+  std::vector<KvCache*> ptrs = {&cache};
+  const std::vector<int64_t> one = {1};
+  EXPECT_THROW(attention_forward_cached(s, rope, w, randn({1, d}, 1), one, ptrs, bad), Error);
+  EXPECT_EQ(cache.length, 0);
 }
 
 TEST(Attention, RejectsBadShapesAndLeavesCachesUntouched) {

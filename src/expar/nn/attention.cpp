@@ -50,9 +50,12 @@ void project(const Tensor& x, const Tensor& w, float* y, bool accumulate) {
 }
 
 // One head: tq queries at positions [past, past + tq) against tk = past + tq keys; query i sees keys
-// [0, past + i]. Writes probs [tq, tk] (zero where masked) and out [tq, head_dim] (row stride ldo).
+// [lo_i, past + i] with lo_i = 0, or past + i - window + 1 with a window. `sink` (nullable) is one extra
+// logit in the softmax denominator. Writes probs [tq, tk] (zero where masked) and out [tq, head_dim] (row
+// stride ldo).
 void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
-                 int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo) {
+                 int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window = 0,
+                 const float* sink = nullptr) {
   const int64_t tk = past + tq;
   MatmulArgs scores;
   scores.a = q;
@@ -70,15 +73,18 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
   for (int64_t i = 0; i < tq; ++i) {
     float* row = probs + i * tk;
     const int64_t visible = past + i + 1;
-    float max = row[0] * scale;
-    for (int64_t j = 1; j < visible; ++j) max = std::fmax(max, row[j] * scale);
-    double sum = 0.0;
-    for (int64_t j = 0; j < visible; ++j) {
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
+    float max = row[lo] * scale;
+    for (int64_t j = lo + 1; j < visible; ++j) max = std::fmax(max, row[j] * scale);
+    if (sink) max = std::fmax(max, *sink);
+    double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
+    for (int64_t j = lo; j < visible; ++j) {
       row[j] = std::exp(row[j] * scale - max);
       sum += row[j];
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+    for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
     for (int64_t j = visible; j < tk; ++j) row[j] = 0.0f;
   }
   MatmulArgs weighted;
@@ -92,6 +98,28 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
   weighted.ldb = ldkv;
   weighted.ldc = ldo;
   matmul(weighted);
+}
+
+// Adds bias [cols] (when present) to every row of y [rows, cols].
+void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias) {
+  if (!bias.defined() || bias.numel() == 0) return;
+  const float* b = bias.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += b[c];
+}
+
+void check_options(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o,
+                   const char* layer) {
+  auto check_vector = [&](const Tensor& t, const char* what, int64_t n) {
+    if (t.defined() && t.numel() > 0) check_f32(t, layer, what, {n});
+  };
+  check_vector(o.bq, "options.bq", dims.qd);
+  check_vector(o.bk, "options.bk", dims.kd);
+  check_vector(o.bv, "options.bv", dims.kd);
+  check_vector(o.bo, "options.bo", dims.d);
+  check_vector(o.sinks, "options.sinks", shape.n_heads);
+  EXPAR_CHECK(o.window >= 0, "{}: options.window={} must not be negative (0: no sliding window)", layer,
+              o.window);
 }
 
 }  // namespace
@@ -259,9 +287,11 @@ KvCache KvCache::create(int64_t capacity, const AttentionShape& shape) {
 
 Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
                                 const AttentionWeights& weights, const Tensor& x,
-                                std::span<const int64_t> new_tokens, std::span<KvCache* const> caches) {
+                                std::span<const int64_t> new_tokens, std::span<KvCache* const> caches,
+                                const AttentionOptions& options) {
   const char* layer = "attention_forward_cached";
   const Dims dims = check_weights(shape, rope, weights, layer);
+  check_options(shape, dims, options, layer);
   const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads;
   EXPAR_CHECK(new_tokens.size() == caches.size(),
               "{}: {} token counts for {} caches: pass one count and one cache per sequence", layer,
@@ -302,6 +332,9 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
   project(x, weights.wq, q.data<float>(), false);
   project(x, weights.wk, k.data<float>(), false);
   project(x, weights.wv, v.data<float>(), false);
+  add_bias(q.data<float>(), total, dims.qd, options.bq);
+  add_bias(k.data<float>(), total, dims.kd, options.bk);
+  add_bias(v.data<float>(), total, dims.kd, options.bv);
   rope.apply(q.data<float>(), total, shape.n_heads, dims.qd, pos, false);
   rope.apply(k.data<float>(), total, shape.n_kv_heads, dims.kd, pos, false);
 
@@ -320,15 +353,18 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     }
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t g = h / group;
-      attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, c.k.data<float>() + g * hd,
-                  c.v.data<float>() + g * hd, dims.kd, tq, past, hd, probs.data<float>(),
-                  context.data<float>() + row0 * dims.qd + h * hd, dims.qd);
+      attend_head(
+          q.data<float>() + row0 * dims.qd + h * hd, dims.qd, c.k.data<float>() + g * hd,
+          c.v.data<float>() + g * hd, dims.kd, tq, past, hd, probs.data<float>(),
+          context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
+          options.sinks.defined() && options.sinks.numel() > 0 ? options.sinks.data<float>() + h : nullptr);
     }
     c.length += tq;
     row0 += tq;
   }
   Tensor y = Tensor::empty({total, dims.d});
   project(context, weights.wo, y.data<float>(), false);
+  add_bias(y.data<float>(), total, dims.d, options.bo);
   return y;
 }
 

@@ -11,7 +11,9 @@
 //
 // Inference: attention_forward_cached runs forward only with a KV cache per sequence, for prefill (many new
 // tokens) and decode (one new token) alike, and gives the same result as attention_forward on the whole
-// sequence.
+// sequence. It also takes the inference-only options of Hugging Face checkpoints (AttentionOptions): q/k/v/o
+// biases (Qwen-MoE, gpt-oss), a learned sink logit per head (gpt-oss) and a sliding window (gpt-oss's
+// alternate layers). The training functions have none of these.
 #include <cstdint>
 #include <span>
 
@@ -64,12 +66,25 @@ struct KvCache {
   static KvCache create(int64_t capacity, const AttentionShape& shape);
 };
 
+// Inference-only additions; the defaults (all undefined, window 0) give plain attention.
+struct AttentionOptions {
+  Tensor bq;     // [n_heads·head_dim]: added to x·Wqᵀ before RoPE; undefined: none
+  Tensor bk;     // [n_kv_heads·head_dim]: added to x·Wkᵀ before RoPE
+  Tensor bv;     // [n_kv_heads·head_dim]
+  Tensor bo;     // [d]: added to y (with TP, pass it on one rank only, so the sum over ranks adds it once)
+  Tensor sinks;  // [n_heads]: per head, one extra logit exp(sink) in the softmax denominator (gpt-oss); it
+                 // takes probability mass but contributes no value
+  int64_t window =
+      0;  // > 0: the query at position p sees keys at positions (p - window, p]; 0: all of [0, p]
+};
+
 // Forward with KV caches. x [Σ new_tokens, d]: sequence i's new_tokens[i] tokens are consecutive rows, at
 // positions [caches[i]->length, caches[i]->length + new_tokens[i]). Their keys and values are appended to the
 // cache (length advances); each new token attends to every cached position and to the new tokens up to
-// itself. Returns y [Σ new_tokens, d].
+// itself (within options.window when set). Returns y [Σ new_tokens, d].
 Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
                                 const AttentionWeights& weights, const Tensor& x,
-                                std::span<const int64_t> new_tokens, std::span<KvCache* const> caches);
+                                std::span<const int64_t> new_tokens, std::span<KvCache* const> caches,
+                                const AttentionOptions& options = {});
 
 }  // namespace expar::nn
