@@ -1,9 +1,12 @@
-// `expar generate`: text from a checkpoint (ours, or Hugging Face Mixtral).
+// `expar generate`: text from a checkpoint (ours, or Hugging Face Mixtral, Qwen-MoE, gpt-oss).
 //  - greedy (the default): the inference engine of seed 002 (infer/): TP x DP ranks as threads, attention
 //    heads split over TP, experts over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
 //    prefill all-gather -> experts -> reduce-scatter and decode all-reduce; prints prefill/decode tokens/s.
+//    --path (or --checkpoint) is a checkpoint directory or a file in one; --format says which layout it is
+//    (auto: detected from manifest.json / config.json's model_type). Hugging Face models come without a
+//    tokenizer here: the prompt is --prompt-ids (or the prompt's bytes) and the output is token ids.
 //  - --temperature > 0: sampling (temperature, top-k) with the training model over TP*DP ranks with EP
-//    degree --ep; each new byte reruns the forward over the window (no KV cache on this path).
+//    degree --ep; each new byte reruns the forward over the window (no KV cache on this path; ours only).
 #include "expar/infer/generate.hpp"
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 
 #include "expar/cli/commands.hpp"
 #include "expar/comm/launcher.hpp"
+#include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/model/moe_transformer.hpp"
@@ -26,7 +30,10 @@ namespace {
 
 struct GenerateArgs {
   std::string checkpoint;
+  std::string model_path;       // --path: same as --checkpoint (a directory or a file in one)
+  std::string format = "auto";  // auto | ours | mixtral | qwen-moe | gpt-oss
   std::string prompt = "In the beginning";
+  std::vector<int32_t> prompt_ids;  // overrides the prompt's bytes (Hugging Face vocabularies)
   int tokens = 200;
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;             // 0: all
@@ -36,8 +43,18 @@ struct GenerateArgs {
   int ep = 0;  // 0: TP*DP (full EP)
   bool no_ep = false;
   std::string placement = "contiguous";
-  std::string path = "rowwise";
+  std::string expert_path = "rowwise";
 };
+
+// The checkpoint of --path / --checkpoint (one of them, or both naming the same path).
+std::string checkpoint_of(const GenerateArgs& a) {
+  EXPAR_CHECK(!a.checkpoint.empty() || !a.model_path.empty(),
+              "expar generate needs a checkpoint: pass --path <dir or file> (or --checkpoint <dir>)");
+  EXPAR_CHECK(a.checkpoint.empty() || a.model_path.empty() || a.checkpoint == a.model_path,
+              "--checkpoint '{}' and --path '{}' name different checkpoints: pass one of them", a.checkpoint,
+              a.model_path);
+  return a.model_path.empty() ? a.checkpoint : a.model_path;
+}
 
 int run_engine(const GenerateArgs& a) {
   infer::GenerateOptions o;
@@ -46,14 +63,23 @@ int run_engine(const GenerateArgs& a) {
   o.enable_expert_parallel = !a.no_ep;
   if (a.ep > 0) o.ep_degree = a.ep;
   o.placement = placement_from_name(a.placement);
-  std::vector<int32_t> prompt;
-  for (unsigned char c : a.prompt) prompt.push_back(c);
-  infer::GenerateResult r = infer::generate(o, a.checkpoint, prompt, a.tokens);
-  std::string text = a.prompt;
-  for (int32_t t : r.tokens) text.push_back(static_cast<char>(t));
-  std::printf("%s\n", text.c_str());
-  std::fprintf(stderr, "[TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode %.1f tokens/s]\n", a.tp, a.dp,
-               a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep).c_str() : "TP*DP"), r.prefill_tokens_per_s,
+  if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
+  std::vector<int32_t> prompt = a.prompt_ids;
+  if (prompt.empty())
+    for (unsigned char c : a.prompt) prompt.push_back(c);
+  infer::GenerateResult r = infer::generate(o, checkpoint_of(a), prompt, a.tokens);
+  if (r.format == infer::ModelFormat::Expar && a.prompt_ids.empty()) {
+    std::string text = a.prompt;  // our byte-level model: tokens are bytes
+    for (int32_t t : r.tokens) text.push_back(static_cast<char>(t));
+    std::printf("%s\n", text.c_str());
+  } else {
+    std::string ids;  // no tokenizer here: print the token ids
+    for (int32_t t : r.tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
+    std::printf("%s\n", ids.c_str());
+  }
+  const std::string ep = a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
+  std::fprintf(stderr, "[%s, TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode %.1f tokens/s]\n",
+               infer::model_format_name(r.format).c_str(), a.tp, a.dp, ep.c_str(), r.prefill_tokens_per_s,
                r.decode_tokens_per_s);
   return 0;
 }
@@ -79,10 +105,16 @@ int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index
 
 int run_generate(const GenerateArgs& a) {
   if (a.temperature <= 0.0) return run_engine(a);
-  CheckpointInfo info = read_checkpoint_info(a.checkpoint);
+  const std::string checkpoint = checkpoint_of(a);
+  EXPAR_CHECK(
+      a.format == "auto" || a.format == "ours",
+      "--temperature {} samples with the training model, which reads our checkpoints only, not --format "
+      "{}: drop --temperature for greedy decoding on the inference engine",
+      a.temperature, a.format);
+  CheckpointInfo info = read_checkpoint_info(checkpoint);
   ModelConfig config = info.model;
   const int ranks = a.tp * a.dp, ep = a.no_ep ? 1 : (a.ep > 0 ? a.ep : ranks);
-  config.moe.path = ep == 1 ? "local" : a.path;
+  config.moe.path = ep == 1 ? "local" : a.expert_path;
   std::string text = a.prompt;
   std::mutex mutex;
   double seconds = 0;
@@ -92,7 +124,7 @@ int run_generate(const GenerateArgs& a) {
     TrainingLayout layout(world.size(), ep);
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
     MoeTransformer model(config, *ep_mp);
-    load_checkpoint(a.checkpoint, model, nullptr);
+    load_checkpoint(checkpoint, model, nullptr);
     std::vector<int32_t> ids(a.prompt.begin(), a.prompt.end());
     for (auto& id : ids) id = static_cast<uint8_t>(id);
     Timer timer;
@@ -125,8 +157,15 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a trained checkpoint");
   auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory written by expar train")->required();
+  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (same as --path)");
+  cmd->add_option(
+      "--path", a->model_path,
+      "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
+  cmd->add_option("--format", a->format, "Checkpoint format: auto | ours | mixtral | qwen-moe | gpt-oss")
+      ->capture_default_str();
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids (instead of the prompt's bytes)")
+      ->delimiter(',');
   cmd->add_option("--tokens", a->tokens, "Bytes to generate")->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "0: greedy on the inference engine; > 0: sampling")
       ->capture_default_str();
@@ -139,7 +178,7 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
   cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
       ->capture_default_str();
-  cmd->add_option("--path", a->path, "Expert path of the sampling mode (--temperature > 0)")
+  cmd->add_option("--expert-path", a->expert_path, "Expert path of the sampling mode (--temperature > 0)")
       ->capture_default_str();
   table[cmd] = [a] { return run_generate(*a); };
 }

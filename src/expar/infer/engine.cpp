@@ -1,11 +1,13 @@
 #include "expar/infer/engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/infer/hf_experts.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/nn/embedding.hpp"
@@ -88,6 +90,10 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights)
       tp_rank_(layout.rank_info(world.rank()).tp_rank),
       dp_rank_(layout.rank_info(world.rank()).dp_rank),
       rope_(weights_.config.head_dim, weights_.config.max_seq, weights_.config.rope_theta) {
+  EXPAR_CHECK(weights_.features.window.empty() ||
+                  static_cast<int>(weights_.features.window.size()) == weights_.config.layers,
+              "the model has {} layers but its features list {} attention windows", weights_.config.layers,
+              weights_.features.window.size());
   EXPAR_CHECK(world.size() == layout.world(),
               "the inference layout needs TP*DP={}*{}={} ranks but the world has {}: start {} ranks",
               layout.tp(), layout.dp(), layout.world(), world.size(), layout.world());
@@ -177,7 +183,7 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
     Tensor n1 = rmsnorm(h, lw.attn_norm, c.norm_eps);
     if (prefill) n1 = gather_rows(*tp_, n1, sp_rows, d);
     Tensor att = total > 0 ? nn::attention_forward_cached(weights_.local_attn, rope_, lw.attn, n1, new_tokens,
-                                                          caches[static_cast<size_t>(l)])
+                                                          caches[static_cast<size_t>(l)], lw.attn_options)
                            : Tensor::zeros({0, d});
     // Each rank's attention output is a partial sum over its heads.
     if (prefill) {
@@ -200,22 +206,20 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
 }
 
 Tensor Engine::moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows) {
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ModelConfig& c = weights_.config;
   const int64_t d = c.model_dim, k = c.moe.top_k, width = d + 2 * k, rows = x_sp.dim(0);
   // Step 1 (seed 002): the router on this rank's SP rows; hidden rows and their routes travel together.
   Tensor packed = Tensor::empty({rows, width}, DType::F32, MemCategory::CommScratch);
   if (rows > 0) {
-    RouterState state;
-    RouterOutput r = router_forward(
-        c.moe.router(), x_sp, lw.router,
-        lw.score_bias.defined() && lw.score_bias.numel() > 0 ? &lw.score_bias : nullptr, state);
+    std::vector<int32_t> ridx;
+    std::vector<float> rweight;
+    route(layer, x_sp, ridx, rweight);
     for (int64_t t = 0; t < rows; ++t) {
       float* p = packed.data<float>() + t * width;
       std::memcpy(p, x_sp.data<float>() + t * d, sizeof(float) * static_cast<size_t>(d));
       for (int64_t j = 0; j < k; ++j) {
-        p[d + j] = r.topk_weight.data<float>()[t * k + j];
-        p[d + k + j] = static_cast<float>(r.topk_idx.data<int32_t>()[t * k + j]);  // exact: E < 2^24
+        p[d + j] = rweight[static_cast<size_t>(t * k + j)];
+        p[d + k + j] = static_cast<float>(ridx[static_cast<size_t>(t * k + j)]);  // exact: E < 2^24
       }
     }
   }
@@ -252,7 +256,6 @@ Tensor Engine::moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows) {
 }
 
 Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ModelConfig& c = weights_.config;
   const int64_t d = c.model_dim, mine = x_mine.dim(0);
   Tensor x = x_mine;
@@ -268,11 +271,10 @@ Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
   const int64_t n = x.dim(0);
   Tensor out = Tensor::zeros({n, d});
   if (n > 0) {
-    RouterState state;
-    RouterOutput r = router_forward(
-        c.moe.router(), x, lw.router,
-        lw.score_bias.defined() && lw.score_bias.numel() > 0 ? &lw.score_bias : nullptr, state);
-    local_experts(layer, x, r.topk_idx.data<int32_t>(), r.topk_weight.data<float>(), out);
+    std::vector<int32_t> idx;
+    std::vector<float> weight;
+    route(layer, x, idx, weight);
+    local_experts(layer, x, idx.data(), weight.data(), out);
   }
   shared_expert(layer, x_mine, out.data<float>() + my_offset * d);
   // Step 3: all-reduce over TP; step 4 (cross-DP EP): reduce-scatter over DP.
@@ -281,11 +283,50 @@ Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
   return out;
 }
 
+void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const ModelConfig& c = weights_.config;
+  const int64_t n = x.dim(0), k = c.moe.top_k, e = c.moe.num_experts;
+  idx.resize(static_cast<size_t>(n * k));
+  weight.resize(static_cast<size_t>(n * k));
+  if (weights_.features.router == RouterKind::Scores) {
+    RouterState state;
+    RouterOutput r = router_forward(c.moe.router(), x, lw.router,
+                                    present(lw.score_bias) ? &lw.score_bias : nullptr, state);
+    std::copy_n(r.topk_idx.data<int32_t>(), n * k, idx.begin());
+    std::copy_n(r.topk_weight.data<float>(), n * k, weight.begin());
+    return;
+  }
+  // gpt-oss: logits = x·Wᵀ + b; the k largest logits (ties to the lower index), softmax over those k.
+  Tensor logits = Tensor::empty({n, e});
+  matmul(x.data<float>(), lw.router.data<float>(), logits.data<float>(), n, e, x.dim(1), false, true, false);
+  std::vector<int32_t> order(static_cast<size_t>(e));
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = logits.data<float>() + t * e;
+    for (int64_t j = 0; j < e; ++j) row[j] += lw.router_bias.data<float>()[j];
+    for (int64_t j = 0; j < e; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    const float max = row[order[0]];
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j)
+      sum += std::exp(static_cast<double>(row[order[static_cast<size_t>(j)]] - max));
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t ex = order[static_cast<size_t>(j)];
+      idx[static_cast<size_t>(t * k + j)] = ex;
+      weight[static_cast<size_t>(t * k + j)] =
+          static_cast<float>(std::exp(static_cast<double>(row[ex] - max)) / sum);
+    }
+  }
+}
+
 void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,
                            Tensor& out) const {
-  const ExpertWeights& w = weights_.layers[static_cast<size_t>(layer)].experts;
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const ExpertWeights& w = lw.experts;
   const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k, h = w.hidden();
   const int64_t el = w.local_count();
+  const bool clamped = weights_.features.activation == ExpertActivation::GptOssClamped;
   // Tokens of each local expert, with their weights, in token order.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(el));
   for (int64_t t = 0; t < n; ++t)
@@ -312,27 +353,55 @@ void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const
     matmul(xe.data<float>(), w3, u.data<float>(), m, h, d, false, true, false);
     float* pg = g.data<float>();
     const float* pu = u.data<float>();
-    for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
+    if (clamped) {
+      // gpt-oss: biased gate/up, clamped SwiGLU; the down bias on the rank holding intermediate shard 0.
+      const float* b1 = lw.expert_b1.data<float>() + l * h;
+      const float* b3 = lw.expert_b3.data<float>() + l * h;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < h; ++j)
+          pg[i * h + j] = gpt_oss_swiglu(pg[i * h + j] + b1[j], pu[i * h + j] + b3[j]);
+    } else {
+      for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
+    }
     matmul(pg, w2, y.data<float>(), m, d, h, false, true, false);
+    const float* b2 = present(lw.expert_b2) ? lw.expert_b2.data<float>() + l * d : nullptr;
     for (int64_t i = 0; i < m; ++i) {
       const auto [t, wt] = rt[static_cast<size_t>(i)];
       float* o = out.data<float>() + t * d;
       const float* py = y.data<float>() + i * d;
-      for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
+      if (b2)
+        for (int64_t j = 0; j < d; ++j) o[j] += wt * (py[j] + b2[j]);
+      else
+        for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
     }
   }
 }
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  if (!lw.shared_w1.defined() || lw.shared_w1.numel() == 0 || x.dim(0) == 0) return;
+  if (!present(lw.shared_w1) || x.dim(0) == 0) return;
   const int64_t m = x.dim(0), d = x.dim(1), h = lw.shared_w1.dim(0);
   Tensor g = Tensor::empty({m, h}), u = Tensor::empty({m, h});
   matmul(x.data<float>(), lw.shared_w1.data<float>(), g.data<float>(), m, h, d, false, true, false);
   matmul(x.data<float>(), lw.shared_w3.data<float>(), u.data<float>(), m, h, d, false, true, false);
   float* pg = g.data<float>();
   for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * u.data<float>()[i];
-  matmul(pg, lw.shared_w2.data<float>(), out, m, d, h, false, true, true);  // accumulate into out
+  if (!present(lw.shared_gate)) {
+    matmul(pg, lw.shared_w2.data<float>(), out, m, d, h, false, true, true);  // accumulate into out
+    return;
+  }
+  // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token; scaling this
+  // rank's partial sum by it scales the sum over the TP group alike.
+  Tensor y = Tensor::empty({m, d});
+  matmul(pg, lw.shared_w2.data<float>(), y.data<float>(), m, d, h, false, true, false);
+  const float* gate = lw.shared_gate.data<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x.data<float>() + i * d;
+    float dot = 0;
+    for (int64_t j = 0; j < d; ++j) dot += xi[j] * gate[j];
+    const float s = 1.0f / (1.0f + std::exp(-dot));
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] += s * y.data<float>()[i * d + j];
+  }
 }
 
 }  // namespace expar::infer

@@ -68,6 +68,8 @@ class Engine {
   Tensor step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill);
   Tensor moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows);
   Tensor moe_decode(int layer, const Tensor& x);
+  // Routes tokens x [N, d] of `layer`: idx and weight [N, K] (the format's router).
+  void route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const;
   // Adds this rank's expert contribution for tokens x [N, d] routed by (idx, weight) [N, K] into out.
   void local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight, Tensor& out) const;
   void shared_expert(int layer, const Tensor& x, float* out) const;

@@ -1,6 +1,5 @@
 #include "expar/infer/generate.hpp"
 
-#include <filesystem>
 #include <mutex>
 
 #include "expar/comm/launcher.hpp"
@@ -42,16 +41,14 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
   return out;
 }
 
-GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint_dir,
+GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint,
                         const std::vector<int32_t>& prompt, int max_new) {
-  namespace fs = std::filesystem;
-  const fs::path dir(checkpoint_dir);
-  const bool ours = fs::exists(dir / "manifest.json");
-  EXPAR_CHECK(ours || fs::exists(dir / "config.json"),
-              "'{}' holds neither manifest.json (an expar checkpoint) nor config.json (a Hugging Face "
-              "checkpoint): pass a checkpoint directory",
-              checkpoint_dir);
-  const ModelConfig config = ours ? model_config_from_manifest(dir) : mixtral_config(dir);
+  const ModelSpec spec = open_model_spec(checkpoint, options.format);
+  const ModelConfig& config = spec.config;
+  for (int32_t t : prompt)
+    EXPAR_CHECK(t >= 0 && t < config.vocab,
+                "prompt token {} is outside the model's vocabulary [0, {}): pass token ids of this model", t,
+                config.vocab);
   InferenceConfig ic;
   ic.tp = options.tp;
   ic.dp = options.dp;
@@ -61,18 +58,14 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   ic.placement = options.placement;
   const InferenceLayout layout(ic);
   GenerateResult result;
+  result.format = spec.format;
   std::mutex mutex;
   LaunchOptions launch;
   launch.ranks = layout.world();
   launch.compute_threads = options.compute_threads;
   run_ranks(launch, [&](Comm& world) {
-    std::unique_ptr<TensorStore> store;
-    if (ours)
-      store = ExparCheckpointStore::open(dir);
-    else
-      store = ShardedStore::open(dir);
-    RankWeights w = load_rank_weights(*store, ours ? expar_weight_names() : mixtral_weight_names(), config,
-                                      layout, world.rank());
+    std::unique_ptr<TensorStore> store = open_store(spec);
+    RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
     Engine engine(layout, world, std::move(w));
     const bool serving = engine.dp_rank() == 0;
     auto tokens = greedy_generate(engine, serving ? prompt : std::vector<int32_t>{}, max_new);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "expar/infer/engine.hpp"
+#include "expar/infer/hf_config.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar::infer {
@@ -24,19 +25,21 @@ struct GenerateOptions {
   bool enable_expert_parallel = false;
   std::optional<int> ep_degree;  // unset: TP*DP with EP
   PlacementKind placement = PlacementKind::Contiguous;
-  int compute_threads = 1;  // oneDNN threads per rank
+  int compute_threads = 1;            // oneDNN threads per rank
+  std::optional<ModelFormat> format;  // unset: detected from the files (open_model_spec)
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;  // the generated tokens (DP replica 0's)
+  ModelFormat format = ModelFormat::Expar;  // the checkpoint's format
+  std::vector<int32_t> tokens;              // the generated tokens (DP replica 0's)
   double prefill_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;
 };
 
-// Starts TP*DP ranks (threads), loads `checkpoint_dir` (ours: manifest.json; Hugging Face Mixtral:
-// config.json + model.safetensors[.index.json]), and greedily generates `max_new` tokens after `prompt` on
-// DP replica 0 (other replicas run the DP-padding dummy steps).
-GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint_dir,
+// Starts TP*DP ranks (threads), loads `checkpoint` (a directory or a file in one, see open_model_spec: ours,
+// or Hugging Face Mixtral, Qwen-MoE or gpt-oss: config.json + model.safetensors[.index.json]), and greedily
+// generates `max_new` tokens after `prompt` on DP replica 0 (other replicas run the DP-padding dummy steps).
+GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint,
                         const std::vector<int32_t>& prompt, int max_new);
 
 }  // namespace expar::infer

@@ -1,6 +1,7 @@
 #include "expar/infer/rank_weights.hpp"
 
 #include "expar/core/error.hpp"
+#include "expar/infer/hf_experts.hpp"
 #include "expar/infer/weight_loader.hpp"
 
 namespace expar::infer {
@@ -23,22 +24,37 @@ WeightNames expar_weight_names() {
   return n;
 }
 
-WeightNames mixtral_weight_names() {
+namespace {
+
+// Names shared by the Hugging Face decoder layouts: norms and self-attention.
+std::string hf_layer_name(int l, const std::string& key) {
+  const std::string p = "model.layers." + std::to_string(l);
+  if (key == "attn_norm") return p + ".input_layernorm.weight";
+  if (key == "mlp_norm") return p + ".post_attention_layernorm.weight";
+  if (key == "sinks") return p + ".self_attn.sinks";
+  const bool bias = key.size() == 2 && key[0] == 'b';
+  const char c = key.back();
+  const std::string proj = c == 'q' ? "q_proj" : c == 'k' ? "k_proj" : c == 'v' ? "v_proj" : "o_proj";
+  return p + ".self_attn." + proj + (bias ? ".bias" : ".weight");
+}
+
+WeightNames hf_names() {
   WeightNames n;
   n.embed = "model.embed_tokens.weight";
   n.final_norm = "model.norm.weight";
   n.lm_head = "lm_head.weight";
+  return n;
+}
+
+}  // namespace
+
+WeightNames mixtral_weight_names() {
+  WeightNames n = hf_names();
   n.layer = [](int l, const std::string& key) {
     const std::string p = "model.layers." + std::to_string(l);
-    if (key == "attn_norm") return p + ".input_layernorm.weight";
-    if (key == "mlp_norm") return p + ".post_attention_layernorm.weight";
     if (key == "router") return p + ".block_sparse_moe.gate.weight";
     if (key == "score_bias") return p + ".block_sparse_moe.score_bias";  // never present: Mixtral has none
-    const std::string proj = key == "wq"   ? "q_proj"
-                             : key == "wk" ? "k_proj"
-                             : key == "wv" ? "v_proj"
-                                           : "o_proj";
-    return p + ".self_attn." + proj + ".weight";
+    return hf_layer_name(l, key);
   };
   n.expert = [](int l, int e, const std::string& key) {
     return "model.layers." + std::to_string(l) + ".block_sparse_moe.experts." + std::to_string(e) + "." +
@@ -48,6 +64,61 @@ WeightNames mixtral_weight_names() {
     return "model.layers." + std::to_string(l) + ".shared_expert." + key + ".weight";  // never present
   };
   return n;
+}
+
+WeightNames qwen_moe_weight_names() {
+  WeightNames n = hf_names();
+  n.layer = [](int l, const std::string& key) {
+    const std::string p = "model.layers." + std::to_string(l);
+    if (key == "router") return p + ".mlp.gate.weight";
+    if (key == "score_bias") return p + ".mlp.score_bias";  // never present
+    return hf_layer_name(l, key);
+  };
+  auto proj = [](const std::string& key) {
+    return key == "w1" ? "gate_proj" : key == "w3" ? "up_proj" : "down_proj";
+  };
+  n.expert = [proj](int l, int e, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." + proj(key) +
+           ".weight";
+  };
+  n.shared = [proj](int l, const std::string& key) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.shared_expert";
+    if (key == "gate") return p + "_gate.weight";
+    return p + "." + proj(key) + ".weight";
+  };
+  return n;
+}
+
+WeightNames gpt_oss_weight_names() {
+  WeightNames n = hf_names();
+  n.layer = [](int l, const std::string& key) {
+    const std::string p = "model.layers." + std::to_string(l);
+    if (key == "router") return p + ".mlp.router.weight";
+    if (key == "router_bias") return p + ".mlp.router.bias";
+    if (key == "score_bias") return p + ".mlp.router.score_bias";  // never present
+    return hf_layer_name(l, key);
+  };
+  n.expert = [](int l, int, const std::string& key) {  // stacked: see load_gpt_oss_experts
+    return "model.layers." + std::to_string(l) + ".mlp.experts." + key;
+  };
+  n.shared = [](int l, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.shared_expert." + key;  // never present
+  };
+  return n;
+}
+
+WeightNames weight_names(ModelFormat format) {
+  switch (format) {
+    case ModelFormat::Expar:
+      return expar_weight_names();
+    case ModelFormat::Mixtral:
+      return mixtral_weight_names();
+    case ModelFormat::QwenMoe:
+      return qwen_moe_weight_names();
+    case ModelFormat::GptOss:
+      return gpt_oss_weight_names();
+  }
+  return expar_weight_names();
 }
 
 namespace {
@@ -92,7 +163,7 @@ void expect_shape(const TensorStore& store, const std::string& name, const Shape
 }  // namespace
 
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
-                              const InferenceLayout& layout, int rank) {
+                              const InferenceLayout& layout, int rank, const ModelFeatures& features) {
   const InferenceRankInfo info = layout.rank_info(rank);
   EXPAR_CHECK(layout.placement().num_experts() == config.moe.num_experts,
               "the inference layout has {} experts but the model has {}: build the layout with "
@@ -101,23 +172,28 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   RankWeights w;
   w.config = config;
   w.config.moe.model_dim = config.model_dim;
+  w.features = features;
   w.local_experts = info.local_experts;
   const HeadSplit hs = head_split(config, layout.tp(), info.tp_rank);
   const int64_t hd = config.head_dim;
   w.local_attn = nn::AttentionShape{hs.q1 - hs.q0, hs.k1 - hs.k0, hd};
   const auto [i0, i1] = layout.intermediate_shard(rank, static_cast<int>(config.moe.hidden_dim));
+  const int64_t d = config.model_dim;
 
-  expect_shape(store, names.embed, {config.vocab, config.model_dim});
-  expect_shape(store, names.lm_head, {config.vocab, config.model_dim});
+  expect_shape(store, names.embed, {config.vocab, d});
   w.embed = load_dense(store, names.embed);
   w.final_norm = load_dense(store, names.final_norm);
-  w.lm_head = load_dense(store, names.lm_head);
+  if (features.tied_embeddings && !store.contains(names.lm_head)) {
+    w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
+  } else {
+    expect_shape(store, names.lm_head, {config.vocab, d});
+    w.lm_head = load_dense(store, names.lm_head);
+  }
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;
     auto name = [&](const char* key) { return names.layer(l, key); };
     lw.attn_norm = load_dense(store, name("attn_norm"));
     lw.mlp_norm = load_dense(store, name("mlp_norm"));
-    const int64_t d = config.model_dim;
     expect_shape(store, name("wq"), {config.heads * hd, d});
     expect_shape(store, name("wk"), {config.kv_heads * hd, d});
     expect_shape(store, name("wv"), {config.kv_heads * hd, d});
@@ -126,30 +202,71 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     lw.attn.wk = load_rows(store, name("wk"), hs.k0 * hd, hs.k1 * hd);
     lw.attn.wv = load_rows(store, name("wv"), hs.k0 * hd, hs.k1 * hd);
     lw.attn.wo = load_columns(store, name("wo"), hs.q0 * hd, hs.q1 * hd);
-    lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
-    EXPAR_CHECK(lw.router.ndim() == 2 && lw.router.dim(0) == config.moe.num_experts,
-                "router '{}' has shape {} but the model has {} experts", name("router"),
-                shape_string(lw.router.shape()), config.moe.num_experts);
-    if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
-    // Seed 002's composition: a TP-sharding base loader (gate/up rows, down columns of the intermediate
-    // shard) wrapped by the expert-parallel loader that keeps this rank's experts.
-    for (int e : info.local_experts) {
-      const int64_t h = config.moe.hidden_dim;
-      expect_shape(store, names.expert(l, e, "w1"), {h, d});
-      expect_shape(store, names.expert(l, e, "w3"), {h, d});
-      expect_shape(store, names.expert(l, e, "w2"), {d, h});
+    if (features.qkv_bias) {
+      expect_shape(store, name("bq"), {config.heads * hd});
+      expect_shape(store, name("bk"), {config.kv_heads * hd});
+      expect_shape(store, name("bv"), {config.kv_heads * hd});
+      lw.attn_options.bq = load_rows(store, name("bq"), hs.q0 * hd, hs.q1 * hd);
+      lw.attn_options.bk = load_rows(store, name("bk"), hs.k0 * hd, hs.k1 * hd);
+      lw.attn_options.bv = load_rows(store, name("bv"), hs.k0 * hd, hs.k1 * hd);
     }
-    auto view = [&](const char* key) {
-      return per_expert_view(store,
-                             [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });
-    };
-    lw.experts.w1 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w1"), i0, i1));
-    lw.experts.w3 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w3"), i0, i1));
-    lw.experts.w2 = expert_parallel_weight_loader(info.local_experts, columns_loader(view("w2"), i0, i1));
+    if (features.o_bias) {
+      expect_shape(store, name("bo"), {d});
+      if (info.tp_rank == 0) lw.attn_options.bo = load_dense(store, name("bo"));
+    }
+    if (features.attention_sinks) {
+      expect_shape(store, name("sinks"), {config.heads});
+      lw.attn_options.sinks = load_rows(store, name("sinks"), hs.q0, hs.q1);
+    }
+    lw.attn_options.window = features.window_of(l);
+    expect_shape(store, name("router"), {config.moe.num_experts, d});
+    lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
+    if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
+    if (features.router == RouterKind::BiasedTopkSoftmax) {
+      expect_shape(store, name("router_bias"), {config.moe.num_experts});
+      lw.router_bias = load_dense(store, name("router_bias"));
+    }
+    if (features.fused_experts) {
+      // gpt-oss: the stacked experts, sliced by the same expert-parallel loader around a strided base loader.
+      const std::string p = names.expert(l, 0, "");
+      const int64_t h = config.moe.hidden_dim, e = config.moe.num_experts;
+      EXPAR_CHECK(store.contains(p + "gate_up_proj") || !store.contains(p + "gate_up_proj_blocks"),
+                  "checkpoint '{}': '{}gate_up_proj' is stored MXFP4-quantised (_blocks/_scales), which the "
+                  "engine does not load: dequantise the experts to BF16 or F32 first",
+                  store.label(), p);
+      expect_shape(store, p + "gate_up_proj", {e, d, 2 * h});
+      expect_shape(store, p + "gate_up_proj_bias", {e, 2 * h});
+      expect_shape(store, p + "down_proj", {e, h, d});
+      expect_shape(store, p + "down_proj_bias", {e, d});
+      GptOssExperts g = load_gpt_oss_experts(store, l, info.local_experts, i0, i1, i0 == 0);
+      lw.experts = std::move(g.weights);
+      lw.expert_b1 = std::move(g.b1);
+      lw.expert_b3 = std::move(g.b3);
+      lw.expert_b2 = std::move(g.b2);
+    } else {
+      // Seed 002's composition: a TP-sharding base loader (gate/up rows, down columns of the intermediate
+      // shard) wrapped by the expert-parallel loader that keeps this rank's experts.
+      for (int e : info.local_experts) {
+        const int64_t h = config.moe.hidden_dim;
+        expect_shape(store, names.expert(l, e, "w1"), {h, d});
+        expect_shape(store, names.expert(l, e, "w3"), {h, d});
+        expect_shape(store, names.expert(l, e, "w2"), {d, h});
+      }
+      auto view = [&](const char* key) {
+        return per_expert_view(store,
+                               [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });
+      };
+      lw.experts.w1 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w1"), i0, i1));
+      lw.experts.w3 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w3"), i0, i1));
+      lw.experts.w2 = expert_parallel_weight_loader(info.local_experts, columns_loader(view("w2"), i0, i1));
+    }
     lw.experts.validate();
     if (config.shared_expert_hidden > 0) {
       const int64_t h = config.shared_expert_hidden;
       const int tp = layout.tp(), t = info.tp_rank;
+      expect_shape(store, names.shared(l, "w1"), {h, d});
+      expect_shape(store, names.shared(l, "w3"), {h, d});
+      expect_shape(store, names.shared(l, "w2"), {d, h});
       int64_t s0 = 0, s1 = 0;
       if (h % tp == 0) {
         s0 = t * (h / tp);
@@ -161,11 +278,26 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         lw.shared_w1 = load_rows(store, names.shared(l, "w1"), s0, s1);
         lw.shared_w3 = load_rows(store, names.shared(l, "w3"), s0, s1);
         lw.shared_w2 = load_columns(store, names.shared(l, "w2"), s0, s1);
+        if (features.shared_expert_gate) {
+          // The gate is a per-token scalar, so scaling each TP partial sum by it scales their sum.
+          expect_shape(store, names.shared(l, "gate"), {1, d});
+          lw.shared_gate = load_dense(store, names.shared(l, "gate"));
+        }
       }
     }
     w.layers.push_back(std::move(lw));
   }
   return w;
+}
+
+RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, const InferenceLayout& layout,
+                              int rank) {
+  return load_rank_weights(store, weight_names(spec.format), spec.config, layout, rank, spec.features);
+}
+
+std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {
+  if (spec.format == ModelFormat::Expar) return ExparCheckpointStore::open(spec.dir);
+  return ShardedStore::open(spec.tensor_path);
 }
 
 }  // namespace expar::infer

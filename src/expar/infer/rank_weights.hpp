@@ -6,12 +6,18 @@
 //  - its local experts, sharded on the intermediate dimension over its EP_TP group (w1/w3 rows, w2 columns);
 //  - the shared expert TP-sharded over the TP group (or whole on TP rank 0 when TP does not divide it);
 //  - embedding, final norm and LM head (replicated).
-// WeightNames maps these to a checkpoint's tensor names, so our checkpoints and Hugging Face Mixtral load
-// through the same code.
+// WeightNames maps these to a checkpoint's tensor names, so our checkpoints and Hugging Face Mixtral,
+// Qwen-MoE and gpt-oss load through the same code. ModelFeatures says which extra tensors a format has:
+// attention biases (q/k/v rows of the local heads like the weights; the o bias on TP rank 0 only, so the sum
+// over the TP group adds it once), sinks of the local query heads, the shared-expert gate (replicated), the
+// router bias (replicated), gpt-oss's fused experts and their biases (the down bias on the EP_TP rank holding
+// intermediate shard 0, for the same reason).
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "expar/infer/hf_config.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/model/model_config.hpp"
 #include "expar/moe/expert_mlp.hpp"
@@ -23,14 +29,25 @@ namespace expar::infer {
 struct LayerWeights {
   Tensor attn_norm, mlp_norm;              // [d]
   nn::AttentionWeights attn;               // local heads
+  nn::AttentionOptions attn_options;       // biases, sinks, sliding window (Hugging Face formats)
   Tensor router;                           // [E, d]
   Tensor score_bias;                       // [E] or undefined
+  Tensor router_bias;                      // [E] added to the router logits (gpt-oss) or undefined
   ExpertWeights experts;                   // [E_L, h / ep_tp, d], [E_L, h / ep_tp, d], [E_L, d, h / ep_tp]
+  Tensor expert_b1, expert_b3;             // [E_L, h / ep_tp] gate/up biases (gpt-oss) or undefined
+  Tensor expert_b2;                        // [E_L, d] down bias on the shard-0 EP_TP rank (gpt-oss)
   Tensor shared_w1, shared_w3, shared_w2;  // [hs_l, d], [hs_l, d], [d, hs_l]; undefined: none here
+  Tensor shared_gate;                      // [1, d]: output scaled by sigmoid(x · gate) (Qwen) or undefined
 };
+
+// True when an optional weight is present (defined and not empty).
+inline bool present(const Tensor& t) {
+  return t.defined() && t.numel() > 0;
+}
 
 struct RankWeights {
   ModelConfig config;
+  ModelFeatures features;
   nn::AttentionShape local_attn;  // heads held here
   std::vector<int> local_experts;
   Tensor embed, final_norm, lm_head;
@@ -38,20 +55,29 @@ struct RankWeights {
 };
 
 // Tensor names of one checkpoint layout. layer(l, key) for key in {attn_norm, wq, wk, wv, wo, mlp_norm,
-// router, score_bias}; expert(l, e, key) for key in {w1, w3, w2} ([h, d], [h, d], [d, h]); shared(l, key)
-// likewise for the shared expert.
+// router, score_bias, bq, bk, bv, bo, sinks, router_bias}; expert(l, e, key) for key in {w1, w3, w2}
+// ([h, d], [h, d], [d, h]); shared(l, key) likewise for the shared expert, and "gate" for its gate [1, d].
+// A format names only the keys it has.
 struct WeightNames {
   std::string embed, final_norm, lm_head;
   std::function<std::string(int, const std::string&)> layer;
   std::function<std::string(int, int, const std::string&)> expert;
   std::function<std::string(int, const std::string&)> shared;
 };
-WeightNames expar_weight_names();    // train/checkpoint.hpp's names
-WeightNames mixtral_weight_names();  // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
+WeightNames expar_weight_names();     // train/checkpoint.hpp's names
+WeightNames mixtral_weight_names();   // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
+WeightNames qwen_moe_weight_names();  // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
+WeightNames gpt_oss_weight_names();  // model.layers.L.mlp.router.*, self_attn.sinks (experts: hf_experts.hpp)
+WeightNames weight_names(ModelFormat format);
 
 // This rank's weights of `config` from `store`. Throws expar::Error when the layout does not fit the model
 // (heads or intermediate not divisible, expert count mismatch) or a tensor is missing.
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
-                              const InferenceLayout& layout, int rank);
+                              const InferenceLayout& layout, int rank, const ModelFeatures& features = {});
+// The same for a ModelSpec (open_model_spec): its names, config and features.
+RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, const InferenceLayout& layout,
+                              int rank);
+// The tensor store of a ModelSpec: ExparCheckpointStore for ours, ShardedStore for Hugging Face formats.
+std::unique_ptr<TensorStore> open_store(const ModelSpec& spec);
 
 }  // namespace expar::infer

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
@@ -126,12 +127,23 @@ size_t ExparCheckpointStore::files_opened() const {
 // ---- ShardedStore ----
 
 struct ShardedStore::State {
-  fs::path dir;
-  ShardedCheckpoint checkpoint;
+  fs::path path;
+  std::optional<ShardedCheckpoint> checkpoint;  // a directory or an index
+  std::optional<SafetensorsFile> single;        // one .safetensors file
 };
 
-std::unique_ptr<ShardedStore> ShardedStore::open(const fs::path& dir) {
-  auto state = std::unique_ptr<State>(new State{dir, ShardedCheckpoint::open_directory(dir)});
+std::unique_ptr<ShardedStore> ShardedStore::open(const fs::path& path) {
+  auto state = std::make_unique<State>();
+  state->path = path;
+  if (fs::is_directory(path))
+    state->checkpoint.emplace(ShardedCheckpoint::open_directory(path));
+  else if (path.filename().string().ends_with(".index.json"))
+    state->checkpoint.emplace(ShardedCheckpoint::open(path));
+  else if (path.extension() == ".safetensors")
+    state->single.emplace(SafetensorsFile::open(path));
+  else
+    fail("'{}' is not a checkpoint: pass a directory, a model.safetensors.index.json or a .safetensors file",
+         path.string());
   return std::unique_ptr<ShardedStore>(new ShardedStore(std::move(state)));
 }
 
@@ -139,26 +151,27 @@ ShardedStore::ShardedStore(std::unique_ptr<State> state) : state_(std::move(stat
 ShardedStore::~ShardedStore() = default;
 
 std::string ShardedStore::label() const {
-  return state_->dir.string();
+  return state_->path.string();
 }
 
 bool ShardedStore::contains(const std::string& name) const {
-  return state_->checkpoint.contains(name);
+  return state_->checkpoint ? state_->checkpoint->contains(name) : state_->single->contains(name);
 }
 
 const TensorInfo& ShardedStore::info(const std::string& name) const {
   EXPAR_CHECK(contains(name), "checkpoint '{}' has no tensor '{}': is it a checkpoint of this architecture?",
               label(), name);
-  return state_->checkpoint.info(name);
+  return state_->checkpoint ? state_->checkpoint->info(name) : state_->single->info(name);
 }
 
 Tensor ShardedStore::view_rows(const std::string& name, int64_t begin, int64_t end) const {
   info(name);
-  return state_->checkpoint.view_rows(name, begin, end);
+  return state_->checkpoint ? state_->checkpoint->view_rows(name, begin, end)
+                            : state_->single->view_rows(name, begin, end);
 }
 
 size_t ShardedStore::shards_opened() const {
-  return state_->checkpoint.shards_opened();
+  return state_->checkpoint ? state_->checkpoint->shards_opened() : 1;
 }
 
 }  // namespace expar::infer

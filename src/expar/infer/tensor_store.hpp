@@ -49,11 +49,11 @@ class ExparCheckpointStore final : public TensorStore {
   ModelConfig model_;
 };
 
-// A Hugging Face checkpoint directory: model.safetensors.index.json and its shards, or one
-// model.safetensors.
+// A Hugging Face checkpoint: a directory (its model.safetensors.index.json and shards, or one
+// model.safetensors), an index json file, or one .safetensors file.
 class ShardedStore final : public TensorStore {
  public:
-  static std::unique_ptr<ShardedStore> open(const std::filesystem::path& dir);
+  static std::unique_ptr<ShardedStore> open(const std::filesystem::path& path);
   ~ShardedStore() override;
   std::string label() const override;
   bool contains(const std::string& name) const override;

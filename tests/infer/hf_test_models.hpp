@@ -1,0 +1,335 @@
+#pragma once
+// Small random Hugging Face Qwen-MoE and gpt-oss checkpoints, written in their tensor names with a
+// config.json, and an independent dense reference of both architectures: plain loops in double over the
+// Hugging Face tensors, one sequence at a time, recomputing the whole prefix (no cache, no parallelism).
+#include <cmath>
+#include <numeric>
+
+#include "expar/infer/hf_config.hpp"
+#include "expar/io/sharded_checkpoint.hpp"
+#include "infer_test_util.hpp"
+
+namespace expar::infer::testing {
+
+struct HfTestModel {
+  ModelFormat format = ModelFormat::QwenMoe;
+  int vocab = 64, layers = 2;
+  int64_t d = 40, heads = 12, kv_heads = 12, head_dim = 8, experts = 24, top_k = 4, inter = 12, shared = 18,
+          max_seq = 32;
+  bool norm_topk_prob = false;  // Qwen
+  int64_t window = 3;           // gpt-oss sliding_attention layers (layer 0 of 2)
+  double rope_theta = 1e6;
+  float eps = 1e-6f;
+  std::map<std::string, Tensor> tensors;
+  mutable int64_t clamp_hits = 0;  // gpt-oss activations the dense reference clamped (gate > 7 or |up| > 7)
+
+  std::string layer(int l) const { return "model.layers." + std::to_string(l) + "."; }
+  const float* w(const std::string& name) const { return tensors.at(name).data<float>(); }
+
+  nlohmann::json config() const {
+    nlohmann::json j{{"vocab_size", vocab},
+                     {"hidden_size", d},
+                     {"num_hidden_layers", layers},
+                     {"num_attention_heads", heads},
+                     {"num_key_value_heads", kv_heads},
+                     {"max_position_embeddings", max_seq},
+                     {"rms_norm_eps", eps},
+                     {"rope_theta", rope_theta},
+                     {"num_experts_per_tok", top_k},
+                     {"tie_word_embeddings", false}};
+    if (format == ModelFormat::QwenMoe) {
+      j["model_type"] = "qwen2_moe";
+      j["num_experts"] = experts;
+      j["moe_intermediate_size"] = inter;
+      j["shared_expert_intermediate_size"] = shared;
+      j["intermediate_size"] = 4 * inter;  // the dense MLP size: unused (every layer is sparse)
+      j["norm_topk_prob"] = norm_topk_prob;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = nlohmann::json::array();
+      j["use_sliding_window"] = false;
+    } else {
+      j["model_type"] = "gpt_oss";
+      j["head_dim"] = head_dim;
+      j["num_local_experts"] = experts;
+      j["intermediate_size"] = inter;
+      j["sliding_window"] = window;
+      j["attention_bias"] = true;
+      j["swiglu_limit"] = 7.0;
+      std::vector<std::string> types;
+      for (int l = 0; l < layers; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+      j["rope_scaling"] = nullptr;
+    }
+    return j;
+  }
+
+  // Random weights with the format's names. Larger gate/up weights in gpt-oss push some activations past the
+  // clamp at 7, so the clamp is exercised.
+  void randomize(uint64_t seed) {
+    uint64_t stream = 0;
+    auto normal = [&](Shape s, float stddev, float mean = 0.0f) {
+      Tensor t = Tensor::empty(std::move(s));
+      fill_normal(t, seed, ++stream, stddev);
+      for (float& v : t.span<float>()) v += mean;
+      return t;
+    };
+    const float in = 1.0f / std::sqrt(static_cast<float>(d));
+    const int64_t qd = heads * head_dim, kd = kv_heads * head_dim;
+    tensors["model.embed_tokens.weight"] = normal({vocab, d}, 1.0f);
+    tensors["model.norm.weight"] = normal({d}, 0.1f, 1.0f);
+    tensors["lm_head.weight"] = normal({vocab, d}, in);
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = layer(l);
+      tensors[p + "input_layernorm.weight"] = normal({d}, 0.1f, 1.0f);
+      tensors[p + "post_attention_layernorm.weight"] = normal({d}, 0.1f, 1.0f);
+      tensors[p + "self_attn.q_proj.weight"] = normal({qd, d}, 2 * in);
+      tensors[p + "self_attn.k_proj.weight"] = normal({kd, d}, 2 * in);
+      tensors[p + "self_attn.v_proj.weight"] = normal({kd, d}, in);
+      tensors[p + "self_attn.o_proj.weight"] = normal({d, qd}, 1.0f / std::sqrt(static_cast<float>(qd)));
+      tensors[p + "self_attn.q_proj.bias"] = normal({qd}, 0.5f);
+      tensors[p + "self_attn.k_proj.bias"] = normal({kd}, 0.5f);
+      tensors[p + "self_attn.v_proj.bias"] = normal({kd}, 0.5f);
+      if (format == ModelFormat::QwenMoe) {
+        tensors[p + "mlp.gate.weight"] = normal({experts, d}, in);
+        for (int e = 0; e < experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          tensors[x + "gate_proj.weight"] = normal({inter, d}, in);
+          tensors[x + "up_proj.weight"] = normal({inter, d}, in);
+          tensors[x + "down_proj.weight"] = normal({d, inter}, 1.0f / std::sqrt(static_cast<float>(inter)));
+        }
+        tensors[p + "mlp.shared_expert.gate_proj.weight"] = normal({shared, d}, in);
+        tensors[p + "mlp.shared_expert.up_proj.weight"] = normal({shared, d}, in);
+        tensors[p + "mlp.shared_expert.down_proj.weight"] =
+            normal({d, shared}, 1.0f / std::sqrt(static_cast<float>(shared)));
+        tensors[p + "mlp.shared_expert_gate.weight"] = normal({1, d}, in);
+      } else {
+        tensors[p + "self_attn.o_proj.bias"] = normal({d}, 0.5f);
+        tensors[p + "self_attn.sinks"] = normal({heads}, 1.0f);
+        tensors[p + "mlp.router.weight"] = normal({experts, d}, in);
+        tensors[p + "mlp.router.bias"] = normal({experts}, 0.5f);
+        tensors[p + "mlp.experts.gate_up_proj"] = normal({experts, d, 2 * inter}, 4 * in);
+        tensors[p + "mlp.experts.gate_up_proj_bias"] = normal({experts, 2 * inter}, 0.5f);
+        tensors[p + "mlp.experts.down_proj"] = normal({experts, inter, d}, 0.1f);
+        tensors[p + "mlp.experts.down_proj_bias"] = normal({experts, d}, 0.5f);
+      }
+    }
+  }
+
+  // Sharded safetensors (with model.safetensors.index.json) and config.json.
+  void write(const fs::path& dir, size_t shard_bytes = 64 * 1024) const {
+    write_sharded_checkpoint(dir, tensors, shard_bytes);
+    std::ofstream(dir / "config.json") << config().dump(2);
+  }
+
+  // ---- the dense reference ----
+
+  std::vector<double> rmsnorm(const std::vector<double>& x, const std::string& gain) const {
+    std::vector<double> y(x.size());
+    const int64_t n = static_cast<int64_t>(x.size()) / d;
+    for (int64_t t = 0; t < n; ++t) {
+      double ss = 0;
+      for (int64_t i = 0; i < d; ++i)
+        ss += x[static_cast<size_t>(t * d + i)] * x[static_cast<size_t>(t * d + i)];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+      for (int64_t i = 0; i < d; ++i)
+        y[static_cast<size_t>(t * d + i)] = x[static_cast<size_t>(t * d + i)] * inv * w(gain)[i];
+    }
+    return y;
+  }
+
+  // y [n, out] = x [n, in] · Wᵀ (+ b), W [out, in] row-major.
+  static std::vector<double> linear(const std::vector<double>& x, const float* wt, const float* b, int64_t in,
+                                    int64_t out) {
+    const int64_t n = static_cast<int64_t>(x.size()) / in;
+    std::vector<double> y(static_cast<size_t>(n * out));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = b ? b[o] : 0.0;
+        for (int64_t i = 0; i < in; ++i) acc += x[static_cast<size_t>(t * in + i)] * wt[o * in + i];
+        y[static_cast<size_t>(t * out + o)] = acc;
+      }
+    return y;
+  }
+
+  void rope(std::vector<double>& x, int64_t n_heads) const {
+    const int64_t n = static_cast<int64_t>(x.size()) / (n_heads * head_dim), half = head_dim / 2;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < n_heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle =
+              static_cast<double>(t) *
+              std::pow(rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+          double& a = x[static_cast<size_t>((t * n_heads + h) * head_dim + i)];
+          double& b = x[static_cast<size_t>((t * n_heads + h) * head_dim + i + half)];
+          const double a0 = a, b0 = b;
+          a = a0 * std::cos(angle) - b0 * std::sin(angle);
+          b = b0 * std::cos(angle) + a0 * std::sin(angle);
+        }
+  }
+
+  std::vector<double> attention(int l, const std::vector<double>& x) const {
+    const std::string p = layer(l) + "self_attn.";
+    const bool gpt = format == ModelFormat::GptOss;
+    const int64_t n = static_cast<int64_t>(x.size()) / d, qd = heads * head_dim, kd = kv_heads * head_dim;
+    auto q = linear(x, w(p + "q_proj.weight"), w(p + "q_proj.bias"), d, qd);
+    auto k = linear(x, w(p + "k_proj.weight"), w(p + "k_proj.bias"), d, kd);
+    auto v = linear(x, w(p + "v_proj.weight"), w(p + "v_proj.bias"), d, kd);
+    rope(q, heads);
+    rope(k, kv_heads);
+    const int64_t win = gpt && l % 2 == 0 ? window : 0;
+    std::vector<double> ctx(static_cast<size_t>(n * qd), 0.0);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kv_heads);
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<double> s(static_cast<size_t>(n), -INFINITY);
+        double max = gpt ? w(p + "sinks")[h] : -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (win > 0 && i - j >= win) continue;
+          double dot = 0;
+          for (int64_t e = 0; e < head_dim; ++e)
+            dot += q[static_cast<size_t>(i * qd + h * head_dim + e)] *
+                   k[static_cast<size_t>(j * kd + g * head_dim + e)];
+          s[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(head_dim));
+          max = std::max(max, s[static_cast<size_t>(j)]);
+        }
+        double sum = gpt ? std::exp(w(p + "sinks")[h] - max) : 0.0;  // the sink: mass without a value
+        for (double& sj : s) sum += (sj = std::exp(sj - max));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < head_dim; ++e)
+            ctx[static_cast<size_t>(i * qd + h * head_dim + e)] +=
+                s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * kd + g * head_dim + e)];
+      }
+    }
+    return linear(ctx, w(p + "o_proj.weight"), gpt ? w(p + "o_proj.bias") : nullptr, qd, d);
+  }
+
+  static double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+  // The k largest of row (ties to the lower index), descending.
+  std::vector<int> top(const std::vector<double>& row) const {
+    std::vector<int> order(row.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)]; });
+    order.resize(static_cast<size_t>(top_k));
+    return order;
+  }
+
+  std::vector<double> moe(int l, const std::vector<double>& x) const {
+    const std::string p = layer(l) + "mlp.";
+    const int64_t n = static_cast<int64_t>(x.size()) / d;
+    std::vector<double> y(x.size(), 0.0);
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> xt(x.begin() + t * d, x.begin() + (t + 1) * d);
+      double* yt = y.data() + t * d;
+      if (format == ModelFormat::QwenMoe) {
+        auto logits = linear(xt, w(p + "gate.weight"), nullptr, d, experts);
+        const double mx = *std::max_element(logits.begin(), logits.end());
+        double z = 0;
+        for (double& v : logits) z += (v = std::exp(v - mx));
+        for (double& v : logits) v /= z;  // softmax over all experts
+        const auto chosen = top(logits);
+        double kept = 0;
+        for (int e : chosen) kept += logits[static_cast<size_t>(e)];
+        for (int e : chosen) {
+          const double wt = logits[static_cast<size_t>(e)] / (norm_topk_prob ? kept : 1.0);
+          const std::string ex = p + "experts." + std::to_string(e) + ".";
+          auto g = linear(xt, w(ex + "gate_proj.weight"), nullptr, d, inter);
+          auto u = linear(xt, w(ex + "up_proj.weight"), nullptr, d, inter);
+          for (int64_t i = 0; i < inter; ++i)
+            g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+          auto o = linear(g, w(ex + "down_proj.weight"), nullptr, inter, d);
+          for (int64_t c = 0; c < d; ++c) yt[c] += wt * o[static_cast<size_t>(c)];
+        }
+        auto g = linear(xt, w(p + "shared_expert.gate_proj.weight"), nullptr, d, shared);
+        auto u = linear(xt, w(p + "shared_expert.up_proj.weight"), nullptr, d, shared);
+        for (int64_t i = 0; i < shared; ++i)
+          g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+        auto o = linear(g, w(p + "shared_expert.down_proj.weight"), nullptr, shared, d);
+        const double gate = linear(xt, w(p + "shared_expert_gate.weight"), nullptr, d, 1)[0];
+        for (int64_t c = 0; c < d; ++c) yt[c] += o[static_cast<size_t>(c)] / (1.0 + std::exp(-gate));
+      } else {
+        auto logits = linear(xt, w(p + "router.weight"), w(p + "router.bias"), d, experts);
+        const auto chosen = top(logits);
+        const double mx = logits[static_cast<size_t>(chosen[0])];
+        double z = 0;
+        for (int e : chosen) z += std::exp(logits[static_cast<size_t>(e)] - mx);  // softmax over the top k
+        const float* gu = w(p + "experts.gate_up_proj");
+        const float* gub = w(p + "experts.gate_up_proj_bias");
+        const float* dn = w(p + "experts.down_proj");
+        const float* dnb = w(p + "experts.down_proj_bias");
+        for (int e : chosen) {
+          const double wt = std::exp(logits[static_cast<size_t>(e)] - mx) / z;
+          std::vector<double> act(static_cast<size_t>(inter));
+          for (int64_t i = 0; i < inter; ++i) {
+            double g = gub[e * 2 * inter + 2 * i], u = gub[e * 2 * inter + 2 * i + 1];
+            for (int64_t c = 0; c < d; ++c) {
+              g += xt[static_cast<size_t>(c)] * gu[(e * d + c) * 2 * inter + 2 * i];
+              u += xt[static_cast<size_t>(c)] * gu[(e * d + c) * 2 * inter + 2 * i + 1];
+            }
+            clamp_hits += g > 7.0 || std::fabs(u) > 7.0;
+            g = std::min(g, 7.0);
+            u = std::clamp(u, -7.0, 7.0);
+            act[static_cast<size_t>(i)] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+          }
+          for (int64_t c = 0; c < d; ++c) {
+            double o = dnb[e * d + c];
+            for (int64_t i = 0; i < inter; ++i)
+              o += act[static_cast<size_t>(i)] * dn[(e * inter + i) * d + c];
+            yt[c] += wt * o;
+          }
+        }
+      }
+    }
+    return y;
+  }
+
+  // Logits [tokens, vocab] of one sequence.
+  Tensor dense_logits(const std::vector<int32_t>& tokens) const {
+    const auto n = static_cast<int64_t>(tokens.size());
+    std::vector<double> h(static_cast<size_t>(n * d));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < d; ++c)
+        h[static_cast<size_t>(t * d + c)] =
+            w("model.embed_tokens.weight")[tokens[static_cast<size_t>(t)] * d + c];
+    for (int l = 0; l < layers; ++l) {
+      const auto a = attention(l, rmsnorm(h, layer(l) + "input_layernorm.weight"));
+      for (size_t i = 0; i < h.size(); ++i) h[i] += a[i];
+      const auto m = moe(l, rmsnorm(h, layer(l) + "post_attention_layernorm.weight"));
+      for (size_t i = 0; i < h.size(); ++i) h[i] += m[i];
+    }
+    const auto logits = linear(rmsnorm(h, "model.norm.weight"), w("lm_head.weight"), nullptr, d, vocab);
+    Tensor out = Tensor::empty({n, static_cast<int64_t>(vocab)});
+    for (size_t i = 0; i < logits.size(); ++i) out.data<float>()[i] = static_cast<float>(logits[i]);
+    return out;
+  }
+};
+
+inline HfTestModel qwen_test_model(bool norm_topk_prob = false) {
+  HfTestModel m;
+  m.format = ModelFormat::QwenMoe;
+  m.d = 48;  // Qwen's config has no head_dim: it is hidden_size / heads
+  m.head_dim = 4;
+  m.norm_topk_prob = norm_topk_prob;
+  m.randomize(31);
+  return m;
+}
+
+// Grouped-query attention with one key/value head (replicated on every TP rank).
+inline HfTestModel gpt_oss_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::GptOss;
+  m.kv_heads = 1;
+  m.rope_theta = 150000.0;
+  m.eps = 1e-5f;
+  m.randomize(47);
+  return m;
+}
+
+inline std::vector<int32_t> vocab_tokens(uint64_t stream, int n, int vocab) {
+  std::vector<int32_t> v = random_tokens(stream, n);
+  for (int32_t& t : v) t %= vocab;
+  return v;
+}
+
+}  // namespace expar::infer::testing
