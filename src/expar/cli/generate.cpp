@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 #include "expar/cli/commands.hpp"
 #include "expar/comm/launcher.hpp"
@@ -105,12 +106,15 @@ int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index
 
 int run_generate(const GenerateArgs& a) {
   if (a.temperature <= 0.0) return run_engine(a);
-  const std::string checkpoint = checkpoint_of(a);
+  const infer::ModelSpec spec = infer::open_model_spec(
+      checkpoint_of(a),
+      a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format)));
   EXPAR_CHECK(
-      a.format == "auto" || a.format == "ours",
-      "--temperature {} samples with the training model, which reads our checkpoints only, not --format "
-      "{}: drop --temperature for greedy decoding on the inference engine",
-      a.temperature, a.format);
+      spec.format == infer::ModelFormat::Expar,
+      "--temperature {} samples with the training model, which reads our checkpoints only, not {}: drop "
+      "--temperature for greedy decoding on the inference engine",
+      a.temperature, infer::model_format_name(spec.format));
+  const std::string checkpoint = spec.dir.string();
   CheckpointInfo info = read_checkpoint_info(checkpoint);
   ModelConfig config = info.model;
   const int ranks = a.tp * a.dp, ep = a.no_ep ? 1 : (a.ep > 0 ? a.ep : ranks);
