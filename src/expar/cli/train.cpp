@@ -11,6 +11,7 @@
 
 #include "expar/cli/commands.hpp"
 #include "expar/comm/launcher.hpp"
+#include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/train/trainer.hpp"
@@ -152,6 +153,13 @@ int run_train(TrainArgs& a) {
   std::printf("\nper-rank memory (peak over the run):\n");
   for (size_t r = 0; r < memory.size(); ++r)
     std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
+  // Not in the per-rank tables: freed tensor blocks the process keeps for reuse (core/host_allocator.hpp).
+  const HostCacheStats cache = host_cache_stats();
+  if (cache.enabled)
+    std::printf("host allocation cache (process-wide, freed blocks kept for reuse): %s of at most %s, %lld "
+                "reuses, %lld fresh\n",
+                format_bytes(cache.cached_bytes).c_str(), format_bytes(cache.limit_bytes).c_str(),
+                static_cast<long long>(cache.hits), static_cast<long long>(cache.misses));
   const auto& s0 = summaries[0];
   if (!s0.steps.empty())
     std::printf("final: train loss %.4f, validation loss %.4f\n", s0.steps.back().loss, s0.final_val_loss);
