@@ -59,18 +59,19 @@ class ThreadsWorld {
   std::vector<std::weak_ptr<GroupState>> groups_;
 };
 
-// One member's contribution to a generation. Which fields mean what is up to the collective.
+// One member's contribution to a generation. Which fields mean what is up to the collective. Every field
+// has an initializer, so a collective can name just the ones it uses ({.send = ..., .count = ...}).
 struct Slot {
   const char* op = nullptr;  // the operation's name: members calling different operations is an error
   const void* send = nullptr;
   void* recv = nullptr;
-  std::span<const size_t> counts;
-  std::span<const size_t> counts2;
+  std::span<const size_t> counts{};
+  std::span<const size_t> counts2{};
   size_t count = 0;
   int64_t a = 0;
   int64_t b = 0;
   DType dtype = DType::U8;
-  std::shared_ptr<void> object;  // an object one member creates for all (a new group's state)
+  std::shared_ptr<void> object{};  // an object one member creates for all (a new group's state)
 };
 
 class GroupState {

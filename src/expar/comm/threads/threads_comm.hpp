@@ -9,6 +9,8 @@
 
 namespace expar::threads {
 
+struct CollectiveSpec;  // what a data collective states about itself (threads_comm.cpp)
+
 class ThreadsComm final : public Comm {
  public:
   ThreadsComm(std::shared_ptr<GroupState> group, int rank);
@@ -38,6 +40,11 @@ class ThreadsComm final : public Comm {
   std::span<const Slot> exchange(Slot slot) { return group_->exchange(rank_, std::move(slot)); }
   // Throws (identically on every member) when members passed different counts or dtypes.
   void check_uniform(std::span<const Slot> slots, const char* op, bool check_count) const;
+  // The rendezvous every data collective shares: counts the call, publishes `mine` under the collective's
+  // name, checks what every member must pass alike, runs `body(slots)` while the peers' buffers are valid,
+  // and closes with the wait that keeps this member's buffers valid until every peer is done with them.
+  template <typename Body>
+  void rendezvous(const CollectiveSpec& spec, Slot mine, Body&& body);
 
   std::shared_ptr<GroupState> group_;
   int rank_;
