@@ -130,6 +130,8 @@ int run_bench_comm(const BenchOptions& o) {
 // Subcommands in bench_*.cpp files.
 void add_bench_paths(CLI::App* bench, CommandTable& table);
 void add_bench_bar(CLI::App* bench, CommandTable& table);
+void add_bench_payload(CLI::App* bench, CommandTable& table);
+void add_bench_waves(CLI::App* bench, CommandTable& table);
 
 void add_bench(CLI::App& app, CommandTable& table) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -145,6 +147,8 @@ void add_bench(CLI::App& app, CommandTable& table) {
   table[comm] = [o] { return run_bench_comm(*o); };
   add_bench_paths(bench, table);
   add_bench_bar(bench, table);
+  add_bench_payload(bench, table);
+  add_bench_waves(bench, table);
 }
 
 }  // namespace expar::cli
