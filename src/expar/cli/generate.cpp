@@ -1,7 +1,8 @@
 // `expar generate`: text from a checkpoint (ours, or Hugging Face Mixtral, Qwen-MoE, gpt-oss).
 //  - greedy (the default): the inference engine of seed 002 (infer/): TP x DP ranks as threads, attention
 //    heads split over TP, experts over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
-//    prefill all-gather -> experts -> reduce-scatter and decode all-reduce; prints prefill/decode tokens/s.
+//    prefill all-gather -> experts -> reduce-scatter and decode all-reduce (or, with --decode-moe rowwise and
+//    full EP, the rowwise path: rows to their experts' owners and back); prints prefill/decode tokens/s.
 //    --path (or --checkpoint) is a checkpoint directory or a file in one; --format says which layout it is
 //    (auto: detected from manifest.json / config.json's model_type). Hugging Face models come without a
 //    tokenizer here: the prompt is --prompt-ids (or the prompt's bytes) and the output is token ids.
@@ -45,6 +46,7 @@ struct GenerateArgs {
   bool no_ep = false;
   std::string placement = "contiguous";
   std::string expert_path = "rowwise";
+  std::string decode_moe = "allreduce";  // allreduce | rowwise (greedy engine only)
 };
 
 // The checkpoint of --path / --checkpoint (one of them, or both naming the same path).
@@ -65,6 +67,7 @@ int run_engine(const GenerateArgs& a) {
   if (a.ep > 0) o.ep_degree = a.ep;
   o.placement = placement_from_name(a.placement);
   if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
+  o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   std::vector<int32_t> prompt = a.prompt_ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
@@ -79,9 +82,9 @@ int run_engine(const GenerateArgs& a) {
     std::printf("%s\n", ids.c_str());
   }
   const std::string ep = a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
-  std::fprintf(stderr, "[%s, TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode %.1f tokens/s]\n",
+  std::fprintf(stderr, "[%s, TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode (%s) %.1f tokens/s]\n",
                infer::model_format_name(r.format).c_str(), a.tp, a.dp, ep.c_str(), r.prefill_tokens_per_s,
-               r.decode_tokens_per_s);
+               a.decode_moe.c_str(), r.decode_tokens_per_s);
   return 0;
 }
 
@@ -181,6 +184,9 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
   cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
   cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
+      ->capture_default_str();
+  cmd->add_option("--decode-moe", a->decode_moe,
+                  "Decode MoE pattern: allreduce (seed 002) | rowwise (rows to expert owners; full EP only)")
       ->capture_default_str();
   cmd->add_option("--expert-path", a->expert_path, "Expert path of the sampling mode (--temperature > 0)")
       ->capture_default_str();

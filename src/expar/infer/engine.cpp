@@ -8,6 +8,8 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/infer/hf_experts.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/nn/embedding.hpp"
@@ -77,19 +79,44 @@ float silu(float v) {
 
 }  // namespace
 
+DecodeMoe decode_moe_from_name(const std::string& name) {
+  if (name == "allreduce") return DecodeMoe::AllReduce;
+  if (name == "rowwise") return DecodeMoe::Rowwise;
+  fail("decode MoE mode '{}' is unknown: choose allreduce or rowwise", name);
+}
+
+std::string decode_moe_name(DecodeMoe mode) {
+  return mode == DecodeMoe::Rowwise ? "rowwise" : "allreduce";
+}
+
+void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode) {
+  if (mode != DecodeMoe::Rowwise || layout.ep_tp_size() == 1) return;
+  // The rowwise path sends each routed row to ONE rank, whose experts must produce the whole expert output:
+  // intermediate-dimension shards would need a second sum over the EP_TP group for every row.
+  fail(
+      "rowwise decode needs every expert whole on one rank (ep_tp_size 1, i.e. full EP with ep_degree = "
+      "TP*DP = {}), but TP {} x DP {} with {} shards each expert's intermediate dimension over {} ranks: "
+      "enable expert parallelism with ep_degree {} (or unset), or decode with allreduce",
+      layout.world(), layout.tp(), layout.dp(),
+      layout.expert_parallel() ? fmt::format("ep_degree {}", layout.ep_degree()) : std::string("no EP"),
+      layout.ep_tp_size(), layout.world());
+}
+
 struct Engine::Sequence {
   std::vector<nn::KvCache> caches;  // one per layer
   int64_t capacity = 0;
   int64_t length() const { return caches.empty() ? 0 : caches[0].length; }
 };
 
-Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights)
+Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, EngineOptions options)
     : layout_(layout),
+      options_(options),
       weights_(std::move(weights)),
       rank_(world.rank()),
       tp_rank_(layout.rank_info(world.rank()).tp_rank),
       dp_rank_(layout.rank_info(world.rank()).dp_rank),
       rope_(weights_.config.head_dim, weights_.config.max_seq, weights_.config.rope_theta) {
+  check_decode_moe(layout_, options_.decode_moe);  // before any collective: every rank refuses alike
   EXPAR_CHECK(weights_.features.window.empty() ||
                   static_cast<int>(weights_.features.window.size()) == weights_.config.layers,
               "the model has {} layers but its features list {} attention windows", weights_.config.layers,
@@ -102,6 +129,20 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights)
   global_to_local_.assign(static_cast<size_t>(weights_.config.moe.num_experts), -1);
   for (size_t l = 0; l < weights_.local_experts.size(); ++l)
     global_to_local_[static_cast<size_t>(weights_.local_experts[l])] = static_cast<int>(l);
+  if (options_.decode_moe == DecodeMoe::Rowwise) {
+    // With ep_tp_size 1 the layout's EP group is the whole world and a rank's EP rank is its world rank; the
+    // route map places rows by layout_.placement(), so this rank's weights must be that placement's experts.
+    ep_ = world.subgroup(layout.groups(InferenceGroup::Ep), "ep");
+    EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(ep_->rank()),
+                "rank {}: rowwise decode places experts by the layout's {} placement, but the weights hold "
+                "other experts: load the weights with the same layout",
+                rank_, placement_name(layout_.placement().kind()));
+    PathOptions po;
+    po.model_dim = weights_.config.model_dim;
+    po.top_k = weights_.config.moe.top_k;
+    po.placement = &layout_.placement();
+    rowwise_ = make_path("rowwise", *ep_, po);
+  }
 }
 
 Engine::~Engine() = default;
@@ -193,7 +234,9 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
     }
     add_into(h, att);
     Tensor n2 = rmsnorm(h, lw.mlp_norm, c.norm_eps);
-    Tensor m = prefill ? moe_prefill(l, n2, total) : moe_decode(l, n2);
+    Tensor m = prefill                                     ? moe_prefill(l, n2, total)
+               : options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
+                                                           : moe_decode(l, n2);
     add_into(h, m);
   }
   Tensor hf = rmsnorm(h, weights_.final_norm, c.norm_eps);
@@ -283,6 +326,45 @@ Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
   return out;
 }
 
+Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.model_dim, k = c.moe.top_k, total = x.dim(0);
+  // This rank's contiguous slice of the replica's tokens (empty when T < TP for the later ranks).
+  const std::vector<int64_t> slice_rows = even_rows(total, tp_->size());
+  const int64_t first = total * tp_rank_ / tp_->size(), mine = slice_rows[static_cast<size_t>(tp_rank_)];
+  Tensor xs = x.rows(first, first + mine);
+  Tensor topk_idx = Tensor::empty({mine, k}, DType::I32), topk_weight = Tensor::empty({mine, k});
+  if (mine > 0) {
+    std::vector<int32_t> idx;
+    std::vector<float> weight;
+    route(layer, xs, idx, weight);
+    std::copy(idx.begin(), idx.end(), topk_idx.data<int32_t>());
+    std::copy(weight.begin(), weight.end(), topk_weight.data<float>());
+  }
+  // Route map over the world (dropless: inference has no capacity policy), then the rowwise path: PUT each
+  // routed row into its owner's dispatch buffer, experts on their contiguous rows, GET + merge in k order.
+  const RouteMap map = build_route_map(topk_idx, *ep_, layout_.placement(), CapacityPolicy::dropless());
+  PathState state;
+  state.scratch_dispatch = true;  // no backward: the payload may live in the path's scratch slot
+  Tensor expert_in = rowwise_->dispatch_forward(xs, map, state);
+  Tensor expert_out = rowwise_->expert_output_buffer(map, d, state);
+  for (int64_t l = 0; l + 1 < static_cast<int64_t>(map.expert_offsets.size()); ++l) {
+    const int64_t r0 = map.expert_offsets[static_cast<size_t>(l)],
+                  r1 = map.expert_offsets[static_cast<size_t>(l + 1)];
+    if (r1 > r0)
+      expert_rows(layer, l, expert_in.data<float>() + r0 * d, r1 - r0, expert_out.data<float>() + r0 * d);
+  }
+  Tensor y = rowwise_->combine_forward(expert_out, topk_weight, map, state);
+  // The shared expert is TP-sharded: its partial sums over all T tokens are reduce-scattered onto the slices
+  // (the model decides, so every TP rank enters the collective even where it holds no shard).
+  if (c.shared_expert_hidden > 0) {
+    Tensor partial = Tensor::zeros({total, d});
+    shared_expert(layer, x, partial.data<float>());
+    add_into(y, reduce_scatter_rows(*tp_, partial, slice_rows, d));
+  }
+  return gather_rows(*tp_, y, slice_rows, d);
+}
+
 void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ModelConfig& c = weights_.config;
@@ -322,11 +404,9 @@ void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::v
 
 void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,
                            Tensor& out) const {
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  const ExpertWeights& w = lw.experts;
+  const ExpertWeights& w = weights_.layers[static_cast<size_t>(layer)].experts;
   const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k, h = w.hidden();
   const int64_t el = w.local_count();
-  const bool clamped = weights_.features.activation == ExpertActivation::GptOssClamped;
   // Tokens of each local expert, with their weights, in token order.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(el));
   for (int64_t t = 0; t < n; ++t)
@@ -341,40 +421,52 @@ void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const
     const auto& rt = routed[static_cast<size_t>(l)];
     const auto m = static_cast<int64_t>(rt.size());
     if (m == 0 || h == 0) continue;
-    Tensor xe = Tensor::empty({m, d}), g = Tensor::empty({m, h}), u = Tensor::empty({m, h}),
-           y = Tensor::empty({m, d});
+    Tensor xe = Tensor::empty({m, d}), y = Tensor::empty({m, d});
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(xe.data<float>() + i * d, x.data<float>() + rt[static_cast<size_t>(i)].first * d,
                   sizeof(float) * static_cast<size_t>(d));
-    const float* w1 = w.w1.data<float>() + l * h * d;
-    const float* w3 = w.w3.data<float>() + l * h * d;
-    const float* w2 = w.w2.data<float>() + l * d * h;
-    matmul(xe.data<float>(), w1, g.data<float>(), m, h, d, false, true, false);
-    matmul(xe.data<float>(), w3, u.data<float>(), m, h, d, false, true, false);
-    float* pg = g.data<float>();
-    const float* pu = u.data<float>();
-    if (clamped) {
-      // gpt-oss: biased gate/up, clamped SwiGLU; the down bias on the rank holding intermediate shard 0.
-      const float* b1 = lw.expert_b1.data<float>() + l * h;
-      const float* b3 = lw.expert_b3.data<float>() + l * h;
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < h; ++j)
-          pg[i * h + j] = gpt_oss_swiglu(pg[i * h + j] + b1[j], pu[i * h + j] + b3[j]);
-    } else {
-      for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
-    }
-    matmul(pg, w2, y.data<float>(), m, d, h, false, true, false);
-    const float* b2 = present(lw.expert_b2) ? lw.expert_b2.data<float>() + l * d : nullptr;
+    expert_rows(layer, l, xe.data<float>(), m, y.data<float>());
     for (int64_t i = 0; i < m; ++i) {
       const auto [t, wt] = rt[static_cast<size_t>(i)];
       float* o = out.data<float>() + t * d;
       const float* py = y.data<float>() + i * d;
-      if (b2)
-        for (int64_t j = 0; j < d; ++j) o[j] += wt * (py[j] + b2[j]);
-      else
-        for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
+      for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
     }
   }
+}
+
+void Engine::expert_rows(int layer, int64_t l, const float* x, int64_t m, float* y) const {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const ExpertWeights& w = lw.experts;
+  const int64_t d = weights_.config.model_dim, h = w.hidden();
+  const float* b2 = present(lw.expert_b2) ? lw.expert_b2.data<float>() + l * d : nullptr;
+  if (h == 0) {  // an empty intermediate shard: only the down bias (if held here)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < d; ++j) y[i * d + j] = b2 ? b2[j] : 0.0f;
+    return;
+  }
+  Tensor g = Tensor::empty({m, h}), u = Tensor::empty({m, h});
+  const float* w1 = w.w1.data<float>() + l * h * d;
+  const float* w3 = w.w3.data<float>() + l * h * d;
+  const float* w2 = w.w2.data<float>() + l * d * h;
+  matmul(x, w1, g.data<float>(), m, h, d, false, true, false);
+  matmul(x, w3, u.data<float>(), m, h, d, false, true, false);
+  float* pg = g.data<float>();
+  const float* pu = u.data<float>();
+  if (weights_.features.activation == ExpertActivation::GptOssClamped) {
+    // gpt-oss: biased gate/up, clamped SwiGLU; the down bias on the rank holding intermediate shard 0.
+    const float* b1 = lw.expert_b1.data<float>() + l * h;
+    const float* b3 = lw.expert_b3.data<float>() + l * h;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < h; ++j)
+        pg[i * h + j] = gpt_oss_swiglu(pg[i * h + j] + b1[j], pu[i * h + j] + b3[j]);
+  } else {
+    for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
+  }
+  matmul(pg, w2, y, m, d, h, false, true, false);
+  if (b2)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < d; ++j) y[i * d + j] += b2[j];
 }
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {

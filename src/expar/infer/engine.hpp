@@ -10,6 +10,12 @@
 //  decode   input [T, d] on every TP rank (attention ends in an all-reduce over TP)
 //           (all-gather over DP) -> router + local experts on every token -> all-reduce over TP
 //           (-> reduce-scatter over DP).
+//  decode with EngineOptions::decode_moe = Rowwise (full EP only: whole experts on every rank): each TP rank
+//           takes its contiguous slice of the replica's T tokens (some ranks may get none), routes it, PUTs
+//           each routed row into its expert owner's symmetric dispatch buffer (moe/paths/rowwise), runs its
+//           local experts, GETs the K output rows back and merges them in k order, then an all-gather over
+//           TP gives every rank [T, d] again. The EP group is the whole world (ep_degree = TP*DP), so with
+//           cross-DP EP the replicas' tokens meet at the experts without the DP all-gather/reduce-scatter.
 // One sum over the TP group adds both the EP contributions (other experts) and the TP partial products
 // (other intermediate shards) — seed 002, "Why a Single All-Reduce Works". The shared expert is TP-sharded
 // and its partial sums ride in the same collective.
@@ -21,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "expar/comm/comm.hpp"
@@ -28,7 +35,27 @@
 #include "expar/nn/rope.hpp"
 #include "expar/topo/inference_layout.hpp"
 
+namespace expar {
+class ExpertPath;
+}
+
 namespace expar::infer {
+
+// How decode steps run the MoE layers (prefill always uses the all-gather/reduce-scatter pattern).
+//  AllReduce  seed 002's decode: every rank runs its experts on every token, one all-reduce over TP.
+//  Rowwise    the rowwise EP path (seed 000 §5.4-5.7): each rank routes its slice of the tokens, rows go to
+//             their experts' owners and back, an all-gather over TP restores [T, d]. Full EP only.
+enum class DecodeMoe : uint8_t { AllReduce, Rowwise };
+DecodeMoe decode_moe_from_name(const std::string& name);  // "allreduce" | "rowwise"
+std::string decode_moe_name(DecodeMoe mode);
+
+struct EngineOptions {
+  DecodeMoe decode_moe = DecodeMoe::AllReduce;
+};
+
+// Throws expar::Error unless `layout` supports `mode`: Rowwise needs every expert whole on one rank
+// (ep_tp_size 1: full EP with ep_degree = TP*DP, or a single rank); the message names the rule and the fix.
+void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode);
 
 struct EngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;  // this replica's tokens
@@ -38,8 +65,9 @@ struct EngineStats {
 class Engine {
  public:
   // world: the TP*DP ranks of `layout` (collective: builds the TP and DP groups). weights: this rank's
-  // (load_rank_weights with the same layout and world rank).
-  Engine(const InferenceLayout& layout, Comm& world, RankWeights weights);
+  // (load_rank_weights with the same layout and world rank). options: the same on every rank (decode_moe
+  // Rowwise also builds a symmetric heap over the world, collectively).
+  Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, EngineOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -62,21 +90,28 @@ class Engine {
   // The collective groups (tests count calls on them).
   Comm& tp_group() { return *tp_; }
   Comm& dp_group() { return *dp_; }
+  const EngineOptions& options() const { return options_; }
 
  private:
   struct Sequence;
   Tensor step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill);
   Tensor moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows);
   Tensor moe_decode(int layer, const Tensor& x);
+  Tensor moe_decode_rowwise(int layer, const Tensor& x);
   // Routes tokens x [N, d] of `layer`: idx and weight [N, K] (the format's router).
   void route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const;
   // Adds this rank's expert contribution for tokens x [N, d] routed by (idx, weight) [N, K] into out.
   void local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight, Tensor& out) const;
+  // y [m, d] = local expert l of `layer` on rows x [m, d] (down bias included, no routing weight).
+  void expert_rows(int layer, int64_t l, const float* x, int64_t m, float* y) const;
   void shared_expert(int layer, const Tensor& x, float* out) const;
 
   InferenceLayout layout_;
+  EngineOptions options_;
   RankWeights weights_;
   std::shared_ptr<Comm> tp_, dp_;
+  std::shared_ptr<Comm> ep_;             // decode_moe Rowwise: the whole world as the EP group
+  std::unique_ptr<ExpertPath> rowwise_;  // decode_moe Rowwise: the rowwise path over ep_
   int rank_, tp_rank_, dp_rank_;
   nn::Rope rope_;
   std::vector<int> global_to_local_;  // [E] local index of each expert here, -1 elsewhere

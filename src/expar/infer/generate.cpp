@@ -57,6 +57,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   ic.num_experts = config.moe.num_experts;
   ic.placement = options.placement;
   const InferenceLayout layout(ic);
+  check_decode_moe(layout, options.decode_moe);  // refuse before loading anything
   GenerateResult result;
   result.format = spec.format;
   std::mutex mutex;
@@ -66,7 +67,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
     RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
-    Engine engine(layout, world, std::move(w));
+    Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe});
     const bool serving = engine.dp_rank() == 0;
     auto tokens = greedy_generate(engine, serving ? prompt : std::vector<int32_t>{}, max_new);
     if (world.rank() == 0) {

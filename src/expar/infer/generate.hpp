@@ -25,8 +25,9 @@ struct GenerateOptions {
   bool enable_expert_parallel = false;
   std::optional<int> ep_degree;  // unset: TP*DP with EP
   PlacementKind placement = PlacementKind::Contiguous;
-  int compute_threads = 1;            // oneDNN threads per rank
-  std::optional<ModelFormat> format;  // unset: detected from the files (open_model_spec)
+  int compute_threads = 1;                      // oneDNN threads per rank
+  std::optional<ModelFormat> format;            // unset: detected from the files (open_model_spec)
+  DecodeMoe decode_moe = DecodeMoe::AllReduce;  // how decode steps run the MoE layers (engine.hpp)
 };
 
 struct GenerateResult {
