@@ -121,6 +121,68 @@ TEST(PayloadCodec, Bf16RelativeErrorAtMost2ToMinus8) {
   EXPECT_GT(worst, 0x1p-10);  // the data is not accidentally exact
 }
 
+// The codec's inlined conversions give the same bits as core/convert.hpp's scalar ones.
+TEST(PayloadCodec, Bf16EncodeMatchesTheScalarConversionBitForBit) {
+  std::vector<float> x;
+  for (uint64_t i = 0; i < (1u << 18); ++i) x.push_back(std::bit_cast<float>(random_u32(21, 0, i)));
+  for (float v : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, -0x1p-149f,
+                  std::numeric_limits<float>::max(), std::bit_cast<float>(0x3F808000u),  // tie -> even (down)
+                  std::bit_cast<float>(0x3F818000u), std::bit_cast<float>(0x7F7F8000u)})  // tie up; overflow
+    x.push_back(v);
+  x.resize((x.size() + 31) / 32 * 32, 1.0f);
+  std::vector<std::byte> wire(x.size() * 2);
+  encode_payload_rows(PayloadFormat::BF16, x.data(), static_cast<int64_t>(x.size() / 32), 32, wire.data());
+  std::vector<float> back(x.size());
+  decode_payload_rows(PayloadFormat::BF16, wire.data(), static_cast<int64_t>(x.size() / 32), 32, back.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint16_t got = 0;
+    std::memcpy(&got, wire.data() + 2 * i, 2);
+    ASSERT_EQ(got, f32_to_bf16(x[i])) << "x bits " << std::bit_cast<uint32_t>(x[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(bf16_to_f32(got)));
+  }
+}
+
+TEST(MxScale, ElementsMatchTheScalarConversionOfTheScaledValue) {
+  // Reference: f32_to_e4m3(ldexp(v, -s)) with s from the scale code, for blocks whose elements sit on E4M3
+  // values, on midpoints between them (ties), one ulp either side, in the subnormal range, and at random.
+  for (MxScaleRule rule : {MxScaleRule::Ceil, MxScaleRule::Floor})
+    for (uint64_t trial = 0; trial < 3000; ++trial) {
+      const int s = static_cast<int>(random_u32(23, 0, trial) % 240) - 120;
+      std::vector<float> block(32);
+      for (size_t i = 0; i < 32; ++i) {
+        const uint64_t at = trial * 32 + i;
+        const uint8_t c = random_finite_e4m3(23, at);
+        const float lo = e4m3_to_f32(c & 0x7F),
+                    hi = e4m3_to_f32(static_cast<uint8_t>(std::min(0x7E, (c & 0x7F) + 1)));
+        float v = 0.0f;
+        switch (random_u32(23, 2, at) % 5) {
+          case 0:
+            v = lo;
+            break;
+          case 1:
+            v = 0.5f * (lo + hi);
+            break;
+          case 2:
+            v = std::nextafter(0.5f * (lo + hi), 0.0f);
+            break;
+          case 3:
+            v = std::nextafter(0.5f * (lo + hi), 1000.0f);
+            break;
+          default:
+            v = random_uniform(23, 3, at) * 512.0f;
+            break;
+        }
+        block[i] = std::ldexp((c & 0x80) ? -v : v, s);
+      }
+      std::vector<uint8_t> elements(32);
+      const uint8_t scale = mx_encode_block(block, rule, elements);
+      ASSERT_NE(scale, 0xFF);
+      for (size_t i = 0; i < 32; ++i)
+        ASSERT_EQ(elements[i], f32_to_e4m3(std::ldexp(block[i], 127 - static_cast<int>(scale))))
+            << "trial " << trial << " i " << i << " value " << block[i] << " scale " << int(scale);
+    }
+}
+
 TEST(MxScale, HandComputedBlocks) {
   for (MxScaleRule rule : {MxScaleRule::Floor, MxScaleRule::Ceil}) {
     // max 1.0: floor(log2 1) - 8 = -8 -> code 119; 1 / 2^-8 = 256 <= 448, so Ceil agrees.

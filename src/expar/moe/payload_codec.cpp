@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -46,6 +47,35 @@ BlockMax block_max(std::span<const float> block) {
     m.max_abs = std::max(m.max_abs, std::fabs(v));
   }
   return m;
+}
+
+// The per-element conversions of the hot loops, inlined and branch-free so that the compiler can vectorise
+// them; they give the same bits as core/convert.hpp (f32_to_bf16, f32_to_e4m3), which the tests check.
+
+// f32 -> bf16, round to nearest even; NaN stays NaN (quiet, sign kept).
+inline uint16_t bf16_bits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<uint16_t>(nan ? ((bits >> 16) | 0x0040u) : rounded);
+}
+
+// f32 -> E4M3 code for a finite value (the caller has excluded NaN and inf blocks), round to nearest even,
+// saturating to ±448.
+inline uint8_t e4m3_bits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  // Normal E4M3 (>= 2^-6): keep 3 of the 23 mantissa bits with round-to-nearest-even; a carry moves into the
+  // exponent, which is what the format wants. E4M3 exponent = f32 exponent - 127 + 7.
+  const uint32_t rounded = (magnitude + 0x7FFFFu + ((magnitude >> 20) & 1u)) >> 20;
+  const uint32_t normal = rounded - (120u << 3);
+  // Subnormal E4M3 (< 2^-6): multiples of 2^-9; adding 2^23 rounds to an integer, ties to even.
+  const float scaled = std::bit_cast<float>(magnitude) * 512.0f;
+  const uint32_t sub = static_cast<uint32_t>((scaled + 8388608.0f) - 8388608.0f);
+  uint32_t code = magnitude < 0x3C800000u ? sub : normal;  // 0x3C800000 = 2^-6
+  code = std::min(code, 0x7Eu);  // saturate: 448 (also for values that round past it)
+  return static_cast<uint8_t>(sign | code);
 }
 
 // E4M3 code -> value, for decoding without per-element branches.
@@ -128,9 +158,11 @@ uint8_t mx_encode_block(std::span<const float> block, MxScaleRule rule, std::spa
     return scale;
   }
   // Dividing by a power of two is exact (scaling up, or down into the f32 subnormals only for elements far
-  // below the E4M3 resolution), so each element is rounded once, by f32_to_e4m3.
-  const int shift = -(static_cast<int>(scale) - 127);
-  for (size_t i = 0; i < block.size(); ++i) elements[i] = f32_to_e4m3(std::ldexp(block[i], shift));
+  // below the E4M3 resolution), so each element is rounded once, to E4M3.
+  // 1 / X = 2^(127 - code) is exactly a float for every code 0..254 (2^-127 as a subnormal), and a product
+  // with a power of two is rounded once, as ldexp(value, 127 - code) would be.
+  const float inverse = std::ldexp(1.0f, 127 - static_cast<int>(scale));
+  for (size_t i = 0; i < block.size(); ++i) elements[i] = e4m3_bits(block[i] * inverse);
   return scale;
 }
 
@@ -156,7 +188,7 @@ void encode_payload_rows(PayloadFormat format, const float* src, int64_t rows, i
       return;
     case PayloadFormat::BF16:
       for (size_t i = 0; i < total; ++i) {
-        const uint16_t bits = f32_to_bf16(src[i]);
+        const uint16_t bits = bf16_bits(src[i]);
         std::memcpy(dst + 2 * i, &bits, 2);
       }
       return;
@@ -191,7 +223,7 @@ void decode_payload_rows(PayloadFormat format, const std::byte* src, int64_t row
       for (size_t i = 0; i < total; ++i) {
         uint16_t bits = 0;
         std::memcpy(&bits, src + 2 * i, 2);
-        dst[i] = bf16_to_f32(bits);
+        dst[i] = std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
       }
       return;
     case PayloadFormat::MXFP8:
