@@ -20,6 +20,15 @@ std::string message_of(const std::function<void()>& fn) {
   return "(no error)";
 }
 
+// The message of the error that a run of `ranks` ranks, whose waits time out after `timeout_seconds`, ends
+// with.
+std::string message_of_run(int ranks, double timeout_seconds, const std::function<void(Comm&)>& fn) {
+  LaunchOptions options;
+  options.ranks = ranks;
+  options.timeout_seconds = timeout_seconds;
+  return message_of([&] { run_ranks(options, fn); });
+}
+
 TEST(Failures, ThrowingRankEndsTheRunWithItsMessage) {
   for (int thrower = 0; thrower < 4; ++thrower) {
     auto m = message_of([&] {
@@ -58,34 +67,24 @@ TEST(Failures, RankThatReturnsEarlyIsReportedNotWaitedFor) {
 }
 
 TEST(Failures, TimeoutNamesOperationGroupAndMissingRanks) {
-  LaunchOptions options;
-  options.ranks = 3;
   // Generous margins: on a loaded 2-core machine rank 1 must reach the all_gather within the timeout, or it
   // is (rightly) reported as missing too.
-  options.timeout_seconds = 1.5;
-  auto m = message_of([&] {
-    run_ranks(options, [](Comm& world) {
-      if (world.rank() == 2) std::this_thread::sleep_for(std::chrono::seconds(4));
-      std::vector<float> x(4);
-      world.all_gather(x.data(), std::vector<float>(12).data(), 4, DType::F32);
-    });
+  auto m = message_of_run(3, 1.5, [](Comm& world) {
+    if (world.rank() == 2) std::this_thread::sleep_for(std::chrono::seconds(4));
+    std::vector<float> x(4);
+    world.all_gather(x.data(), std::vector<float>(12).data(), 4, DType::F32);
   });
   EXPECT_NE(m.find("all_gather on group 'world' timed out"), std::string::npos) << m;
   EXPECT_NE(m.find("group ranks [2]"), std::string::npos) << m;
 }
 
 TEST(Failures, SignalWaitTimesOut) {
-  LaunchOptions options;
-  options.ranks = 2;
-  options.timeout_seconds = 0.2;
-  auto m = message_of([&] {
-    run_ranks(options, [](Comm& world) {
-      auto heap = world.make_heap();
-      if (world.rank() == 0) heap->wait_signal(5, 1);
-      // Rank 1 arrives late at the barrier so that rank 0's signal wait is the first to time out.
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      heap->barrier();
-    });
+  auto m = message_of_run(2, 0.2, [](Comm& world) {
+    auto heap = world.make_heap();
+    if (world.rank() == 0) heap->wait_signal(5, 1);
+    // Rank 1 arrives late at the barrier so that rank 0's signal wait is the first to time out.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    heap->barrier();
   });
   EXPECT_NE(m.find("wait_signal(slot 5, value 1)"), std::string::npos) << m;
 }
