@@ -100,7 +100,10 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   if (cfg.recompute_moe)
     for (int l = 0; l < mc.layers; ++l)
       if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
-  MoeTransformer model(mc, *ep_mp, static_cast<int64_t>(mb_seqs) * cfg.seq_len);
+  // The shared lease pool's slots must hold the largest forward this run makes: a training microbatch or the
+  // validation batch (validation_loss gives each rank max(1, eval_sequences / DP) sequences).
+  const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
+  MoeTransformer model(mc, *ep_mp, static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * cfg.seq_len);
   model.init(cfg.seed);
 
   std::vector<Parameter*> params;
