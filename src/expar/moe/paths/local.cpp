@@ -1,6 +1,8 @@
 // The `local` path (MoE without EP, M_E = 1): dispatch permutes token rows into expert order by dst_row;
 // combine unpermutes and merges. Seed 000 §5.2: "The permutation is local dispatch; the final unpermutation
 // and weighted reduction are local combine."
+#include <omp.h>
+
 #include <cstring>
 
 #include "expar/comm/comm.hpp"
@@ -11,6 +13,11 @@
 namespace expar {
 
 namespace {
+
+// Row copies are split over the rank's compute threads only when there is enough to copy.
+bool parallel_rows(const RouteMap& map, int64_t d) {
+  return map.tokens * map.top_k * d >= (int64_t{1} << 16) && omp_get_max_threads() > 1;
+}
 
 class LocalPath final : public ExpertPath {
  public:
@@ -25,6 +32,8 @@ class LocalPath final : public ExpertPath {
     Tensor in = Tensor::empty({map.capacity_rows, d});
     const float* src = x.data<float>();
     float* dst = in.data<float>();
+    // Every route writes its own row: tokens split over the rank's compute threads change no result.
+#pragma omp parallel for schedule(static) if (parallel_rows(map, d))
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
         if (map.valid(t, k))
@@ -51,6 +60,7 @@ class LocalPath final : public ExpertPath {
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
     float* out = grad_out.data<float>();
+#pragma omp parallel for schedule(static) if (parallel_rows(map, d))
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
         if (map.valid(t, k))

@@ -158,12 +158,20 @@ class RowwisePath final : public ExpertPath {
     poison_then_barrier(buffer, map.capacity_rows, d);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
+    // A peer whose buffer is mapped here gets its w·grad_y row written in place (one pass instead of a
+    // staging row and a copy); others get the staged row by put.
     std::vector<float> row(static_cast<size_t>(d));
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
         if (map.valid(t, k)) {
-          weighted_route_grad(gy + t * d, w[t * map.top_k + k], row.data(), d);
-          put_row(map.rank_of(t, k), buffer, map.row_of(t, k), row.data(), d);
+          const int peer = map.rank_of(t, k);
+          const float wk = w[t * map.top_k + k];
+          if (void* base = heap_->peer_ptr(peer, buffer)) {
+            weighted_route_grad(gy + t * d, wk, static_cast<float*>(base) + map.row_of(t, k) * d, d);
+          } else {
+            weighted_route_grad(gy + t * d, wk, row.data(), d);
+            put_row(peer, buffer, map.row_of(t, k), row.data(), d);
+          }
         }
     heap_->barrier();
     return Tensor::borrow(step.pool->data(step.combine), {map.capacity_rows, d}, DType::F32);
