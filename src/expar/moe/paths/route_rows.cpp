@@ -152,6 +152,25 @@ Tensor sum_routes(const RouteRows& rows, const RouteMap& map) {
   return g;
 }
 
+Tensor sum_route_pointers(const float* const* rows, const RouteMap& map, int64_t d) {
+  const int64_t t_count = map.tokens;
+  const int k_count = map.top_k;
+  Tensor g = Tensor::empty({t_count, d});
+  float* out = g.data<float>();
+#pragma omp parallel if (parallel_worth(t_count * k_count * d))
+  {
+    std::vector<const float*> r(static_cast<size_t>(k_count));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < t_count; ++t) {
+      int n = 0;
+      for (int k = 0; k < k_count; ++k)
+        if (map.valid(t, k)) r[static_cast<size_t>(n++)] = rows[t * k_count + k];
+      sum_token(r.data(), n, out + t * d, d);
+    }
+  }
+  return g;
+}
+
 namespace {
 
 // kChains dot products dot(g[c], r[c]) at once, each accumulated in f64 in element order: the chains are

@@ -38,6 +38,11 @@ Tensor merge_routes(const RouteRows& rows, const Tensor& topk_weight, const Rout
 // grad_x [T, d]: grad_x[t] = Σ_k row(t,k) over the valid routes in k order in f32 (dispatch backward).
 Tensor sum_routes(const RouteRows& rows, const RouteMap& map);
 
+// sum_routes with the row of route (t, k) at rows[t*K + k] (not read for a dropped or invalid route): the
+// same order and bits, for a path that reads the rows where they lie (a peer's mapped buffer) instead of
+// gathering them into a [T, K, d] tensor first.
+Tensor sum_route_pointers(const float* const* rows, const RouteMap& map, int64_t d);
+
 // grad_topk_weight [T, K]: dot(grad_y[t], row(t,k)) (accumulated in f64, in element order), 0 where the
 // route is dropped or invalid.
 Tensor route_weight_grads(const Tensor& grad_y, const RouteRows& rows, const RouteMap& map);

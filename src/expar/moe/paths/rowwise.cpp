@@ -198,11 +198,17 @@ class RowwisePath final : public ExpertPath {
     PhaseScope dispatch_phase(phase::kRowDispatch);
     heap_->barrier();  // every peer's expert backward wrote its rows
     step.pool->check(step.grad_in);
-    Tensor gathered = gather_routes(step.grad_in.buffer, map, d);
+    // With every peer's buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
+    // gather: one read of each row instead of a read, a write and a read); otherwise they are gathered.
+    // Either way every read ends before the barrier below, after which peers may reuse their buffers.
+    std::vector<const float*> direct = mapped_rows(step.grad_in.buffer, map, d);
+    Tensor grad_x = direct.empty() ? Tensor() : sum_route_pointers(direct.data(), map, d);
+    Tensor gathered = direct.empty() ? gather_routes(step.grad_in.buffer, map, d) : Tensor();
     heap_->barrier();  // nobody reads our gradient or dispatch rows any more
     step.pool->release(step.grad_in);
     step.grad_in_held = false;
     if (step.dispatch.leased) step.pool->release(step.dispatch);  // a scratch payload holds no lease
+    if (!direct.empty()) return grad_x;
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
@@ -255,6 +261,23 @@ class RowwisePath final : public ExpertPath {
       std::memcpy(static_cast<std::byte*>(base) + static_cast<size_t>(row) * bytes, src, bytes);
     else
       heap_->put(peer, buffer, static_cast<size_t>(row) * bytes, src, bytes);
+  }
+
+  // [T*K]: where each valid route's row lies in its expert rank's `buffer` (null for the others), or empty
+  // when some peer's buffer is not mapped here (or there are no routes).
+  std::vector<const float*> mapped_rows(BufferId buffer, const RouteMap& map, int64_t d) {
+    std::vector<const float*> base(static_cast<size_t>(group_.size()));
+    for (int p = 0; p < group_.size(); ++p) {
+      base[static_cast<size_t>(p)] = static_cast<const float*>(heap_->peer_ptr(p, buffer));
+      if (base[static_cast<size_t>(p)] == nullptr) return {};
+    }
+    std::vector<const float*> rows(static_cast<size_t>(map.tokens * map.top_k), nullptr);
+    for (int64_t t = 0; t < map.tokens; ++t)
+      for (int k = 0; k < map.top_k; ++k)
+        if (map.valid(t, k))
+          rows[static_cast<size_t>(t * map.top_k + k)] =
+              base[static_cast<size_t>(map.rank_of(t, k))] + static_cast<int64_t>(map.row_of(t, k)) * d;
+    return rows;
   }
 
   // [T, K, d]: the row of every valid route, from its expert rank's `buffer` at dst_row.
