@@ -147,10 +147,15 @@ class BlockPath final : public ExpertPath {
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     const BlockPlan& plan = plan_of(state, "dispatch backward");
     const int64_t d = grad_expert_in.dim(1);
-    Tensor gathered = return_to_sources(plan, grad_expert_in, map, d, phase::kGlobalPermute,
-                                        phase::kAllToAllDispatch, phase::kLocalPermute);
+    Tensor recv = exchange_back(plan, grad_expert_in, d, phase::kGlobalPermute, phase::kAllToAllDispatch);
+    // Local permute backward: each route's gradient row is summed where it arrived (row i of the receive
+    // buffer is route send_order[i]), in k order like sum_routes, without scattering it to [T, K, d] first.
     PhaseScope sum_phase(phase::kLocalPermute);
-    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
+    std::vector<const float*> rows(static_cast<size_t>(map.tokens * map.top_k), nullptr);
+    const float* received = recv.data<float>();
+    for (int64_t i = 0; i < plan.send_rows; ++i)
+      rows[static_cast<size_t>(plan.send_order[static_cast<size_t>(i)])] = received + i * d;
+    return sum_route_pointers(rows.data(), map, d);
   }
 
  private:
@@ -189,6 +194,19 @@ class BlockPath final : public ExpertPath {
   Tensor return_to_sources(const BlockPlan& plan, const Tensor& expert_side, const RouteMap& map, int64_t d,
                            const char* unpermute_phase, const char* exchange_phase,
                            const char* scatter_phase) {
+    Tensor recv = exchange_back(plan, expert_side, d, unpermute_phase, exchange_phase);
+    PhaseScope scatter(scatter_phase);
+    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
+    const float* rows = recv.data<float>();
+    float* out = gathered.data<float>();
+    for (int64_t i = 0; i < plan.send_rows; ++i)
+      std::memcpy(out + plan.send_order[static_cast<size_t>(i)] * d, rows + i * d, sizeof(float) * d);
+    return gathered;
+  }
+
+  // Global unpermute -> reverse all_to_all_v: [send_rows, d], row i holding route send_order[i].
+  Tensor exchange_back(const BlockPlan& plan, const Tensor& expert_side, int64_t d,
+                       const char* unpermute_phase, const char* exchange_phase) {
     PhaseScope unpermute(unpermute_phase);
     Tensor back = Tensor::empty({plan.recv_rows, d}, DType::F32, MemCategory::CommScratch);
     const float* from = expert_side.data<float>();
@@ -199,15 +217,7 @@ class BlockPath final : public ExpertPath {
     sync_before_comm(group_);
     // Backward swaps the split lists.
     PhaseScope exchange_scope(exchange_phase);
-    Tensor recv = exchange(back, plan.recv_elems, plan.send_rows, plan.send_elems, d);
-    exchange_scope.stop();
-    PhaseScope scatter(scatter_phase);
-    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
-    const float* rows = recv.data<float>();
-    float* out = gathered.data<float>();
-    for (int64_t i = 0; i < plan.send_rows; ++i)
-      std::memcpy(out + plan.send_order[static_cast<size_t>(i)] * d, rows + i * d, sizeof(float) * d);
-    return gathered;
+    return exchange(back, plan.recv_elems, plan.send_rows, plan.send_elems, d);
   }
 
   Comm& group_;
