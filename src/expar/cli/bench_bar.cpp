@@ -39,8 +39,9 @@ double movement_fraction(const PathsReport& report, const PathResult& r) {
     for (const auto& [name, seconds] : (forward ? r.forward : r.backward).phases) {
       const PhaseKind k = phase_kind(name);
       if (k != PhaseKind::Layout && k != PhaseKind::Collective && k != PhaseKind::Rowwise) continue;
-      auto it = r.bytes.find(name);
-      if (it == r.bytes.end()) continue;
+      const auto& bytes = r.bytes_of(forward);
+      auto it = bytes.find(name);
+      if (it == bytes.end()) continue;
       ideal += it->second / report.limits.memcpy_bandwidth;
       measured += seconds;
     }

@@ -137,7 +137,8 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
         json ph = {{"phase", name},
                    {"seconds", seconds},
                    {"limit_fraction", limit_fraction(report, r, name, forward)}};
-        if (auto it = r.bytes.find(name); it != r.bytes.end()) ph["bytes"] = it->second;
+        if (auto it = r.bytes_of(forward).find(name); it != r.bytes_of(forward).end())
+          ph["bytes"] = it->second;
         phases.push_back(ph);
       }
       p[forward ? "forward" : "backward"] = {{"phases", phases},

@@ -48,8 +48,14 @@ struct PassTimes {
 struct PathResult {
   std::string path;
   PassTimes forward, backward;
-  std::map<std::string, double> bytes;  // per phase: bytes read + written (max over ranks), per pass
-  double gemm_flops_forward = 0.0;      // max over ranks
+  // Per phase: bytes read + written (max over ranks) by the forward phase and by its backward adjoint (the
+  // adjoint of a gather-and-sum reads fewer rows than the forward scatter writes, so they differ).
+  std::map<std::string, double> bytes;
+  std::map<std::string, double> bytes_backward;
+  const std::map<std::string, double>& bytes_of(bool forward) const {
+    return forward ? bytes : bytes_backward;
+  }
+  double gemm_flops_forward = 0.0;  // max over ranks
   double gemm_flops_backward = 0.0;
   double step() const { return forward.total + backward.total; }
 };

@@ -73,13 +73,25 @@ Tensor input_of(const PathsBenchOptions& o, int rank, uint64_t stream) {
 // Bytes read + written by each data-movement phase of one pass on this rank, in rows of d floats:
 // R = accepted routes this rank sends, V = rows its experts receive, T = its tokens, N = the group's tokens.
 // Backward passes move the same rows in the other direction, so the same counts serve both.
-std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d) {
+// Bytes read + written per phase, in rows of d floats (R routes sent, V rows received, T tokens, N group
+// tokens). Backward (the adjoint named after its forward phase) differs where the adjoint sums routes into
+// tokens in place: permute / row dispatch backward read R route-gradient rows and write T (R+T, not 2R);
+// unpermute + merge and row gather backward read T gradient rows and R saved rows and write R (2R+T).
+std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool forward) {
   int64_t r = 0, n = 0;
   for (int64_t c : map.send_counts) r += c;
   for (int64_t t : map.tokens_per_source) n += t;
   if (map.ep_size == 1) r = map.recv_rows;
   const int64_t v = map.recv_rows, t = map.tokens;
   const double row = static_cast<double>(d) * sizeof(float);
+  if (!forward) {
+    std::map<std::string, double> b = phase_bytes(map, d, true);
+    b[phase::kLocalPermute] = row * (r + t);
+    b[phase::kRowDispatch] = row * (r + t);
+    b[phase::kLocalUnpermuteMerge] = row * (2 * r + t);
+    b[phase::kRowGatherReduce] = row * (2 * r + t);
+    return b;
+  }
   return {{phase::kLocalPermute, row * 2 * r},
           {phase::kAllToAllDispatch, row * (r + v)},
           {phase::kGlobalPermute, row * 2 * v},
@@ -167,18 +179,22 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     if (seen_b) r.backward.phases.emplace_back(order[j], med(2 + p + j));
   }
   // Bytes and GEMM work of the slowest rank (max over ranks).
-  auto b = phase_bytes(last_map, o.model_dim);
+  auto b = phase_bytes(last_map, o.model_dim, true);
+  auto bb = phase_bytes(last_map, o.model_dim, false);
   std::vector<double> work;
   for (const auto& name : order) work.push_back(b.count(name) ? b[name] : 0.0);
+  for (const auto& name : order) work.push_back(bb.count(name) ? bb[name] : 0.0);
   const double rows = static_cast<double>(last_map.recv_rows);
   const double gemm = 2.0 * rows * static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_dim);
   work.push_back(3 * gemm);
   work.push_back(6 * gemm);
   world.all_reduce(work.data(), work.size(), DType::F64, ReduceOp::Max);
-  for (size_t j = 0; j < p; ++j)
+  for (size_t j = 0; j < p; ++j) {
     if (work[j] > 0.0) r.bytes[order[j]] = work[j];
-  r.gemm_flops_forward = work[p];
-  r.gemm_flops_backward = work[p + 1];
+    if (work[p + j] > 0.0) r.bytes_backward[order[j]] = work[p + j];
+  }
+  r.gemm_flops_forward = work[2 * p];
+  r.gemm_flops_backward = work[2 * p + 1];
   recv_rows_out = last_map.recv_rows;
   int64_t sent = 0;
   for (int64_t c : last_map.send_counts) sent += c;
@@ -268,8 +284,9 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
     return report.limits.matmul_flops > 0.0 ? flops / report.limits.matmul_flops / seconds : 0.0;
   }
   if (kind == PhaseKind::Router || kind == PhaseKind::RouteMap || kind == PhaseKind::Wait) return 0.0;
-  auto it = r.bytes.find(name);
-  if (it == r.bytes.end() || report.limits.memcpy_bandwidth <= 0.0) return 0.0;
+  const auto& bytes = r.bytes_of(forward);
+  auto it = bytes.find(name);
+  if (it == bytes.end() || report.limits.memcpy_bandwidth <= 0.0) return 0.0;
   return it->second / report.limits.memcpy_bandwidth / seconds;
 }
 
