@@ -22,18 +22,6 @@ using namespace testing;
 
 constexpr int kReplicas = 2, kSeqsPerReplica = 2, kDecodeSteps = 4;
 
-InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> ep_degree, int num_experts,
-                            PlacementKind placement = PlacementKind::Contiguous) {
-  InferenceConfig ic;
-  ic.tp = tp;
-  ic.dp = dp;
-  ic.enable_expert_parallel = ep;
-  ic.ep_degree = ep_degree;
-  ic.num_experts = num_experts;
-  ic.placement = placement;
-  return InferenceLayout(ic);
-}
-
 struct Reference {
   HfTestModel model;
   fs::path dir;
@@ -44,25 +32,12 @@ struct Reference {
   std::vector<std::vector<std::vector<Tensor>>> decode_logits;  // [1, V] after feeding greedy[i]
 };
 
-// The reference checkpoints live for the whole run; this removes them at its end.
-class RemoveReferenceDirs : public ::testing::Environment {
- public:
-  static std::vector<fs::path>& dirs() {
-    static std::vector<fs::path> d;
-    return d;
-  }
-  void TearDown() override {
-    for (const fs::path& d : dirs()) fs::remove_all(d);
-  }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new RemoveReferenceDirs);
-
 // The single-rank engine (TP 1, DP 1, no EP), one sequence at a time.
 Reference build_reference(HfTestModel model, const std::string& name) {
   Reference r;
   r.model = std::move(model);
   r.dir = temp_dir(name);
-  RemoveReferenceDirs::dirs().push_back(r.dir);
+  RemoveTempDirs::dirs().push_back(r.dir);
   r.model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   const int v = r.model.vocab;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,38 @@
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/model/model_config_json.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/topo/inference_layout.hpp"
 
 namespace expar::infer::testing {
 
 namespace fs = std::filesystem;
+
+// A layout of the inference engine (seed 002) from its knobs.
+inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> ep_degree, int num_experts,
+                                   PlacementKind placement = PlacementKind::Contiguous) {
+  InferenceConfig ic;
+  ic.tp = tp;
+  ic.dp = dp;
+  ic.enable_expert_parallel = ep;
+  ic.ep_degree = ep_degree;
+  ic.num_experts = num_experts;
+  ic.placement = placement;
+  return InferenceLayout(ic);
+}
+
+// Checkpoint directories a test binary writes once and shares across its tests; removed at the end of the
+// run.
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  static std::vector<fs::path>& dirs() {
+    static std::vector<fs::path> d;
+    return d;
+  }
+  void TearDown() override {
+    for (const fs::path& d : dirs()) fs::remove_all(d);
+  }
+};
+inline const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
 
 // Heads divisible by TP 1..4, experts by every full-EP degree of TP 1..4 x DP 1..2, intermediate by every
 // EP_TP size.

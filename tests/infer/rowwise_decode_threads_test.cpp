@@ -23,31 +23,6 @@ using namespace testing;
 
 constexpr int kDecodeSteps = 4;
 
-InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> ep_degree, int num_experts,
-                            PlacementKind placement = PlacementKind::Contiguous) {
-  InferenceConfig ic;
-  ic.tp = tp;
-  ic.dp = dp;
-  ic.enable_expert_parallel = ep;
-  ic.ep_degree = ep_degree;
-  ic.num_experts = num_experts;
-  ic.placement = placement;
-  return InferenceLayout(ic);
-}
-
-// The checkpoints live for the whole run; this removes them at its end.
-class RemoveDirs : public ::testing::Environment {
- public:
-  static std::vector<fs::path>& dirs() {
-    static std::vector<fs::path> d;
-    return d;
-  }
-  void TearDown() override {
-    for (const fs::path& d : dirs()) fs::remove_all(d);
-  }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new RemoveDirs);
-
 struct Checkpoint {
   fs::path dir;
   ModelSpec spec;
@@ -57,7 +32,7 @@ const Checkpoint& expar_checkpoint() {
   static Checkpoint c = [] {
     Checkpoint r;
     r.dir = temp_dir("rowwise_ours");
-    RemoveDirs::dirs().push_back(r.dir);
+    RemoveTempDirs::dirs().push_back(r.dir);
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(test_config(), *group);
@@ -73,7 +48,7 @@ const Checkpoint& expar_checkpoint() {
 Checkpoint hf_checkpoint(HfTestModel model, const std::string& name) {
   Checkpoint r;
   r.dir = temp_dir(name);
-  RemoveDirs::dirs().push_back(r.dir);
+  RemoveTempDirs::dirs().push_back(r.dir);
   model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   return r;
