@@ -30,6 +30,9 @@ struct GenerateOptions {
   DecodeMoe decode_moe = DecodeMoe::AllReduce;  // how decode steps run the MoE layers (engine.hpp)
 };
 
+// The TP x DP layout of `options` for `config` (validated: throws expar::Error naming the rule).
+InferenceLayout inference_layout(const GenerateOptions& options, const ModelConfig& config);
+
 struct GenerateResult {
   ModelFormat format = ModelFormat::Expar;  // the checkpoint's format
   std::vector<int32_t> tokens;              // the generated tokens (DP replica 0's)
