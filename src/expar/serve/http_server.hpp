@@ -40,6 +40,7 @@ class HttpServer {
   HttpOptions options_;
   std::unique_ptr<httplib::Server> server_;
   std::atomic<int> in_flight_{0};
+  int listen_socket_ = -1;
 };
 
 }  // namespace expar::serve
