@@ -37,6 +37,10 @@ void Metrics::request_finished(int http_status) {
   std::lock_guard lock(mutex_);
   ++requests_by_status_[http_status];
 }
+void Metrics::request_cancelled() {
+  std::lock_guard lock(mutex_);
+  ++cancelled_;
+}
 void Metrics::prompt_tokens(int64_t n) {
   std::lock_guard lock(mutex_);
   prompt_tokens_ += static_cast<uint64_t>(n);
@@ -78,8 +82,10 @@ std::string Metrics::render() const {
       "# HELP expar_prompt_tokens_total Prompt tokens prefilled.\n# TYPE expar_prompt_tokens_total counter\n"
       "expar_prompt_tokens_total {}\n"
       "# HELP expar_generation_tokens_total Tokens generated.\n# TYPE expar_generation_tokens_total counter\n"
-      "expar_generation_tokens_total {}\n",
-      prompt_tokens_, generated_tokens_);
+      "expar_generation_tokens_total {}\n"
+      "# HELP expar_requests_cancelled_total Requests dropped before their end (client gone, stop string, "
+      "shutdown).\n# TYPE expar_requests_cancelled_total counter\nexpar_requests_cancelled_total {}\n",
+      prompt_tokens_, generated_tokens_, cancelled_);
   ttft_.render("expar_time_to_first_token_seconds", "Arrival to first generated token.", out);
   tpot_.render("expar_time_per_output_token_seconds", "Time between consecutive generated tokens.", out);
   out += fmt::format(

@@ -29,6 +29,7 @@ class Metrics {
  public:
   Metrics();
   void request_finished(int http_status);
+  void request_cancelled();  // dropped by the scheduler: client gone, stop string found, or shutdown
   void prompt_tokens(int64_t n);
   void generated_tokens(int64_t n);
   void time_to_first_token(double seconds);
@@ -41,7 +42,7 @@ class Metrics {
  private:
   mutable std::mutex mutex_;
   std::map<int, uint64_t> requests_by_status_;
-  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
   Histogram ttft_, tpot_;
   int64_t running_ = 0, waiting_ = 0;
   double kv_usage_ = 0.0;

@@ -84,11 +84,13 @@ void Scheduler::drop_cancelled_locked(Replica& r) {
   for (size_t i = r.running.size(); i-- > 0;)
     if (r.running[i].state->cancelled()) {
       r.running[i].state->finish(FinishReason::Cancelled);
+      metrics_.request_cancelled();
       release_locked(r, i);
     }
   for (auto it = r.waiting.begin(); it != r.waiting.end();) {
     if ((*it)->cancelled()) {
       (*it)->finish(FinishReason::Cancelled);
+      metrics_.request_cancelled();
       r.kv_waiting -= static_cast<int64_t>((*it)->request().prompt.size()) + (*it)->request().max_tokens;
       --waiting_total_;
       it = r.waiting.erase(it);

@@ -1,0 +1,126 @@
+// expar serve's limits over HTTP: a client that disconnects mid-stream has its request cancelled and its
+// slot freed at once (the running gauge returns to 0, the request counts as 499), and generation requests
+// beyond --max-concurrent get a 503 with a message while the others go on.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "expar/serve/http_server.hpp"
+#include "serve/serve_test_model.hpp"
+
+namespace expar::serve {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kContext = 4096;
+
+// A streaming request on a raw socket: sends it and reads until `min_bytes` arrived; the caller closes it.
+int open_stream(int port, const json& body, size_t min_bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string b = body.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(b.size()) + "\r\n\r\n" + b;
+  EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.size() < min_bytes) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_GE(got.size(), min_bytes) << got;
+  return fd;
+}
+
+struct Server {
+  explicit Server(int max_concurrent) {
+    RuntimeOptions o;
+    o.path = testing::serve_test_model(kContext).string();
+    o.kv_cache_mb = 16;
+    runtime = std::make_unique<Runtime>(o);
+    HttpOptions h;
+    h.port = 0;
+    h.model_name = "tiny";
+    h.max_concurrent = max_concurrent;
+    http = std::make_unique<HttpServer>(*runtime, &codec, h);
+    port = http->bind();
+    thread = std::thread([this] { http->listen(); });
+  }
+  ~Server() {
+    http->stop();
+    thread.join();
+    runtime->shutdown(true);
+  }
+  std::string metrics() const {
+    httplib::Client c("127.0.0.1", port);
+    auto res = c.Get("/metrics");
+    return res ? res->body : "";
+  }
+  ByteCodec codec;
+  std::unique_ptr<Runtime> runtime;
+  std::unique_ptr<HttpServer> http;
+  int port = 0;
+  std::thread thread;
+};
+
+// A stream over the model's whole context: thousands of steps, still running when the test acts.
+json long_stream() {
+  return {{"prompt", "a"}, {"max_tokens", kContext - 1}, {"temperature", 0}, {"stream", true}};
+}
+
+bool wait_for(const std::function<bool()>& done) {
+  for (int i = 0; i < 200; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(HttpLimits, DisconnectMidStreamCancelsTheRequest) {
+  Server s(8);
+  const int fd = open_stream(s.port, long_stream(), 200);
+  ::close(fd);
+  EXPECT_TRUE(wait_for([&] {
+    const std::string m = s.metrics();
+    return m.find("expar_requests_running 0") != std::string::npos &&
+           m.find("expar_requests_cancelled_total 1") != std::string::npos &&
+           m.find("expar_requests_total{status=\"499\"} 1") != std::string::npos;
+  })) << s.metrics();
+  // The server goes on serving.
+  httplib::Client c("127.0.0.1", s.port);
+  auto res = c.Post("/v1/completions", json({{"prompt", "b"}, {"max_tokens", 3}}).dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST(HttpLimits, BeyondMaxConcurrentIs503) {
+  Server s(1);
+  // Hold the only slot with a stream whose client reads the first event and then stops reading; the
+  // server blocks on the full socket, so the request stays in flight.
+  const int fd = open_stream(s.port, long_stream(), 1);
+  httplib::Client c("127.0.0.1", s.port);
+  auto res = c.Post("/v1/completions", json({{"prompt", "b"}, {"max_tokens", 3}}).dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_NE(json::parse(res->body)["error"]["message"].get<std::string>().find("--max-concurrent"),
+            std::string::npos);
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace expar::serve
