@@ -23,7 +23,9 @@ struct ServeArgs {
   bool no_ep = false;
   std::string placement = "contiguous";
   std::string decode_moe = "allreduce";
-  int threads = 1;  // compute threads per rank
+  int threads = 0;  // compute threads per rank; 0: cores / ranks
+  bool oversubscribe = false;
+  std::string transport = "threads";
   bool no_batch_invariant = false;
   int64_t kv_cache_mb = 256;
   serve::SchedulerOptions scheduler;
@@ -35,8 +37,23 @@ struct ServeArgs {
 
 int run_serve(const ServeArgs& a) {
   EXPAR_CHECK(!a.path.empty(), "expar serve needs a model: pass --path <checkpoint dir or file>");
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  EXPAR_CHECK(a.threads >= 1 && a.threads <= 1024, "--threads {} must be in [1, 1024]", a.threads);
+  EXPAR_CHECK(
+      a.transport == "threads",
+      "--transport {}: expar serve runs its ranks as threads of one process; the MPI transport is not "
+      "built for serve yet (the step plans would have to travel to the other processes): use "
+      "--transport threads",
+      a.transport);
+  EXPAR_CHECK(a.tp >= 1 && a.tp <= 1024 && a.dp >= 1 && a.dp <= 1024,
+              "--tp {} and --dp {} must be in [1, 1024]", a.tp, a.dp);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int ranks = a.tp * a.dp;
+  EXPAR_CHECK(a.threads >= 0 && a.threads <= 1024, "--threads {} must be in [0, 1024] (0: cores / ranks)",
+              a.threads);
+  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / ranks);
+  EXPAR_CHECK(
+      a.oversubscribe || ranks * threads <= cores,
+      "{} ranks x {} threads = {} exceed the {} cores: lower --threads/--tp/--dp, or pass --oversubscribe",
+      ranks, threads, ranks * threads, cores);
   serve::RuntimeOptions o;
   o.path = a.path;
   o.model.tp = a.tp;
@@ -46,13 +63,10 @@ int run_serve(const ServeArgs& a) {
   o.model.placement = placement_from_name(a.placement);
   if (a.format != "auto") o.model.format = infer::model_format_from_name(a.format);
   o.model.decode_moe = infer::decode_moe_from_name(a.decode_moe);
-  o.model.compute_threads = a.threads;
+  o.model.compute_threads = threads;
   o.batch_invariant = !a.no_batch_invariant;
   o.kv_cache_mb = a.kv_cache_mb;
   o.scheduler = a.scheduler;
-  if (static_cast<unsigned>(a.tp * a.dp * a.threads) > cores)
-    std::fprintf(stderr, "expar serve: warning: %d ranks x %d threads exceed the %u cores (oversubscribed)\n",
-                 a.tp * a.dp, a.threads, cores);
 
   // Signals go to the watcher thread only: block them before any thread starts (threads inherit the mask).
   sigset_t signals;
@@ -113,7 +127,11 @@ void add_serve(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   cmd->add_option("--decode-moe", a->decode_moe, "Decode MoE pattern: allreduce | rowwise (full EP only)")
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Compute threads per rank")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
+      ->capture_default_str();
+  cmd->add_flag("--oversubscribe", a->oversubscribe, "Allow ranks x threads above the cores");
+  cmd->add_option("--transport", a->transport, "Ranks as: threads (mpi is not built for serve yet)")
+      ->capture_default_str();
   cmd->add_flag(
       "--no-batch-invariant", a->no_batch_invariant,
       "Let small batches use faster kernels (a request's tokens may then depend on its neighbours)");
