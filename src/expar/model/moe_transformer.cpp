@@ -80,8 +80,8 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     const int64_t m = ep_group.size(), k = config_.moe.top_k, e_local = config_.moe.num_experts / m;
     const int64_t rows = m * max_microbatch_tokens * std::min(k, e_local);
     heap_ = ep_group.make_heap();
-    lease_pool_ =
-        std::make_unique<LeasePool>(*heap_, "moe.dispatch", static_cast<size_t>(rows * d) * sizeof(float));
+    lease_pool_ = std::make_unique<LeasePool>(*heap_, "moe.dispatch",
+                                              rowwise_slot_bytes(rows, d, config_.moe.precision));
   }
   for (int l = 0; l < config_.layers; ++l) {
     auto b = std::make_unique<Block>();

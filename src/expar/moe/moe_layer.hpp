@@ -16,6 +16,7 @@
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/topo/placement.hpp"
@@ -39,6 +40,7 @@ struct MoeConfig {
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   std::string path = "local";
+  PayloadPrecision precision;  // of the four row movements (block and rowwise only; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
 
   RouterConfig router() const;

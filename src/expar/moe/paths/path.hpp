@@ -5,6 +5,7 @@
 //
 // One layer step calls, in this order:
 //   forward:  in  = dispatch_forward(x)                  [capacity_rows, d], rows [0, recv_rows) written
+//                                                        (encoded rows with a non-f32 dispatch precision)
 //             out = expert_output_buffer()               where the expert MLP writes rows [0, recv_rows)
 //             y   = combine_forward(out, topk_weight)    [T, d]
 //   backward: g_out = combine_backward(grad_y, topk_weight, &grad_topk_weight)  [capacity_rows, d]
@@ -21,6 +22,7 @@
 
 #include "expar/core/tensor.hpp"
 #include "expar/moe/paths/route_rows.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/topo/placement.hpp"
 
@@ -57,7 +59,18 @@ struct PathOptions {
   // agrs: the decode form (every rank of the EP group already holds the same tokens; one all_reduce sums
   // the ranks' partial outputs). The registry name "agrs-decode" sets it.
   bool agrs_decode = false;
+  // The format of each row movement (moe/payload_precision.hpp). block and rowwise take any; local and agrs
+  // refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED expert-side rows
+  // (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its f32 interface.
+  PayloadPrecision precision;
 };
+
+// Bytes of one rowwise symmetric slot: capacity_rows rows of the largest encoded row of the four legs (a
+// slot carries the dispatch payload, the expert outputs and their gradients, or the input gradients).
+size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecision& precision);
+
+// Throws expar::Error unless `precision` is all f32: for a path that does not encode its rows.
+void require_f32_payloads(const std::string& path, const PayloadPrecision& precision);
 
 class ExpertPath {
  public:

@@ -38,6 +38,13 @@ Tensor ExpertPath::expert_grad_input_buffer(const RouteMap& map, int64_t d, Path
   return Tensor::empty({map.capacity_rows, d});
 }
 
+void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {
+  EXPAR_CHECK(precision.all_f32(),
+              "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path block or "
+              "rowwise for reduced-precision payloads, or set every --*-precision to f32",
+              path, precision.describe());
+}
+
 std::vector<std::string> path_names() {
   std::vector<std::string> names;
   for (const PathEntry& p : kPaths) names.emplace_back(p.name);
