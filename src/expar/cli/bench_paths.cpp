@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/phase_timer.hpp"
 
@@ -44,9 +45,10 @@ std::string format_paths_table(const PathsReport& report) {
   std::string s;
   s += fmt::format(
       "expar bench paths: {} ranks (EP {}) x {} compute thread(s); T={} tokens/rank, d={}, h={}, E={}, "
-      "top-{}; "
+      "top-{}; payload {}; "
       "median of {} repeats after {} warm-up, max over ranks{}\n",
-      o.ranks, o.ep, o.threads, o.tokens, o.model_dim, o.hidden_dim, o.experts, o.top_k, o.repeats, o.warmup,
+      o.ranks, o.ep, o.threads, o.tokens, o.model_dim, o.hidden_dim, o.experts, o.top_k,
+      o.precision.describe(), o.repeats, o.warmup,
       o.sync_comm ? "; --sync-comm: a barrier before each communication phase, booked as 'wait for peers'"
                   : "");
   s += fmt::format(
@@ -55,6 +57,11 @@ std::string format_paths_table(const PathsReport& report) {
       l.matmul_rows, o.model_dim, o.model_dim, o.hidden_dim, l.matmul_flops / 1e9,
       format_bytes(l.memcpy_bytes), l.memcpy_bandwidth / 1e9);
   s += "ms per phase (% of limit: grouped GEMM vs matmul FLOP/s, data movement vs memcpy bandwidth)\n";
+  if (!o.precision.all_f32())
+    s += "  reduced-precision legs: data-movement bytes count each row at its leg's encoded size (the f32 "
+         "side "
+         "of encode and decode is not counted: the % is a lower bound); the grouped GEMM phase includes "
+         "decoding the dispatch payload (forward, and again for Wgrad)\n";
   for (bool forward : {true, false}) {
     s += fmt::format("\n{:<32}", forward ? "FORWARD" : "BACKWARD (adjoint of)");
     for (const auto& r : report.results) s += fmt::format("{:>18}", r.path);
@@ -90,6 +97,20 @@ std::string format_paths_table(const PathsReport& report) {
   for (const auto& r : report.results)
     s += fmt::format("{:>18}", ms(r.forward.dispatch_combine() + r.backward.dispatch_combine()));
   s += "\n";
+  // What each leg carries: accepted routes sent by the slowest rank, times its leg's encoded row.
+  s += fmt::format("\nPAYLOAD per rank and step (max over ranks): {}\n  {:<30}", o.precision.describe(),
+                   "routes moved (rows)");
+  for (const auto& r : report.results) s += fmt::format("{:>18}", r.routes_moved);
+  const char* legs[4] = {"dispatch fwd", "combine fwd", "combine bwd", "dispatch bwd"};
+  const PayloadFormat formats[4] = {o.precision.dispatch, o.precision.combine, o.precision.combine_grad,
+                                    o.precision.dispatch_grad};
+  for (int l = 0; l < 4; ++l) {
+    const std::string label = fmt::format("{} ({})", legs[l], payload_format_name(formats[l]));
+    s += fmt::format("\n  {:<30}", label);
+    for (const auto& r : report.results)
+      s += fmt::format("{:>18}", format_bytes(static_cast<int64_t>(r.payload_bytes[l])));
+  }
+  s += "\n";
   return s;
 }
 
@@ -118,10 +139,22 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
   using nlohmann::json;
   const auto& o = report.options;
   json j;
-  j["options"] = {{"ranks", o.ranks},   {"ep", o.ep},           {"tokens_per_rank", o.tokens},
-                  {"d", o.model_dim},   {"h", o.hidden_dim},    {"experts", o.experts},
-                  {"top_k", o.top_k},   {"threads", o.threads}, {"repeats", o.repeats},
-                  {"warmup", o.warmup}, {"seed", o.seed}};
+  j["options"] = {{"ranks", o.ranks},
+                  {"ep", o.ep},
+                  {"tokens_per_rank", o.tokens},
+                  {"d", o.model_dim},
+                  {"h", o.hidden_dim},
+                  {"experts", o.experts},
+                  {"top_k", o.top_k},
+                  {"threads", o.threads},
+                  {"repeats", o.repeats},
+                  {"warmup", o.warmup},
+                  {"seed", o.seed},
+                  {"precision",
+                   {{"dispatch", payload_format_name(o.precision.dispatch)},
+                    {"combine", payload_format_name(o.precision.combine)},
+                    {"combine_grad", payload_format_name(o.precision.combine_grad)},
+                    {"dispatch_grad", payload_format_name(o.precision.dispatch_grad)}}}};
   j["limits"] = {{"matmul_flops_per_s", report.limits.matmul_flops},
                  {"matmul_rows", report.limits.matmul_rows},
                  {"memcpy_bytes_per_s", report.limits.memcpy_bandwidth},
@@ -147,6 +180,11 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
     }
     p["gemm_flops"] = {{"forward", r.gemm_flops_forward}, {"backward", r.gemm_flops_backward}};
     p["step_seconds"] = r.step();
+    p["payload"] = {{"routes_moved", r.routes_moved},
+                    {"dispatch_bytes", r.payload_bytes[0]},
+                    {"combine_bytes", r.payload_bytes[1]},
+                    {"combine_grad_bytes", r.payload_bytes[2]},
+                    {"dispatch_grad_bytes", r.payload_bytes[3]}};
     paths.push_back(p);
   }
   j["paths"] = paths;
@@ -259,6 +297,7 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   auto json_path = std::make_shared<std::string>();
   auto svg_path = std::make_shared<std::string>();
   auto no_memory = std::make_shared<bool>(false);
+  auto precision = std::make_shared<PrecisionFlags>();
   cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)");
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)");
   cmd->add_option("--tokens", o->tokens, "tokens per rank");
@@ -276,9 +315,11 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   cmd->add_flag("--sync-comm", o->sync_comm,
                 "barrier before each communication phase, shown as 'wait for peers' (phases then measure "
                 "moving rows, not the slowest peer)");
+  add_precision_flags(cmd, *precision);
   cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
-  table[cmd] = [o, json_path, svg_path, no_memory] {
+  table[cmd] = [o, json_path, svg_path, no_memory, precision] {
+    o->precision = precision->parse();
     const PathsReport report = measure_paths(*o);
     fmt::print("{}", format_paths_table(report));
     std::vector<MemoryRow> memory;

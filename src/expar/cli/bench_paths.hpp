@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "expar/core/memory.hpp"
+#include "expar/moe/payload_precision.hpp"
 
 namespace expar::cli {
 
@@ -29,6 +30,9 @@ struct PathsBenchOptions {
   bool sync_comm = false;
   uint64_t seed = 1;
   std::vector<std::string> paths = {"local", "block", "rowwise", "agrs"};
+  // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
+  // no-EP column stays f32: the local path encodes nothing).
+  PayloadPrecision precision;
 };
 
 // Throws expar::Error for a bad shape, an unknown path, or ranks x threads above the cores without
@@ -55,6 +59,10 @@ struct PathResult {
   const std::map<std::string, double>& bytes_of(bool forward) const {
     return forward ? bytes : bytes_backward;
   }
+  // Rows this rank's routes move per leg (accepted routes sent, max over ranks) and the bytes they carry
+  // in each leg's payload format: dispatch, combine, combine backward, dispatch backward.
+  int64_t routes_moved = 0;
+  double payload_bytes[4] = {0, 0, 0, 0};
   double gemm_flops_forward = 0.0;  // max over ranks
   double gemm_flops_backward = 0.0;
   double step() const { return forward.total + backward.total; }
