@@ -127,6 +127,8 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   state.path = {};
   state.path.scratch_dispatch = recompute_;
   state.recomputed = recompute_;
+  state.microbatch = microbatch_;
+  state.path.microbatch = microbatch_;
   Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
   PhaseScope gemm_phase(phase::kGroupedGemm);
@@ -184,6 +186,7 @@ void MoeLayer::recompute_forward(MoeState& state) {
   // other block can overwrite it before this block's expert backward has read it.
   state.path = {};
   state.path.scratch_dispatch = true;
+  state.path.microbatch = state.microbatch;
   Tensor expert_in = path_->dispatch_forward(state.router.x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
   PhaseScope gemm_phase(phase::kGroupedGemm);

@@ -84,6 +84,7 @@ struct MoeState {
   // Set by a forward under activation recomputation: path and experts were dropped after the forward, and
   // backward rebuilds them first (MoeLayer::set_recompute).
   bool recomputed = false;
+  int microbatch = -1;  // MoeLayer::set_microbatch at the forward (its recomputation reuses it)
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -128,6 +129,8 @@ class MoeLayer {
   // run while it is set; a state remembers how its forward ran.
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
+  // The microbatch the following forwards belong to (-1: none), carried into lease tags and their messages.
+  void set_microbatch(int microbatch) { microbatch_ = microbatch; }
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);
@@ -148,6 +151,7 @@ class MoeLayer {
   MoeParams params_;
   MoeGrads grads_;
   bool recompute_ = false;
+  int microbatch_ = -1;
 };
 
 }  // namespace expar

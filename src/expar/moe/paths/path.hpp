@@ -44,6 +44,9 @@ struct PathState {
   // in storage shared across blocks (rowwise: the lease pool's dispatch scratch slot instead of a lease,
   // seed 000 §5.7). The path must still guard its backward reads (the pool's generation check).
   bool scratch_dispatch = false;
+  // Set by the caller before dispatch_forward: the microbatch this step belongs to (-1: none, e.g. an
+  // evaluation forward), carried by the step's lease tags into the pool's messages.
+  int microbatch = -1;
 };
 
 struct PathOptions {

@@ -69,6 +69,7 @@ constexpr int kDispatchScratch = 1;  // dispatch payload under activation recomp
 struct RowwiseStep {
   std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while its leases are out
   LeasePool* pool = nullptr;
+  LeaseTag tag;                // (block, microbatch) of every acquisition of this step
   LeasePool::Handle dispatch;  // [capacity_rows, d] expert input, read again by expert backward: leased, or
                                // scratch kDispatchScratch when the caller recomputes it (scratch_dispatch)
   LeasePool::Handle combine;   // scratch: expert output (forward), expert-output gradient (backward)
@@ -122,9 +123,10 @@ class RowwisePath final : public ExpertPath {
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     auto step = std::make_shared<RowwiseStep>();
+    step->tag = {options_.block_index, state.microbatch};
     step->pool = pool_for(map.capacity_rows, d, *step);
-    step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(tag(), kDispatchScratch)
-                                            : step->pool->acquire(tag());
+    step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(step->tag, kDispatchScratch)
+                                            : step->pool->acquire(step->tag);
     state.path_data = step;
     const BufferId buffer = step->dispatch.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
@@ -151,7 +153,7 @@ class RowwisePath final : public ExpertPath {
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     RowwiseStep& step = step_of(state, "expert_output_buffer");
-    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
+    step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
     // Only this rank writes here in forward, and every peer finished reading the previous contents before
     // it entered this step's dispatch barrier: no barrier needed after the poison.
     if (poison_enabled()) fill_nan(step.pool->data(step.combine), step.pool->slot_bytes());
@@ -194,7 +196,7 @@ class RowwisePath final : public ExpertPath {
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
     heap_->barrier();  // every peer finished gathering expert outputs from the combine buffer
-    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
+    step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
     const BufferId buffer = step.combine.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
     const float* gy = grad_y.data<float>();
@@ -238,7 +240,7 @@ class RowwisePath final : public ExpertPath {
     RowwiseStep& step = step_of(state, "expert_grad_input_buffer");
     // The expert backward about to run reads the saved dispatch payload for Wgrad.
     step.pool->check(step.dispatch);
-    step.grad_in = step.pool->acquire(tag());
+    step.grad_in = step.pool->acquire(step.tag);
     step.grad_in_held = true;
     // A fresh lease: every peer's last access to this slot ended before a barrier we all passed.
     if (poison_enabled()) fill_nan(step.pool->data(step.grad_in), step.pool->slot_bytes());
@@ -286,8 +288,6 @@ class RowwisePath final : public ExpertPath {
   }
 
  private:
-  LeaseTag tag() const { return {options_.block_index, -1}; }
-
   static RowwiseStep& step_of(PathState& state, const char* pass) {
     EXPAR_CHECK(state.path_data != nullptr, "rowwise {} called before dispatch forward of the same step",
                 pass);
