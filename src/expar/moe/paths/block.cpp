@@ -240,8 +240,13 @@ class BlockPath final : public ExpertPath {
     Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
     const auto* rows = static_cast<const std::byte*>(recv.raw());
     float* out = gathered.data<float>();
-    for (int64_t i = 0; i < plan.send_rows; ++i)
-      decode_payload_rows(format, rows + i * rb, 1, d, out + plan.send_order[static_cast<size_t>(i)] * d);
+    for (int64_t i = 0; i < plan.send_rows; ++i) {
+      float* dst = out + plan.send_order[static_cast<size_t>(i)] * d;
+      if (format == PayloadFormat::F32)
+        std::memcpy(dst, rows + i * rb, rb);  // the hot f32 case without the codec's per-call checks
+      else
+        decode_payload_rows(format, rows + i * rb, 1, d, dst);
+    }
     return gathered;
   }
 

@@ -373,7 +373,11 @@ class RowwisePath final : public ExpertPath {
         const size_t offset = static_cast<size_t>(map.row_of(t, k)) * rb;
         float* dst = out + (t * map.top_k + k) * d;
         if (const void* base = heap_->peer_ptr(peer, buffer)) {
-          decode_payload_rows(format, static_cast<const std::byte*>(base) + offset, 1, d, dst);
+          const std::byte* row = static_cast<const std::byte*>(base) + offset;
+          if (f32)
+            std::memcpy(dst, row, rb);  // the hot f32 case without the codec's per-call checks
+          else
+            decode_payload_rows(format, row, 1, d, dst);
         } else if (f32) {
           heap_->get(peer, buffer, offset, dst, rb);
           remote.push_back({-1, peer, offset});
