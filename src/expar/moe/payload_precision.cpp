@@ -46,26 +46,28 @@ bool parallel_worth(int64_t rows, int64_t d) {
   return rows * d >= (int64_t{1} << 16) && omp_get_max_threads() > 1;
 }
 
+// fn(begin, n) over chunks of kChunkRows rows, on the rank's compute threads when there are enough rows.
+template <typename Fn>
+void for_each_chunk(int64_t rows, int64_t d, Fn&& fn) {
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+#pragma omp parallel for schedule(static) if (parallel_worth(rows, d))
+  for (int64_t c = 0; c < chunks; ++c) fn(c * kChunkRows, std::min(kChunkRows, rows - c * kChunkRows));
+}
+
 }  // namespace
 
 void encode_rows(PayloadFormat format, const float* src, int64_t rows, int64_t d, std::byte* dst) {
   const auto rb = static_cast<int64_t>(payload_row_bytes(format, d));
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static) if (parallel_worth(rows, d))
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunkRows, n = std::min(kChunkRows, rows - begin);
+  for_each_chunk(rows, d, [&](int64_t begin, int64_t n) {
     encode_payload_rows(format, src + begin * d, n, d, dst + begin * rb);
-  }
+  });
 }
 
 void decode_rows(PayloadFormat format, const std::byte* src, int64_t rows, int64_t d, float* dst) {
   const auto rb = static_cast<int64_t>(payload_row_bytes(format, d));
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static) if (parallel_worth(rows, d))
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunkRows, n = std::min(kChunkRows, rows - begin);
+  for_each_chunk(rows, d, [&](int64_t begin, int64_t n) {
     decode_payload_rows(format, src + begin * rb, n, d, dst + begin * d);
-  }
+  });
 }
 
 Tensor decode_payload(const Tensor& payload, PayloadFormat format, int64_t rows, int64_t d) {

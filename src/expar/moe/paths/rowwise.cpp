@@ -171,15 +171,9 @@ class RowwisePath final : public ExpertPath {
     const PayloadFormat format = options_.precision.combine;
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
-    if (format != PayloadFormat::F32) {
-      EXPAR_CHECK(expert_out.raw() == step.expert_out.raw(),
-                  "rowwise combine forward: with a {} combine the expert output must be written into "
-                  "expert_output_buffer() (it is encoded from there)",
-                  payload_format_name(format));
-      encode_rows(format, expert_out.data<float>(), map.recv_rows, d,
-                  static_cast<std::byte*>(step.pool->data(step.combine)));
-      step.expert_out = Tensor();
-    }
+    if (format != PayloadFormat::F32)
+      encode_staged(expert_out, step.expert_out, step.pool->data(step.combine), format, map.recv_rows,
+                    "combine forward", "expert_output_buffer()");
     heap_->barrier();
     step.pool->check(step.combine);
     state.combine_rows = RouteRows::gathered(gather_routes(step.combine.buffer, map, d, format), map);
@@ -260,15 +254,9 @@ class RowwisePath final : public ExpertPath {
     const PayloadFormat format = options_.precision.dispatch_grad;
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    if (format != PayloadFormat::F32) {
-      EXPAR_CHECK(grad_expert_in.raw() == step.expert_grad_in.raw(),
-                  "rowwise dispatch backward: with a {} dispatch gradient the expert input gradient must be "
-                  "written into expert_grad_input_buffer() (it is encoded from there)",
-                  payload_format_name(format));
-      encode_rows(format, grad_expert_in.data<float>(), map.recv_rows, d,
-                  static_cast<std::byte*>(step.pool->data(step.grad_in)));
-      step.expert_grad_in = Tensor();
-    }
+    if (format != PayloadFormat::F32)
+      encode_staged(grad_expert_in, step.expert_grad_in, step.pool->data(step.grad_in), format, map.recv_rows,
+                    "dispatch backward", "expert_grad_input_buffer()");
     heap_->barrier();  // every peer's expert backward wrote (and encoded) its rows
     step.pool->check(step.grad_in);
     // With every peer's f32 buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
@@ -288,6 +276,17 @@ class RowwisePath final : public ExpertPath {
   }
 
  private:
+  // A leg that travels encoded: the experts wrote f32 rows [0, rows) into `staged` (the tensor the buffer
+  // hook handed out); they are encoded into the symmetric slot at `slot`, and the staging tensor is dropped.
+  static void encode_staged(const Tensor& written, Tensor& staged, void* slot, PayloadFormat format,
+                            int64_t rows, const char* pass, const char* hook) {
+    EXPAR_CHECK(written.raw() == staged.raw(),
+                "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
+                pass, payload_format_name(format), hook);
+    encode_rows(format, written.data<float>(), rows, written.dim(1), static_cast<std::byte*>(slot));
+    staged = Tensor();
+  }
+
   static RowwiseStep& step_of(PathState& state, const char* pass) {
     EXPAR_CHECK(state.path_data != nullptr, "rowwise {} called before dispatch forward of the same step",
                 pass);
