@@ -43,7 +43,6 @@ const bool kPoison = [] {
 constexpr int kExperts = 12, kTopK = 3;
 constexpr int64_t kD = 32, kH = 16;  // d: one MX block per row
 constexpr uint64_t kSeed = 20240611;
-const std::vector<std::string> kEpPaths{"block", "rowwise", "agrs"};
 
 int64_t tokens_of(int ranks, int rank) {
   if (ranks == 1) return 6;
@@ -323,15 +322,28 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
   const TrainingLayout layout(c.ranks, c.ep);
   const auto groups = layout.groups(TrainingGroup::EpMp);
   const bool f32 = c.precision.legs.all_f32();
-  // Reduced precisions: the paths that encode their rows (the others refuse, see below).
-  std::vector<std::string> paths = f32 ? kEpPaths : std::vector<std::string>{"block", "rowwise"};
-  if (c.ep == 1 && f32) paths.push_back("local");
+  // Every registered path this case can run (the registry is the single list): reduced precisions only on
+  // the paths that encode their rows (the others refuse, see below), single-rank paths at EP 1. block
+  // first: the others are compared with it.
+  std::vector<std::string> paths;
+  std::string decode_path;
+  for (const PathTraits& t : path_registry()) {
+    if (!f32 && !t.reduced_precision) continue;
+    if (t.single_rank && c.ep != 1) continue;
+    if (t.decode_form) {
+      decode_path = t.name;
+      continue;
+    }
+    paths.push_back(t.name);
+  }
+  std::stable_partition(paths.begin(), paths.end(), [](const std::string& p) { return p == "block"; });
+  ASSERT_EQ(paths.front(), "block");
   // The decode form agrees with the reference only without drops.
-  const bool decode = !c.capacity && f32;
+  const bool decode = !c.capacity && !decode_path.empty();
   // results[path][world rank]
   std::map<std::string, std::vector<RankResult>> results;
   for (const auto& p : paths) results[p].resize(static_cast<size_t>(c.ranks));
-  results["agrs-decode"].resize(static_cast<size_t>(c.ranks));
+  if (decode) results[decode_path].resize(static_cast<size_t>(c.ranks));
   std::mutex mutex;
   MemoryTracker& host = current_tracker();
 
@@ -357,11 +369,11 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
         xs.push_back(input_of(c.ranks, member, 1));
         gys.push_back(input_of(c.ranks, member, 2));
       }
-      MoeLayer layer(config_of(c, "agrs-decode"), *ep_group);
+      MoeLayer layer(config_of(c, decode_path), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
-      results["agrs-decode"][static_cast<size_t>(rank)] = exported(r, host);
+      results[decode_path][static_cast<size_t>(rank)] = exported(r, host);
     }
   });
 
@@ -411,13 +423,15 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
           router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
         // Contracts 3 and 4: block and rowwise move the same rows into the same places and sum in the same
         // order, so their outputs and gradients are bit-identical.
-        if (p == "rowwise") {
+        if (path_traits(p).same_rows_as_block) {
           EXPECT_TRUE(same_bits(r.y, block.y));
           EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
           EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
           EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
           EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
           EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
+        }
+        if (p == "rowwise") {
           // No host split list: not one all_to_all_v on the EP group.
           EXPECT_EQ(r.stats.all_to_all_v, 0);
           EXPECT_EQ(r.comm_scratch_peak, 0) << "rowwise packs no peer buffers";
@@ -447,9 +461,9 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
     }
 
     if (decode) {
-      SCOPED_TRACE("path agrs-decode");
+      SCOPED_TRACE("path " + decode_path);
       for (size_t pos = 0; pos < group.size(); ++pos) {
-        const RankResult& r = results["agrs-decode"][static_cast<size_t>(group[pos])];
+        const RankResult& r = results[decode_path][static_cast<size_t>(group[pos])];
         EXPECT_TRUE(r.second_step_identical);
         expect_close(r.y, ref.y, "decode y");
         expect_close(r.grad_x, ref.grad_x, "decode grad_x");
@@ -476,6 +490,15 @@ TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
   const auto names = path_names();
   for (const char* p : {"local", "block", "rowwise", "agrs", "agrs-decode"})
     EXPECT_NE(std::find(names.begin(), names.end(), p), names.end()) << p;
+  // The traits the suite and the benchmarks select by.
+  EXPECT_TRUE(path_traits("local").single_rank);
+  for (const char* p : {"block", "rowwise"}) {
+    EXPECT_TRUE(path_traits(p).same_rows_as_block) << p;
+    EXPECT_TRUE(path_traits(p).reduced_precision) << p;
+  }
+  EXPECT_FALSE(path_traits("agrs").same_rows_as_block);
+  EXPECT_TRUE(path_traits("agrs-decode").decode_form);
+  EXPECT_THROW(path_traits("a2a"), Error);
   run_ranks(1, [&](Comm& world) {
     const ExpertPlacement placement(kExperts, 1);
     PathOptions options;
@@ -495,7 +518,11 @@ TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
 // paths that take it; an MX format on a width that is not a multiple of 32 names the leg's flag.
 TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
   run_ranks(1, [&](Comm& world) {
-    for (const char* path : {"local", "agrs", "agrs-decode"}) {
+    int refusing = 0;
+    for (const PathTraits& t : path_registry()) {
+      if (t.reduced_precision) continue;
+      ++refusing;
+      const std::string& path = t.name;
       Case c;
       c.precision = kPrecisions[3];
       try {
@@ -508,6 +535,7 @@ TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
         EXPECT_NE(m.find("rowwise"), std::string::npos) << m;
       }
     }
+    EXPECT_EQ(refusing, 3) << "local, agrs and agrs-decode move f32 only";
     Case c;
     MoeConfig cfg = config_of(c, "rowwise");
     cfg.model_dim = 48;

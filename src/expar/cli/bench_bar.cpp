@@ -7,6 +7,7 @@
 #include "expar/cli/bench_paths.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
+#include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
 
 namespace expar::cli {
@@ -124,7 +125,7 @@ int run_scaling(const PathsBenchOptions& base, const std::vector<int>& eps,
       o.tokens = t;
       o.paths.clear();
       for (const auto& p : base.paths)
-        if (p != "local" || ep == 1) o.paths.push_back(p);
+        if (!path_traits(p).single_rank || ep == 1) o.paths.push_back(p);
       const PathsReport r = measure_paths(o);
       fmt::print("\nEP {} ({} ranks), T={} tokens/rank\n  {:<30}", ep, ep, t, "phase");
       for (const auto& res : r.results) fmt::print("{:>12}", res.path);

@@ -308,7 +308,9 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank");
   cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)");
   cmd->add_option("--warmup", o->warmup, "warm-up steps before measuring");
-  cmd->add_option("--paths", o->paths, "paths to run (local, block, rowwise, agrs)")->delimiter(',');
+  auto* paths = cmd->add_option("--paths", o->paths,
+                                "paths to run (default: every registered path that takes the precision)")
+                    ->delimiter(',');
   cmd->add_option("--seed", o->seed, "seed of inputs and weights");
   cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   cmd->add_flag("--no-memory", *no_memory, "skip the memory table");
@@ -318,8 +320,9 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   add_precision_flags(cmd, *precision);
   cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
-  table[cmd] = [o, json_path, svg_path, no_memory, precision] {
+  table[cmd] = [o, json_path, svg_path, no_memory, precision, paths] {
     o->precision = precision->parse();
+    if (paths->count() == 0) o->paths = benchmarked_paths(o->precision);
     const PathsReport report = measure_paths(*o);
     fmt::print("{}", format_paths_table(report));
     std::vector<MemoryRow> memory;

@@ -13,6 +13,10 @@
 
 namespace expar::cli {
 
+// The registered paths a benchmark runs at this precision (moe/paths registry: every path but decode forms;
+// with a reduced precision only those that take it).
+std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision);
+
 struct PathsBenchOptions {
   int ranks = 2;
   int ep = 0;             // EP degree (0: = ranks)
@@ -29,7 +33,7 @@ struct PathsBenchOptions {
   // communication phases measure moving rows and not the slowest peer.
   bool sync_comm = false;
   uint64_t seed = 1;
-  std::vector<std::string> paths = {"local", "block", "rowwise", "agrs"};
+  std::vector<std::string> paths = benchmarked_paths({});
   // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
   // no-EP column stays f32: the local path encodes nothing).
   PayloadPrecision precision;

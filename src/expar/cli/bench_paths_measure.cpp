@@ -62,7 +62,7 @@ MoeConfig config_of(const PathsBenchOptions& o, const std::string& path) {
   c.model_dim = o.model_dim;
   c.hidden_dim = o.hidden_dim;
   c.path = path;
-  c.precision = path == "local" ? PayloadPrecision{} : o.precision;
+  c.precision = path_traits(path).reduced_precision ? o.precision : PayloadPrecision{};
   return c;
 }
 
@@ -336,20 +336,28 @@ void validate(const PathsBenchOptions& o) {
   EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
               o.repeats, o.warmup);
   o.precision.validate(o.model_dim);
-  const auto known = path_names();
+  const std::vector<std::string> known = benchmarked_paths({});
   for (const auto& p : o.paths) {
-    EXPAR_CHECK(p != "agrs-decode" && std::find(known.begin(), known.end(), p) != known.end(),
-                "--paths: unknown path '{}': choose from local, block, rowwise, agrs", p);
-    EXPAR_CHECK(o.precision.all_f32() || p == "block" || p == "rowwise",
-                "--paths {}: path '{}' moves f32 rows only, but the payload precision is {}: pass --paths "
-                "block,rowwise with a reduced precision",
-                fmt::join(o.paths, ","), p, o.precision.describe());
+    EXPAR_CHECK(std::find(known.begin(), known.end(), p) != known.end(),
+                "--paths: unknown path '{}': choose from {}", p, fmt::join(known, ", "));
+    EXPAR_CHECK(o.precision.all_f32() || path_traits(p).reduced_precision,
+                "--paths {}: path '{}' moves f32 rows only, but the payload precision is {}: pass --paths {} "
+                "with a reduced precision (or leave --paths out)",
+                fmt::join(o.paths, ","), p, o.precision.describe(),
+                fmt::join(benchmarked_paths(o.precision), ","));
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   EXPAR_CHECK(o.oversubscribe || static_cast<unsigned>(o.ranks * o.threads) <= cores,
               "--ranks {} x --threads {} = {} compute threads but this machine has {} cores: timings would "
               "measure the scheduler; lower --ranks or --threads, or pass --oversubscribe",
               o.ranks, o.threads, o.ranks * o.threads, cores);
+}
+
+std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision) {
+  std::vector<std::string> names;
+  for (const PathTraits& t : path_registry())
+    if (!t.decode_form && (precision.all_f32() || t.reduced_precision)) names.push_back(t.name);
+  return names;
 }
 
 PathsReport measure_paths(const PathsBenchOptions& o) {
@@ -372,7 +380,7 @@ PathsReport measure_paths(const PathsBenchOptions& o) {
     std::vector<PathResult> results;
     int64_t gemm_rows = 0, copy_rows = 0;
     for (const auto& path : o.paths) {
-      Comm& group = path == "local" ? *solo : *ep_group;
+      Comm& group = path_traits(path).single_rank ? *solo : *ep_group;
       int64_t recv = 0, sent = 0;
       results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
       gemm_rows = std::max(gemm_rows, recv);
@@ -418,7 +426,7 @@ std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
   run("local", 1, "no EP (local, all experts)");
   if (ep > 1)
     for (const auto& p : o.paths)
-      if (p != "local") run(p, ep, fmt::format("EP{} {}", ep, p));
+      if (!path_traits(p).single_rank) run(p, ep, fmt::format("EP{} {}", ep, p));
   return rows;
 }
 

@@ -212,12 +212,10 @@ class AgrsPath final : public ExpertPath {
 }  // namespace
 
 std::unique_ptr<ExpertPath> make_agrs_path(Comm& ep_group, const PathOptions& options) {
-  require_f32_payloads(options.agrs_decode ? "agrs-decode" : "agrs", options.precision);
   return std::make_unique<AgrsPath>(ep_group, options.agrs_decode);
 }
 
 std::unique_ptr<ExpertPath> make_agrs_decode_path(Comm& ep_group, const PathOptions& options) {
-  require_f32_payloads("agrs-decode", options.precision);
   return std::make_unique<AgrsPath>(ep_group, true);
 }
 

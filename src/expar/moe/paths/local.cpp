@@ -87,7 +87,6 @@ class LocalPath final : public ExpertPath {
 }  // namespace
 
 std::unique_ptr<ExpertPath> make_local_path(Comm& ep_group, const PathOptions& options) {
-  require_f32_payloads("local", options.precision);
   EXPAR_CHECK(ep_group.size() == 1,
               "path 'local' needs an EP group of 1 rank, but '{}' has {}: choose an EP path (block, rowwise, "
               "agrs) or EP degree 1",

@@ -97,9 +97,22 @@ class ExpertPath {
   virtual Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state);
 };
 
-// The registry: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode". Throws expar::Error naming
-// the known paths for an unknown name.
+// What the parametrized tests and the benchmarks need to know about a path, registered with it, so that a
+// new path is tested and benchmarked by adding its registry line.
+struct PathTraits {
+  std::string name;
+  bool single_rank = false;         // needs an EP group of 1 (local)
+  bool same_rows_as_block = false;  // moves the same rows into the same places: bit-identical to block
+  bool reduced_precision = false;   // takes non-f32 payloads (PathOptions::precision)
+  bool decode_form = false;         // every rank of the group holds the group's tokens (agrs-decode)
+};
+
+// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode".
+// make_path throws expar::Error naming the known paths for an unknown name.
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
+const std::vector<PathTraits>& path_registry();
 std::vector<std::string> path_names();
+// Throws expar::Error naming the known paths for an unknown name.
+const PathTraits& path_traits(const std::string& name);
 
 }  // namespace expar
