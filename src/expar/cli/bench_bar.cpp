@@ -4,7 +4,7 @@
 // `expar bench scaling`: time per token per phase over EP degrees and tokens per rank.
 #include <fmt/format.h>
 
-#include "expar/cli/bench_paths.hpp"
+#include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
@@ -13,6 +13,8 @@
 namespace expar::cli {
 
 namespace {
+
+using namespace expar::bench;
 
 void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
   cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)");

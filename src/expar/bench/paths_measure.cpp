@@ -1,4 +1,4 @@
-// Measurement side of `expar bench paths` (see bench_paths.hpp). Every rank runs every path on the same
+// Measurement side of `expar bench paths` (see bench/paths.hpp). Every rank runs every path on the same
 // inputs (x and grad_y seeded by rank), the same weights (layout-independent init) and therefore the same
 // routes; each pass starts at a world barrier so that one pass's imbalance does not leak into the next.
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "expar/cli/bench_paths.hpp"
+#include "expar/bench/paths.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
@@ -20,7 +20,7 @@
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
 
-namespace expar::cli {
+namespace expar::bench {
 
 namespace {
 
@@ -430,4 +430,4 @@ std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
   return rows;
 }
 
-}  // namespace expar::cli
+}  // namespace expar::bench

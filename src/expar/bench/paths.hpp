@@ -1,5 +1,6 @@
 #pragma once
-// The measurements behind `expar bench paths`, `expar bench bar` and `expar bench scaling`: every execution
+// The measurements behind `expar bench paths`, `expar bench bar` and `expar bench scaling` (the bench layer:
+// cli only parses options and calls these): every execution
 // path on identical inputs, weights and routes, timed phase by phase (seed 000 Table 7) with the machine's
 // own limits (oneDNN matmul FLOP/s, memcpy bandwidth) measured in the same run, and the per-rank peak
 // memory of one MoE layer training step by category with and without EP (Table 6).
@@ -11,7 +12,7 @@
 #include "expar/core/memory.hpp"
 #include "expar/moe/payload_precision.hpp"
 
-namespace expar::cli {
+namespace expar::bench {
 
 // The registered paths a benchmark runs at this precision (moe/paths registry: every path but decode forms;
 // with a reduced precision only those that take it).
@@ -109,4 +110,4 @@ std::string paths_svg(const PathsReport& report);
 // Fraction of the limit a phase reached: ideal time at the limit / measured time (0 when not applicable).
 double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& phase, bool forward);
 
-}  // namespace expar::cli
+}  // namespace expar::bench
