@@ -52,7 +52,7 @@ TEST(ExpertMlp, ForwardMatchesPerRowReferenceAndLeavesTheTailAlone) {
   Tensor x = random_input(3);
   Tensor y = poisoned({kCapacity, kD});
   ExpertMlpState state;
-  expert_mlp_forward(x, kOffsets, w, y, state);
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
   for (int64_t r = 0; r < kCapacity; ++r) {
     const int l = expert_of_row(r);
     for (int64_t i = 0; i < kD; ++i) {
@@ -83,7 +83,7 @@ TEST(ExpertMlp, GradientsMatchFiniteDifferences) {
   auto loss = [&]() {
     Tensor y = poisoned({kCapacity, kD});
     ExpertMlpState s;
-    expert_mlp_forward(x, kOffsets, w, y, s);
+    expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, s);
     double l = 0.0;
     for (int64_t i = 0; i < kOffsets.back() * kD; ++i)
       l += double(y.data<float>()[i]) * proj.data<float>()[i];
@@ -91,7 +91,7 @@ TEST(ExpertMlp, GradientsMatchFiniteDifferences) {
   };
   Tensor y = poisoned({kCapacity, kD});
   ExpertMlpState state;
-  expert_mlp_forward(x, kOffsets, w, y, state);
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
   ExpertWeights grads = zero_like(w);
   // Accumulation: start the gradients at 1 and check they grew by exactly the gradient.
   grads.w1.fill(1.0f);

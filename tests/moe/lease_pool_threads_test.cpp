@@ -107,9 +107,36 @@ TEST(LeasePool, FrozenPoolRefusesToGrowAndSaysHowManySlotsWereNeeded) {
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("frozen with 2 slots"));
       EXPECT_THAT(e.what(), HasSubstr("3 slots needed"));
+      EXPECT_THAT(e.what(), HasSubstr("block 0 microbatch 2"));
+      // The fix names flags `expar train` has.
+      EXPECT_THAT(e.what(), HasSubstr("--microbatches"));
+      EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("--lease-slots")));
     }
     pool.release(c);
     pool.release(d);
+  });
+}
+
+// Freezing stops scratch growth too: a scratch role the dry run used keeps working, a new one is refused
+// (resident symmetric memory is fixed after the dry run), and nothing was allocated for it.
+TEST(LeasePool, FrozenPoolRefusesANewScratchSlot) {
+  run_ranks(2, [](Comm& world) {
+    auto heap = world.make_heap();
+    LeasePool pool(*heap, "dispatch", 64);
+    pool.acquire_scratch({0, 0}, 0);
+    pool.freeze();
+    EXPECT_NO_THROW(pool.acquire_scratch({1, 3}, 0));
+    try {
+      pool.acquire_scratch({1, 3}, 1);
+      ADD_FAILURE() << "a frozen pool allocated a new scratch slot";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("frozen"));
+      EXPECT_THAT(e.what(), HasSubstr("block 1 microbatch 3"));
+      EXPECT_THAT(e.what(), HasSubstr("scratch slot 1"));
+      EXPECT_THAT(e.what(), HasSubstr("--recompute-moe"));
+    }
+    EXPECT_EQ(pool.scratch_count(), 1);
+    EXPECT_EQ(pool.resident_bytes(), 64u);
   });
 }
 

@@ -1,7 +1,10 @@
 // Every execution path against the single-rank reference (DESIGN "Tests"), on the threads backend:
 // layouts (ranks 1..4, M_E dividing the rank count, EP groups as subgroups of the world) x {dropless,
-// capacity with drops} x {softmax, sigmoid}. Every rank builds every rank's inputs from the same seed; the
-// checks run on the test thread over what each rank recorded.
+// capacity with drops} x {softmax, sigmoid} x payload precisions {f32, bf16, mxfp8, a mix with a different
+// format on each leg}. Reduced precisions run the paths that encode rows (block, rowwise; local and agrs
+// refuse them) against a reference that applies the same codec round trips where the rows travel. Every rank
+// builds every rank's inputs from the same seed; the checks run on the test thread over what each rank
+// recorded.
 //
 // The reference is the local path on one rank over the concatenated tokens of one EP group, with exactly the
 // routes the EP run dropped marked invalid (a capacity policy decides per source rank, so a single-source
@@ -38,9 +41,8 @@ const bool kPoison = [] {
 }();
 
 constexpr int kExperts = 12, kTopK = 3;
-constexpr int64_t kD = 8, kH = 16;
+constexpr int64_t kD = 32, kH = 16;  // d: one MX block per row
 constexpr uint64_t kSeed = 20240611;
-const std::vector<std::string> kEpPaths{"block", "rowwise", "agrs"};
 
 int64_t tokens_of(int ranks, int rank) {
   if (ranks == 1) return 6;
@@ -56,27 +58,42 @@ Tensor input_of(int ranks, int rank, uint64_t stream) {
   return x;
 }
 
+struct Precision {
+  const char* name;
+  PayloadPrecision legs;
+};
+
+// Every leg distinct in "mixed", so that a path reading one leg's format for another is caught.
+const Precision kPrecisions[] = {
+    {"f32", {}},
+    {"bf16", PayloadPrecision::uniform(PayloadFormat::BF16)},
+    {"mxfp8", PayloadPrecision::uniform(PayloadFormat::MXFP8)},
+    {"mixed", {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32, PayloadFormat::MXFP8Floor}},
+};
+
 struct Case {
   int ranks = 1;
   int ep = 1;
   bool capacity = false;
   ScoreFunction score = ScoreFunction::Softmax;
+  Precision precision = kPrecisions[0];
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("W{}_EP{}_{}_{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
-                     score_function_name(c.score));
+  return fmt::format("W{}_EP{}_{}_{}_{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
+                     score_function_name(c.score), c.precision.name);
 }
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (int w = 1; w <= 4; ++w)
-    for (int ep = 1; ep <= w; ++ep)
-      if (w % ep == 0)
-        for (bool cap : {false, true})
-          for (ScoreFunction s : {ScoreFunction::Softmax, ScoreFunction::Sigmoid})
-            cases.push_back({w, ep, cap, s});
+  for (const Precision& p : kPrecisions)
+    for (int w = 1; w <= 4; ++w)
+      for (int ep = 1; ep <= w; ++ep)
+        if (w % ep == 0)
+          for (bool cap : {false, true})
+            for (ScoreFunction s : {ScoreFunction::Softmax, ScoreFunction::Sigmoid})
+              cases.push_back({w, ep, cap, s, p});
   return cases;
 }
 
@@ -89,6 +106,7 @@ MoeConfig config_of(const Case& c, const std::string& path) {
   cfg.score = c.score;
   cfg.renormalize = c.score == ScoreFunction::Sigmoid;
   cfg.path = path;
+  cfg.precision = c.precision.legs;
   if (c.capacity) {
     // Cycle through the three rules so every one of them is seen by some layout.
     static const CapacityRule rules[] = {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert};
@@ -126,12 +144,36 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+// got == want within f32 rounding (1e-5 relative). With reduced-precision payloads the reference applies the
+// same round trips, so the elements still agree to f32 rounding, except where an f32 rounding difference
+// (a GEMM over a different row count, the router over other tokens) moved a value across a rounding
+// boundary of the format: those few elements must still agree to the format's resolution (`loose`, relative
+// to the largest |want|), and at least 90% of all elements must agree to f32 rounding.
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double loose = 0.0) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
   const float* g = got.data<float>();
   const float* w = want.data<float>();
-  for (int64_t i = 0; i < got.numel(); ++i)
-    ASSERT_NEAR(g[i], w[i], 1e-5 * std::max(1.0f, std::abs(w[i]))) << what << " element " << i;
+  double scale = 1.0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, static_cast<double>(std::abs(w[i])));
+  int64_t exact = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double tight = 1e-5 * std::max(1.0f, std::abs(w[i]));
+    if (std::abs(g[i] - w[i]) <= tight) {
+      ++exact;
+      continue;
+    }
+    ASSERT_LE(std::abs(g[i] - w[i]), loose * scale)
+        << what << " element " << i << ": " << g[i] << " vs " << w[i];
+  }
+  EXPECT_GE(static_cast<double>(exact), 0.9 * static_cast<double>(got.numel())) << what;
+}
+
+// The resolution of the coarsest leg of a precision, for expect_close's `loose`.
+double resolution_of(const PayloadPrecision& legs) {
+  double r = 0.0;
+  for (PayloadFormat f : {legs.dispatch, legs.combine, legs.combine_grad, legs.dispatch_grad})
+    r = std::max(r, f == PayloadFormat::F32 ? 0.0 : f == PayloadFormat::BF16 ? 1.0 / 64 : 1.0 / 4);
+  return r;
 }
 
 RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, const Tensor& grad_y) {
@@ -198,12 +240,29 @@ Tensor concat_rows(const std::vector<Tensor>& parts, int64_t width) {
   return all;
 }
 
-// The local path on one rank over x [N, d], with the routes in `dropped` [N*K] made invalid.
+// Rows [0, rows) of t encoded in `format` and decoded again (what a row moved in that format arrives as).
+void round_trip_in_place(Tensor& t, int64_t rows, PayloadFormat format) {
+  if (format == PayloadFormat::F32 || rows == 0) return;
+  std::vector<std::byte> bytes(payload_row_bytes(format, kD) * static_cast<size_t>(rows));
+  encode_payload_rows(format, t.data<float>(), rows, kD, bytes.data());
+  decode_payload_rows(format, bytes.data(), rows, kD, t.data<float>());
+}
+
+Tensor round_trip(const Tensor& t, int64_t rows, PayloadFormat format) {
+  Tensor out = t.clone();
+  round_trip_in_place(out, rows, format);
+  return out;
+}
+
+// The local path on one rank over x [N, d], with the routes in `dropped` [N*K] made invalid, and the
+// payload round trips of c's precision applied where each leg's rows travel.
 Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
                     const std::vector<uint8_t>& dropped) {
   testing::SoloComm solo;
   MoeConfig cfg = config_of(c, "local");
   cfg.capacity = CapacityPolicy::dropless();
+  const PayloadPrecision legs = c.precision.legs;
+  cfg.precision = {};
   MoeLayer layer(cfg, solo, "moe");
   init_layer(layer, c.ep);
   RouterState rs;
@@ -222,21 +281,26 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   auto path = make_path("local", solo, options);
   PathState ps;
   ExpertMlpState es;
-  Tensor in = path->dispatch_forward(x, map, ps);
+  // Each leg's rows as they arrive: encoded where they leave and decoded where they are consumed.
+  const Tensor x_arrived = round_trip(x, x.dim(0), legs.dispatch);
+  Tensor in = path->dispatch_forward(x_arrived, map, ps);
   Tensor out = path->expert_output_buffer(map, kD, ps);
-  expert_mlp_forward(in, map.expert_offsets, layer.params().experts, out, es);
+  expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, es);
+  round_trip_in_place(out, map.recv_rows, legs.combine);
   Reference ref;
   ref.y = path->combine_forward(out, routed.topk_weight, map, ps);
   layer.zero_grads();
   Tensor grad_w;
   Tensor grad_out = path->combine_backward(grad_y, routed.topk_weight, map, ps, grad_w);
+  round_trip_in_place(grad_out, map.recv_rows, legs.combine_grad);
   Tensor grad_in = path->expert_grad_input_buffer(map, kD, ps);
   expert_mlp_backward(grad_out, es, layer.params().experts, grad_in, layer.grads().experts);
+  round_trip_in_place(grad_in, map.recv_rows, legs.dispatch_grad);
   ref.grad_x = path->dispatch_backward(grad_in, map, ps);
   router_backward(cfg.router(), rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router);
   ref.grad_router = layer.grads().w_router.clone();
   ref.grad_experts = layer.grads().experts;
-  if (std::none_of(dropped.begin(), dropped.end(), [](uint8_t v) { return v != 0; })) {
+  if (legs.all_f32() && std::none_of(dropped.begin(), dropped.end(), [](uint8_t v) { return v != 0; })) {
     // Without drops this reference is exactly MoeLayer with path "local" (a check on the test itself).
     MoeState st;
     layer.zero_grads();
@@ -257,13 +321,29 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
   const Case c = GetParam();
   const TrainingLayout layout(c.ranks, c.ep);
   const auto groups = layout.groups(TrainingGroup::EpMp);
-  std::vector<std::string> paths = kEpPaths;
-  if (c.ep == 1) paths.push_back("local");
-  const bool decode = !c.capacity;  // the decode form agrees with the reference only without drops
+  const bool f32 = c.precision.legs.all_f32();
+  // Every registered path this case can run (the registry is the single list): reduced precisions only on
+  // the paths that encode their rows (the others refuse, see below), single-rank paths at EP 1. block
+  // first: the others are compared with it.
+  std::vector<std::string> paths;
+  std::string decode_path;
+  for (const PathTraits& t : path_registry()) {
+    if (!f32 && !t.reduced_precision) continue;
+    if (t.single_rank && c.ep != 1) continue;
+    if (t.decode_form) {
+      decode_path = t.name;
+      continue;
+    }
+    paths.push_back(t.name);
+  }
+  std::stable_partition(paths.begin(), paths.end(), [](const std::string& p) { return p == "block"; });
+  ASSERT_EQ(paths.front(), "block");
+  // The decode form agrees with the reference only without drops.
+  const bool decode = !c.capacity && !decode_path.empty();
   // results[path][world rank]
   std::map<std::string, std::vector<RankResult>> results;
   for (const auto& p : paths) results[p].resize(static_cast<size_t>(c.ranks));
-  results["agrs-decode"].resize(static_cast<size_t>(c.ranks));
+  if (decode) results[decode_path].resize(static_cast<size_t>(c.ranks));
   std::mutex mutex;
   MemoryTracker& host = current_tracker();
 
@@ -289,11 +369,11 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
         xs.push_back(input_of(c.ranks, member, 1));
         gys.push_back(input_of(c.ranks, member, 2));
       }
-      MoeLayer layer(config_of(c, "agrs-decode"), *ep_group);
+      MoeLayer layer(config_of(c, decode_path), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
-      results["agrs-decode"][static_cast<size_t>(rank)] = exported(r, host);
+      results[decode_path][static_cast<size_t>(rank)] = exported(r, host);
     }
   });
 
@@ -309,6 +389,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
       world_dropped += b.dropped;
     }
     const Reference ref = reference(c, concat_rows(xs, kD), concat_rows(gys, kD), dropped);
+    const double loose = resolution_of(c.precision.legs);
     ASSERT_TRUE(all_finite(ref.y) && all_finite(ref.grad_x));
 
     for (const auto& p : paths) {
@@ -326,29 +407,31 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
         // Every path drops exactly the same routes (the route map is the single truth).
         EXPECT_TRUE(same_bits(r.dst_row, block.dst_row));
         EXPECT_EQ(r.dropped, block.dropped);
-        expect_close(r.y, ref.y.rows(offset, offset + t), "y");
-        expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x");
+        expect_close(r.y, ref.y.rows(offset, offset + t), "y", loose);
+        expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x", loose);
         const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
         for (size_t l = 0; l < experts.size(); ++l) {
           const auto li = static_cast<int64_t>(l);
           expect_close(expert_slice(r.grad_experts.w1, li), expert_slice(ref.grad_experts.w1, experts[l]),
-                       "w1");
+                       "w1", loose);
           expect_close(expert_slice(r.grad_experts.w3, li), expert_slice(ref.grad_experts.w3, experts[l]),
-                       "w3");
+                       "w3", loose);
           expect_close(expert_slice(r.grad_experts.w2, li), expert_slice(ref.grad_experts.w2, experts[l]),
-                       "w2");
+                       "w2", loose);
         }
         for (int64_t i = 0; i < router_sum.numel(); ++i)
           router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
         // Contracts 3 and 4: block and rowwise move the same rows into the same places and sum in the same
         // order, so their outputs and gradients are bit-identical.
-        if (p == "rowwise") {
+        if (path_traits(p).same_rows_as_block) {
           EXPECT_TRUE(same_bits(r.y, block.y));
           EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
           EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
           EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
           EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
           EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
+        }
+        if (p == "rowwise") {
           // No host split list: not one all_to_all_v on the EP group.
           EXPECT_EQ(r.stats.all_to_all_v, 0);
           EXPECT_EQ(r.comm_scratch_peak, 0) << "rowwise packs no peer buffers";
@@ -374,13 +457,13 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
         }
         offset += t;
       }
-      expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)");
+      expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)", loose);
     }
 
     if (decode) {
-      SCOPED_TRACE("path agrs-decode");
+      SCOPED_TRACE("path " + decode_path);
       for (size_t pos = 0; pos < group.size(); ++pos) {
-        const RankResult& r = results["agrs-decode"][static_cast<size_t>(group[pos])];
+        const RankResult& r = results[decode_path][static_cast<size_t>(group[pos])];
         EXPECT_TRUE(r.second_step_identical);
         expect_close(r.y, ref.y, "decode y");
         expect_close(r.grad_x, ref.grad_x, "decode grad_x");
@@ -407,6 +490,15 @@ TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
   const auto names = path_names();
   for (const char* p : {"local", "block", "rowwise", "agrs", "agrs-decode"})
     EXPECT_NE(std::find(names.begin(), names.end(), p), names.end()) << p;
+  // The traits the suite and the benchmarks select by.
+  EXPECT_TRUE(path_traits("local").single_rank);
+  for (const char* p : {"block", "rowwise"}) {
+    EXPECT_TRUE(path_traits(p).same_rows_as_block) << p;
+    EXPECT_TRUE(path_traits(p).reduced_precision) << p;
+  }
+  EXPECT_FALSE(path_traits("agrs").same_rows_as_block);
+  EXPECT_TRUE(path_traits("agrs-decode").decode_form);
+  EXPECT_THROW(path_traits("a2a"), Error);
   run_ranks(1, [&](Comm& world) {
     const ExpertPlacement placement(kExperts, 1);
     PathOptions options;
@@ -418,6 +510,43 @@ TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
       ADD_FAILURE() << "an unknown path must throw";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("rowwise"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// Only block and rowwise encode their rows: the other paths refuse a reduced precision, naming it and the
+// paths that take it; an MX format on a width that is not a multiple of 32 names the leg's flag.
+TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
+  run_ranks(1, [&](Comm& world) {
+    int refusing = 0;
+    for (const PathTraits& t : path_registry()) {
+      if (t.reduced_precision) continue;
+      ++refusing;
+      const std::string& path = t.name;
+      Case c;
+      c.precision = kPrecisions[3];
+      try {
+        MoeLayer layer(config_of(c, path), world);
+        ADD_FAILURE() << path << " must refuse a reduced-precision payload";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(path), std::string::npos) << m;
+        EXPECT_NE(m.find("dispatch mxfp8"), std::string::npos) << m;
+        EXPECT_NE(m.find("rowwise"), std::string::npos) << m;
+      }
+    }
+    EXPECT_EQ(refusing, 3) << "local, agrs and agrs-decode move f32 only";
+    Case c;
+    MoeConfig cfg = config_of(c, "rowwise");
+    cfg.model_dim = 48;
+    cfg.precision.combine_grad = PayloadFormat::MXFP8;
+    try {
+      MoeLayer layer(cfg, world);
+      ADD_FAILURE() << "mxfp8 with d=48 must be refused";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("--combine-grad-precision mxfp8"), std::string::npos) << m;
+      EXPECT_NE(m.find("d=48"), std::string::npos) << m;
     }
   });
 }

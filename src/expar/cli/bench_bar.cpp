@@ -4,14 +4,17 @@
 // `expar bench scaling`: time per token per phase over EP degrees and tokens per rank.
 #include <fmt/format.h>
 
-#include "expar/cli/bench_paths.hpp"
+#include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
+#include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
 
 namespace expar::cli {
 
 namespace {
+
+using namespace expar::bench;
 
 void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
   cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)");
@@ -59,15 +62,18 @@ struct Bar {
   std::string unit;
 };
 
-void print_bar(const Bar& b) {
+// Prints the bar's line; returns whether it passed.
+bool print_bar(const Bar& b) {
   const bool pass = b.at_least ? b.value >= b.target : b.value <= b.target;
   // Margin: how far past (+) or short of (-) the target, relative to the target.
   const double margin = (b.at_least ? b.value - b.target : b.target - b.value) / b.target;
   fmt::print("  {:<62} {:>8.3f}{:<2} {:>2} {:>6.3f}{:<2}  {:<4} margin {:+.1f}%\n", b.name, b.value, b.unit,
              b.at_least ? ">=" : "<=", b.target, b.unit, pass ? "PASS" : "MISS", 100.0 * margin);
+  return pass;
 }
 
-int run_bar(const PathsBenchOptions& base) {
+// strict: the exit status is 1 when a bar is missed (for scripts and CI), otherwise always 0.
+int run_bar(const PathsBenchOptions& base, bool strict) {
   PathsBenchOptions ep = base;
   ep.sync_comm = true;  // dispatch and combine measured apart from waiting for the slowest peer
   ep.ranks = 2;
@@ -106,8 +112,11 @@ int run_bar(const PathsBenchOptions& base) {
       {"EP step block (2x1) / no-EP step local (1x2, same work)", block.step() / local.step(), 1.10, false,
        ""},
   };
-  for (const auto& bar : bars) print_bar(bar);
-  return 0;
+  int missed = 0;
+  for (const auto& bar : bars) missed += print_bar(bar) ? 0 : 1;
+  fmt::print("{} of {} bars missed{}\n", missed, bars.size(),
+             missed > 0 && strict ? ": exit status 1 (--strict)" : "");
+  return strict && missed > 0 ? 1 : 0;
 }
 
 int run_scaling(const PathsBenchOptions& base, const std::vector<int>& eps,
@@ -124,7 +133,7 @@ int run_scaling(const PathsBenchOptions& base, const std::vector<int>& eps,
       o.tokens = t;
       o.paths.clear();
       for (const auto& p : base.paths)
-        if (p != "local" || ep == 1) o.paths.push_back(p);
+        if (!path_traits(p).single_rank || ep == 1) o.paths.push_back(p);
       const PathsReport r = measure_paths(o);
       fmt::print("\nEP {} ({} ranks), T={} tokens/rank\n  {:<30}", ep, ep, t, "phase");
       for (const auto& res : r.results) fmt::print("{:>12}", res.path);
@@ -156,8 +165,10 @@ void add_bench_bar(CLI::App* bench, CommandTable& table) {
       "bar",
       "The performance bar: GEMM efficiency, rowwise vs block, bytes vs memcpy, EP vs no EP (PASS/MISS)");
   auto o = std::make_shared<PathsBenchOptions>();
+  auto strict = std::make_shared<bool>(false);
   add_shape_options(bar, *o);
-  table[bar] = [o] { return run_bar(*o); };
+  bar->add_flag("--strict", *strict, "exit with status 1 when a bar is missed");
+  table[bar] = [o, strict] { return run_bar(*o, *strict); };
 
   auto* scaling =
       bench->add_subcommand("scaling", "Time per token per phase over EP degrees and tokens per rank");

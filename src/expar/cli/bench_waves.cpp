@@ -219,7 +219,7 @@ class WavesBench {
     Tensor out = Tensor::borrow(heap_->local(out_[static_cast<size_t>(w)]), {std::max<int64_t>(rows, 1), d_},
                                 DType::F32);
     ExpertMlpState state;
-    expert_mlp_forward(input, wv.offsets[static_cast<size_t>(me_)], weights_, out, state);
+    expert_mlp_forward(input, PayloadFormat::F32, wv.offsets[static_cast<size_t>(me_)], weights_, out, state);
   }
 
   // Rowwise combine of wave w: every owner's GEMM of wave w is done after the barrier (its time goes to

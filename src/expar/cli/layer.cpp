@@ -6,6 +6,7 @@
 #include <string>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/precision_flags.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/model/layer_tool.hpp"
 
@@ -16,9 +17,11 @@ namespace {
 struct LayerCliOptions {
   std::string input, output;
   LayerToolOptions tool;
+  PrecisionFlags precision;
 };
 
-int run_layer(const LayerCliOptions& o) {
+int run_layer(LayerCliOptions& o) {
+  o.tool.precision = o.precision.parse();
   run_layer_tool_file(o.input, o.output, o.tool);
   const SafetensorsFile out = SafetensorsFile::open(o.output);
   std::printf("expar layer: path %s, %d ranks, EP %d: wrote %zu tensors to %s (drop rate %.6f)\n",
@@ -51,6 +54,7 @@ void add_layer(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   cmd->add_option("--capacity-policy", opts->tool.capacity_policy, "capacity rule: source | rank | expert")
       ->capture_default_str();
+  add_precision_flags(cmd, opts->precision);
   table[cmd] = [opts] { return run_layer(*opts); };
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/precision_flags.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
@@ -31,6 +32,7 @@ struct TrainArgs {
   double capacity_factor = 0.0;
   std::string score = "softmax";
   double aux_coef = -1, z_coef = -1;
+  PrecisionFlags precision;
   TrainConfig config;
 };
 
@@ -73,6 +75,7 @@ int run_train(TrainArgs& a) {
   cfg.model.moe.score = score_function_from_name(a.score);
   if (a.aux_coef >= 0) cfg.model.moe.aux_loss_coef = a.aux_coef;
   if (a.z_coef >= 0) cfg.model.moe.z_loss_coef = a.z_coef;
+  cfg.model.moe.precision = a.precision.parse();
   if (a.capacity_factor > 0)
     cfg.model.moe.capacity =
         CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
@@ -87,10 +90,11 @@ int run_train(TrainArgs& a) {
 
   TrainObserver observer;
   observer.on_start = [&](const std::string& layout) {
-    std::printf("expar train: preset %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s\n",
-                a.preset.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
-                cfg.model.moe.num_experts, cfg.model.moe.top_k,
-                static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str());
+    std::printf(
+        "expar train: preset %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s, payload %s\n",
+        a.preset.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
+        cfg.model.moe.num_experts, cfg.model.moe.top_k, static_cast<long long>(cfg.model.moe.hidden_dim),
+        cfg.path.c_str(), cfg.model.moe.precision.describe().c_str());
     std::printf("%s", layout.c_str());
     std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s%s\n", cfg.global_batch,
                 cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str(),
@@ -202,6 +206,7 @@ void add_train(CLI::App& app, CommandTable& table) {
                 "combine gather instead of keeping them (same gradients; saves the expert activations and, "
                 "with rowwise, the per-block dispatch leases; costs one more dispatch + expert forward per "
                 "block)");
+  add_precision_flags(cmd, a->precision);
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
       ->capture_default_str();

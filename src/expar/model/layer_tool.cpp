@@ -117,6 +117,7 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   config.score = score_function_from_name(options.score);
   config.renormalize = options.renormalize;
   config.path = options.path;
+  config.precision = options.precision;
   if (options.capacity_factor > 0.0)
     config.capacity =
         CapacityPolicy::with(capacity_rule_from_name(options.capacity_policy), options.capacity_factor);
@@ -240,6 +241,7 @@ void run_layer_tool_file(const std::filesystem::path& input, const std::filesyst
       {"renormalize", options.renormalize ? "true" : "false"},
       {"capacity_factor", fmt::format("{}", options.capacity_factor)},
       {"capacity_policy", options.capacity_factor > 0.0 ? options.capacity_policy : "dropless"},
+      {"precision", options.precision.describe()},
   };
   write_safetensors(output, outputs, metadata);
 }

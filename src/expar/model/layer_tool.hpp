@@ -23,6 +23,7 @@
 #include <string>
 
 #include "expar/core/tensor.hpp"
+#include "expar/moe/payload_precision.hpp"
 
 namespace expar {
 
@@ -35,6 +36,7 @@ struct LayerToolOptions {
   bool renormalize = false;
   double capacity_factor = 0.0;            // 0: dropless
   std::string capacity_policy = "source";  // source | rank | expert (with a capacity factor)
+  PayloadPrecision precision;              // of the four row movements (block and rowwise)
 };
 
 // In memory: inputs by name -> outputs by name. Throws expar::Error for missing or misshapen tensors.

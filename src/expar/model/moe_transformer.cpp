@@ -76,12 +76,14 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
   embed_ = embed.value;
   embed_grad_ = embed.grad;
   if (config_.moe.path == "rowwise" && max_microbatch_tokens > 0) {
-    // No rank can receive more than M_E * T * min(K, E_L) rows (a token's K experts are distinct).
-    const int64_t m = ep_group.size(), k = config_.moe.top_k, e_local = config_.moe.num_experts / m;
-    const int64_t rows = m * max_microbatch_tokens * std::min(k, e_local);
+    // Slots hold the most rows any rank can receive under the capacity policy (dropless: the bound
+    // M_E * T * min(K, E_L)), so with a capacity factor resident symmetric memory stays ~cf*T*K per rank.
+    const ExpertPlacement placement(config_.moe.num_experts, ep_group.size(), config_.moe.placement);
+    const int64_t rows =
+        max_capacity_rows(max_microbatch_tokens, config_.moe.top_k, placement, config_.moe.capacity);
     heap_ = ep_group.make_heap();
-    lease_pool_ =
-        std::make_unique<LeasePool>(*heap_, "moe.dispatch", static_cast<size_t>(rows * d) * sizeof(float));
+    lease_pool_ = std::make_unique<LeasePool>(*heap_, "moe.dispatch",
+                                              rowwise_slot_bytes(rows, d, config_.moe.precision));
   }
   for (int l = 0; l < config_.layers; ++l) {
     auto b = std::make_unique<Block>();
@@ -133,6 +135,10 @@ MoeTransformer::~MoeTransformer() = default;
 
 void MoeTransformer::freeze_leases() {
   if (lease_pool_) lease_pool_->freeze();
+}
+
+void MoeTransformer::set_microbatch(int microbatch) {
+  for (auto& b : blocks_) b->moe->set_microbatch(microbatch);
 }
 
 MoeLayer& MoeTransformer::moe(int layer) {

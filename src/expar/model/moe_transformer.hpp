@@ -58,6 +58,8 @@ class MoeTransformer {
   void set_recompute_moe(int layer, bool recompute);
   // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
   void freeze_leases();
+  // The microbatch index of the forwards that follow (-1: none), for the MoE blocks' lease tags.
+  void set_microbatch(int microbatch);
   const LeasePool* lease_pool() const { return lease_pool_.get(); }
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the

@@ -122,4 +122,13 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
   return plan;
 }
 
+int64_t max_capacity_rows(int64_t max_tokens_per_rank, int top_k, const ExpertPlacement& placement,
+                          const CapacityPolicy& policy) {
+  EXPAR_CHECK(max_tokens_per_rank >= 0, "max_tokens_per_rank={} must not be negative", max_tokens_per_rank);
+  const auto m = static_cast<size_t>(placement.ep_size());
+  const std::vector<int64_t> requests(m * static_cast<size_t>(placement.num_experts()), 0);
+  const std::vector<int64_t> tokens(m, max_tokens_per_rank);
+  return plan_capacity(requests, tokens, top_k, placement, policy).capacity_rows;
+}
+
 }  // namespace expar

@@ -58,4 +58,11 @@ struct CapacityPlan {
 CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const int64_t> tokens, int top_k,
                            const ExpertPlacement& placement, const CapacityPolicy& policy);
 
+// The largest capacity_rows plan_capacity can give when no rank has more than max_tokens_per_rank tokens
+// (capacity_rows grows with every T_s, so it is the plan with every T_s = max_tokens_per_rank): what a
+// buffer that must hold any step's expert-side rows is sized by. With a capacity factor it stays about
+// cf*T*K as M_E grows (seed 000 §5.1); dropless, it is the bound M_E*T*min(K, E_L).
+int64_t max_capacity_rows(int64_t max_tokens_per_rank, int top_k, const ExpertPlacement& placement,
+                          const CapacityPolicy& policy);
+
 }  // namespace expar

@@ -5,6 +5,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/moe/payload_precision.hpp"
 
 namespace expar {
 
@@ -50,23 +51,25 @@ void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
 
 }  // namespace
 
-void expert_mlp_forward(const Tensor& input, std::span<const int64_t> offsets, const ExpertWeights& weights,
-                        Tensor& out, ExpertMlpState& state) {
+void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
+                        const ExpertWeights& weights, Tensor& out, ExpertMlpState& state) {
   weights.validate();
   const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
   EXPAR_CHECK(offsets.size() == static_cast<size_t>(e_local + 1) && offsets[0] == 0,
               "expert offsets must be [E_L + 1] = {} entries starting at 0, got {}", e_local + 1,
               offsets.size());
   const int64_t recv = offsets[static_cast<size_t>(e_local)];
-  check_rows(input, recv, d, "expert input");
+  const Tensor decoded = decode_payload(input, input_format, recv, d);
+  check_rows(decoded, recv, d, "expert input");
   check_rows(out, recv, d, "expert output");
 
   state.input = input;
+  state.input_format = input_format;
   state.offsets.assign(offsets.begin(), offsets.end());
   state.gate_pre = Tensor::empty({recv, h});
   state.up_pre = Tensor::empty({recv, h});
   Tensor act = Tensor::empty({recv, h});
-  const float* x = input.data<float>();
+  const float* x = decoded.data<float>();
   float* a = state.gate_pre.data<float>();
   float* b = state.up_pre.data<float>();
   float* m = act.data<float>();
@@ -108,7 +111,9 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   Tensor grad_act = Tensor::empty({recv, h});
   Tensor grad_a = Tensor::empty({recv, h});
   Tensor grad_b = Tensor::empty({recv, h});
-  const float* x = state.input.data<float>();
+  // The Wgrad input: the saved payload, decoded again if it was kept encoded.
+  const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
+  const float* x = decoded.data<float>();
   const float* a = state.gate_pre.data<float>();
   const float* b = state.up_pre.data<float>();
   const float* gy = grad_out.data<float>();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "expar/core/tensor.hpp"
+#include "expar/moe/payload_codec.hpp"
 
 namespace expar {
 
@@ -25,16 +26,19 @@ struct ExpertWeights {
 };
 
 struct ExpertMlpState {
-  Tensor input;                  // expert-side input rows, saved by reference (the dispatch buffer in EP)
+  // Expert-side input rows, saved by reference (the dispatch buffer in EP) in the format they arrived in:
+  // an encoded payload (u8 rows) is kept encoded and decoded again for Wgrad (moe/payload_precision.hpp).
+  Tensor input;
+  PayloadFormat input_format = PayloadFormat::F32;
   Tensor gate_pre;               // [recv_rows, h] w1·x
   Tensor up_pre;                 // [recv_rows, h] w3·x
   std::vector<int64_t> offsets;  // [E_L + 1]
 };
 
-// input [>= offsets[E_L], d]; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any
-// capacity).
-void expert_mlp_forward(const Tensor& input, std::span<const int64_t> offsets, const ExpertWeights& weights,
-                        Tensor& out, ExpertMlpState& state);
+// input [>= offsets[E_L], d] f32, or encoded rows in input_format (payload_tensor's layout), decoded to f32
+// for the products; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any capacity).
+void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
+                        const ExpertWeights& weights, Tensor& out, ExpertMlpState& state);
 
 // grad_out [>= recv, d]; writes rows [0, recv) of grad_in and ADDS the weight gradients into `grads`
 // (tensors shaped like the weights, initialised by the caller).

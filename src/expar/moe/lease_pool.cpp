@@ -19,8 +19,9 @@ LeasePool::Handle LeasePool::acquire(LeaseTag tag) {
     EXPAR_CHECK(
         !frozen_,
         "lease pool '{}' is frozen with {} slots, all leased, and block {} microbatch {} needs one more "
-        "({} slots needed): raise the pool size (run the dry run with the same schedule, or pass a larger "
-        "--lease-slots)",
+        "({} slots needed): the pool is sized by the dry-run step (the first step of `expar train`), so "
+        "every later step must keep no more MoE forwards in flight than it did: run the dry run with the "
+        "schedule of the steps that follow (the same --microbatches and --recompute-moe)",
         name_, slots_.size(), tag.block, tag.microbatch, slots_.size() + 1);
     Slot s;
     s.buffer = heap_.allocate(name_ + ".slot" + std::to_string(slots_.size()), slot_bytes_,
@@ -41,9 +42,15 @@ LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag, int which) {
               "lease pool '{}': scratch slot {} requested by block {} does not exist: use 0 .. {}", name_,
               which, tag.block, kScratchSlots - 1);
   Slot& s = scratch_[which];
-  if (s.buffer < 0)
+  if (s.buffer < 0) {
+    EXPAR_CHECK(!frozen_,
+                "lease pool '{}' is frozen and block {} microbatch {} asks for shared scratch slot {}, which "
+                "the dry-run step never used: resident symmetric memory may not grow after the dry run, so "
+                "run the dry run with every pass the later steps make (the same --recompute-moe)",
+                name_, tag.block, tag.microbatch, which);
     s.buffer = heap_.allocate(name_ + ".scratch" + (which == 0 ? std::string() : std::to_string(which)),
                               slot_bytes_, MemCategory::SymmetricBuffers);
+  }
   ++s.generation;
   s.holder = tag;
   return Handle{-1 - which, s.generation, s.buffer, tag, false};

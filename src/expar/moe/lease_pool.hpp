@@ -47,8 +47,8 @@ class LeasePool {
 
   // Collective (same order on every member). Leases a free slot for (block, microbatch).
   Handle acquire(LeaseTag tag);
-  // Shared scratch slot `which` in [0, kScratchSlots) (collective on first use, which allocates it); bumps
-  // its generation.
+  // Shared scratch slot `which` in [0, kScratchSlots) (collective on first use, which allocates it; refused
+  // once frozen, like any growth); bumps its generation.
   Handle acquire_scratch(LeaseTag tag, int which = 0);
   void release(Handle& handle);
   // Throws expar::Error if the slot was re-acquired since `handle` was taken (its payload was overwritten).
@@ -57,7 +57,7 @@ class LeasePool {
   void* data(const Handle& handle);
   BufferId buffer(const Handle& handle) const { return handle.buffer; }
 
-  // After the dry run: no more growth.
+  // After the dry run: no more growth (neither leased nor scratch slots).
   void freeze();
   bool frozen() const { return frozen_; }
   // Upper limit on slots, for growth after freeze is refused with this number in the message.

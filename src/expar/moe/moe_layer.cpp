@@ -28,6 +28,7 @@ void MoeConfig::validate(int ep_size) const {
   EXPAR_CHECK(model_dim >= 1, "model_dim={} must be at least 1", model_dim);
   EXPAR_CHECK(hidden_dim >= 1, "hidden_dim={} (expert MLP width) must be at least 1", hidden_dim);
   capacity.validate();
+  precision.validate(model_dim);
   EXPAR_CHECK(std::isfinite(bias_update_rate) && bias_update_rate >= 0.0f,
               "bias_update_rate={} must be finite and >= 0", bias_update_rate);
   ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
@@ -62,6 +63,7 @@ MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name, MoeShared
   options.heap = shared.heap;
   options.lease_pool = shared.lease_pool;
   options.block_index = shared.block_index;
+  options.precision = config_.precision;
   path_ = make_path(config_.path, ep_group_, options);
   const int64_t e_local = placement_.local_count(), d = config_.model_dim, h = config_.hidden_dim;
   params_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::DenseWeights);
@@ -125,10 +127,13 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   state.path = {};
   state.path.scratch_dispatch = recompute_;
   state.recomputed = recompute_;
+  state.microbatch = microbatch_;
+  state.path.microbatch = microbatch_;
   Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
   PhaseScope gemm_phase(phase::kGroupedGemm);
-  expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
+  expert_mlp_forward(expert_in, config_.precision.dispatch, state.routes.expert_offsets, params_.experts,
+                     expert_out, state.experts);
   gemm_phase.stop();
   Tensor y = path_->combine_forward(expert_out, routed.topk_weight, state.routes, state.path);
   if (recompute_) {
@@ -181,10 +186,12 @@ void MoeLayer::recompute_forward(MoeState& state) {
   // other block can overwrite it before this block's expert backward has read it.
   state.path = {};
   state.path.scratch_dispatch = true;
+  state.path.microbatch = state.microbatch;
   Tensor expert_in = path_->dispatch_forward(state.router.x, state.routes, state.path);
   Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
   PhaseScope gemm_phase(phase::kGroupedGemm);
-  expert_mlp_forward(expert_in, state.routes.expert_offsets, params_.experts, expert_out, state.experts);
+  expert_mlp_forward(expert_in, config_.precision.dispatch, state.routes.expert_offsets, params_.experts,
+                     expert_out, state.experts);
   gemm_phase.stop();
   // Only for the gathered expert outputs it saves (the routing-weight gradient reads them); its merged
   // output equals the forward's y and is dropped.

@@ -16,6 +16,7 @@
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/topo/placement.hpp"
@@ -39,6 +40,7 @@ struct MoeConfig {
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   std::string path = "local";
+  PayloadPrecision precision;  // of the four row movements (block and rowwise only; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
 
   RouterConfig router() const;
@@ -82,6 +84,7 @@ struct MoeState {
   // Set by a forward under activation recomputation: path and experts were dropped after the forward, and
   // backward rebuilds them first (MoeLayer::set_recompute).
   bool recomputed = false;
+  int microbatch = -1;  // MoeLayer::set_microbatch at the forward (its recomputation reuses it)
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -126,6 +129,8 @@ class MoeLayer {
   // run while it is set; a state remembers how its forward ran.
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
+  // The microbatch the following forwards belong to (-1: none), carried into lease tags and their messages.
+  void set_microbatch(int microbatch) { microbatch_ = microbatch; }
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);
@@ -146,6 +151,7 @@ class MoeLayer {
   MoeParams params_;
   MoeGrads grads_;
   bool recompute_ = false;
+  int microbatch_ = -1;
 };
 
 }  // namespace expar

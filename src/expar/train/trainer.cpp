@@ -65,6 +65,24 @@ std::string memory_table(Comm& world) {
   return out;
 }
 
+// How the rowwise lease pool's slots are sized: allocated by the dry-run step, not yet in the table above.
+std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layout, int64_t rows,
+                              int64_t tokens, size_t slot_bytes) {
+  const int64_t m = layout.ep_mp, k = mc.moe.top_k, e_local = mc.moe.num_experts / layout.ep_mp;
+  const CapacityPolicy& p = mc.moe.capacity;
+  const std::string rule =
+      p.rule == CapacityRule::Dropless
+          ? fmt::format("dropless: the bound M_E*T*min(K, E_L) = {}*{}*{}", m, tokens, std::min(k, e_local))
+          : fmt::format("capacity policy {} cf={} for T={} tokens per rank (dropless bound {})",
+                        capacity_rule_name(p.rule), p.capacity_factor, tokens,
+                        m * tokens * std::min(k, e_local));
+  return fmt::format(
+      "symmetric buffers (rowwise lease pool, allocated by the dry-run step, then frozen): each slot {} = {} "
+      "rows ({}) x {} bytes per row\n",
+      format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
+      rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
+}
+
 double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
   // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
   // forwards (the MoE layer is collective), which holds because all ranks take the same count.
@@ -103,7 +121,11 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   // The shared lease pool's slots must hold the largest forward this run makes: a training microbatch or the
   // validation batch (validation_loss gives each rank max(1, eval_sequences / DP) sequences).
   const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
-  MoeTransformer model(mc, *ep_mp, static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * cfg.seq_len);
+  const int64_t max_forward_tokens = static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * cfg.seq_len;
+  MoeTransformer model(mc, *ep_mp, max_forward_tokens);
+  // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
+  const int64_t pool_rows =
+      max_capacity_rows(max_forward_tokens, mc.moe.top_k, model.moe(0).placement(), mc.moe.capacity);
   model.init(cfg.seed);
 
   std::vector<Parameter*> params;
@@ -121,7 +143,9 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
     load_checkpoint(cfg.resume_from, model, &optimizer);
     start = static_cast<int>(read_checkpoint_info(cfg.resume_from).step);
   }
-  const std::string memory = memory_table(world);
+  std::string memory = memory_table(world);
+  if (model.lease_pool() != nullptr)
+    memory += lease_pool_sizing(mc, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
   if (observer && observer->on_start && world.rank() == 0)
     observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
 
@@ -140,6 +164,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
     for (int mb = 0; mb < cfg.microbatches; ++mb) {
       TokenBatch batch = training_batch(corpus, cfg.seed, step, cfg.global_batch,
                                         dp->rank() * local_seqs + mb * mb_seqs, mb_seqs, cfg.seq_len);
+      model.set_microbatch(mb);  // lease tags name the real microbatch
       StepMetrics m = model.forward_backward(batch.inputs, batch.targets, mb_seqs, cfg.seq_len,
                                              static_cast<int64_t>(local_seqs) * cfg.seq_len);
       rec.loss += m.loss / cfg.microbatches;
@@ -162,8 +187,10 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
     rec.drop_rate = sums[3] / world.size();
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;
-    if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last_step)
+    if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last_step) {
+      model.set_microbatch(-1);
       rec.val_loss = validation_loss(model, corpus, cfg, *dp);
+    }
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) || last_step))
       save(step + 1);
@@ -172,6 +199,18 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   }
   if (!summary.steps.empty()) summary.final_val_loss = summary.steps.back().val_loss;
   summary.memory = current_tracker().snapshot();
+  if (const LeasePool* pool = model.lease_pool()) {
+    LeasePoolSummary& l = summary.leases;
+    l.present = true;
+    l.frozen = pool->frozen();
+    l.slots = pool->slot_count();
+    l.scratch_slots = pool->scratch_count();
+    l.high_water = pool->high_water();
+    l.leased_at_end = pool->leased_count();
+    l.capacity_rows = pool_rows;
+    l.slot_bytes = pool->slot_bytes();
+    l.resident_bytes = pool->resident_bytes();
+  }
   return summary;
 }
 

@@ -53,10 +53,20 @@ struct StepRecord {
   double val_loss = -1;  // -1 when not evaluated at this step
 };
 
+// The rowwise path's shared lease pool after training (all zero without one): sized by the dry-run step,
+// then frozen; each slot holds capacity_rows rows of the largest payload row (moe/paths/path.hpp).
+struct LeasePoolSummary {
+  bool present = false, frozen = false;
+  int slots = 0, scratch_slots = 0, high_water = 0, leased_at_end = 0;
+  int64_t capacity_rows = 0;  // max_capacity_rows of the largest forward under the capacity policy
+  size_t slot_bytes = 0, resident_bytes = 0;
+};
+
 struct TrainSummary {
   std::vector<StepRecord> steps;
   double final_val_loss = -1;
   MemorySnapshot memory;  // this rank's tracker at the end
+  LeasePoolSummary leases;
 };
 
 // Called on rank 0 after every step (printing, logging); and once at start with the layout description.

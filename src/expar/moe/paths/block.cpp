@@ -10,6 +10,10 @@
 // source -> expert like dispatch forward; dispatch backward moves grad rows expert -> source like combine.
 // The packed peer buffers are communication scratch (MemCategory::CommScratch), so memory reports show
 // what this path costs over rowwise.
+// Payload precision (PathOptions::precision): every leg moves byte rows of payload_row_bytes(format, d).
+// Dispatch encodes each token row once in the local permute and keeps the received rows encoded as the
+// expert-side input (the expert MLP decodes them); combine encodes the expert outputs in the global
+// unpermute and decodes them in the local unpermute; backward likewise. The f32 rows move unchanged.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -17,6 +21,7 @@
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/phase_timer.hpp"
 
 namespace expar {
@@ -28,8 +33,8 @@ namespace {
 struct BlockPlan {
   // Routes (t*K + k) in send-buffer order: by destination rank, then dst_row.
   std::vector<int64_t> send_order;
-  // Split lists in elements (rows * d), indexed by peer.
-  std::vector<size_t> send_elems, recv_elems;
+  // Split lists in rows, indexed by peer.
+  std::vector<size_t> send_counts, recv_counts;
   // Global permute as block copies: rows [recv_begin, recv_begin + rows) of the receive buffer are rows
   // [expert_begin, expert_begin + rows) of the expert-side buffer (one run per (source, local expert)).
   struct Run {
@@ -39,7 +44,7 @@ struct BlockPlan {
   int64_t send_rows = 0, recv_rows = 0;
 };
 
-BlockPlan make_plan(const RouteMap& map, const ExpertPlacement& placement, int64_t d) {
+BlockPlan make_plan(const RouteMap& map, const ExpertPlacement& placement) {
   BlockPlan plan;
   const int m = map.ep_size;
   for (int64_t t = 0; t < map.tokens; ++t)
@@ -52,8 +57,8 @@ BlockPlan make_plan(const RouteMap& map, const ExpertPlacement& placement, int64
   plan.send_rows = static_cast<int64_t>(plan.send_order.size());
   plan.recv_rows = map.recv_rows;
   for (int r = 0; r < m; ++r) {
-    plan.send_elems.push_back(static_cast<size_t>(map.send_counts[static_cast<size_t>(r)] * d));
-    plan.recv_elems.push_back(static_cast<size_t>(map.recv_counts[static_cast<size_t>(r)] * d));
+    plan.send_counts.push_back(static_cast<size_t>(map.send_counts[static_cast<size_t>(r)]));
+    plan.recv_counts.push_back(static_cast<size_t>(map.recv_counts[static_cast<size_t>(r)]));
   }
   // Source s's block holds its routes to this rank sorted by dst_row, i.e. for each local expert in order
   // its accepted rows, which land after the rows of the sources before s (contract 3).
@@ -84,25 +89,38 @@ class BlockPath final : public ExpertPath {
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
     check_map(map, x, "dispatch forward");
     const int64_t d = x.dim(1);
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, d);
     PhaseScope permute_phase(phase::kLocalPermute);  // the plan's sort is part of the local permute
-    auto plan = std::make_shared<BlockPlan>(make_plan(map, *options_.placement, d));
+    auto plan = std::make_shared<BlockPlan>(make_plan(map, *options_.placement));
     state.path_data = plan;
-    // Local permute: replicate each token row once per accepted route, packed by destination rank.
-    Tensor send = Tensor::empty({plan->send_rows, d}, DType::F32, MemCategory::CommScratch);
-    const float* src = x.data<float>();
-    float* packed = send.data<float>();
+    // Local permute: replicate each token row once per accepted route, packed by destination rank (a
+    // reduced-precision row is encoded once per token, then replicated).
+    const std::byte* src = static_cast<const std::byte*>(x.raw());
+    Tensor encoded;
+    if (format != PayloadFormat::F32) {
+      encoded = Tensor::empty({map.tokens, static_cast<int64_t>(rb)}, DType::U8, MemCategory::CommScratch);
+      encode_rows(format, x.data<float>(), map.tokens, d, static_cast<std::byte*>(encoded.raw()));
+      src = static_cast<const std::byte*>(encoded.raw());
+    }
+    Tensor send = byte_rows(plan->send_rows, rb);
+    auto* packed = static_cast<std::byte*>(send.raw());
     for (int64_t i = 0; i < plan->send_rows; ++i)
-      std::memcpy(packed + i * d, src + (plan->send_order[static_cast<size_t>(i)] / map.top_k) * d,
-                  sizeof(float) * d);
+      std::memcpy(packed + i * rb, src + (plan->send_order[static_cast<size_t>(i)] / map.top_k) * rb, rb);
+    encoded = Tensor();
     permute_phase.stop();
     sync_before_comm(group_);
     PhaseScope exchange_phase(phase::kAllToAllDispatch);
-    Tensor recv = exchange(send, plan->send_elems, plan->recv_rows, plan->recv_elems, d);
+    Tensor recv = exchange(send, plan->send_counts, plan->recv_rows, plan->recv_counts, rb);
     exchange_phase.stop();
-    // Global permute: source-rank blocks -> local-expert order.
+    // Global permute: source-rank blocks -> local-expert order (the rows stay encoded: they are the
+    // expert MLP's saved input).
     PhaseScope global_phase(phase::kGlobalPermute);
-    Tensor in = Tensor::empty({map.capacity_rows, d});
-    global_permute(*plan, recv, in, d);
+    Tensor in = payload_tensor(format, map.capacity_rows, d);
+    const auto* from = static_cast<const std::byte*>(recv.raw());
+    auto* to = static_cast<std::byte*>(in.raw());
+    for (const auto& run : plan->runs)
+      std::memcpy(to + run.expert_begin * rb, from + run.recv_begin * rb, rb * run.rows);
     return in;
   }
 
@@ -110,8 +128,7 @@ class BlockPath final : public ExpertPath {
                          PathState& state) override {
     const BlockPlan& plan = plan_of(state, "combine forward");
     const int64_t d = expert_out.dim(1);
-    Tensor gathered = return_to_sources(plan, expert_out, map, d, phase::kGlobalUnpermute,
-                                        phase::kAllToAllCombine, phase::kLocalUnpermuteMerge);
+    Tensor gathered = return_to_sources(plan, expert_out, map, d, options_.precision.combine);
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     state.combine_rows = RouteRows::gathered(std::move(gathered), map);
     return merge_routes(state.combine_rows, topk_weight, map);
@@ -124,35 +141,57 @@ class BlockPath final : public ExpertPath {
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
+    const PayloadFormat format = options_.precision.combine_grad;
+    const size_t rb = payload_row_bytes(format, d);
     // Local unpermute backward: each route's w·grad_y row, packed by destination rank like dispatch.
-    Tensor send = Tensor::empty({plan.send_rows, d}, DType::F32, MemCategory::CommScratch);
+    Tensor send = byte_rows(plan.send_rows, rb);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
-    float* packed = send.data<float>();
+    auto* packed = static_cast<std::byte*>(send.raw());
+    std::vector<float> row(format == PayloadFormat::F32 ? 0 : static_cast<size_t>(d));
     for (int64_t i = 0; i < plan.send_rows; ++i) {
       const int64_t route = plan.send_order[static_cast<size_t>(i)];
-      weighted_route_grad(gy + (route / map.top_k) * d, w[route], packed + i * d, d);
+      if (format == PayloadFormat::F32) {
+        weighted_route_grad(gy + (route / map.top_k) * d, w[route], reinterpret_cast<float*>(packed + i * rb),
+                            d);
+      } else {
+        weighted_route_grad(gy + (route / map.top_k) * d, w[route], row.data(), d);
+        encode_payload_rows(format, row.data(), 1, d, packed + i * rb);
+      }
     }
     merge_phase.stop();
     sync_before_comm(group_);
     PhaseScope exchange_phase(phase::kAllToAllCombine);
-    Tensor recv = exchange(send, plan.send_elems, plan.recv_rows, plan.recv_elems, d);
+    Tensor recv = exchange(send, plan.send_counts, plan.recv_rows, plan.recv_counts, rb);
     exchange_phase.stop();
+    // Global unpermute backward: received source-rank blocks into expert order, decoded for the experts.
     PhaseScope unpermute_phase(phase::kGlobalUnpermute);
     Tensor grad_out = Tensor::empty({map.capacity_rows, d});
-    global_permute(plan, recv, grad_out, d);
+    const auto* from = static_cast<const std::byte*>(recv.raw());
+    float* to = grad_out.data<float>();
+    for (const auto& run : plan.runs)
+      decode_rows(format, from + run.recv_begin * rb, run.rows, d, to + run.expert_begin * d);
     return grad_out;
   }
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     const BlockPlan& plan = plan_of(state, "dispatch backward");
     const int64_t d = grad_expert_in.dim(1);
-    Tensor recv = exchange_back(plan, grad_expert_in, d, phase::kGlobalPermute, phase::kAllToAllDispatch);
+    const PayloadFormat format = options_.precision.dispatch_grad;
+    Tensor recv =
+        exchange_back(plan, grad_expert_in, d, format, phase::kGlobalPermute, phase::kAllToAllDispatch);
     // Local permute backward: each route's gradient row is summed where it arrived (row i of the receive
-    // buffer is route send_order[i]), in k order like sum_routes, without scattering it to [T, K, d] first.
+    // buffer is route send_order[i]), in k order like sum_routes, without scattering it to [T, K, d] first
+    // (reduced-precision rows are decoded in place order first).
     PhaseScope sum_phase(phase::kLocalPermute);
+    if (format != PayloadFormat::F32) {
+      Tensor decoded = Tensor::empty({plan.send_rows, d}, DType::F32, MemCategory::CommScratch);
+      decode_rows(format, static_cast<const std::byte*>(recv.raw()), plan.send_rows, d,
+                  decoded.data<float>());
+      recv = std::move(decoded);
+    }
     std::vector<const float*> rows(static_cast<size_t>(map.tokens * map.top_k), nullptr);
-    const float* received = recv.data<float>();
+    const float* received = static_cast<const float*>(recv.raw());
     for (int64_t i = 0; i < plan.send_rows; ++i)
       rows[static_cast<size_t>(plan.send_order[static_cast<size_t>(i)])] = received + i * d;
     return sum_route_pointers(rows.data(), map, d);
@@ -173,51 +212,61 @@ class BlockPath final : public ExpertPath {
     return *static_cast<const BlockPlan*>(state.path_data.get());
   }
 
-  // all_to_all_v of a packed buffer: the host split lists are the route map's counts (times d).
-  Tensor exchange(const Tensor& send, const std::vector<size_t>& send_elems, int64_t recv_rows,
-                  const std::vector<size_t>& recv_elems, int64_t d) {
-    Tensor recv = Tensor::empty({recv_rows, d}, DType::F32, MemCategory::CommScratch);
-    group_.all_to_all_v(send.raw(), send_elems, recv.raw(), recv_elems, DType::F32);
+  // Packed byte rows: communication scratch.
+  static Tensor byte_rows(int64_t rows, size_t row_bytes) {
+    return Tensor::empty({rows, static_cast<int64_t>(row_bytes)}, DType::U8, MemCategory::CommScratch);
+  }
+
+  // all_to_all_v of packed byte rows: the host split lists are the route map's counts (times the row bytes).
+  Tensor exchange(const Tensor& send, const std::vector<size_t>& send_counts, int64_t recv_rows,
+                  const std::vector<size_t>& recv_counts, size_t row_bytes) {
+    Tensor recv = byte_rows(recv_rows, row_bytes);
+    std::vector<size_t> send_bytes(send_counts.size()), recv_bytes(recv_counts.size());
+    for (size_t r = 0; r < send_counts.size(); ++r) send_bytes[r] = send_counts[r] * row_bytes;
+    for (size_t r = 0; r < recv_counts.size(); ++r) recv_bytes[r] = recv_counts[r] * row_bytes;
+    group_.all_to_all_v(send.raw(), send_bytes, recv.raw(), recv_bytes, DType::U8);
     return recv;
   }
 
-  static void global_permute(const BlockPlan& plan, const Tensor& recv, Tensor& expert_side, int64_t d) {
-    const float* from = recv.data<float>();
-    float* to = expert_side.data<float>();
-    for (const auto& run : plan.runs)
-      std::memcpy(to + run.expert_begin * d, from + run.recv_begin * d, sizeof(float) * run.rows * d);
-  }
-
   // Global unpermute -> reverse all_to_all_v -> local unpermute: expert-side rows [recv_rows, d] become
-  // [T, K, d] at each route's (t, k); rows of dropped routes are left unwritten and never read. The three
-  // phase names are the forward phases these movements belong to (combine) or are the adjoint of (dispatch).
+  // [T, K, d] at each route's (t, k), travelling in `format`; rows of dropped routes are left unwritten and
+  // never read. The phases are combine's (this is combine forward).
   Tensor return_to_sources(const BlockPlan& plan, const Tensor& expert_side, const RouteMap& map, int64_t d,
-                           const char* unpermute_phase, const char* exchange_phase,
-                           const char* scatter_phase) {
-    Tensor recv = exchange_back(plan, expert_side, d, unpermute_phase, exchange_phase);
-    PhaseScope scatter(scatter_phase);
+                           PayloadFormat format) {
+    Tensor recv =
+        exchange_back(plan, expert_side, d, format, phase::kGlobalUnpermute, phase::kAllToAllCombine);
+    PhaseScope scatter(phase::kLocalUnpermuteMerge);
+    const size_t rb = payload_row_bytes(format, d);
     Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
-    const float* rows = recv.data<float>();
+    const auto* rows = static_cast<const std::byte*>(recv.raw());
     float* out = gathered.data<float>();
-    for (int64_t i = 0; i < plan.send_rows; ++i)
-      std::memcpy(out + plan.send_order[static_cast<size_t>(i)] * d, rows + i * d, sizeof(float) * d);
+    for (int64_t i = 0; i < plan.send_rows; ++i) {
+      float* dst = out + plan.send_order[static_cast<size_t>(i)] * d;
+      if (format == PayloadFormat::F32)
+        std::memcpy(dst, rows + i * rb, rb);  // the hot f32 case without the codec's per-call checks
+      else
+        decode_payload_rows(format, rows + i * rb, 1, d, dst);
+    }
     return gathered;
   }
 
-  // Global unpermute -> reverse all_to_all_v: [send_rows, d], row i holding route send_order[i].
-  Tensor exchange_back(const BlockPlan& plan, const Tensor& expert_side, int64_t d,
+  // Global unpermute (encoding each row in `format`) -> reverse all_to_all_v: [send_rows, row bytes], row
+  // i holding route send_order[i]. The phase names are the forward phases these movements belong to
+  // (combine) or are the adjoint of (dispatch).
+  Tensor exchange_back(const BlockPlan& plan, const Tensor& expert_side, int64_t d, PayloadFormat format,
                        const char* unpermute_phase, const char* exchange_phase) {
     PhaseScope unpermute(unpermute_phase);
-    Tensor back = Tensor::empty({plan.recv_rows, d}, DType::F32, MemCategory::CommScratch);
+    const size_t rb = payload_row_bytes(format, d);
+    Tensor back = byte_rows(plan.recv_rows, rb);
     const float* from = expert_side.data<float>();
-    float* to = back.data<float>();
+    auto* to = static_cast<std::byte*>(back.raw());
     for (const auto& run : plan.runs)
-      std::memcpy(to + run.recv_begin * d, from + run.expert_begin * d, sizeof(float) * run.rows * d);
+      encode_rows(format, from + run.expert_begin * d, run.rows, d, to + run.recv_begin * rb);
     unpermute.stop();
     sync_before_comm(group_);
     // Backward swaps the split lists.
     PhaseScope exchange_scope(exchange_phase);
-    return exchange(back, plan.recv_elems, plan.send_rows, plan.send_elems, d);
+    return exchange(back, plan.recv_counts, plan.send_rows, plan.send_counts, rb);
   }
 
   Comm& group_;

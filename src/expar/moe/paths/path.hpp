@@ -5,6 +5,7 @@
 //
 // One layer step calls, in this order:
 //   forward:  in  = dispatch_forward(x)                  [capacity_rows, d], rows [0, recv_rows) written
+//                                                        (encoded rows with a non-f32 dispatch precision)
 //             out = expert_output_buffer()               where the expert MLP writes rows [0, recv_rows)
 //             y   = combine_forward(out, topk_weight)    [T, d]
 //   backward: g_out = combine_backward(grad_y, topk_weight, &grad_topk_weight)  [capacity_rows, d]
@@ -21,6 +22,7 @@
 
 #include "expar/core/tensor.hpp"
 #include "expar/moe/paths/route_rows.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/topo/placement.hpp"
 
@@ -42,6 +44,9 @@ struct PathState {
   // in storage shared across blocks (rowwise: the lease pool's dispatch scratch slot instead of a lease,
   // seed 000 §5.7). The path must still guard its backward reads (the pool's generation check).
   bool scratch_dispatch = false;
+  // Set by the caller before dispatch_forward: the microbatch this step belongs to (-1: none, e.g. an
+  // evaluation forward), carried by the step's lease tags into the pool's messages.
+  int microbatch = -1;
 };
 
 struct PathOptions {
@@ -57,7 +62,18 @@ struct PathOptions {
   // agrs: the decode form (every rank of the EP group already holds the same tokens; one all_reduce sums
   // the ranks' partial outputs). The registry name "agrs-decode" sets it.
   bool agrs_decode = false;
+  // The format of each row movement (moe/payload_precision.hpp). block and rowwise take any; local and agrs
+  // refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED expert-side rows
+  // (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its f32 interface.
+  PayloadPrecision precision;
 };
+
+// Bytes of one rowwise symmetric slot: capacity_rows rows of the largest encoded row of the four legs (a
+// slot carries the dispatch payload, the expert outputs and their gradients, or the input gradients).
+size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecision& precision);
+
+// Throws expar::Error unless `precision` is all f32: for a path that does not encode its rows.
+void require_f32_payloads(const std::string& path, const PayloadPrecision& precision);
 
 class ExpertPath {
  public:
@@ -81,9 +97,22 @@ class ExpertPath {
   virtual Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state);
 };
 
-// The registry: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode". Throws expar::Error naming
-// the known paths for an unknown name.
+// What the parametrized tests and the benchmarks need to know about a path, registered with it, so that a
+// new path is tested and benchmarked by adding its registry line.
+struct PathTraits {
+  std::string name;
+  bool single_rank = false;         // needs an EP group of 1 (local)
+  bool same_rows_as_block = false;  // moves the same rows into the same places: bit-identical to block
+  bool reduced_precision = false;   // takes non-f32 payloads (PathOptions::precision)
+  bool decode_form = false;         // every rank of the group holds the group's tokens (agrs-decode)
+};
+
+// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode".
+// make_path throws expar::Error naming the known paths for an unknown name.
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
+const std::vector<PathTraits>& path_registry();
 std::vector<std::string> path_names();
+// Throws expar::Error naming the known paths for an unknown name.
+const PathTraits& path_traits(const std::string& name);
 
 }  // namespace expar

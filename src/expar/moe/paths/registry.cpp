@@ -16,17 +16,21 @@ namespace {
 
 using PathFactory = std::unique_ptr<ExpertPath> (*)(Comm&, const PathOptions&);
 struct PathEntry {
-  const char* name;
+  PathTraits traits;
   PathFactory make;
 };
 
-constexpr PathEntry kPaths[] = {
-    {"local", make_local_path},
-    {"block", make_block_path},
-    {"rowwise", make_rowwise_path},
-    {"agrs", make_agrs_path},
-    {"agrs-decode", make_agrs_decode_path},
-};
+const std::vector<PathEntry>& entries() {
+  //                     name          single  =block  reduced decode
+  static const std::vector<PathEntry> paths = {
+      {{"local", true, false, false, false}, make_local_path},
+      {{"block", false, true, true, false}, make_block_path},
+      {{"rowwise", false, true, true, false}, make_rowwise_path},
+      {{"agrs", false, false, false, false}, make_agrs_path},
+      {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
+  };
+  return paths;
+}
 
 }  // namespace
 
@@ -38,16 +42,40 @@ Tensor ExpertPath::expert_grad_input_buffer(const RouteMap& map, int64_t d, Path
   return Tensor::empty({map.capacity_rows, d});
 }
 
+void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {
+  EXPAR_CHECK(precision.all_f32(),
+              "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path block or "
+              "rowwise for reduced-precision payloads, or set every --*-precision to f32",
+              path, precision.describe());
+}
+
+const std::vector<PathTraits>& path_registry() {
+  static const std::vector<PathTraits> traits = [] {
+    std::vector<PathTraits> t;
+    for (const PathEntry& p : entries()) t.push_back(p.traits);
+    return t;
+  }();
+  return traits;
+}
+
 std::vector<std::string> path_names() {
   std::vector<std::string> names;
-  for (const PathEntry& p : kPaths) names.emplace_back(p.name);
+  for (const PathTraits& p : path_registry()) names.push_back(p.name);
   return names;
 }
 
-std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options) {
-  for (const PathEntry& p : kPaths)
-    if (name == p.name) return p.make(ep_group, options);
+const PathTraits& path_traits(const std::string& name) {
+  for (const PathTraits& p : path_registry())
+    if (p.name == name) return p;
   fail("execution path '{}' is unknown: choose one of {}", name, fmt::join(path_names(), ", "));
+}
+
+std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options) {
+  const PathTraits& traits = path_traits(name);  // an unknown name is refused with the list
+  if (!traits.reduced_precision) require_f32_payloads(name, options.precision);
+  for (const PathEntry& p : entries())
+    if (name == p.traits.name) return p.make(ep_group, options);
+  fail("execution path '{}' has traits but no factory", name);
 }
 
 }  // namespace expar

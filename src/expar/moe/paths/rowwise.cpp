@@ -33,6 +33,15 @@
 //   combine bwd:   barrier; PUT rows; barrier             (nobody overwrites an output a peer still reads;
 //                                                          every gradient row in place before expert bwd)
 //   dispatch bwd:  barrier; GET rows; barrier; release    (peers' expert bwd done; nobody still reads ours)
+// Payload precision (PathOptions::precision, seed 000 §5.4/§5.7): a reduced-precision dispatch quantises each
+// token row once inside the PUT (encoded into a staging row, then put to each route's slot), and the
+// experts read the encoded rows (for MXFP8 the E4M3 qdata followed by the E8M0 scales of the same row) in
+// place; both stay in the LEASED dispatch slot until the expert backward has decoded them again for Wgrad.
+// A reduced-precision combine has the experts write f32 into a private tensor that combine forward encodes
+// into the combine slot before its barrier; the sources GET the encoded rows and decode them. Combine
+// backward encodes each w·grad_y row inside its PUT; the expert rank decodes them after the barrier.
+// Dispatch backward encodes the expert input gradients into their leased slot before its first barrier.
+// Slots hold capacity_rows x the largest encoded row of the four legs (rowwise_slot_bytes).
 // With poisoning enabled (debug builds, EXPAR_POISON=1) every symmetric buffer is filled with NaN before the
 // rows of a step land in it (one extra barrier where peers write into it), capacity tail included.
 #include <algorithm>
@@ -45,6 +54,7 @@
 #include "expar/core/error.hpp"
 #include "expar/moe/lease_pool.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expar/moe/phase_timer.hpp"
 
 namespace expar {
@@ -59,11 +69,16 @@ constexpr int kDispatchScratch = 1;  // dispatch payload under activation recomp
 struct RowwiseStep {
   std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while its leases are out
   LeasePool* pool = nullptr;
+  LeaseTag tag;                // (block, microbatch) of every acquisition of this step
   LeasePool::Handle dispatch;  // [capacity_rows, d] expert input, read again by expert backward: leased, or
                                // scratch kDispatchScratch when the caller recomputes it (scratch_dispatch)
   LeasePool::Handle combine;   // scratch: expert output (forward), expert-output gradient (backward)
   LeasePool::Handle grad_in;   // leased: expert-input gradient, from expert backward to dispatch backward
   bool grad_in_held = false;
+  // f32 rows the experts write when their leg travels encoded: encoded into `combine` / `grad_in` by the
+  // combine forward / dispatch backward.
+  Tensor expert_out;
+  Tensor expert_grad_in;
 
   RowwiseStep() = default;
   RowwiseStep(const RowwiseStep&) = delete;
@@ -108,26 +123,44 @@ class RowwisePath final : public ExpertPath {
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     auto step = std::make_shared<RowwiseStep>();
+    step->tag = {options_.block_index, state.microbatch};
     step->pool = pool_for(map.capacity_rows, d, *step);
-    step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(tag(), kDispatchScratch)
-                                            : step->pool->acquire(tag());
+    step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(step->tag, kDispatchScratch)
+                                            : step->pool->acquire(step->tag);
     state.path_data = step;
     const BufferId buffer = step->dispatch.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, d);
     const float* src = x.data<float>();
-    for (int64_t t = 0; t < map.tokens; ++t)
-      for (int k = 0; k < map.top_k; ++k)
-        if (map.valid(t, k)) put_row(map.rank_of(t, k), buffer, map.row_of(t, k), src + t * d, d);
+    std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : rb);
+    for (int64_t t = 0; t < map.tokens; ++t) {
+      const std::byte* row = reinterpret_cast<const std::byte*>(src + t * d);
+      bool encoded_row = false;
+      for (int k = 0; k < map.top_k; ++k) {
+        if (!map.valid(t, k)) continue;
+        if (format != PayloadFormat::F32 && !encoded_row) {
+          encode_payload_rows(format, src + t * d, 1, d, encoded.data());
+          row = encoded.data();
+          encoded_row = true;
+        }
+        put_bytes(map.rank_of(t, k), buffer, static_cast<size_t>(map.row_of(t, k)) * rb, row, rb);
+      }
+    }
     heap_->barrier();
-    return Tensor::borrow(step->pool->data(step->dispatch), {map.capacity_rows, d}, DType::F32);
+    return borrow_payload(step->pool->data(step->dispatch), format, map.capacity_rows, d);
   }
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     RowwiseStep& step = step_of(state, "expert_output_buffer");
-    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
-    // Only this rank's experts write here in forward, and every peer finished reading the previous
-    // contents before it entered this step's dispatch barrier: no barrier needed after the poison.
+    step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
+    // Only this rank writes here in forward, and every peer finished reading the previous contents before
+    // it entered this step's dispatch barrier: no barrier needed after the poison.
     if (poison_enabled()) fill_nan(step.pool->data(step.combine), step.pool->slot_bytes());
+    if (options_.precision.combine != PayloadFormat::F32) {
+      step.expert_out = Tensor::empty({map.capacity_rows, d});
+      return step.expert_out;
+    }
     return Tensor::borrow(step.pool->data(step.combine), {map.capacity_rows, d}, DType::F32);
   }
 
@@ -135,11 +168,15 @@ class RowwisePath final : public ExpertPath {
                          PathState& state) override {
     RowwiseStep& step = step_of(state, "combine forward");
     const int64_t d = expert_out.dim(1);
+    const PayloadFormat format = options_.precision.combine;
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
+    if (format != PayloadFormat::F32)
+      encode_staged(expert_out, step.expert_out, step.pool->data(step.combine), format, map.recv_rows,
+                    "combine forward", "expert_output_buffer()");
     heap_->barrier();
     step.pool->check(step.combine);
-    state.combine_rows = RouteRows::gathered(gather_routes(step.combine.buffer, map, d), map);
+    state.combine_rows = RouteRows::gathered(gather_routes(step.combine.buffer, map, d, format), map);
     return merge_routes(state.combine_rows, topk_weight, map);
   }
 
@@ -153,38 +190,58 @@ class RowwisePath final : public ExpertPath {
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);
     heap_->barrier();  // every peer finished gathering expert outputs from the combine buffer
-    step.combine = step.pool->acquire_scratch(tag(), kOutputScratch);
+    step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
     const BufferId buffer = step.combine.buffer;
     poison_then_barrier(buffer, map.capacity_rows, d);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
+    const PayloadFormat format = options_.precision.combine_grad;
+    const size_t rb = payload_row_bytes(format, d);
     // A peer whose buffer is mapped here gets its w·grad_y row written in place (one pass instead of a
-    // staging row and a copy); others get the staged row by put.
+    // staging row and a copy; encoded straight into it for a reduced precision); others get the staged
+    // row by put.
     std::vector<float> row(static_cast<size_t>(d));
+    std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : rb);
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
         if (map.valid(t, k)) {
           const int peer = map.rank_of(t, k);
           const float wk = w[t * map.top_k + k];
-          if (void* base = heap_->peer_ptr(peer, buffer)) {
-            weighted_route_grad(gy + t * d, wk, static_cast<float*>(base) + map.row_of(t, k) * d, d);
+          const size_t offset = static_cast<size_t>(map.row_of(t, k)) * rb;
+          void* base = heap_->peer_ptr(peer, buffer);
+          if (format == PayloadFormat::F32 && base != nullptr) {
+            weighted_route_grad(gy + t * d, wk,
+                                reinterpret_cast<float*>(static_cast<std::byte*>(base) + offset), d);
+            continue;
+          }
+          weighted_route_grad(gy + t * d, wk, row.data(), d);
+          if (format == PayloadFormat::F32) {
+            put_bytes(peer, buffer, offset, row.data(), rb);
+          } else if (base != nullptr) {
+            encode_payload_rows(format, row.data(), 1, d, static_cast<std::byte*>(base) + offset);
           } else {
-            weighted_route_grad(gy + t * d, wk, row.data(), d);
-            put_row(peer, buffer, map.row_of(t, k), row.data(), d);
+            encode_payload_rows(format, row.data(), 1, d, encoded.data());
+            put_bytes(peer, buffer, offset, encoded.data(), rb);
           }
         }
     heap_->barrier();
-    return Tensor::borrow(step.pool->data(step.combine), {map.capacity_rows, d}, DType::F32);
+    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
+    return decode_payload(borrow_payload(step.pool->data(step.combine), format, map.capacity_rows, d), format,
+                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
   }
 
   Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     RowwiseStep& step = step_of(state, "expert_grad_input_buffer");
     // The expert backward about to run reads the saved dispatch payload for Wgrad.
     step.pool->check(step.dispatch);
-    step.grad_in = step.pool->acquire(tag());
+    step.grad_in = step.pool->acquire(step.tag);
     step.grad_in_held = true;
     // A fresh lease: every peer's last access to this slot ended before a barrier we all passed.
     if (poison_enabled()) fill_nan(step.pool->data(step.grad_in), step.pool->slot_bytes());
+    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
+      step.expert_grad_in = Tensor::empty({map.capacity_rows, d});
+      return step.expert_grad_in;
+    }
     return Tensor::borrow(step.pool->data(step.grad_in), {map.capacity_rows, d}, DType::F32);
   }
 
@@ -194,16 +251,22 @@ class RowwisePath final : public ExpertPath {
                 "rowwise dispatch backward: the expert input gradient must be written into "
                 "expert_grad_input_buffer() (peers GET the route gradients from it)");
     const int64_t d = grad_expert_in.dim(1);
+    const PayloadFormat format = options_.precision.dispatch_grad;
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    heap_->barrier();  // every peer's expert backward wrote its rows
+    if (format != PayloadFormat::F32)
+      encode_staged(grad_expert_in, step.expert_grad_in, step.pool->data(step.grad_in), format, map.recv_rows,
+                    "dispatch backward", "expert_grad_input_buffer()");
+    heap_->barrier();  // every peer's expert backward wrote (and encoded) its rows
     step.pool->check(step.grad_in);
-    // With every peer's buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
-    // gather: one read of each row instead of a read, a write and a read); otherwise they are gathered.
-    // Either way every read ends before the barrier below, after which peers may reuse their buffers.
-    std::vector<const float*> direct = mapped_rows(step.grad_in.buffer, map, d);
+    // With every peer's f32 buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
+    // gather: one read of each row instead of a read, a write and a read); otherwise they are gathered
+    // (and decoded). Either way every read ends before the barrier below, after which peers may reuse their
+    // buffers.
+    std::vector<const float*> direct =
+        format == PayloadFormat::F32 ? mapped_rows(step.grad_in.buffer, map, d) : std::vector<const float*>{};
     Tensor grad_x = direct.empty() ? Tensor() : sum_route_pointers(direct.data(), map, d);
-    Tensor gathered = direct.empty() ? gather_routes(step.grad_in.buffer, map, d) : Tensor();
+    Tensor gathered = direct.empty() ? gather_routes(step.grad_in.buffer, map, d, format) : Tensor();
     heap_->barrier();  // nobody reads our gradient or dispatch rows any more
     step.pool->release(step.grad_in);
     step.grad_in_held = false;
@@ -213,7 +276,16 @@ class RowwisePath final : public ExpertPath {
   }
 
  private:
-  LeaseTag tag() const { return {options_.block_index, -1}; }
+  // A leg that travels encoded: the experts wrote f32 rows [0, rows) into `staged` (the tensor the buffer
+  // hook handed out); they are encoded into the symmetric slot at `slot`, and the staging tensor is dropped.
+  static void encode_staged(const Tensor& written, Tensor& staged, void* slot, PayloadFormat format,
+                            int64_t rows, const char* pass, const char* hook) {
+    EXPAR_CHECK(written.raw() == staged.raw(),
+                "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
+                pass, payload_format_name(format), hook);
+    encode_rows(format, written.data<float>(), rows, written.dim(1), static_cast<std::byte*>(slot));
+    staged = Tensor();
+  }
 
   static RowwiseStep& step_of(PathState& state, const char* pass) {
     EXPAR_CHECK(state.path_data != nullptr, "rowwise {} called before dispatch forward of the same step",
@@ -224,14 +296,14 @@ class RowwisePath final : public ExpertPath {
   // The pool whose slots hold [capacity_rows, d] f32. capacity_rows is identical on every rank of the group
   // (route map), so every rank makes the same decision and any growth is a matching collective allocation.
   LeasePool* pool_for(int64_t capacity_rows, int64_t d, RowwiseStep& step) {
-    const size_t needed = static_cast<size_t>(capacity_rows * d) * sizeof(float);
+    const size_t needed = rowwise_slot_bytes(capacity_rows, d, options_.precision);
     if (options_.lease_pool != nullptr) {
       EXPAR_CHECK(
           options_.lease_pool->slot_bytes() >= needed,
-          "rowwise path: capacity_rows={} x d={} needs {} bytes per symmetric slot but the shared lease "
-          "pool has slots of {} bytes: make the pool with slot_bytes >= {} (the capacity is the "
-          "dropless bound sum_s T_s*min(K, E_L) or the capacity policy's, identical on every rank)",
-          capacity_rows, d, needed, options_.lease_pool->slot_bytes(), needed);
+          "rowwise path: capacity_rows={} x d={} ({}) needs {} bytes per symmetric slot but the shared "
+          "lease pool has slots of {} bytes: make the pool with rowwise_slot_bytes() >= {} (the capacity is "
+          "the dropless bound sum_s T_s*min(K, E_L) or the capacity policy's, identical on every rank)",
+          capacity_rows, d, options_.precision.describe(), needed, options_.lease_pool->slot_bytes(), needed);
       return options_.lease_pool;
     }
     if (!own_pool_ || own_pool_->slot_bytes() < needed) {
@@ -241,7 +313,7 @@ class RowwisePath final : public ExpertPath {
           static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(1, capacity_rows))));
       own_pool_ = std::make_shared<LeasePool>(
           *heap_, fmt::format("rowwise{}.gen{}", options_.block_index, pool_generation_++),
-          static_cast<size_t>(rows * d) * sizeof(float));
+          rowwise_slot_bytes(rows, d, options_.precision));
     }
     step.own_pool = own_pool_;
     return own_pool_.get();
@@ -255,12 +327,11 @@ class RowwisePath final : public ExpertPath {
     heap_->barrier();
   }
 
-  void put_row(int peer, BufferId buffer, int64_t row, const float* src, int64_t d) {
-    const size_t bytes = sizeof(float) * static_cast<size_t>(d);
+  void put_bytes(int peer, BufferId buffer, size_t offset, const void* src, size_t bytes) {
     if (void* base = heap_->peer_ptr(peer, buffer))
-      std::memcpy(static_cast<std::byte*>(base) + static_cast<size_t>(row) * bytes, src, bytes);
+      std::memcpy(static_cast<std::byte*>(base) + offset, src, bytes);
     else
-      heap_->put(peer, buffer, static_cast<size_t>(row) * bytes, src, bytes);
+      heap_->put(peer, buffer, offset, src, bytes);
   }
 
   // [T*K]: where each valid route's row lies in its expert rank's `buffer` (null for the others), or empty
@@ -280,26 +351,50 @@ class RowwisePath final : public ExpertPath {
     return rows;
   }
 
-  // [T, K, d]: the row of every valid route, from its expert rank's `buffer` at dst_row.
-  Tensor gather_routes(BufferId buffer, const RouteMap& map, int64_t d) {
+  // [T, K, d]: the row of every valid route, from its expert rank's `buffer` at dst_row, where it lies
+  // encoded in `format` (decoded on arrival: straight from a mapped peer's memory, or after quiet() from
+  // the staged bytes a get brought).
+  Tensor gather_routes(BufferId buffer, const RouteMap& map, int64_t d, PayloadFormat format) {
     Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
     float* out = gathered.data<float>();
-    const size_t bytes = sizeof(float) * static_cast<size_t>(d);
-    bool pending = false;
+    const size_t rb = payload_row_bytes(format, d);
+    const bool f32 = format == PayloadFormat::F32;
+    struct Remote {
+      int64_t route;
+      int peer;
+      size_t offset;
+    };
+    std::vector<Remote> remote;
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k) {
         if (!map.valid(t, k)) continue;
         const int peer = map.rank_of(t, k);
-        const size_t offset = static_cast<size_t>(map.row_of(t, k)) * bytes;
+        const size_t offset = static_cast<size_t>(map.row_of(t, k)) * rb;
         float* dst = out + (t * map.top_k + k) * d;
         if (const void* base = heap_->peer_ptr(peer, buffer)) {
-          std::memcpy(dst, static_cast<const std::byte*>(base) + offset, bytes);
+          const std::byte* row = static_cast<const std::byte*>(base) + offset;
+          if (f32)
+            std::memcpy(dst, row, rb);  // the hot f32 case without the codec's per-call checks
+          else
+            decode_payload_rows(format, row, 1, d, dst);
+        } else if (f32) {
+          heap_->get(peer, buffer, offset, dst, rb);
+          remote.push_back({-1, peer, offset});
         } else {
-          heap_->get(peer, buffer, offset, dst, bytes);
-          pending = true;
+          remote.push_back({t * map.top_k + k, peer, offset});
         }
       }
-    if (pending) heap_->quiet();
+    if (remote.empty()) return gathered;
+    if (f32) {
+      heap_->quiet();
+      return gathered;
+    }
+    std::vector<std::byte> staged(remote.size() * rb);
+    for (size_t i = 0; i < remote.size(); ++i)
+      heap_->get(remote[i].peer, buffer, remote[i].offset, staged.data() + i * rb, rb);
+    heap_->quiet();
+    for (size_t i = 0; i < remote.size(); ++i)
+      decode_payload_rows(format, staged.data() + i * rb, 1, d, out + remote[i].route * d);
     return gathered;
   }
 
@@ -312,6 +407,10 @@ class RowwisePath final : public ExpertPath {
 };
 
 }  // namespace
+
+size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecision& precision) {
+  return static_cast<size_t>(std::max<int64_t>(0, capacity_rows)) * precision.max_row_bytes(d);
+}
 
 std::unique_ptr<ExpertPath> make_rowwise_path(Comm& ep_group, const PathOptions& options) {
   return std::make_unique<RowwisePath>(ep_group, options);

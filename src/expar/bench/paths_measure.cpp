@@ -1,14 +1,15 @@
-// Measurement side of `expar bench paths` (see bench_paths.hpp). Every rank runs every path on the same
+// Measurement side of `expar bench paths` (see bench/paths.hpp). Every rank runs every path on the same
 // inputs (x and grad_y seeded by rank), the same weights (layout-independent init) and therefore the same
 // routes; each pass starts at a world barrier so that one pass's imbalance does not leak into the next.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
-#include "expar/cli/bench_paths.hpp"
+#include "expar/bench/paths.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
@@ -19,7 +20,7 @@
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
 
-namespace expar::cli {
+namespace expar::bench {
 
 namespace {
 
@@ -61,6 +62,7 @@ MoeConfig config_of(const PathsBenchOptions& o, const std::string& path) {
   c.model_dim = o.model_dim;
   c.hidden_dim = o.hidden_dim;
   c.path = path;
+  c.precision = path_traits(path).reduced_precision ? o.precision : PayloadPrecision{};
   return c;
 }
 
@@ -77,34 +79,50 @@ Tensor input_of(const PathsBenchOptions& o, int rank, uint64_t stream) {
 // tokens). Backward (the adjoint named after its forward phase) differs where the adjoint sums routes into
 // tokens in place: permute / row dispatch backward read R route-gradient rows and write T (R+T, not 2R);
 // unpermute + merge and row gather backward read T gradient rows and R saved rows and write R (2R+T).
-std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool forward) {
+// With reduced-precision payloads every row of a dispatch or combine phase counts at its leg's encoded size
+// (the f32 side of the encode and decode is not counted, so the fraction of the limit is a lower bound).
+std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool forward,
+                                          const PayloadPrecision& precision) {
   int64_t r = 0, n = 0;
   for (int64_t c : map.send_counts) r += c;
   for (int64_t t : map.tokens_per_source) n += t;
   if (map.ep_size == 1) r = map.recv_rows;
   const int64_t v = map.recv_rows, t = map.tokens;
-  const double row = static_cast<double>(d) * sizeof(float);
+  std::map<std::string, double> rows{
+      {phase::kLocalPermute, 2.0 * r},
+      {phase::kAllToAllDispatch, 1.0 * (r + v)},
+      {phase::kGlobalPermute, 2.0 * v},
+      {phase::kRowDispatch, 2.0 * r},
+      {phase::kAllGather, 1.0 * (t + n)},
+      {phase::kRowCopy, 2.0 * v},
+      {phase::kGlobalUnpermute, 2.0 * v},
+      {phase::kAllToAllCombine, 1.0 * (r + v)},
+      // local path: no scatter, the merge reads the expert side in place (R
+      // rows read, T written)
+      {phase::kLocalUnpermuteMerge, map.ep_size == 1 ? 1.0 * (r + t) : 3.0 * r + t},
+      {phase::kRowGatherReduce, 3.0 * r + t},
+      {phase::kPartialMerge, 1.0 * (v + n)},
+      {phase::kReduceScatter, 1.0 * (n + t)}};
   if (!forward) {
-    std::map<std::string, double> b = phase_bytes(map, d, true);
-    b[phase::kLocalPermute] = row * (r + t);
-    b[phase::kRowDispatch] = row * (r + t);
-    b[phase::kLocalUnpermuteMerge] = row * (2 * r + t);
-    b[phase::kRowGatherReduce] = row * (2 * r + t);
-    return b;
+    rows[phase::kLocalPermute] = 1.0 * (r + t);
+    rows[phase::kRowDispatch] = 1.0 * (r + t);
+    rows[phase::kLocalUnpermuteMerge] = 2.0 * r + t;
+    rows[phase::kRowGatherReduce] = 2.0 * r + t;
   }
-  return {{phase::kLocalPermute, row * 2 * r},
-          {phase::kAllToAllDispatch, row * (r + v)},
-          {phase::kGlobalPermute, row * 2 * v},
-          {phase::kRowDispatch, row * 2 * r},
-          {phase::kAllGather, row * (t + n)},
-          {phase::kRowCopy, row * 2 * v},
-          {phase::kGlobalUnpermute, row * 2 * v},
-          {phase::kAllToAllCombine, row * (r + v)},
-          // local path: no scatter, the merge reads the expert side in place (R rows read, T written)
-          {phase::kLocalUnpermuteMerge, row * (map.ep_size == 1 ? r + t : 3 * r + t)},
-          {phase::kRowGatherReduce, row * (3 * r + t)},
-          {phase::kPartialMerge, row * (v + n)},
-          {phase::kReduceScatter, row * (n + t)}};
+  const PayloadFormat dispatch_leg = forward ? precision.dispatch : precision.dispatch_grad;
+  const PayloadFormat combine_leg = forward ? precision.combine : precision.combine_grad;
+  std::map<std::string, double> bytes;
+  for (const auto& [name, count] : rows) {
+    PayloadFormat leg = PayloadFormat::F32;
+    if (name == phase::kLocalPermute || name == phase::kAllToAllDispatch || name == phase::kGlobalPermute ||
+        name == phase::kRowDispatch)
+      leg = dispatch_leg;
+    if (name == phase::kGlobalUnpermute || name == phase::kAllToAllCombine ||
+        name == phase::kLocalUnpermuteMerge || name == phase::kRowGatherReduce)
+      leg = combine_leg;
+    bytes[name] = count * static_cast<double>(payload_row_bytes(leg, d));
+  }
+  return bytes;
 }
 
 // Seconds of the slowest rank for fn, from a world barrier.
@@ -179,8 +197,9 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     if (seen_b) r.backward.phases.emplace_back(order[j], med(2 + p + j));
   }
   // Bytes and GEMM work of the slowest rank (max over ranks).
-  auto b = phase_bytes(last_map, o.model_dim, true);
-  auto bb = phase_bytes(last_map, o.model_dim, false);
+  const PayloadPrecision precision = layer.config().precision;
+  auto b = phase_bytes(last_map, o.model_dim, true, precision);
+  auto bb = phase_bytes(last_map, o.model_dim, false, precision);
   std::vector<double> work;
   for (const auto& name : order) work.push_back(b.count(name) ? b[name] : 0.0);
   for (const auto& name : order) work.push_back(bb.count(name) ? bb[name] : 0.0);
@@ -188,7 +207,17 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   const double gemm = 2.0 * rows * static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_dim);
   work.push_back(3 * gemm);
   work.push_back(6 * gemm);
+  int64_t moved = 0;
+  for (int64_t c : last_map.send_counts) moved += c;
+  if (last_map.ep_size == 1) moved = last_map.recv_rows;
+  work.push_back(static_cast<double>(moved));
+  const PayloadFormat legs[4] = {precision.dispatch, precision.combine, precision.combine_grad,
+                                 precision.dispatch_grad};
+  for (PayloadFormat leg : legs)
+    work.push_back(static_cast<double>(moved) * static_cast<double>(payload_row_bytes(leg, o.model_dim)));
   world.all_reduce(work.data(), work.size(), DType::F64, ReduceOp::Max);
+  r.routes_moved = static_cast<int64_t>(work[2 * p + 2]);
+  for (int l = 0; l < 4; ++l) r.payload_bytes[l] = work[2 * p + 3 + static_cast<size_t>(l)];
   for (size_t j = 0; j < p; ++j) {
     if (work[j] > 0.0) r.bytes[order[j]] = work[j];
     if (work[p + j] > 0.0) r.bytes_backward[order[j]] = work[p + j];
@@ -306,15 +335,29 @@ void validate(const PathsBenchOptions& o) {
               ep);
   EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
               o.repeats, o.warmup);
-  const auto known = path_names();
-  for (const auto& p : o.paths)
-    EXPAR_CHECK(p != "agrs-decode" && std::find(known.begin(), known.end(), p) != known.end(),
-                "--paths: unknown path '{}': choose from local, block, rowwise, agrs", p);
+  o.precision.validate(o.model_dim);
+  const std::vector<std::string> known = benchmarked_paths({});
+  for (const auto& p : o.paths) {
+    EXPAR_CHECK(std::find(known.begin(), known.end(), p) != known.end(),
+                "--paths: unknown path '{}': choose from {}", p, fmt::join(known, ", "));
+    EXPAR_CHECK(o.precision.all_f32() || path_traits(p).reduced_precision,
+                "--paths {}: path '{}' moves f32 rows only, but the payload precision is {}: pass --paths {} "
+                "with a reduced precision (or leave --paths out)",
+                fmt::join(o.paths, ","), p, o.precision.describe(),
+                fmt::join(benchmarked_paths(o.precision), ","));
+  }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   EXPAR_CHECK(o.oversubscribe || static_cast<unsigned>(o.ranks * o.threads) <= cores,
               "--ranks {} x --threads {} = {} compute threads but this machine has {} cores: timings would "
               "measure the scheduler; lower --ranks or --threads, or pass --oversubscribe",
               o.ranks, o.threads, o.ranks * o.threads, cores);
+}
+
+std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision) {
+  std::vector<std::string> names;
+  for (const PathTraits& t : path_registry())
+    if (!t.decode_form && (precision.all_f32() || t.reduced_precision)) names.push_back(t.name);
+  return names;
 }
 
 PathsReport measure_paths(const PathsBenchOptions& o) {
@@ -337,7 +380,7 @@ PathsReport measure_paths(const PathsBenchOptions& o) {
     std::vector<PathResult> results;
     int64_t gemm_rows = 0, copy_rows = 0;
     for (const auto& path : o.paths) {
-      Comm& group = path == "local" ? *solo : *ep_group;
+      Comm& group = path_traits(path).single_rank ? *solo : *ep_group;
       int64_t recv = 0, sent = 0;
       results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
       gemm_rows = std::max(gemm_rows, recv);
@@ -383,8 +426,8 @@ std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
   run("local", 1, "no EP (local, all experts)");
   if (ep > 1)
     for (const auto& p : o.paths)
-      if (p != "local") run(p, ep, fmt::format("EP{} {}", ep, p));
+      if (!path_traits(p).single_rank) run(p, ep, fmt::format("EP{} {}", ep, p));
   return rows;
 }
 
-}  // namespace expar::cli
+}  // namespace expar::bench

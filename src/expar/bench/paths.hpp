@@ -1,5 +1,6 @@
 #pragma once
-// The measurements behind `expar bench paths`, `expar bench bar` and `expar bench scaling`: every execution
+// The measurements behind `expar bench paths`, `expar bench bar` and `expar bench scaling` (the bench layer:
+// cli only parses options and calls these): every execution
 // path on identical inputs, weights and routes, timed phase by phase (seed 000 Table 7) with the machine's
 // own limits (oneDNN matmul FLOP/s, memcpy bandwidth) measured in the same run, and the per-rank peak
 // memory of one MoE layer training step by category with and without EP (Table 6).
@@ -9,8 +10,13 @@
 #include <vector>
 
 #include "expar/core/memory.hpp"
+#include "expar/moe/payload_precision.hpp"
 
-namespace expar::cli {
+namespace expar::bench {
+
+// The registered paths a benchmark runs at this precision (moe/paths registry: every path but decode forms;
+// with a reduced precision only those that take it).
+std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision);
 
 struct PathsBenchOptions {
   int ranks = 2;
@@ -28,7 +34,10 @@ struct PathsBenchOptions {
   // communication phases measure moving rows and not the slowest peer.
   bool sync_comm = false;
   uint64_t seed = 1;
-  std::vector<std::string> paths = {"local", "block", "rowwise", "agrs"};
+  std::vector<std::string> paths = benchmarked_paths({});
+  // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
+  // no-EP column stays f32: the local path encodes nothing).
+  PayloadPrecision precision;
 };
 
 // Throws expar::Error for a bad shape, an unknown path, or ranks x threads above the cores without
@@ -55,6 +64,10 @@ struct PathResult {
   const std::map<std::string, double>& bytes_of(bool forward) const {
     return forward ? bytes : bytes_backward;
   }
+  // Rows this rank's routes move per leg (accepted routes sent, max over ranks) and the bytes they carry
+  // in each leg's payload format: dispatch, combine, combine backward, dispatch backward.
+  int64_t routes_moved = 0;
+  double payload_bytes[4] = {0, 0, 0, 0};
   double gemm_flops_forward = 0.0;  // max over ranks
   double gemm_flops_backward = 0.0;
   double step() const { return forward.total + backward.total; }
@@ -97,4 +110,4 @@ std::string paths_svg(const PathsReport& report);
 // Fraction of the limit a phase reached: ideal time at the limit / measured time (0 when not applicable).
 double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& phase, bool forward);
 
-}  // namespace expar::cli
+}  // namespace expar::bench

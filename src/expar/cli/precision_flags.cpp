@@ -1,0 +1,40 @@
+#include "expar/cli/precision_flags.hpp"
+
+#include "expar/core/error.hpp"
+
+namespace expar::cli {
+
+namespace {
+
+PayloadFormat parse_one(const char* flag, const std::string& name) {
+  try {
+    return payload_format_from_name(name);
+  } catch (const Error& e) {
+    fail("{} {}: {}", flag, name, e.what());
+  }
+}
+
+}  // namespace
+
+PayloadPrecision PrecisionFlags::parse() const {
+  return {parse_one("--dispatch-precision", dispatch), parse_one("--combine-precision", combine),
+          parse_one("--combine-grad-precision", combine_grad),
+          parse_one("--dispatch-grad-precision", dispatch_grad)};
+}
+
+void add_precision_flags(CLI::App* cmd, PrecisionFlags& flags) {
+  cmd->add_option("--dispatch-precision", flags.dispatch,
+                  "payload of dispatch forward (token rows to the experts; kept encoded as the Wgrad input): "
+                  "f32 | bf16 | mxfp8 (E4M3 + E8M0 per 32) | mxfp8-floor; block and rowwise only")
+      ->capture_default_str();
+  cmd->add_option("--combine-precision", flags.combine, "payload of combine forward (expert outputs back)")
+      ->capture_default_str();
+  cmd->add_option("--combine-grad-precision", flags.combine_grad,
+                  "payload of combine backward (w * grad_y rows to the experts)")
+      ->capture_default_str();
+  cmd->add_option("--dispatch-grad-precision", flags.dispatch_grad,
+                  "payload of dispatch backward (expert input gradients back)")
+      ->capture_default_str();
+}
+
+}  // namespace expar::cli

@@ -1,0 +1,184 @@
+// The rowwise lease pool through train() (seed 000 §5.1, §5.7): the dry-run step sizes it and it is then
+// frozen; its slots hold the capacity policy's rows, not the dropless bound, so that with a capacity factor
+// resident symmetric memory stays the same as M_E grows (M_E = 1, 2, 4) while dropless runs grow by their
+// stated bound; what the trainer reports (TrainSummary::leases, the memory tracker) is what is allocated.
+// And, through the model: a frozen pool refuses a microbatch more than the dry run had in flight, naming
+// that microbatch and flags that exist. Also the payload precision through train(): block and rowwise give
+// bit-identical curves at reduced precision, which stays close to the f32 curve without equalling it.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "expar/comm/launcher.hpp"
+#include "expar/core/error.hpp"
+#include "expar/model/moe_transformer.hpp"
+#include "expar/train/trainer.hpp"
+
+namespace expar {
+namespace {
+
+constexpr int kRanks = 4;
+
+const ByteCorpus& corpus() {
+  static const ByteCorpus c = [] {
+    std::string text;
+    for (int i = 0; i < 100; ++i) text += "And the evening and the morning were the first day. ";
+    return ByteCorpus::from_text(text);
+  }();
+  return c;
+}
+
+TrainConfig config_of(int ep, const std::string& path, const CapacityPolicy& capacity) {
+  TrainConfig c;
+  c.model = ModelConfig::preset("tiny");  // 2 blocks, d = 32, E = 8, top-2
+  c.model.moe.capacity = capacity;
+  c.ep = ep;
+  c.path = path;
+  c.steps = 3;
+  c.global_batch = 8;
+  c.seq_len = 16;
+  c.warmup = 1;
+  c.lr = 5e-3;
+  c.eval_every = 0;
+  c.eval_sequences = 4;
+  return c;
+}
+
+struct TrainRun {
+  std::vector<StepRecord> steps;  // rank 0's
+  std::vector<LeasePoolSummary> leases;
+  std::vector<int64_t> symmetric_current, symmetric_peak;
+};
+
+TrainRun run(const TrainConfig& cfg) {
+  TrainRun r;
+  r.leases.resize(kRanks);
+  r.symmetric_current.resize(kRanks);
+  r.symmetric_peak.resize(kRanks);
+  std::mutex m;
+  LaunchOptions o;
+  o.ranks = kRanks;
+  o.timeout_seconds = 120;
+  run_ranks(o, [&](Comm& world) {
+    TrainSummary s = train(cfg, world, corpus());
+    std::lock_guard lock(m);
+    const auto rank = static_cast<size_t>(world.rank());
+    if (rank == 0) r.steps = s.steps;
+    r.leases[rank] = s.leases;
+    r.symmetric_current[rank] = s.memory.current_of(MemCategory::SymmetricBuffers);
+    r.symmetric_peak[rank] = s.memory.peak_of(MemCategory::SymmetricBuffers);
+  });
+  return r;
+}
+
+TEST(LeaseLifecycle, DryRunSizesThePoolByTheCapacityPolicyAndFreezesIt) {
+  // T = 2 sequences x 16 bytes per rank (training microbatch; the validation forward has 1 sequence).
+  const int64_t t = 2 * 16, k = 2, d = 32;
+  const CapacityPolicy source = CapacityPolicy::with(CapacityRule::Source, 1.0);
+  std::vector<size_t> with_cf;
+  for (int ep : {1, 2, 4}) {
+    for (bool dropless : {true, false}) {
+      SCOPED_TRACE(fmt::format("M_E={} {}", ep, dropless ? "dropless" : "source cf=1"));
+      const TrainRun r = run(config_of(ep, "rowwise", dropless ? CapacityPolicy::dropless() : source));
+      ASSERT_EQ(r.steps.size(), 3u);
+      // Dropless: the bound M_E*T*min(K, E_L); source cf=1: M_E*ceil(T*K/M_E), the same for every M_E here.
+      const int64_t e_local = 8 / ep;
+      const int64_t rows = dropless ? ep * t * std::min(k, e_local) : ep * ((t * k + ep - 1) / ep);
+      for (int rank = 0; rank < kRanks; ++rank) {
+        const LeasePoolSummary& l = r.leases[static_cast<size_t>(rank)];
+        ASSERT_TRUE(l.present);
+        EXPECT_TRUE(l.frozen) << "the pool is frozen after the dry-run step";
+        EXPECT_EQ(l.capacity_rows, rows);
+        EXPECT_EQ(l.slot_bytes, static_cast<size_t>(rows * d) * sizeof(float));
+        // One dispatch lease per block held until its backward, plus the input-gradient lease; one scratch
+        // slot (expert outputs); everything given back.
+        EXPECT_EQ(l.slots, 3);
+        EXPECT_EQ(l.high_water, 3);
+        EXPECT_EQ(l.scratch_slots, 1);
+        EXPECT_EQ(l.leased_at_end, 0);
+        EXPECT_EQ(l.resident_bytes, 4 * l.slot_bytes);
+        // The memory tracker (what the trainer's tables print) holds exactly the pool's slots, and it never
+        // held more: the pool did not grow after the dry run.
+        EXPECT_EQ(r.symmetric_current[static_cast<size_t>(rank)], static_cast<int64_t>(l.resident_bytes));
+        EXPECT_EQ(r.symmetric_peak[static_cast<size_t>(rank)], static_cast<int64_t>(l.resident_bytes));
+      }
+      if (!dropless) with_cf.push_back(r.leases[0].resident_bytes);
+    }
+  }
+  // seed 000 §5.1: capacity-sized buffers stay ~T*K per rank as M_E grows.
+  ASSERT_EQ(with_cf.size(), 3u);
+  EXPECT_EQ(with_cf[0], with_cf[1]);
+  EXPECT_EQ(with_cf[1], with_cf[2]);
+}
+
+// Through the model: after a dry-run step with one microbatch in flight, a schedule with two in flight
+// (F0 F1 B1 B0) needs more slots than the frozen pool has; the refusal names the microbatch that asked
+// (lease tags carry MoeTransformer::set_microbatch) and the flags that size the dry run.
+TEST(LeaseLifecycle, FrozenPoolRefusesAMicrobatchMoreInFlightNamingIt) {
+  std::mutex m;
+  std::vector<std::string> messages;
+  run_ranks(2, [&](Comm& world) {
+    ModelConfig mc = ModelConfig::preset("tiny");
+    mc.moe.path = "rowwise";
+    const int64_t batch = 1, seq = 8;
+    MoeTransformer model(mc, world, batch * seq);
+    model.init(7);
+    std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(world.rank())) % 256);
+      targets[i] = static_cast<int32_t>((i * 5 + 3) % 256);
+    }
+    model.set_microbatch(0);
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);  // the dry run: 2 blocks + 1 gradient
+    model.freeze_leases();
+    MoeTransformer::Pending first;
+    std::string message;
+    try {
+      model.set_microbatch(0);
+      first = model.forward_train(tokens, targets, batch, seq, batch * seq);
+      model.set_microbatch(1);
+      MoeTransformer::Pending second = model.forward_train(tokens, targets, batch, seq, batch * seq);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    std::lock_guard lock(m);
+    messages.push_back(message);
+  });
+  ASSERT_EQ(messages.size(), 2u);
+  for (const std::string& message : messages) {
+    EXPECT_NE(message.find("frozen with 3 slots"), std::string::npos) << message;
+    EXPECT_NE(message.find("block 1 microbatch 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("--microbatches"), std::string::npos) << message;
+  }
+}
+
+TEST(PayloadPrecisionTraining, BlockAndRowwiseStayBitIdenticalAndCloseToF32) {
+  const PayloadPrecision mixed{PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::BF16,
+                               PayloadFormat::BF16};
+  auto with = [&](const std::string& path, const PayloadPrecision& p) {
+    TrainConfig c = config_of(2, path, CapacityPolicy::dropless());
+    c.steps = 8;
+    c.model.moe.precision = p;
+    return run(c).steps;
+  };
+  const auto f32 = with("rowwise", {});
+  const auto block = with("block", mixed);
+  const auto rowwise = with("rowwise", mixed);
+  ASSERT_EQ(block.size(), 8u);
+  ASSERT_EQ(rowwise.size(), 8u);
+  bool differs = false;
+  for (size_t i = 0; i < block.size(); ++i) {
+    EXPECT_EQ(block[i].loss, rowwise[i].loss) << "step " << i;
+    EXPECT_EQ(block[i].grad_norm, rowwise[i].grad_norm) << "step " << i;
+    EXPECT_NEAR(rowwise[i].loss, f32[i].loss, 0.02 * f32[i].loss) << "step " << i;
+    differs = differs || rowwise[i].loss != f32[i].loss;
+  }
+  EXPECT_TRUE(differs) << "a reduced-precision payload must change the curve";
+  EXPECT_LT(rowwise.back().loss, rowwise.front().loss) << "it still learns";
+}
+
+}  // namespace
+}  // namespace expar
