@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "nn/rope_reference.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
@@ -115,46 +116,6 @@ TEST(Rope, RejectsBadConfigurationAndPositions) {
   EXPECT_THROW(rope.forward(x, 2, positions_of({0})), Error);
 }
 
-// The rope types of transformers' modeling_rope_utils, written out independently in double: the frequency
-// of pair i and the cos/sin scale.
-struct ReferenceRope {
-  RopeScaling s;
-  double frequency(int64_t i, int64_t hd) const {
-    const double base = 1.0 / std::pow(s.theta, static_cast<double>(2 * i) / static_cast<double>(hd));
-    const double pi = 3.14159265358979323846;
-    if (s.type == RopeType::Linear) return base / s.factor;
-    if (s.type == RopeType::Llama3) {
-      const double wavelength = 2 * pi / base, ctx = static_cast<double>(s.original_max_position_embeddings);
-      if (wavelength < ctx / s.high_freq_factor) return base;
-      if (wavelength > ctx / s.low_freq_factor) return base / s.factor;
-      const double t = (ctx / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      return t * base + (1 - t) * base / s.factor;
-    }
-    if (s.type == RopeType::Yarn) {
-      // The dimension index at which a pair completes r rotations over the original context.
-      auto dim_of = [&](double r) {
-        return static_cast<double>(hd) *
-               std::log(static_cast<double>(s.original_max_position_embeddings) / (2 * pi * r)) /
-               (2 * std::log(s.theta));
-      };
-      double lo = dim_of(s.beta_fast), hi = dim_of(s.beta_slow);
-      if (s.truncate) lo = std::floor(lo), hi = std::ceil(hi);
-      lo = std::max(0.0, lo);
-      hi = std::min(static_cast<double>(hd - 1), hi);
-      if (hi == lo) hi += 0.001;
-      double interpolated_share = (static_cast<double>(i) - lo) / (hi - lo);
-      interpolated_share = interpolated_share < 0 ? 0 : interpolated_share > 1 ? 1 : interpolated_share;
-      return interpolated_share * base / s.factor + (1 - interpolated_share) * base;
-    }
-    return base;
-  }
-  double scale() const {
-    if (s.type != RopeType::Yarn) return 1;
-    if (s.attention_factor > 0) return s.attention_factor;
-    return s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1;
-  }
-};
-
 RopeScaling scaling_of(RopeType type, double factor, bool truncate = true, double attention_factor = 0) {
   RopeScaling s;
   s.type = type;
@@ -177,7 +138,7 @@ TEST(Rope, ScaledTypesMatchTheirDoublePrecisionFormulas) {
   std::vector<Tensor> outputs;
   for (const RopeScaling& sc : cases) {
     SCOPED_TRACE(rope_type_name(sc.type) + " factor " + std::to_string(sc.factor));
-    const ReferenceRope ref{sc};
+    const testing::ReferenceRope ref{sc};
     Rope rope(hd, 256, sc);
     Tensor y = x.clone();
     rope.forward(y, heads, pos);

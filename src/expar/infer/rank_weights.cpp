@@ -32,6 +32,7 @@ std::string hf_layer_name(int l, const std::string& key) {
   if (key == "attn_norm") return p + ".input_layernorm.weight";
   if (key == "mlp_norm") return p + ".post_attention_layernorm.weight";
   if (key == "sinks") return p + ".self_attn.sinks";
+  if (key == "q_norm" || key == "k_norm") return p + ".self_attn." + key + ".weight";
   const bool bias = key.size() == 2 && key[0] == 'b';
   const char c = key.back();
   const std::string proj = c == 'q' ? "q_proj" : c == 'k' ? "k_proj" : c == 'v' ? "v_proj" : "o_proj";
@@ -89,6 +90,14 @@ WeightNames qwen_moe_weight_names() {
   return n;
 }
 
+WeightNames qwen3_moe_weight_names() {
+  WeightNames n = qwen_moe_weight_names();
+  n.shared = [](int l, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.shared_expert." + key;  // never present
+  };
+  return n;
+}
+
 WeightNames gpt_oss_weight_names() {
   WeightNames n = hf_names();
   n.layer = [](int l, const std::string& key) {
@@ -115,6 +124,9 @@ WeightNames weight_names(ModelFormat format) {
       return mixtral_weight_names();
     case ModelFormat::QwenMoe:
       return qwen_moe_weight_names();
+    case ModelFormat::Qwen3Moe:
+    case ModelFormat::Olmoe:  // the same names: mlp.gate, mlp.experts.J.{gate,up,down}_proj, no shared expert
+      return qwen3_moe_weight_names();
     case ModelFormat::GptOss:
       return gpt_oss_weight_names();
   }
@@ -219,6 +231,22 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.attn_options.sinks = load_rows(store, name("sinks"), hs.q0, hs.q1);
     }
     lw.attn_options.window = features.window_of(l);
+    lw.attn_options.qk_norm = features.qk_norm;
+    lw.attn_options.qk_norm_eps = config.norm_eps;
+    if (features.qk_norm == QkNorm::PerHead) {
+      expect_shape(store, name("q_norm"), {hd});
+      expect_shape(store, name("k_norm"), {hd});
+      lw.attn_options.q_norm = load_dense(store, name("q_norm"));
+      lw.attn_options.k_norm = load_dense(store, name("k_norm"));
+    } else if (features.qk_norm == QkNorm::Projection) {
+      // The gains of the local heads; the engine completes the sums of squares over the TP group.
+      expect_shape(store, name("q_norm"), {config.heads * hd});
+      expect_shape(store, name("k_norm"), {config.kv_heads * hd});
+      lw.attn_options.q_norm = load_rows(store, name("q_norm"), hs.q0 * hd, hs.q1 * hd);
+      lw.attn_options.k_norm = load_rows(store, name("k_norm"), hs.k0 * hd, hs.k1 * hd);
+      lw.attn_options.q_norm_total = config.heads * hd;
+      lw.attn_options.k_norm_total = config.kv_heads * hd;
+    }
     expect_shape(store, name("router"), {config.moe.num_experts, d});
     lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
     if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
