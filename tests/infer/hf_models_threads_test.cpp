@@ -85,6 +85,10 @@ const Reference& reference(ModelFormat f) {
       static const Reference qwen3 = build_reference(qwen3_moe_test_model(), "qwen3_e2e");
       return qwen3;
     }
+    case ModelFormat::Mixtral: {
+      static const Reference mixtral = build_reference(mixtral_test_model(), "mixtral_e2e");
+      return mixtral;
+    }
     case ModelFormat::Olmoe: {
       static const Reference olmoe = build_reference(olmoe_test_model(), "olmoe_e2e");
       return olmoe;
@@ -179,6 +183,16 @@ TEST(HfModels, GptOssTakesTheFamilyDefaultYarnRope) {
   EXPECT_FALSE(close(plain.dense_logits(r.prompts[1][1]), r.prefill_logits[1][1], 1e-3));
 }
 
+TEST(HfModels, MixtralWithASlidingWindowMatchesADenseDoubleImplementation) {
+  const Reference& r = reference(ModelFormat::Mixtral);
+  EXPECT_EQ(r.spec.features.window, (std::vector<int64_t>{3, 3}));
+  EXPECT_TRUE(r.spec.config.moe.renormalize);
+  expect_matches_dense(r);
+  HfTestModel full = r.model;  // the window matters on these prompts
+  full.mixtral_window = 0;
+  EXPECT_FALSE(close(full.dense_logits(r.prompts[1][1]), r.prefill_logits[1][1], 1e-3));
+}
+
 TEST(HfModels, Qwen3MoeSingleRankEngineMatchesADenseDoubleImplementation) {
   const Reference& r = reference(ModelFormat::Qwen3Moe);
   EXPECT_EQ(r.spec.format, ModelFormat::Qwen3Moe);
@@ -236,7 +250,8 @@ struct Case {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::string mode = !c.ep ? "noEP" : c.ep_degree ? "EP" + std::to_string(*c.ep_degree) : "fullEP";
-  const char* family = c.format == ModelFormat::QwenMoe    ? "qwen"
+  const char* family = c.format == ModelFormat::Mixtral    ? "mixtral"
+                       : c.format == ModelFormat::QwenMoe  ? "qwen"
                        : c.format == ModelFormat::Qwen3Moe ? "qwen3"
                        : c.format == ModelFormat::Olmoe    ? "olmoe"
                                                            : "gptoss";
@@ -283,8 +298,8 @@ TEST_P(HfLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> v;
-  for (ModelFormat f :
-       {ModelFormat::QwenMoe, ModelFormat::GptOss, ModelFormat::Qwen3Moe, ModelFormat::Olmoe}) {
+  for (ModelFormat f : {ModelFormat::QwenMoe, ModelFormat::GptOss, ModelFormat::Qwen3Moe, ModelFormat::Olmoe,
+                        ModelFormat::Mixtral}) {
     for (int dp = 1; dp <= 2; ++dp)
       for (int tp = 1; tp <= 4; ++tp) {
         v.push_back({f, tp, dp, false, std::nullopt});

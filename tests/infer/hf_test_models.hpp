@@ -21,6 +21,7 @@ struct HfTestModel {
           max_seq = 32;
   bool norm_topk_prob = false;  // Qwen
   int64_t window = 3;           // gpt-oss sliding_attention layers (layer 0 of 2)
+  int64_t mixtral_window = 0;   // Mixtral sliding_window on every layer; 0: null (full attention)
   double rope_theta = 1e6;
   float eps = 1e-6f;
   bool attention_bias = false;  // Qwen3-MoE / OLMoE: q/k/v/o biases
@@ -34,6 +35,23 @@ struct HfTestModel {
   mutable int64_t clamp_hits = 0;  // gpt-oss activations the dense reference clamped (gate > 7 or |up| > 7)
 
   std::string layer(int l) const { return "model.layers." + std::to_string(l) + "."; }
+  // The router and expert e's gate (0), up (1) and down (2) projections of layer l (not gpt-oss's).
+  std::string router_name(int l) const {
+    return layer(l) + (format == ModelFormat::Mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+  }
+  std::string expert_name(int l, int e, int which) const {
+    if (format == ModelFormat::Mixtral)
+      return layer(l) + "block_sparse_moe.experts." + std::to_string(e) + "." +
+             (which == 0   ? "w1"
+              : which == 1 ? "w3"
+                           : "w2") +
+             ".weight";
+    return layer(l) + "mlp.experts." + std::to_string(e) + "." +
+           (which == 0   ? "gate_proj"
+            : which == 1 ? "up_proj"
+                         : "down_proj") +
+           ".weight";
+  }
   bool qkv_bias() const {
     return format == ModelFormat::QwenMoe || format == ModelFormat::GptOss || attention_bias;
   }
@@ -71,6 +89,12 @@ struct HfTestModel {
       j["decoder_sparse_step"] = 1;
       j["mlp_only_layers"] = nlohmann::json::array();
       j["use_sliding_window"] = false;
+    } else if (format == ModelFormat::Mixtral) {
+      j["model_type"] = "mixtral";
+      j["head_dim"] = head_dim;
+      j["num_local_experts"] = experts;
+      j["intermediate_size"] = inter;
+      j["sliding_window"] = mixtral_window > 0 ? nlohmann::json(mixtral_window) : nlohmann::json(nullptr);
     } else if (format == ModelFormat::Qwen3Moe || format == ModelFormat::Olmoe) {
       j["model_type"] = format == ModelFormat::Qwen3Moe ? "qwen3_moe" : "olmoe";
       j["num_experts"] = experts;
@@ -138,12 +162,11 @@ struct HfTestModel {
         tensors[p + "self_attn.k_norm.weight"] = normal({kd}, 0.3f, 1.0f);
       }
       if (format != ModelFormat::GptOss) {
-        tensors[p + "mlp.gate.weight"] = normal({experts, d}, in);
+        tensors[router_name(l)] = normal({experts, d}, in);
         for (int e = 0; e < experts; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-          tensors[x + "gate_proj.weight"] = normal({inter, d}, in);
-          tensors[x + "up_proj.weight"] = normal({inter, d}, in);
-          tensors[x + "down_proj.weight"] = normal({d, inter}, 1.0f / std::sqrt(static_cast<float>(inter)));
+          tensors[expert_name(l, e, 0)] = normal({inter, d}, in);
+          tensors[expert_name(l, e, 1)] = normal({inter, d}, in);
+          tensors[expert_name(l, e, 2)] = normal({d, inter}, 1.0f / std::sqrt(static_cast<float>(inter)));
         }
         if (format != ModelFormat::QwenMoe) continue;
         tensors[p + "mlp.shared_expert.gate_proj.weight"] = normal({shared, d}, in);
@@ -233,7 +256,7 @@ struct HfTestModel {
     }
     apply_rope(q, heads);
     apply_rope(k, kv_heads);
-    const int64_t win = gpt && l % 2 == 0 ? window : 0;
+    const int64_t win = gpt ? (l % 2 == 0 ? window : 0) : format == ModelFormat::Mixtral ? mixtral_window : 0;
     std::vector<double> ctx(static_cast<size_t>(n * qd), 0.0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv_heads);
@@ -293,7 +316,7 @@ struct HfTestModel {
       const std::vector<double> xt(x.begin() + t * d, x.begin() + (t + 1) * d);
       double* yt = y.data() + t * d;
       if (format != ModelFormat::GptOss) {
-        auto logits = linear(xt, w(p + "gate.weight"), nullptr, d, experts);
+        auto logits = linear(xt, w(router_name(l)), nullptr, d, experts);
         const double mx = *std::max_element(logits.begin(), logits.end());
         double z = 0;
         for (double& v : logits) z += (v = std::exp(v - mx));
@@ -302,13 +325,13 @@ struct HfTestModel {
         double kept = 0;
         for (int e : chosen) kept += logits[static_cast<size_t>(e)];
         for (int e : chosen) {
-          const double wt = logits[static_cast<size_t>(e)] / (norm_topk_prob ? kept : 1.0);
-          const std::string ex = p + "experts." + std::to_string(e) + ".";
-          auto g = linear(xt, w(ex + "gate_proj.weight"), nullptr, d, inter);
-          auto u = linear(xt, w(ex + "up_proj.weight"), nullptr, d, inter);
+          const bool renormalize = norm_topk_prob || format == ModelFormat::Mixtral;
+          const double wt = logits[static_cast<size_t>(e)] / (renormalize ? kept : 1.0);
+          auto g = linear(xt, w(expert_name(l, e, 0)), nullptr, d, inter);
+          auto u = linear(xt, w(expert_name(l, e, 1)), nullptr, d, inter);
           for (int64_t i = 0; i < inter; ++i)
             g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
-          auto o = linear(g, w(ex + "down_proj.weight"), nullptr, inter, d);
+          auto o = linear(g, w(expert_name(l, e, 2)), nullptr, inter, d);
           for (int64_t c = 0; c < d; ++c) yt[c] += wt * o[static_cast<size_t>(c)];
         }
         if (format != ModelFormat::QwenMoe) continue;
@@ -440,6 +463,17 @@ inline HfTestModel olmoe_test_model() {
                  {"low_freq_factor", 1.0},
                  {"high_freq_factor", 4.0}};
   m.randomize(59);
+  return m;
+}
+
+// Mixtral with a sliding window of 3 on every layer.
+inline HfTestModel mixtral_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::Mixtral;
+  m.shared = 0;
+  m.eps = 1e-5f;
+  m.mixtral_window = 3;
+  m.randomize(61);
   return m;
 }
 

@@ -1,5 +1,7 @@
 #include "expar/infer/rank_weights.hpp"
 
+#include <algorithm>
+
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_experts.hpp"
 #include "expar/infer/weight_loader.hpp"
@@ -195,8 +197,19 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   expect_shape(store, names.embed, {config.vocab, d});
   w.embed = load_dense(store, names.embed);
   w.final_norm = load_dense(store, names.final_norm);
-  if (features.tied_embeddings && !store.contains(names.lm_head)) {
+  if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
+    if (store.contains(names.lm_head)) {
+      // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
+      // pick one.
+      const Tensor head = load_dense(store, names.lm_head);
+      EXPAR_CHECK(
+          head.shape() == w.embed.shape() &&
+              std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
+          "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
+          "tie_word_embeddings false to use the LM head, or remove '{}'",
+          store.label(), names.lm_head, names.embed, names.lm_head);
+    }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
     w.lm_head = load_dense(store, names.lm_head);
