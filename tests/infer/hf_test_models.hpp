@@ -72,7 +72,14 @@ struct HfTestModel {
                      {"num_experts_per_tok", top_k},
                      {"tie_word_embeddings", false}};
     if (v5) {
-      nlohmann::json p = rope_json.is_null() ? nlohmann::json{{"rope_type", "default"}} : rope_json;
+      // gpt-oss with no rope: its YaRN default written out (v5 has no top-level rope_theta to carry theta)
+      nlohmann::json p =
+          !rope_json.is_null() ? rope_json
+          : format == ModelFormat::GptOss
+              ? nlohmann::json{{"rope_type", "yarn"}, {"factor", 32.0},
+                               {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                               {"truncate", false},   {"original_max_position_embeddings", 4096}}
+              : nlohmann::json{{"rope_type", "default"}};
       p["rope_theta"] = rope_theta;
       j["rope_parameters"] = p;
     } else {
