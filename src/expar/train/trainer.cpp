@@ -65,7 +65,7 @@ std::string memory_table(Comm& world) {
   return out;
 }
 
-double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
+double validation_loss(MoeTransformer& model, const TokenCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
   // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
   // forwards (the MoE layer is collective), which holds because all ranks take the same count.
   const int per_rank = std::max(1, cfg.eval_sequences / dp.size());
@@ -77,7 +77,7 @@ double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const Tr
 
 }  // namespace
 
-TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus,
+TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
                    const TrainObserver* observer) {
   TrainingLayout layout(world.size(), cfg.ep);
   auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");
