@@ -41,6 +41,17 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
   return out;
 }
 
+InferenceLayout engine_layout(const GenerateOptions& options, int num_experts) {
+  InferenceConfig ic;
+  ic.tp = options.tp;
+  ic.dp = options.dp;
+  ic.enable_expert_parallel = options.enable_expert_parallel;
+  ic.ep_degree = options.ep_degree;
+  ic.num_experts = num_experts;
+  ic.placement = options.placement;
+  return InferenceLayout(ic);
+}
+
 GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint,
                         const std::vector<int32_t>& prompt, int max_new) {
   const ModelSpec spec = open_model_spec(checkpoint, options.format);
@@ -49,14 +60,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
     EXPAR_CHECK(t >= 0 && t < config.vocab,
                 "prompt token {} is outside the model's vocabulary [0, {}): pass token ids of this model", t,
                 config.vocab);
-  InferenceConfig ic;
-  ic.tp = options.tp;
-  ic.dp = options.dp;
-  ic.enable_expert_parallel = options.enable_expert_parallel;
-  ic.ep_degree = options.ep_degree;
-  ic.num_experts = config.moe.num_experts;
-  ic.placement = options.placement;
-  const InferenceLayout layout(ic);
+  const InferenceLayout layout = engine_layout(options, config.moe.num_experts);
   check_decode_moe(layout, options.decode_moe);  // refuse before loading anything
   GenerateResult result;
   result.format = spec.format;

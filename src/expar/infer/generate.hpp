@@ -30,6 +30,10 @@ struct GenerateOptions {
   DecodeMoe decode_moe = DecodeMoe::AllReduce;  // how decode steps run the MoE layers (engine.hpp)
 };
 
+// The inference layout of `options` for a model with `num_experts` experts (throws expar::Error naming the
+// rule a layout breaks).
+InferenceLayout engine_layout(const GenerateOptions& options, int num_experts);
+
 struct GenerateResult {
   ModelFormat format = ModelFormat::Expar;  // the checkpoint's format
   std::vector<int32_t> tokens;              // the generated tokens (DP replica 0's)
