@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <set>
 
 #include "expar/core/error.hpp"
+#include "expar/io/strict_json.hpp"
 
 namespace expar {
 
@@ -327,13 +329,11 @@ json read_hf_config_json(const fs::path& dir) {
   const fs::path file = dir / "config.json";
   EXPAR_CHECK(fs::is_regular_file(file), "'{}' has no config.json: pass a Hugging Face checkpoint directory",
               dir.string());
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   EXPAR_CHECK(in.good(), "'{}' cannot be read: check its permissions", file.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("'{}' is not valid JSON ({}): pass the checkpoint's config.json", file.string(), e.what());
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Strict: a key written twice would otherwise silently keep its last value.
+  return parse_strict_json(text, fmt::format("'{}'", file.string()), 16);
 }
 
 Architecture hf_architecture(const json& j, const std::string& label, std::optional<ModelFormat> expected) {
