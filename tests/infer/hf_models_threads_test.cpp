@@ -14,6 +14,7 @@
 
 #include <mutex>
 
+#include "core/expect_error.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
 #include "hf_test_models.hpp"
@@ -22,6 +23,7 @@ namespace expar::infer {
 namespace {
 
 using namespace testing;
+using expar::testing::expect_error;
 
 constexpr int kReplicas = 2, kSeqsPerReplica = 2, kDecodeSteps = 4;
 
@@ -349,15 +351,6 @@ TEST(HfModels, OneSafetensorsFileAsThePath) {
   EXPECT_EQ(generate(o, (dir / "weights.safetensors").string(), ref.prompts[0][0], kDecodeSteps + 1).tokens,
             ref.greedy[0][0]);
   fs::remove_all(dir);
-}
-
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an expar::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {

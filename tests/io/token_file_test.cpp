@@ -7,12 +7,14 @@
 
 #include <fstream>
 
+#include "core/expect_error.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_error;
 
 class TokenFileTest : public ::testing::Test {
  protected:
@@ -39,15 +41,6 @@ std::string npy(const std::string& descr, const std::string& shape, const std::s
   while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
   return std::string("\x93NUMPY\x01\x00", 8) + le(header.size(), 2) + header + data;
-}
-
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an expar::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 TEST_F(TokenFileTest, TextIsItsBytes) {
