@@ -212,7 +212,11 @@ std::vector<KeyCase> key_cases() {
       {GO, "attention_dropout", with("attention_dropout", 0.5), Effect::Same},
       {OL, "router_aux_loss_coef", with("router_aux_loss_coef", 0.5), Effect::Same},
       {Q2, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}), Effect::Refused},
-      {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}), Effect::Refused},
+      {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}),
+       Effect::Same},  // MXFP4 experts are dequantised at load; these experts are stored unquantised
+      {GO, "quantization_config", with("quantization_config", {{"quant_method", "fp8"}}), Effect::Refused},
+      {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}, {"bits", 4}}),
+       Effect::Refused},
       {Q3, "use_qk_norm_v2", with("use_qk_norm_v2", true), Effect::Refused},
       {MX, "scale_embeddings", with("scale_embeddings", 2.0), Effect::Refused},
   };

@@ -417,10 +417,13 @@ inline HfTestModel qwen_test_model(bool norm_topk_prob = false) {
 }
 
 // Grouped-query attention with one key/value head (replicated on every TP rank). No rope in config.json: the
-// family's default YaRN (factor 32 over 4096 positions, beta 32/1, truncate false) applies.
-inline HfTestModel gpt_oss_test_model() {
+// family's default YaRN (factor 32 over 4096 positions, beta 32/1, truncate false) applies. d and inter
+// multiples of 32 allow MXFP4 experts.
+inline HfTestModel gpt_oss_test_model(int64_t d = 40, int64_t inter = 12) {
   HfTestModel m;
   m.format = ModelFormat::GptOss;
+  m.d = d;
+  m.inter = inter;
   m.kv_heads = 1;
   m.rope_theta = 150000.0;
   m.eps = 1e-5f;

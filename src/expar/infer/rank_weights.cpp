@@ -4,6 +4,7 @@
 
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_experts.hpp"
+#include "expar/infer/mxfp4_store.hpp"
 #include "expar/infer/weight_loader.hpp"
 
 namespace expar::infer {
@@ -271,10 +272,6 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       // gpt-oss: the stacked experts, sliced by the same expert-parallel loader around a strided base loader.
       const std::string p = names.expert(l, 0, "");
       const int64_t h = config.moe.hidden_dim, e = config.moe.num_experts;
-      EXPAR_CHECK(store.contains(p + "gate_up_proj") || !store.contains(p + "gate_up_proj_blocks"),
-                  "checkpoint '{}': '{}gate_up_proj' is stored MXFP4-quantised (_blocks/_scales), which the "
-                  "engine does not load: dequantise the experts to BF16 or F32 first",
-                  store.label(), p);
       expect_shape(store, p + "gate_up_proj", {e, d, 2 * h});
       expect_shape(store, p + "gate_up_proj_bias", {e, 2 * h});
       expect_shape(store, p + "down_proj", {e, h, d});
@@ -338,6 +335,9 @@ RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, c
 
 std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {
   if (spec.format == ModelFormat::Expar) return ExparCheckpointStore::open(spec.dir);
+  // gpt-oss's MXFP4 experts (NAME_blocks / NAME_scales) read as the F32 tensors they encode.
+  if (spec.format == ModelFormat::GptOss)
+    return std::make_unique<Mxfp4Store>(ShardedStore::open(spec.tensor_path));
   return ShardedStore::open(spec.tensor_path);
 }
 

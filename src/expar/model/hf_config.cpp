@@ -358,11 +358,19 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
   const ModelFormat format = *found;
   const Family fam = family_of(format);
   Reader r(j, "'" + label + "'");
-  if (r.has("quantization_config"))
-    r.bad(
-        "quantization_config",
-        "quantised checkpoints (gpt-oss MXFP4 expert blocks, ...) are not loaded yet: dequantise the weights "
-        "to BF16 or F32 and remove quantization_config");
+  if (const json* q = r.raw("quantization_config")) {
+    // gpt-oss's MXFP4 experts are dequantised at load (infer/mxfp4_store.hpp); nothing else is quantised.
+    bool mxfp4 = format == ModelFormat::GptOss && q->is_object() && q->contains("quant_method") &&
+                 q->at("quant_method") == "mxfp4";
+    if (mxfp4)
+      for (const auto& [key, value] : q->items())
+        mxfp4 = mxfp4 && (key == "quant_method" || key == "modules_to_not_convert");
+    if (!mxfp4)
+      r.bad("quantization_config",
+            "expar loads only gpt-oss's MXFP4 experts ({\"quant_method\": \"mxfp4\", "
+            "\"modules_to_not_convert\": "
+            "[...]}); dequantise other checkpoints to BF16 or F32 and remove quantization_config");
+  }
 
   Architecture a;
   a.format = format;
