@@ -36,7 +36,9 @@ inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> e
   o.enable_expert_parallel = ep;
   o.ep_degree = ep_degree;
   o.placement = placement;
-  return engine_layout(o, num_experts);
+  ModelConfig c;
+  c.moe.num_experts = num_experts;
+  return inference_layout(o, c);
 }
 
 // Checkpoint directories a test binary writes once and shares across its tests; removed at the end of the

@@ -4,10 +4,49 @@
 #include <omp.h>
 
 #include <cstring>
+#include <vector>
 
 #include "expar/core/error.hpp"
 
 namespace expar {
+namespace {
+
+thread_local int64_t tl_min_rows = 0;
+
+// Runs p (m < rows, A not transposed) as a `rows`-row product over zero-padded copies of A and C.
+void matmul_padded(const MatmulArgs& p, int64_t rows, int64_t lda, int64_t ldc) {
+  thread_local std::vector<float> a_pad, c_pad;
+  a_pad.assign(static_cast<size_t>(rows * p.k), 0.0f);
+  c_pad.assign(static_cast<size_t>(rows * p.n), 0.0f);
+  for (int64_t i = 0; i < p.m; ++i) {
+    std::memcpy(a_pad.data() + i * p.k, p.a + i * lda, sizeof(float) * static_cast<size_t>(p.k));
+    if (p.accumulate)
+      std::memcpy(c_pad.data() + i * p.n, p.c + i * ldc, sizeof(float) * static_cast<size_t>(p.n));
+  }
+  MatmulArgs q = p;
+  q.a = a_pad.data();
+  q.c = c_pad.data();
+  q.m = rows;
+  q.lda = p.k;
+  q.ldc = p.n;
+  const int64_t saved = tl_min_rows;
+  tl_min_rows = 0;
+  matmul(q);
+  tl_min_rows = saved;
+  for (int64_t i = 0; i < p.m; ++i)
+    std::memcpy(p.c + i * ldc, c_pad.data() + i * p.n, sizeof(float) * static_cast<size_t>(p.n));
+}
+
+}  // namespace
+
+void set_matmul_min_rows(int64_t rows) {
+  EXPAR_CHECK(rows >= 0, "matmul minimum rows = {}: must be 0 (off) or positive", rows);
+  tl_min_rows = rows;
+}
+
+int64_t matmul_min_rows() {
+  return tl_min_rows;
+}
 
 void matmul(const MatmulArgs& p) {
   EXPAR_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul with negative size m={} n={} k={}", p.m, p.n, p.k);
@@ -19,6 +58,10 @@ void matmul(const MatmulArgs& p) {
     if (!p.accumulate)
       for (int64_t i = 0; i < p.m; ++i)
         std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
+    return;
+  }
+  if (p.m < tl_min_rows && !p.trans_a) {
+    matmul_padded(p, tl_min_rows, lda, ldc);
     return;
   }
   // oneDNN's row-major sgemm: no primitive to create per shape, which matters because grouped expert GEMMs

@@ -34,6 +34,17 @@ inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t 
   matmul(args);
 }
 
+// Batch invariance (expar serve): oneDNN's sgemm picks its kernel by the row count m, so row i of a product
+// depends on how many other rows share the call (measured here: m = 1, 2..8, 9..15 and >= 16 give different
+// bits at 1 and 2 threads; every m >= 16 gives the same bits). With a minimum of R rows set on the calling
+// thread, products with fewer than R rows (and A not transposed) run as R-row products over zero-padded
+// copies, so a row's result no longer depends on its batch. 0 (the default) turns it off. Per thread, like
+// the compute threads: each rank sets its own.
+void set_matmul_min_rows(int64_t rows);
+int64_t matmul_min_rows();
+// The row count from which this build's sgemm gives batch-independent rows (see above).
+inline constexpr int64_t kBatchInvariantRows = 16;
+
 // Number of compute (OpenMP) threads oneDNN uses on the calling thread. Each rank sets its own, so that
 // ranks x compute threads never exceeds the cores.
 void set_compute_threads(int threads);

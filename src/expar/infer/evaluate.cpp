@@ -31,7 +31,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
   EXPAR_CHECK(window >= 1 && window <= config.max_seq,
               "--window {} must lie in [1, max_position_embeddings={}]: pass a shorter window", window,
               config.max_seq);
-  const InferenceLayout layout = engine_layout(options.engine, config.moe.num_experts);
+  const InferenceLayout layout = inference_layout(options.engine, config);
   const auto predicted = static_cast<int64_t>(tokens.size()) - 1;
   const int64_t windows = (predicted + window - 1) / window;
   const int dp = layout.dp();

@@ -41,13 +41,13 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
   return out;
 }
 
-InferenceLayout engine_layout(const GenerateOptions& options, int num_experts) {
+InferenceLayout inference_layout(const GenerateOptions& options, const ModelConfig& config) {
   InferenceConfig ic;
   ic.tp = options.tp;
   ic.dp = options.dp;
   ic.enable_expert_parallel = options.enable_expert_parallel;
   ic.ep_degree = options.ep_degree;
-  ic.num_experts = num_experts;
+  ic.num_experts = config.moe.num_experts;
   ic.placement = options.placement;
   return InferenceLayout(ic);
 }
@@ -60,7 +60,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
     EXPAR_CHECK(t >= 0 && t < config.vocab,
                 "prompt token {} is outside the model's vocabulary [0, {}): pass token ids of this model", t,
                 config.vocab);
-  const InferenceLayout layout = engine_layout(options, config.moe.num_experts);
+  const InferenceLayout layout = inference_layout(options, config);
   check_decode_moe(layout, options.decode_moe);  // refuse before loading anything
   GenerateResult result;
   result.format = spec.format;
