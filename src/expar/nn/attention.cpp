@@ -7,6 +7,7 @@
 
 #include "expar/core/matmul.hpp"
 #include "expar/nn/check.hpp"
+#include "expar/nn/qk_norm.hpp"
 
 namespace expar::nn {
 
@@ -106,54 +107,6 @@ void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias) {
   const float* b = bias.data<float>();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += b[c];
-}
-
-// y[r, g·group + i] *= gain[(g·group + i) % gain_n] / sqrt(ss[r·groups + g] / count + eps): the RMSNorm of
-// `groups` groups of `group` values per row of y [rows, groups·group], given the sums of squares ss.
-void scale_by_rms(float* y, int64_t rows, int64_t groups, int64_t group, const float* ss, double count,
-                  const float* gain, int64_t gain_n, float eps) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const auto inv =
-          static_cast<float>(1.0 / std::sqrt(static_cast<double>(ss[r * groups + g]) / count + eps));
-      float* v = y + (r * groups + g) * group;
-      for (int64_t i = 0; i < group; ++i) v[i] = v[i] * inv * gain[(g * group + i) % gain_n];
-    }
-}
-
-// Sum of squares of each group of `group` values: ss [rows·groups].
-std::vector<float> sums_of_squares(const float* y, int64_t rows, int64_t groups, int64_t group) {
-  std::vector<float> ss(static_cast<size_t>(rows * groups));
-  for (int64_t i = 0; i < rows * groups; ++i) {
-    double acc = 0.0;
-    for (int64_t j = 0; j < group; ++j) acc += static_cast<double>(y[i * group + j]) * y[i * group + j];
-    ss[static_cast<size_t>(i)] = static_cast<float>(acc);
-  }
-  return ss;
-}
-
-// options.qk_norm on q [rows, qd] and k [rows, kd].
-void apply_qk_norm(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o, float* q,
-                   float* k, int64_t rows) {
-  const int64_t hd = shape.head_dim;
-  if (o.qk_norm == QkNorm::PerHead) {
-    auto qs = sums_of_squares(q, rows, shape.n_heads, hd),
-         ks = sums_of_squares(k, rows, shape.n_kv_heads, hd);
-    scale_by_rms(q, rows, shape.n_heads, hd, qs.data(), static_cast<double>(hd), o.q_norm.data<float>(), hd,
-                 o.qk_norm_eps);
-    scale_by_rms(k, rows, shape.n_kv_heads, hd, ks.data(), static_cast<double>(hd), o.k_norm.data<float>(),
-                 hd, o.qk_norm_eps);
-  } else if (o.qk_norm == QkNorm::Projection) {
-    auto qs = sums_of_squares(q, rows, 1, dims.qd), ks = sums_of_squares(k, rows, 1, dims.kd);
-    double q_count = static_cast<double>(dims.qd), k_count = static_cast<double>(dims.kd);
-    if (o.sum_squares) {
-      o.sum_squares(qs.data(), ks.data(), rows);
-      q_count = static_cast<double>(o.q_norm_total);
-      k_count = static_cast<double>(o.k_norm_total);
-    }
-    scale_by_rms(q, rows, 1, dims.qd, qs.data(), q_count, o.q_norm.data<float>(), dims.qd, o.qk_norm_eps);
-    scale_by_rms(k, rows, 1, dims.kd, ks.data(), k_count, o.k_norm.data<float>(), dims.kd, o.qk_norm_eps);
-  }
 }
 
 void check_options(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o,
@@ -389,7 +342,7 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
   add_bias(q.data<float>(), total, dims.qd, options.bq);
   add_bias(k.data<float>(), total, dims.kd, options.bk);
   add_bias(v.data<float>(), total, dims.kd, options.bv);
-  apply_qk_norm(shape, dims, options, q.data<float>(), k.data<float>(), total);
+  apply_qk_norm(shape, options, q.data<float>(), k.data<float>(), total);
   rope.apply(q.data<float>(), total, shape.n_heads, dims.qd, pos, false);
   rope.apply(k.data<float>(), total, shape.n_kv_heads, dims.kd, pos, false);
 
