@@ -87,14 +87,7 @@ std::string case_name(const ::testing::TestParamInfo<LayoutCase>& info) {
 }
 
 InferenceLayout make_layout(const LayoutCase& c, int num_experts) {
-  InferenceConfig ic;
-  ic.tp = c.tp;
-  ic.dp = c.dp;
-  ic.enable_expert_parallel = c.ep;
-  ic.ep_degree = c.ep_degree;
-  ic.num_experts = num_experts;
-  ic.placement = c.placement;
-  return InferenceLayout(ic);
+  return testing::make_layout(c.tp, c.dp, c.ep, c.ep_degree, num_experts, c.placement);
 }
 
 class EngineLayouts : public ::testing::TestWithParam<LayoutCase> {};

@@ -1,9 +1,12 @@
-// Qwen-MoE and gpt-oss end to end: small random checkpoints in the Hugging Face tensor names with a
-// config.json.
+// Qwen-MoE, Qwen3-MoE, OLMoE and gpt-oss end to end: small random checkpoints in the Hugging Face tensor
+// names with a config.json (rope: Qwen default via v4 rope_theta, Qwen3 linear via v5 rope_parameters, OLMoE
+// llama3 via v4 rope_scaling, gpt-oss the family's default YaRN).
 //  - The single-rank engine (TP 1, no EP) matches an independent dense implementation in double (plain loops
 //    over the Hugging Face tensors: q/k/v biases, shared expert with its sigmoid gate, softmax router with
 //    and without norm_topk_prob; gpt-oss's o bias, sinks, sliding window, biased top-k-softmax router, fused
 //    interleaved gate_up with biases and the clamped SwiGLU), so the reference itself is known right.
+//    Qwen3-MoE: per-head q/k norms, q/k/v/o biases; OLMoE: q/k norms over the whole projection (sums of
+//    squares completed over TP, a replicated key/value head counted once).
 //  - Every layout of TP 1..4 x {no EP, full EP, variable EP} x DP {1, 2} gives that reference's prefill and
 //    decode logits within 1e-5 relative and the same greedy tokens.
 //  - --format / --path: detection, files as paths, and a format that contradicts the files.
@@ -11,6 +14,7 @@
 
 #include <mutex>
 
+#include "core/expect_error.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
 #include "hf_test_models.hpp"
@@ -19,6 +23,7 @@ namespace expar::infer {
 namespace {
 
 using namespace testing;
+using expar::testing::expect_error;
 
 constexpr int kReplicas = 2, kSeqsPerReplica = 2, kDecodeSteps = 4;
 
@@ -73,9 +78,28 @@ Reference build_reference(HfTestModel model, const std::string& name) {
 }
 
 const Reference& reference(ModelFormat f) {
-  static const Reference qwen = build_reference(qwen_test_model(), "qwen_e2e");
-  static const Reference gpt = build_reference(gpt_oss_test_model(), "gptoss_e2e");
-  return f == ModelFormat::QwenMoe ? qwen : gpt;
+  switch (f) {
+    case ModelFormat::QwenMoe: {
+      static const Reference qwen = build_reference(qwen_test_model(), "qwen_e2e");
+      return qwen;
+    }
+    case ModelFormat::Qwen3Moe: {
+      static const Reference qwen3 = build_reference(qwen3_moe_test_model(), "qwen3_e2e");
+      return qwen3;
+    }
+    case ModelFormat::Mixtral: {
+      static const Reference mixtral = build_reference(mixtral_test_model(), "mixtral_e2e");
+      return mixtral;
+    }
+    case ModelFormat::Olmoe: {
+      static const Reference olmoe = build_reference(olmoe_test_model(), "olmoe_e2e");
+      return olmoe;
+    }
+    default: {
+      static const Reference gpt = build_reference(gpt_oss_test_model(), "gptoss_e2e");
+      return gpt;
+    }
+  }
 }
 
 Tensor last_row(const Tensor& t) {
@@ -147,6 +171,68 @@ TEST(HfModels, GptOssSingleRankEngineMatchesADenseDoubleImplementation) {
   EXPECT_FALSE(close(no_sinks.dense_logits(r.prompts[1][1]), r.prefill_logits[1][1], 1e-3));
 }
 
+TEST(HfModels, GptOssTakesTheFamilyDefaultYarnRope) {
+  const Reference& r = reference(ModelFormat::GptOss);
+  const nn::RopeScaling& rope = r.spec.features.rope;
+  EXPECT_EQ(rope.type, nn::RopeType::Yarn);
+  EXPECT_EQ(rope.factor, 32.0);
+  EXPECT_EQ(rope.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(rope.truncate);
+  EXPECT_EQ(r.spec.config.rope_theta, 150000.0);
+  // The YaRN rope matters on these prompts: the dense model with plain RoPE differs.
+  HfTestModel plain = r.model;
+  plain.rope = nn::RopeScaling{};
+  EXPECT_FALSE(close(plain.dense_logits(r.prompts[1][1]), r.prefill_logits[1][1], 1e-3));
+}
+
+TEST(HfModels, MixtralWithASlidingWindowMatchesADenseDoubleImplementation) {
+  const Reference& r = reference(ModelFormat::Mixtral);
+  EXPECT_EQ(r.spec.features.window, (std::vector<int64_t>{3, 3}));
+  EXPECT_TRUE(r.spec.config.moe.renormalize);
+  expect_matches_dense(r);
+  HfTestModel full = r.model;  // the window matters on these prompts
+  full.mixtral_window = 0;
+  EXPECT_FALSE(close(full.dense_logits(r.prompts[1][1]), r.prefill_logits[1][1], 1e-3));
+}
+
+TEST(HfModels, Qwen3MoeSingleRankEngineMatchesADenseDoubleImplementation) {
+  const Reference& r = reference(ModelFormat::Qwen3Moe);
+  EXPECT_EQ(r.spec.format, ModelFormat::Qwen3Moe);
+  EXPECT_EQ(r.spec.features.qk_norm, QkNorm::PerHead);
+  EXPECT_TRUE(r.spec.features.qkv_bias && r.spec.features.o_bias);
+  EXPECT_TRUE(r.spec.config.moe.renormalize);
+  EXPECT_EQ(r.spec.features.rope.type, nn::RopeType::Linear);
+  EXPECT_EQ(r.spec.config.head_dim, 8);
+  expect_matches_dense(r);
+  // The per-head norms matter: unit gains give other logits.
+  HfTestModel unit = r.model;
+  for (int l = 0; l < unit.layers; ++l) {
+    Tensor& g = unit.tensors[unit.layer(l) + "self_attn.q_norm.weight"];
+    g = g.clone();
+    for (float& v : g.span<float>()) v = 1.0f;
+  }
+  EXPECT_FALSE(close(unit.dense_logits(r.prompts[0][0]), r.prefill_logits[0][0], 1e-3));
+}
+
+TEST(HfModels, OlmoeSingleRankEngineMatchesADenseDoubleImplementation) {
+  const Reference& r = reference(ModelFormat::Olmoe);
+  EXPECT_EQ(r.spec.format, ModelFormat::Olmoe);
+  EXPECT_EQ(r.spec.features.qk_norm, QkNorm::Projection);
+  EXPECT_FALSE(r.spec.features.qkv_bias || r.spec.features.o_bias);
+  EXPECT_FALSE(r.spec.config.moe.renormalize);
+  EXPECT_EQ(r.spec.features.rope.type, nn::RopeType::Llama3);
+  expect_matches_dense(r);
+  // The norm spans the whole projection: per-head norms (Qwen3's) give other logits.
+  HfTestModel per_head = r.model;
+  per_head.format = ModelFormat::Qwen3Moe;
+  for (int l = 0; l < per_head.layers; ++l)
+    for (const char* n : {"q_norm", "k_norm"}) {
+      Tensor& g = per_head.tensors[per_head.layer(l) + "self_attn." + n + ".weight"];
+      g = g.rows(0, per_head.head_dim).clone();
+    }
+  EXPECT_FALSE(close(per_head.dense_logits(r.prompts[0][0]), r.prefill_logits[0][0], 1e-3));
+}
+
 // Some gpt-oss expert activations pass the clamp, so the comparisons above cover it.
 TEST(HfModels, GptOssTestModelReachesTheSwigluClamp) {
   const Reference& r = reference(ModelFormat::GptOss);
@@ -166,8 +252,13 @@ struct Case {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::string mode = !c.ep ? "noEP" : c.ep_degree ? "EP" + std::to_string(*c.ep_degree) : "fullEP";
-  return std::string(c.format == ModelFormat::QwenMoe ? "qwen" : "gptoss") + "_TP" + std::to_string(c.tp) +
-         "_DP" + std::to_string(c.dp) + "_" + mode + (c.placement == PlacementKind::RoundRobin ? "_rr" : "");
+  const char* family = c.format == ModelFormat::Mixtral    ? "mixtral"
+                       : c.format == ModelFormat::QwenMoe  ? "qwen"
+                       : c.format == ModelFormat::Qwen3Moe ? "qwen3"
+                       : c.format == ModelFormat::Olmoe    ? "olmoe"
+                                                           : "gptoss";
+  return std::string(family) + "_TP" + std::to_string(c.tp) + "_DP" + std::to_string(c.dp) + "_" + mode +
+         (c.placement == PlacementKind::RoundRobin ? "_rr" : "");
 }
 
 class HfLayouts : public ::testing::TestWithParam<Case> {};
@@ -209,7 +300,8 @@ TEST_P(HfLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> v;
-  for (ModelFormat f : {ModelFormat::QwenMoe, ModelFormat::GptOss}) {
+  for (ModelFormat f : {ModelFormat::QwenMoe, ModelFormat::GptOss, ModelFormat::Qwen3Moe, ModelFormat::Olmoe,
+                        ModelFormat::Mixtral}) {
     for (int dp = 1; dp <= 2; ++dp)
       for (int tp = 1; tp <= 4; ++tp) {
         v.push_back({f, tp, dp, false, std::nullopt});
@@ -261,15 +353,6 @@ TEST(HfModels, OneSafetensorsFileAsThePath) {
   fs::remove_all(dir);
 }
 
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an expar::Error";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
-
 TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {
   const Reference& qwen = reference(ModelFormat::QwenMoe);
   expect_error([&] { open_model_spec(qwen.dir, ModelFormat::Mixtral); },
@@ -295,8 +378,8 @@ TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {
   };
   rewrite("mlp_only_layers", {1});
   expect_error([&] { open_model_spec(dir); }, {"mlp_only_layers"});
-  rewrite("rope_scaling", {{"rope_type", "yarn"}, {"factor", 32.0}});
-  expect_error([&] { open_model_spec(dir); }, {"rope_scaling", "yarn"});
+  rewrite("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}});
+  expect_error([&] { open_model_spec(dir); }, {"rope_scaling", "dynamic", "yarn"});
   rewrite("use_sliding_window", true);
   expect_error([&] { open_model_spec(dir); }, {"use_sliding_window"});
   fs::remove_all(dir);

@@ -1,13 +1,16 @@
 #pragma once
-// Small random Hugging Face Qwen-MoE and gpt-oss checkpoints, written in their tensor names with a
-// config.json, and an independent dense reference of both architectures: plain loops in double over the
-// Hugging Face tensors, one sequence at a time, recomputing the whole prefix (no cache, no parallelism).
+// Small random Hugging Face Qwen-MoE, Qwen3-MoE, OLMoE and gpt-oss checkpoints, written in their tensor names
+// with a config.json, and an independent dense reference of these architectures: plain loops in double over
+// the Hugging Face tensors, one sequence at a time, recomputing the whole prefix (no cache, no parallelism).
+// Each model carries the rope it expects (`rope`, checked by nn/rope_reference.hpp's formulas) and writes it
+// in the v4 (rope_theta + rope_scaling) or v5 (rope_parameters) layout, or leaves it to the family default.
 #include <cmath>
 #include <numeric>
 
 #include "expar/infer/hf_config.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "infer_test_util.hpp"
+#include "nn/rope_reference.hpp"
 
 namespace expar::infer::testing {
 
@@ -18,12 +21,44 @@ struct HfTestModel {
           max_seq = 32;
   bool norm_topk_prob = false;  // Qwen
   int64_t window = 3;           // gpt-oss sliding_attention layers (layer 0 of 2)
+  int64_t mixtral_window = 0;   // Mixtral sliding_window on every layer; 0: null (full attention)
   double rope_theta = 1e6;
   float eps = 1e-6f;
+  bool attention_bias = false;  // Qwen3-MoE / OLMoE: q/k/v/o biases
+  // The rope the reference applies (its theta is rope_theta) and how config.json states it:
+  // rope_json null: v4 "rope_theta" only (gpt-oss: nothing, the family's YaRN default); otherwise the
+  // description, under "rope_parameters" (with rope_theta inside) when v5, else under "rope_scaling".
+  nn::RopeScaling rope;
+  nlohmann::json rope_json;
+  bool v5 = false;
   std::map<std::string, Tensor> tensors;
   mutable int64_t clamp_hits = 0;  // gpt-oss activations the dense reference clamped (gate > 7 or |up| > 7)
 
   std::string layer(int l) const { return "model.layers." + std::to_string(l) + "."; }
+  // The router and expert e's gate (0), up (1) and down (2) projections of layer l (not gpt-oss's).
+  std::string router_name(int l) const {
+    return layer(l) + (format == ModelFormat::Mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+  }
+  std::string expert_name(int l, int e, int which) const {
+    if (format == ModelFormat::Mixtral)
+      return layer(l) + "block_sparse_moe.experts." + std::to_string(e) + "." +
+             (which == 0   ? "w1"
+              : which == 1 ? "w3"
+                           : "w2") +
+             ".weight";
+    return layer(l) + "mlp.experts." + std::to_string(e) + "." +
+           (which == 0   ? "gate_proj"
+            : which == 1 ? "up_proj"
+                         : "down_proj") +
+           ".weight";
+  }
+  bool qkv_bias() const {
+    return format == ModelFormat::QwenMoe || format == ModelFormat::GptOss || attention_bias;
+  }
+  bool o_bias() const { return format == ModelFormat::GptOss || attention_bias; }
+  const float* w_or_null(const std::string& name) const {
+    return tensors.count(name) ? tensors.at(name).data<float>() : nullptr;
+  }
   const float* w(const std::string& name) const { return tensors.at(name).data<float>(); }
 
   nlohmann::json config() const {
@@ -34,9 +69,23 @@ struct HfTestModel {
                      {"num_key_value_heads", kv_heads},
                      {"max_position_embeddings", max_seq},
                      {"rms_norm_eps", eps},
-                     {"rope_theta", rope_theta},
                      {"num_experts_per_tok", top_k},
                      {"tie_word_embeddings", false}};
+    if (v5) {
+      // gpt-oss with no rope: its YaRN default written out (v5 has no top-level rope_theta to carry theta)
+      nlohmann::json p =
+          !rope_json.is_null() ? rope_json
+          : format == ModelFormat::GptOss
+              ? nlohmann::json{{"rope_type", "yarn"}, {"factor", 32.0},
+                               {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                               {"truncate", false},   {"original_max_position_embeddings", 4096}}
+              : nlohmann::json{{"rope_type", "default"}};
+      p["rope_theta"] = rope_theta;
+      j["rope_parameters"] = p;
+    } else {
+      j["rope_theta"] = rope_theta;
+      if (!rope_json.is_null()) j["rope_scaling"] = rope_json;
+    }
     if (format == ModelFormat::QwenMoe) {
       j["model_type"] = "qwen2_moe";
       j["num_experts"] = experts;
@@ -47,6 +96,26 @@ struct HfTestModel {
       j["decoder_sparse_step"] = 1;
       j["mlp_only_layers"] = nlohmann::json::array();
       j["use_sliding_window"] = false;
+    } else if (format == ModelFormat::Mixtral) {
+      j["model_type"] = "mixtral";
+      j["head_dim"] = head_dim;
+      j["num_local_experts"] = experts;
+      j["intermediate_size"] = inter;
+      j["sliding_window"] = mixtral_window > 0 ? nlohmann::json(mixtral_window) : nlohmann::json(nullptr);
+    } else if (format == ModelFormat::Qwen3Moe || format == ModelFormat::Olmoe) {
+      j["model_type"] = format == ModelFormat::Qwen3Moe ? "qwen3_moe" : "olmoe";
+      j["num_experts"] = experts;
+      j[format == ModelFormat::Qwen3Moe ? "moe_intermediate_size" : "intermediate_size"] = inter;
+      j["norm_topk_prob"] = norm_topk_prob;
+      j["attention_bias"] = attention_bias;
+      if (format == ModelFormat::Qwen3Moe) {
+        j["head_dim"] = head_dim;
+        j["decoder_sparse_step"] = 1;
+        j["mlp_only_layers"] = nlohmann::json::array();
+        j["use_sliding_window"] = false;
+      } else {
+        j["clip_qkv"] = nullptr;
+      }
     } else {
       j["model_type"] = "gpt_oss";
       j["head_dim"] = head_dim;
@@ -58,7 +127,6 @@ struct HfTestModel {
       std::vector<std::string> types;
       for (int l = 0; l < layers; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
       j["layer_types"] = types;
-      j["rope_scaling"] = nullptr;
     }
     return j;
   }
@@ -86,24 +154,34 @@ struct HfTestModel {
       tensors[p + "self_attn.k_proj.weight"] = normal({kd, d}, 2 * in);
       tensors[p + "self_attn.v_proj.weight"] = normal({kd, d}, in);
       tensors[p + "self_attn.o_proj.weight"] = normal({d, qd}, 1.0f / std::sqrt(static_cast<float>(qd)));
-      tensors[p + "self_attn.q_proj.bias"] = normal({qd}, 0.5f);
-      tensors[p + "self_attn.k_proj.bias"] = normal({kd}, 0.5f);
-      tensors[p + "self_attn.v_proj.bias"] = normal({kd}, 0.5f);
-      if (format == ModelFormat::QwenMoe) {
-        tensors[p + "mlp.gate.weight"] = normal({experts, d}, in);
+      if (qkv_bias()) {
+        tensors[p + "self_attn.q_proj.bias"] = normal({qd}, 0.5f);
+        tensors[p + "self_attn.k_proj.bias"] = normal({kd}, 0.5f);
+        tensors[p + "self_attn.v_proj.bias"] = normal({kd}, 0.5f);
+      }
+      if (o_bias()) tensors[p + "self_attn.o_proj.bias"] = normal({d}, 0.5f);
+      if (format == ModelFormat::Qwen3Moe) {
+        tensors[p + "self_attn.q_norm.weight"] = normal({head_dim}, 0.3f, 1.0f);
+        tensors[p + "self_attn.k_norm.weight"] = normal({head_dim}, 0.3f, 1.0f);
+      }
+      if (format == ModelFormat::Olmoe) {
+        tensors[p + "self_attn.q_norm.weight"] = normal({qd}, 0.3f, 1.0f);
+        tensors[p + "self_attn.k_norm.weight"] = normal({kd}, 0.3f, 1.0f);
+      }
+      if (format != ModelFormat::GptOss) {
+        tensors[router_name(l)] = normal({experts, d}, in);
         for (int e = 0; e < experts; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-          tensors[x + "gate_proj.weight"] = normal({inter, d}, in);
-          tensors[x + "up_proj.weight"] = normal({inter, d}, in);
-          tensors[x + "down_proj.weight"] = normal({d, inter}, 1.0f / std::sqrt(static_cast<float>(inter)));
+          tensors[expert_name(l, e, 0)] = normal({inter, d}, in);
+          tensors[expert_name(l, e, 1)] = normal({inter, d}, in);
+          tensors[expert_name(l, e, 2)] = normal({d, inter}, 1.0f / std::sqrt(static_cast<float>(inter)));
         }
+        if (format != ModelFormat::QwenMoe) continue;
         tensors[p + "mlp.shared_expert.gate_proj.weight"] = normal({shared, d}, in);
         tensors[p + "mlp.shared_expert.up_proj.weight"] = normal({shared, d}, in);
         tensors[p + "mlp.shared_expert.down_proj.weight"] =
             normal({d, shared}, 1.0f / std::sqrt(static_cast<float>(shared)));
         tensors[p + "mlp.shared_expert_gate.weight"] = normal({1, d}, in);
       } else {
-        tensors[p + "self_attn.o_proj.bias"] = normal({d}, 0.5f);
         tensors[p + "self_attn.sinks"] = normal({heads}, 1.0f);
         tensors[p + "mlp.router.weight"] = normal({experts, d}, in);
         tensors[p + "mlp.router.bias"] = normal({experts}, 0.5f);
@@ -151,19 +229,20 @@ struct HfTestModel {
     return y;
   }
 
-  void rope(std::vector<double>& x, int64_t n_heads) const {
+  void apply_rope(std::vector<double>& x, int64_t n_heads) const {
     const int64_t n = static_cast<int64_t>(x.size()) / (n_heads * head_dim), half = head_dim / 2;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < n_heads; ++h)
         for (int64_t i = 0; i < half; ++i) {
-          const double angle =
-              static_cast<double>(t) *
-              std::pow(rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+          nn::RopeScaling sc = rope;
+          sc.theta = rope_theta;
+          const nn::testing::ReferenceRope ref{sc};
+          const double angle = static_cast<double>(t) * ref.frequency(i, head_dim), s = ref.scale();
           double& a = x[static_cast<size_t>((t * n_heads + h) * head_dim + i)];
           double& b = x[static_cast<size_t>((t * n_heads + h) * head_dim + i + half)];
           const double a0 = a, b0 = b;
-          a = a0 * std::cos(angle) - b0 * std::sin(angle);
-          b = b0 * std::cos(angle) + a0 * std::sin(angle);
+          a = s * (a0 * std::cos(angle) - b0 * std::sin(angle));
+          b = s * (b0 * std::cos(angle) + a0 * std::sin(angle));
         }
   }
 
@@ -171,12 +250,20 @@ struct HfTestModel {
     const std::string p = layer(l) + "self_attn.";
     const bool gpt = format == ModelFormat::GptOss;
     const int64_t n = static_cast<int64_t>(x.size()) / d, qd = heads * head_dim, kd = kv_heads * head_dim;
-    auto q = linear(x, w(p + "q_proj.weight"), w(p + "q_proj.bias"), d, qd);
-    auto k = linear(x, w(p + "k_proj.weight"), w(p + "k_proj.bias"), d, kd);
-    auto v = linear(x, w(p + "v_proj.weight"), w(p + "v_proj.bias"), d, kd);
-    rope(q, heads);
-    rope(k, kv_heads);
-    const int64_t win = gpt && l % 2 == 0 ? window : 0;
+    auto q = linear(x, w(p + "q_proj.weight"), w_or_null(p + "q_proj.bias"), d, qd);
+    auto k = linear(x, w(p + "k_proj.weight"), w_or_null(p + "k_proj.bias"), d, kd);
+    auto v = linear(x, w(p + "v_proj.weight"), w_or_null(p + "v_proj.bias"), d, kd);
+    if (format == ModelFormat::Qwen3Moe) {  // RMSNorm over each head
+      q = group_rmsnorm(q, head_dim, w(p + "q_norm.weight"));
+      k = group_rmsnorm(k, head_dim, w(p + "k_norm.weight"));
+    }
+    if (format == ModelFormat::Olmoe) {  // RMSNorm over the whole projection
+      q = group_rmsnorm(q, qd, w(p + "q_norm.weight"));
+      k = group_rmsnorm(k, kd, w(p + "k_norm.weight"));
+    }
+    apply_rope(q, heads);
+    apply_rope(k, kv_heads);
+    const int64_t win = gpt ? (l % 2 == 0 ? window : 0) : format == ModelFormat::Mixtral ? mixtral_window : 0;
     std::vector<double> ctx(static_cast<size_t>(n * qd), 0.0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv_heads);
@@ -200,7 +287,20 @@ struct HfTestModel {
                 s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * kd + g * head_dim + e)];
       }
     }
-    return linear(ctx, w(p + "o_proj.weight"), gpt ? w(p + "o_proj.bias") : nullptr, qd, d);
+    return linear(ctx, w(p + "o_proj.weight"), w_or_null(p + "o_proj.bias"), qd, d);
+  }
+
+  // RMSNorm of each consecutive group of n values of x; the gain has n values (whole: one group per row).
+  std::vector<double> group_rmsnorm(std::vector<double> x, int64_t n, const float* gain) const {
+    for (size_t g = 0; g < x.size() / static_cast<size_t>(n); ++g) {
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i)
+        ss += x[g * static_cast<size_t>(n) + static_cast<size_t>(i)] *
+              x[g * static_cast<size_t>(n) + static_cast<size_t>(i)];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+      for (int64_t i = 0; i < n; ++i) x[g * static_cast<size_t>(n) + static_cast<size_t>(i)] *= inv * gain[i];
+    }
+    return x;
   }
 
   static double silu(double v) { return v / (1.0 + std::exp(-v)); }
@@ -222,8 +322,8 @@ struct HfTestModel {
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> xt(x.begin() + t * d, x.begin() + (t + 1) * d);
       double* yt = y.data() + t * d;
-      if (format == ModelFormat::QwenMoe) {
-        auto logits = linear(xt, w(p + "gate.weight"), nullptr, d, experts);
+      if (format != ModelFormat::GptOss) {
+        auto logits = linear(xt, w(router_name(l)), nullptr, d, experts);
         const double mx = *std::max_element(logits.begin(), logits.end());
         double z = 0;
         for (double& v : logits) z += (v = std::exp(v - mx));
@@ -232,15 +332,16 @@ struct HfTestModel {
         double kept = 0;
         for (int e : chosen) kept += logits[static_cast<size_t>(e)];
         for (int e : chosen) {
-          const double wt = logits[static_cast<size_t>(e)] / (norm_topk_prob ? kept : 1.0);
-          const std::string ex = p + "experts." + std::to_string(e) + ".";
-          auto g = linear(xt, w(ex + "gate_proj.weight"), nullptr, d, inter);
-          auto u = linear(xt, w(ex + "up_proj.weight"), nullptr, d, inter);
+          const bool renormalize = norm_topk_prob || format == ModelFormat::Mixtral;
+          const double wt = logits[static_cast<size_t>(e)] / (renormalize ? kept : 1.0);
+          auto g = linear(xt, w(expert_name(l, e, 0)), nullptr, d, inter);
+          auto u = linear(xt, w(expert_name(l, e, 1)), nullptr, d, inter);
           for (int64_t i = 0; i < inter; ++i)
             g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
-          auto o = linear(g, w(ex + "down_proj.weight"), nullptr, inter, d);
+          auto o = linear(g, w(expert_name(l, e, 2)), nullptr, inter, d);
           for (int64_t c = 0; c < d; ++c) yt[c] += wt * o[static_cast<size_t>(c)];
         }
+        if (format != ModelFormat::QwenMoe) continue;
         auto g = linear(xt, w(p + "shared_expert.gate_proj.weight"), nullptr, d, shared);
         auto u = linear(xt, w(p + "shared_expert.up_proj.weight"), nullptr, d, shared);
         for (int64_t i = 0; i < shared; ++i)
@@ -315,14 +416,74 @@ inline HfTestModel qwen_test_model(bool norm_topk_prob = false) {
   return m;
 }
 
-// Grouped-query attention with one key/value head (replicated on every TP rank).
-inline HfTestModel gpt_oss_test_model() {
+// Grouped-query attention with one key/value head (replicated on every TP rank). No rope in config.json: the
+// family's default YaRN (factor 32 over 4096 positions, beta 32/1, truncate false) applies. d and inter
+// multiples of 32 allow MXFP4 experts.
+inline HfTestModel gpt_oss_test_model(int64_t d = 40, int64_t inter = 12) {
   HfTestModel m;
   m.format = ModelFormat::GptOss;
+  m.d = d;
+  m.inter = inter;
   m.kv_heads = 1;
   m.rope_theta = 150000.0;
   m.eps = 1e-5f;
+  m.rope.type = nn::RopeType::Yarn;
+  m.rope.factor = 32.0;
+  m.rope.original_max_position_embeddings = 4096;
+  m.rope.truncate = false;
   m.randomize(47);
+  return m;
+}
+
+// Qwen3-MoE: per-head q/k norms, q/k/v/o biases, head_dim given (not hidden / heads), norm_topk_prob, and a
+// linear rope in the v5 layout.
+inline HfTestModel qwen3_moe_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::Qwen3Moe;
+  m.shared = 0;
+  m.norm_topk_prob = true;
+  m.attention_bias = true;
+  m.v5 = true;
+  m.rope.type = nn::RopeType::Linear;
+  m.rope.factor = 2.0;
+  m.rope_json = {{"rope_type", "linear"}, {"factor", 2.0}};
+  m.randomize(53);
+  return m;
+}
+
+// OLMoE: q/k norms over the whole projections, one key/value head, no biases, head_dim = hidden / heads, a
+// llama3 rope in the v4 layout (rope_scaling).
+inline HfTestModel olmoe_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::Olmoe;
+  m.kv_heads = 1;  // replicated over TP: the k norm's sums of squares count it once
+  m.d = 48;
+  m.head_dim = 4;
+  m.shared = 0;
+  m.eps = 1e-5f;
+  m.rope_theta = 10000.0;
+  m.rope.type = nn::RopeType::Llama3;
+  m.rope.factor = 8.0;
+  m.rope.original_max_position_embeddings = 64;
+  m.rope.low_freq_factor = 1.0;
+  m.rope.high_freq_factor = 4.0;
+  m.rope_json = {{"rope_type", "llama3"},
+                 {"factor", 8.0},
+                 {"original_max_position_embeddings", 64},
+                 {"low_freq_factor", 1.0},
+                 {"high_freq_factor", 4.0}};
+  m.randomize(59);
+  return m;
+}
+
+// Mixtral with a sliding window of 3 on every layer.
+inline HfTestModel mixtral_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::Mixtral;
+  m.shared = 0;
+  m.eps = 1e-5f;
+  m.mixtral_window = 3;
+  m.randomize(61);
   return m;
 }
 

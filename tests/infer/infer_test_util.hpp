@@ -17,6 +17,7 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/infer/generate.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/model/model_config_json.hpp"
 #include "expar/model/moe_transformer.hpp"
@@ -29,14 +30,15 @@ namespace fs = std::filesystem;
 // A layout of the inference engine (seed 002) from its knobs.
 inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> ep_degree, int num_experts,
                                    PlacementKind placement = PlacementKind::Contiguous) {
-  InferenceConfig ic;
-  ic.tp = tp;
-  ic.dp = dp;
-  ic.enable_expert_parallel = ep;
-  ic.ep_degree = ep_degree;
-  ic.num_experts = num_experts;
-  ic.placement = placement;
-  return InferenceLayout(ic);
+  GenerateOptions o;
+  o.tp = tp;
+  o.dp = dp;
+  o.enable_expert_parallel = ep;
+  o.ep_degree = ep_degree;
+  o.placement = placement;
+  ModelConfig c;
+  c.moe.num_experts = num_experts;
+  return inference_layout(o, c);
 }
 
 // Checkpoint directories a test binary writes once and shares across its tests; removed at the end of the

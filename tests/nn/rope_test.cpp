@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "nn/rope_reference.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
@@ -113,6 +114,80 @@ TEST(Rope, RejectsBadConfigurationAndPositions) {
   EXPECT_THROW(rope.forward(x, 1, positions_of({16})), Error);
   EXPECT_THROW(rope.forward(x, 1, positions_of({-1})), Error);
   EXPECT_THROW(rope.forward(x, 2, positions_of({0})), Error);
+}
+
+RopeScaling scaling_of(RopeType type, double factor, bool truncate = true, double attention_factor = 0) {
+  RopeScaling s;
+  s.type = type;
+  s.theta = 10000.0;
+  s.factor = factor;
+  s.original_max_position_embeddings = 64;
+  s.truncate = truncate;
+  s.attention_factor = attention_factor;
+  return s;
+}
+
+TEST(Rope, ScaledTypesMatchTheirDoublePrecisionFormulas) {
+  const int64_t hd = 16, heads = 2, half = hd / 2;
+  const std::vector<RopeScaling> cases{
+      scaling_of(RopeType::Default, 1.0),         scaling_of(RopeType::Linear, 4.0),
+      scaling_of(RopeType::Yarn, 32.0),           scaling_of(RopeType::Yarn, 32.0, false),
+      scaling_of(RopeType::Yarn, 8.0, true, 1.3), scaling_of(RopeType::Llama3, 8.0)};
+  Tensor pos = positions_of({0, 1, 9, 63, 255});
+  Tensor x = randn({5, heads * hd}, 3);
+  std::vector<Tensor> outputs;
+  for (const RopeScaling& sc : cases) {
+    SCOPED_TRACE(rope_type_name(sc.type) + " factor " + std::to_string(sc.factor));
+    const testing::ReferenceRope ref{sc};
+    Rope rope(hd, 256, sc);
+    Tensor y = x.clone();
+    rope.forward(y, heads, pos);
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = pos.data<int32_t>()[r] * ref.frequency(i, hd), sc2 = ref.scale();
+          const float* v = x.data<float>() + r * heads * hd + h * hd;
+          const float* w = y.data<float>() + r * heads * hd + h * hd;
+          EXPECT_NEAR(w[i], sc2 * (v[i] * std::cos(angle) - v[i + half] * std::sin(angle)), 2e-5);
+          EXPECT_NEAR(w[i + half], sc2 * (v[i + half] * std::cos(angle) + v[i] * std::sin(angle)), 2e-5);
+        }
+    outputs.push_back(y);
+    // The adjoint keeps holding with the cos/sin scale.
+    Tensor r = randn({5, heads * hd}, 4), grad = r.clone();
+    rope.backward(grad, heads, pos);
+    expect_gradient(
+        "scaled rope grad_x",
+        [&] {
+          Tensor z = x.clone();
+          rope.forward(z, heads, pos);
+          return project(r, z);
+        },
+        x, grad);
+  }
+  // Every type and setting changes the result (so each is really applied).
+  for (size_t a = 0; a < outputs.size(); ++a)
+    for (size_t b = a + 1; b < outputs.size(); ++b)
+      EXPECT_GT(testing::max_abs_diff(outputs[a], outputs[b]), 1e-3) << a << " vs " << b;
+  // The yarn case has interpolated, ramped and kept pairs (so the ramp is exercised).
+  const std::vector<double> inv = cases[2].inverse_frequencies(hd), plain = cases[0].inverse_frequencies(hd);
+  EXPECT_DOUBLE_EQ(inv[0], plain[0]);
+  EXPECT_NEAR(inv[7], plain[7] / 32.0, 1e-15);
+  EXPECT_GT(inv[1], plain[1] / 32.0);
+  EXPECT_LT(inv[1], plain[1]);
+}
+
+TEST(Rope, RejectsBadScaling) {
+  EXPECT_THROW(Rope(8, 16, scaling_of(RopeType::Linear, 0.0)), Error);
+  EXPECT_THROW(Rope(8, 16, scaling_of(RopeType::Linear, NAN)), Error);
+  RopeScaling y = scaling_of(RopeType::Yarn, 4.0);
+  y.original_max_position_embeddings = 0;
+  EXPECT_THROW(Rope(8, 16, y), Error);
+  y = scaling_of(RopeType::Yarn, 4.0);
+  y.beta_fast = 0.5;  // below beta_slow
+  EXPECT_THROW(Rope(8, 16, y), Error);
+  RopeScaling l = scaling_of(RopeType::Llama3, 8.0);
+  l.high_freq_factor = 0.5;
+  EXPECT_THROW(Rope(8, 16, l), Error);
 }
 
 }  // namespace

@@ -16,13 +16,13 @@
 namespace expar {
 namespace {
 
-const ByteCorpus& corpus() {
-  static const ByteCorpus c = [] {
+const TokenCorpus& corpus() {
+  static const TokenCorpus c = [] {
     std::string text;
     for (int i = 0; i < 200; ++i)
       text +=
           "And God said, Let there be light: and there was light. And God saw the light, that it was good. ";
-    return ByteCorpus::from_text(text);
+    return TokenCorpus::from_text(text);
   }();
   return c;
 }

@@ -13,11 +13,11 @@
 namespace expar {
 namespace {
 
-const ByteCorpus& corpus() {
-  static const ByteCorpus c = [] {
+const TokenCorpus& corpus() {
+  static const TokenCorpus c = [] {
     std::string text;
     for (int i = 0; i < 200; ++i) text += "And the evening and the morning were the first day. ";
-    return ByteCorpus::from_text(text);
+    return TokenCorpus::from_text(text);
   }();
   return c;
 }

@@ -50,7 +50,7 @@ using Grads = std::map<std::string, std::vector<float>>;
 Grads reduced_step(int ep) {
   Grads out;
   std::mutex m;
-  ByteCorpus corpus = ByteCorpus::from_text([] {
+  TokenCorpus corpus = TokenCorpus::from_text([] {
     std::string t;
     for (int i = 0; i < 300; ++i) t += "In the beginning God created the heaven and the earth. ";
     return t;

@@ -16,11 +16,11 @@
 namespace expar {
 namespace {
 
-const ByteCorpus& corpus() {
-  static const ByteCorpus c = [] {
+const TokenCorpus& corpus() {
+  static const TokenCorpus c = [] {
     std::string text;
     for (int i = 0; i < 100; ++i) text += "In the beginning God created the heaven and the earth. ";
-    return ByteCorpus::from_text(text);
+    return TokenCorpus::from_text(text);
   }();
   return c;
 }

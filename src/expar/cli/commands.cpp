@@ -8,6 +8,7 @@ void add_layer(CLI::App& app, CommandTable& table);
 void add_bench(CLI::App&, CommandTable&);
 void add_train(CLI::App& app, CommandTable& table);
 void add_generate(CLI::App& app, CommandTable& table);
+void add_eval(CLI::App& app, CommandTable& table);
 void add_serve(CLI::App& app, CommandTable& table);
 
 namespace {
@@ -23,6 +24,7 @@ void register_commands(CLI::App& app) {
   add_bench(app, table());
   add_train(app, table());
   add_generate(app, table());
+  add_eval(app, table());
   add_serve(app, table());
 }
 

@@ -33,7 +33,7 @@ namespace {
 struct GenerateArgs {
   std::string checkpoint;
   std::string model_path;       // --path: same as --checkpoint (a directory or a file in one)
-  std::string format = "auto";  // auto | ours | mixtral | qwen-moe | gpt-oss
+  std::string format = "auto";  // auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss
   std::string prompt = "In the beginning";
   std::vector<int32_t> prompt_ids;  // overrides the prompt's bytes (Hugging Face vocabularies)
   int tokens = 200;
@@ -168,7 +168,8 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_option(
       "--path", a->model_path,
       "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
-  cmd->add_option("--format", a->format, "Checkpoint format: auto | ours | mixtral | qwen-moe | gpt-oss")
+  cmd->add_option("--format", a->format,
+                  "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
       ->capture_default_str();
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids (instead of the prompt's bytes)")

@@ -82,7 +82,8 @@ int run_train(TrainArgs& a) {
   EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
               "--seq-len {} exceeds the preset's max_seq {}: use at most {}", cfg.seq_len, cfg.model.max_seq,
               cfg.model.max_seq);
-  ByteCorpus corpus = ByteCorpus::load(a.data);
+  TokenCorpus corpus = TokenCorpus::load(a.data);
+  corpus.check_vocab(cfg.model.vocab);
   std::filesystem::path log_path(a.log);
   if (log_path.has_parent_path()) std::filesystem::create_directories(log_path.parent_path());
   std::ofstream log(log_path, std::ios::app);
@@ -160,10 +161,11 @@ int run_train(TrainArgs& a) {
   // Not in the per-rank tables: freed tensor blocks the process keeps for reuse (core/host_allocator.hpp).
   const HostCacheStats cache = host_cache_stats();
   if (cache.enabled)
-    std::printf("host allocation cache (process-wide, freed blocks kept for reuse): %s of at most %s, %lld "
-                "reuses, %lld fresh\n",
-                format_bytes(cache.cached_bytes).c_str(), format_bytes(cache.limit_bytes).c_str(),
-                static_cast<long long>(cache.hits), static_cast<long long>(cache.misses));
+    std::printf(
+        "host allocation cache (process-wide, freed blocks kept for reuse): %s of at most %s, %lld "
+        "reuses, %lld fresh\n",
+        format_bytes(cache.cached_bytes).c_str(), format_bytes(cache.limit_bytes).c_str(),
+        static_cast<long long>(cache.hits), static_cast<long long>(cache.misses));
   const auto& s0 = summaries[0];
   if (!s0.steps.empty())
     std::printf("final: train loss %.4f, validation loss %.4f\n", s0.steps.back().loss, s0.final_val_loss);
@@ -210,7 +212,10 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
       ->capture_default_str();
-  cmd->add_option("--data", a->data, "Training text (bytes)")->capture_default_str();
+  cmd->add_option("--data", a->data,
+                  "Training data: a text file (bytes), little-endian uint16/uint32 tokens with a FILE.json "
+                  "sidecar {dtype, vocab_size}, or a .npy")
+      ->capture_default_str();
   cmd->add_option("--log", a->log, "JSON-lines log, one line per step")->capture_default_str();
   cmd->add_option("--checkpoint", c.checkpoint_dir, "Checkpoint directory (written at the end)");
   cmd->add_option("--checkpoint-every", c.checkpoint_every, "Also checkpoint every N steps");

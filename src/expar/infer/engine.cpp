@@ -115,7 +115,8 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       rank_(world.rank()),
       tp_rank_(layout.rank_info(world.rank()).tp_rank),
       dp_rank_(layout.rank_info(world.rank()).dp_rank),
-      rope_(weights_.config.head_dim, weights_.config.max_seq, weights_.config.rope_theta) {
+      rope_(weights_.config.head_dim, weights_.config.max_seq,
+            rope_scaling(weights_.config, weights_.features)) {
   check_decode_moe(layout_, options_.decode_moe);  // before any collective: every rank refuses alike
   EXPAR_CHECK(weights_.features.window.empty() ||
                   static_cast<int>(weights_.features.window.size()) == weights_.config.layers,
@@ -126,6 +127,24 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
               layout.tp(), layout.dp(), layout.world(), world.size(), layout.world());
   tp_ = world.subgroup(layout.groups(InferenceGroup::Tp), "tp");
   dp_ = world.subgroup(layout.groups(InferenceGroup::Dp), "dp");
+  if (weights_.features.qk_norm == QkNorm::Projection && tp_->size() > 1) {
+    // OLMoE normalises q and k over every head: the TP ranks' sums of squares over their heads add up to the
+    // whole projection's, in one all-reduce per layer. Replicated key/value heads (TP above their count) are
+    // counted once per replica, so their sum is divided by the replication.
+    const int tp = tp_->size();
+    const int64_t kv = weights_.config.kv_heads;
+    const float k_share = kv % tp == 0 ? 1.0f : static_cast<float>(kv) / static_cast<float>(tp);
+    Comm* group = tp_.get();
+    for (LayerWeights& lw : weights_.layers)
+      lw.attn_options.sum_squares = [group, k_share](float* q_ss, float* k_ss, int64_t rows) {
+        std::vector<float> both(static_cast<size_t>(2 * rows));
+        std::copy(q_ss, q_ss + rows, both.begin());
+        std::copy(k_ss, k_ss + rows, both.begin() + rows);
+        group->all_reduce(both.data(), both.size(), DType::F32, ReduceOp::Sum);
+        std::copy(both.begin(), both.begin() + rows, q_ss);
+        for (int64_t r = 0; r < rows; ++r) k_ss[r] = both[static_cast<size_t>(rows + r)] * k_share;
+      };
+  }
   global_to_local_.assign(static_cast<size_t>(weights_.config.moe.num_experts), -1);
   for (size_t l = 0; l < weights_.local_experts.size(); ++l)
     global_to_local_[static_cast<size_t>(weights_.local_experts[l])] = static_cast<int>(l);

@@ -41,8 +41,9 @@ struct GenerateResult {
 };
 
 // Starts TP*DP ranks (threads), loads `checkpoint` (a directory or a file in one, see open_model_spec: ours,
-// or Hugging Face Mixtral, Qwen-MoE or gpt-oss: config.json + model.safetensors[.index.json]), and greedily
-// generates `max_new` tokens after `prompt` on DP replica 0 (other replicas run the DP-padding dummy steps).
+// or Hugging Face Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE or gpt-oss: config.json +
+// model.safetensors[.index.json]), and greedily generates `max_new` tokens after `prompt` on DP replica 0
+// (other replicas run the DP-padding dummy steps).
 GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint,
                         const std::vector<int32_t>& prompt, int max_new);
 

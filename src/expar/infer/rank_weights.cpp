@@ -1,7 +1,10 @@
 #include "expar/infer/rank_weights.hpp"
 
+#include <algorithm>
+
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_experts.hpp"
+#include "expar/infer/mxfp4_store.hpp"
 #include "expar/infer/weight_loader.hpp"
 
 namespace expar::infer {
@@ -32,6 +35,7 @@ std::string hf_layer_name(int l, const std::string& key) {
   if (key == "attn_norm") return p + ".input_layernorm.weight";
   if (key == "mlp_norm") return p + ".post_attention_layernorm.weight";
   if (key == "sinks") return p + ".self_attn.sinks";
+  if (key == "q_norm" || key == "k_norm") return p + ".self_attn." + key + ".weight";
   const bool bias = key.size() == 2 && key[0] == 'b';
   const char c = key.back();
   const std::string proj = c == 'q' ? "q_proj" : c == 'k' ? "k_proj" : c == 'v' ? "v_proj" : "o_proj";
@@ -89,6 +93,14 @@ WeightNames qwen_moe_weight_names() {
   return n;
 }
 
+WeightNames qwen3_moe_weight_names() {
+  WeightNames n = qwen_moe_weight_names();
+  n.shared = [](int l, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.shared_expert." + key;  // never present
+  };
+  return n;
+}
+
 WeightNames gpt_oss_weight_names() {
   WeightNames n = hf_names();
   n.layer = [](int l, const std::string& key) {
@@ -115,6 +127,9 @@ WeightNames weight_names(ModelFormat format) {
       return mixtral_weight_names();
     case ModelFormat::QwenMoe:
       return qwen_moe_weight_names();
+    case ModelFormat::Qwen3Moe:
+    case ModelFormat::Olmoe:  // the same names: mlp.gate, mlp.experts.J.{gate,up,down}_proj, no shared expert
+      return qwen3_moe_weight_names();
     case ModelFormat::GptOss:
       return gpt_oss_weight_names();
   }
@@ -183,8 +198,19 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   expect_shape(store, names.embed, {config.vocab, d});
   w.embed = load_dense(store, names.embed);
   w.final_norm = load_dense(store, names.final_norm);
-  if (features.tied_embeddings && !store.contains(names.lm_head)) {
+  if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
+    if (store.contains(names.lm_head)) {
+      // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
+      // pick one.
+      const Tensor head = load_dense(store, names.lm_head);
+      EXPAR_CHECK(
+          head.shape() == w.embed.shape() &&
+              std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
+          "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
+          "tie_word_embeddings false to use the LM head, or remove '{}'",
+          store.label(), names.lm_head, names.embed, names.lm_head);
+    }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
     w.lm_head = load_dense(store, names.lm_head);
@@ -219,6 +245,22 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.attn_options.sinks = load_rows(store, name("sinks"), hs.q0, hs.q1);
     }
     lw.attn_options.window = features.window_of(l);
+    lw.attn_options.qk_norm = features.qk_norm;
+    lw.attn_options.qk_norm_eps = config.norm_eps;
+    if (features.qk_norm == QkNorm::PerHead) {
+      expect_shape(store, name("q_norm"), {hd});
+      expect_shape(store, name("k_norm"), {hd});
+      lw.attn_options.q_norm = load_dense(store, name("q_norm"));
+      lw.attn_options.k_norm = load_dense(store, name("k_norm"));
+    } else if (features.qk_norm == QkNorm::Projection) {
+      // The gains of the local heads; the engine completes the sums of squares over the TP group.
+      expect_shape(store, name("q_norm"), {config.heads * hd});
+      expect_shape(store, name("k_norm"), {config.kv_heads * hd});
+      lw.attn_options.q_norm = load_rows(store, name("q_norm"), hs.q0 * hd, hs.q1 * hd);
+      lw.attn_options.k_norm = load_rows(store, name("k_norm"), hs.k0 * hd, hs.k1 * hd);
+      lw.attn_options.q_norm_total = config.heads * hd;
+      lw.attn_options.k_norm_total = config.kv_heads * hd;
+    }
     expect_shape(store, name("router"), {config.moe.num_experts, d});
     lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
     if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
@@ -230,10 +272,6 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       // gpt-oss: the stacked experts, sliced by the same expert-parallel loader around a strided base loader.
       const std::string p = names.expert(l, 0, "");
       const int64_t h = config.moe.hidden_dim, e = config.moe.num_experts;
-      EXPAR_CHECK(store.contains(p + "gate_up_proj") || !store.contains(p + "gate_up_proj_blocks"),
-                  "checkpoint '{}': '{}gate_up_proj' is stored MXFP4-quantised (_blocks/_scales), which the "
-                  "engine does not load: dequantise the experts to BF16 or F32 first",
-                  store.label(), p);
       expect_shape(store, p + "gate_up_proj", {e, d, 2 * h});
       expect_shape(store, p + "gate_up_proj_bias", {e, 2 * h});
       expect_shape(store, p + "down_proj", {e, h, d});
@@ -297,6 +335,9 @@ RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, c
 
 std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {
   if (spec.format == ModelFormat::Expar) return ExparCheckpointStore::open(spec.dir);
+  // gpt-oss's MXFP4 experts (NAME_blocks / NAME_scales) read as the F32 tensors they encode.
+  if (spec.format == ModelFormat::GptOss)
+    return std::make_unique<Mxfp4Store>(ShardedStore::open(spec.tensor_path));
   return ShardedStore::open(spec.tensor_path);
 }
 

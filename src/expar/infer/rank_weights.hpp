@@ -55,7 +55,8 @@ struct RankWeights {
 };
 
 // Tensor names of one checkpoint layout. layer(l, key) for key in {attn_norm, wq, wk, wv, wo, mlp_norm,
-// router, score_bias, bq, bk, bv, bo, sinks, router_bias}; expert(l, e, key) for key in {w1, w3, w2}
+// router, score_bias, bq, bk, bv, bo, sinks, router_bias, q_norm, k_norm}; expert(l, e, key) for key in {w1,
+// w3, w2}
 // ([h, d], [h, d], [d, h]); shared(l, key) likewise for the shared expert, and "gate" for its gate [1, d].
 // A format names only the keys it has.
 struct WeightNames {
@@ -64,9 +65,10 @@ struct WeightNames {
   std::function<std::string(int, int, const std::string&)> expert;
   std::function<std::string(int, const std::string&)> shared;
 };
-WeightNames expar_weight_names();     // train/checkpoint.hpp's names
-WeightNames mixtral_weight_names();   // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
-WeightNames qwen_moe_weight_names();  // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
+WeightNames expar_weight_names();      // train/checkpoint.hpp's names
+WeightNames mixtral_weight_names();    // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
+WeightNames qwen_moe_weight_names();   // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
+WeightNames qwen3_moe_weight_names();  // Qwen3-MoE and OLMoE: qwen_moe's names without the shared expert
 WeightNames gpt_oss_weight_names();  // model.layers.L.mlp.router.*, self_attn.sinks (experts: hf_experts.hpp)
 WeightNames weight_names(ModelFormat format);
 

@@ -7,6 +7,7 @@
 
 #include "expar/core/matmul.hpp"
 #include "expar/nn/check.hpp"
+#include "expar/nn/qk_norm.hpp"
 
 namespace expar::nn {
 
@@ -118,6 +119,12 @@ void check_options(const AttentionShape& shape, const Dims& dims, const Attentio
   check_vector(o.bv, "options.bv", dims.kd);
   check_vector(o.bo, "options.bo", dims.d);
   check_vector(o.sinks, "options.sinks", shape.n_heads);
+  if (o.qk_norm != QkNorm::None) {
+    const bool per_head = o.qk_norm == QkNorm::PerHead;
+    check_f32(o.q_norm, layer, "options.q_norm", {per_head ? shape.head_dim : dims.qd});
+    check_f32(o.k_norm, layer, "options.k_norm", {per_head ? shape.head_dim : dims.kd});
+    EXPAR_CHECK(o.qk_norm_eps > 0.0f, "{}: options.qk_norm_eps={} must be positive", layer, o.qk_norm_eps);
+  }
   EXPAR_CHECK(o.window >= 0, "{}: options.window={} must not be negative (0: no sliding window)", layer,
               o.window);
 }
@@ -335,6 +342,7 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
   add_bias(q.data<float>(), total, dims.qd, options.bq);
   add_bias(k.data<float>(), total, dims.kd, options.bk);
   add_bias(v.data<float>(), total, dims.kd, options.bv);
+  apply_qk_norm(shape, options, q.data<float>(), k.data<float>(), total);
   rope.apply(q.data<float>(), total, shape.n_heads, dims.qd, pos, false);
   rope.apply(k.data<float>(), total, shape.n_kv_heads, dims.kd, pos, false);
 

@@ -15,6 +15,7 @@
 // biases (Qwen-MoE, gpt-oss), a learned sink logit per head (gpt-oss) and a sliding window (gpt-oss's
 // alternate layers). The training functions have none of these.
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "expar/core/tensor.hpp"
@@ -66,6 +67,14 @@ struct KvCache {
   static KvCache create(int64_t capacity, const AttentionShape& shape);
 };
 
+// RMSNorm of q and k after their projections (and biases), before RoPE.
+enum class QkNorm : uint8_t {
+  None,
+  PerHead,    // Qwen3: over each head's head_dim values (gains [head_dim], the same for every head)
+  Projection  // OLMoE: over the whole projection of every head (gains [heads·head_dim], sliced to the local
+              // heads); with TP the sums of squares of the local heads are completed by options.sum_squares
+};
+
 // Inference-only additions; the defaults (all undefined, window 0) give plain attention.
 struct AttentionOptions {
   Tensor bq;     // [n_heads·head_dim]: added to x·Wqᵀ before RoPE; undefined: none
@@ -76,6 +85,15 @@ struct AttentionOptions {
                  // takes probability mass but contributes no value
   int64_t window =
       0;  // > 0: the query at position p sees keys at positions (p - window, p]; 0: all of [0, p]
+  QkNorm qk_norm = QkNorm::None;
+  Tensor q_norm;  // PerHead: [head_dim]; Projection: [n_heads·head_dim], the local heads' gains
+  Tensor k_norm;  // PerHead: [head_dim]; Projection: [n_kv_heads·head_dim]
+  float qk_norm_eps = 1e-6f;
+  // Projection with TP: turns each row's local sums of squares q_ss [rows] and k_ss [rows] into the whole
+  // projection's (the engine sums them over the TP group). Empty: the local heads are all the heads.
+  // q_norm_total / k_norm_total: the whole projections' widths the completed sums run over.
+  std::function<void(float* q_ss, float* k_ss, int64_t rows)> sum_squares;
+  int64_t q_norm_total = 0, k_norm_total = 0;
 };
 
 // Forward with KV caches. x [Σ new_tokens, d]: sequence i's new_tokens[i] tokens are consecutive rows, at

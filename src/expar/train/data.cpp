@@ -5,30 +5,53 @@
 
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/io/token_file.hpp"
 
 namespace expar {
 
-ByteCorpus ByteCorpus::from_text(std::string text, double validation_fraction) {
+TokenCorpus TokenCorpus::from_tokens(std::vector<int32_t> tokens, int64_t vocab, double validation_fraction) {
   EXPAR_CHECK(validation_fraction > 0 && validation_fraction < 1,
               "validation fraction {} must lie in (0, 1), e.g. 0.05", validation_fraction);
-  ByteCorpus c;
-  auto split = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - validation_fraction));
-  c.train_.assign(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(split));
-  c.validation_.assign(text.begin() + static_cast<std::ptrdiff_t>(split), text.end());
+  TokenCorpus c;
+  c.vocab_ = vocab;
+  c.label_ = "the corpus";
+  auto split = static_cast<size_t>(static_cast<double>(tokens.size()) * (1.0 - validation_fraction));
+  c.validation_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(split), tokens.end());
+  tokens.resize(split);
+  c.train_ = std::move(tokens);
   return c;
 }
 
-ByteCorpus ByteCorpus::load(const std::string& path, double validation_fraction) {
-  std::ifstream in(path, std::ios::binary);
-  EXPAR_CHECK(in.good(), "cannot read the corpus '{}': pass --data with an existing text file", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPAR_CHECK(text.size() >= 4096, "corpus '{}' has {} bytes: use a text of at least 4096 bytes", path,
-              text.size());
-  return from_text(std::move(text), validation_fraction);
+TokenCorpus TokenCorpus::from_text(std::string text, double validation_fraction) {
+  std::vector<int32_t> tokens(reinterpret_cast<const unsigned char*>(text.data()),
+                              reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  return from_tokens(std::move(tokens), 256, validation_fraction);
+}
+
+TokenCorpus TokenCorpus::load(const std::string& path, double validation_fraction) {
+  TokenFile f = read_token_file(path);
+  if (f.kind == "text") {
+    EXPAR_CHECK(f.tokens.size() >= 4096, "corpus '{}' has {} bytes: use a text of at least 4096 bytes", path,
+                f.tokens.size());
+  } else {
+    EXPAR_CHECK(f.tokens.size() >= 64, "token file '{}' holds {} tokens: use at least 64", path,
+                f.tokens.size());
+  }
+  TokenCorpus c = from_tokens(std::move(f.tokens), f.vocab, validation_fraction);
+  c.label_ = "'" + path + "' (" + f.kind + ")";
+  return c;
+}
+
+void TokenCorpus::check_vocab(int64_t model_vocab) const {
+  EXPAR_CHECK(vocab_ == 0 || vocab_ <= model_vocab,
+              "{} states vocab_size {} but the model's vocabulary is {}: use data tokenised for this model",
+              label_, vocab_, model_vocab);
+  check_tokens_below(train_, model_vocab, label_);
+  check_tokens_below(validation_, model_vocab, label_, train_.size());
 }
 
 namespace {
-void copy_window(const std::vector<uint8_t>& bytes, size_t start, int seq_len, TokenBatch& batch) {
+void copy_window(const std::vector<int32_t>& bytes, size_t start, int seq_len, TokenBatch& batch) {
   for (int j = 0; j < seq_len; ++j) {
     batch.inputs.push_back(bytes[start + static_cast<size_t>(j)]);
     batch.targets.push_back(bytes[start + static_cast<size_t>(j) + 1]);
@@ -37,7 +60,7 @@ void copy_window(const std::vector<uint8_t>& bytes, size_t start, int seq_len, T
 constexpr uint64_t kDataStream = 0xDA7A;
 }  // namespace
 
-TokenBatch training_batch(const ByteCorpus& corpus, uint64_t seed, int64_t step, int global_batch, int first,
+TokenBatch training_batch(const TokenCorpus& corpus, uint64_t seed, int64_t step, int global_batch, int first,
                           int count, int seq_len) {
   const auto& bytes = corpus.train();
   EXPAR_CHECK(bytes.size() > static_cast<size_t>(seq_len) + 1,
@@ -55,7 +78,7 @@ TokenBatch training_batch(const ByteCorpus& corpus, uint64_t seed, int64_t step,
   return batch;
 }
 
-TokenBatch validation_batch(const ByteCorpus& corpus, int total, int first, int count, int seq_len) {
+TokenBatch validation_batch(const TokenCorpus& corpus, int total, int first, int count, int seq_len) {
   const auto& bytes = corpus.validation();
   EXPAR_CHECK(
       bytes.size() > static_cast<size_t>(seq_len) + 1,

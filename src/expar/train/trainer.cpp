@@ -83,7 +83,7 @@ std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layou
       rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
 }
 
-double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
+double validation_loss(MoeTransformer& model, const TokenCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
   // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
   // forwards (the MoE layer is collective), which holds because all ranks take the same count.
   const int per_rank = std::max(1, cfg.eval_sequences / dp.size());
@@ -95,7 +95,7 @@ double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const Tr
 
 }  // namespace
 
-TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus,
+TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
                    const TrainObserver* observer) {
   TrainingLayout layout(world.size(), cfg.ep);
   auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");

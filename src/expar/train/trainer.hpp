@@ -75,7 +75,7 @@ struct TrainObserver {
   std::function<void(const StepRecord&, const TrainConfig&)> on_step;
 };
 
-TrainSummary train(const TrainConfig& config, Comm& world, const ByteCorpus& corpus,
+TrainSummary train(const TrainConfig& config, Comm& world, const TokenCorpus& corpus,
                    const TrainObserver* observer = nullptr);
 
 }  // namespace expar

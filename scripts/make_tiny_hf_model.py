@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Write a small random Hugging Face-format MoE checkpoint and a token file (Python standard library only).
+
+    python3 scripts/make_tiny_hf_model.py --family qwen3_moe --out /tmp/tiny-qwen3-moe
+
+writes OUT/config.json, OUT/model.safetensors (F32, the family's tensor names) and OUT/tokens.bin with its
+sidecar OUT/tokens.bin.json ({"dtype": "uint16", "vocab_size": V}): what `expar eval` and `expar generate`
+read. Families: mixtral, qwen2_moe, qwen3_moe, olmoe. The weights are random (seeded): the model predicts
+nothing, but every layout of expar gives it the same loss.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import struct
+
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 32, 2, 4, 2, 8
+EXPERTS, TOP_K, INTER, SHARED, MAX_POS = 8, 2, 16, 24, 64
+
+
+def config(family):
+    c = {"model_type": family, "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "max_position_embeddings": MAX_POS,
+         "rms_norm_eps": 1e-6, "num_experts_per_tok": TOP_K, "tie_word_embeddings": False,
+         "hidden_act": "silu"}
+    if family == "mixtral":
+        c.update(num_local_experts=EXPERTS, intermediate_size=INTER, head_dim=HEAD_DIM, rope_theta=1e6,
+                 sliding_window=None)
+    elif family == "qwen2_moe":
+        c.update(num_experts=EXPERTS, moe_intermediate_size=INTER, shared_expert_intermediate_size=SHARED,
+                 norm_topk_prob=False, rope_theta=1e6)
+        c["num_key_value_heads"] = HEADS
+    elif family == "qwen3_moe":
+        # transformers v5 layout: the rope under rope_parameters
+        c.update(num_experts=EXPERTS, moe_intermediate_size=INTER, head_dim=HEAD_DIM, norm_topk_prob=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif family == "olmoe":
+        c.update(num_experts=EXPERTS, intermediate_size=INTER, norm_topk_prob=False, rope_theta=10000.0,
+                 clip_qkv=None)
+    else:
+        raise SystemExit(f"unknown family {family!r}: use mixtral, qwen2_moe, qwen3_moe or olmoe")
+    return c
+
+
+def tensors(family, rng):
+    hd = HIDDEN // HEADS if family in ("qwen2_moe", "olmoe") else HEAD_DIM
+    kv = HEADS if family == "qwen2_moe" else KV_HEADS
+    qd, kd = HEADS * hd, kv * hd
+    t = {}
+
+    def normal(name, shape, std, mean=0.0):
+        n = math.prod(shape)
+        t[name] = (shape, [mean + rng.gauss(0.0, std) for _ in range(n)])
+
+    s = 1.0 / math.sqrt(HIDDEN)
+    normal("model.embed_tokens.weight", [VOCAB, HIDDEN], 1.0)
+    normal("model.norm.weight", [HIDDEN], 0.1, 1.0)
+    normal("lm_head.weight", [VOCAB, HIDDEN], s)
+    for l in range(LAYERS):
+        p = f"model.layers.{l}."
+        normal(p + "input_layernorm.weight", [HIDDEN], 0.1, 1.0)
+        normal(p + "post_attention_layernorm.weight", [HIDDEN], 0.1, 1.0)
+        normal(p + "self_attn.q_proj.weight", [qd, HIDDEN], s)
+        normal(p + "self_attn.k_proj.weight", [kd, HIDDEN], s)
+        normal(p + "self_attn.v_proj.weight", [kd, HIDDEN], s)
+        normal(p + "self_attn.o_proj.weight", [HIDDEN, qd], 1.0 / math.sqrt(qd))
+        if family == "qwen2_moe":
+            for x, n in (("q", qd), ("k", kd), ("v", kd)):
+                normal(p + f"self_attn.{x}_proj.bias", [n], 0.1)
+        if family == "qwen3_moe":
+            normal(p + "self_attn.q_norm.weight", [hd], 0.1, 1.0)
+            normal(p + "self_attn.k_norm.weight", [hd], 0.1, 1.0)
+        if family == "olmoe":
+            normal(p + "self_attn.q_norm.weight", [qd], 0.1, 1.0)
+            normal(p + "self_attn.k_norm.weight", [kd], 0.1, 1.0)
+        moe = p + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+        normal(moe + "gate.weight", [EXPERTS, HIDDEN], s)
+        names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for e in range(EXPERTS):
+            x = f"{moe}experts.{e}."
+            normal(x + names[0] + ".weight", [INTER, HIDDEN], s)
+            normal(x + names[1] + ".weight", [INTER, HIDDEN], s)
+            normal(x + names[2] + ".weight", [HIDDEN, INTER], 1.0 / math.sqrt(INTER))
+        if family == "qwen2_moe":
+            normal(moe + "shared_expert.gate_proj.weight", [SHARED, HIDDEN], s)
+            normal(moe + "shared_expert.up_proj.weight", [SHARED, HIDDEN], s)
+            normal(moe + "shared_expert.down_proj.weight", [HIDDEN, SHARED], 1.0 / math.sqrt(SHARED))
+            normal(moe + "shared_expert_gate.weight", [1, HIDDEN], s)
+    return t
+
+
+def write_safetensors(path, t):
+    header, blobs, offset = {}, [], 0
+    for name in sorted(t):
+        shape, values = t[name]
+        blob = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="qwen3_moe")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", type=int, default=1000, help="tokens in OUT/tokens.bin")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config(a.family), f, indent=2)
+    write_safetensors(os.path.join(a.out, "model.safetensors"), tensors(a.family, rng))
+    with open(os.path.join(a.out, "tokens.bin"), "wb") as f:
+        f.write(struct.pack(f"<{a.tokens}H", *(rng.randrange(VOCAB) for _ in range(a.tokens))))
+    with open(os.path.join(a.out, "tokens.bin.json"), "w") as f:
+        json.dump({"dtype": "uint16", "vocab_size": VOCAB}, f)
+    print(f"wrote a random {a.family} checkpoint and {a.tokens} tokens to {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+// `expar eval`: mean next-token cross-entropy and perplexity of a checkpoint (ours, or a Hugging Face
+// Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE or gpt-oss directory) over a token file (infer/evaluate.hpp), on any
+// inference layout (TP x DP ranks as threads, EP full, variable or off).
+#include <cstdio>
+
+#include "expar/cli/commands.hpp"
+#include "expar/core/error.hpp"
+#include "expar/infer/evaluate.hpp"
+#include "expar/io/token_file.hpp"
+
+namespace expar::cli {
+
+namespace {
+
+struct EvalArgs {
+  std::string path;
+  std::string data;
+  std::string format = "auto";
+  int64_t tokens = 0;  // 0: the whole file
+  int64_t window = 0;  // 0: the model's max_position_embeddings
+  int tp = 1;
+  int dp = 1;
+  int ep = 0;  // 0: TP*DP (full EP)
+  bool no_ep = false;
+  std::string placement = "contiguous";
+};
+
+int run_eval(const EvalArgs& a) {
+  EXPAR_CHECK(!a.path.empty(), "expar eval needs a checkpoint: pass --path <dir or file>");
+  EXPAR_CHECK(!a.data.empty(), "expar eval needs tokens: pass --data <token file>");
+  EXPAR_CHECK(a.tokens >= 0, "--tokens {} must not be negative (0: the whole file)", a.tokens);
+  EXPAR_CHECK(a.window >= 0, "--window {} must not be negative (0: the model's context)", a.window);
+  TokenFile file = read_token_file(a.data);
+  EXPAR_CHECK(a.tokens == 0 || a.tokens <= static_cast<int64_t>(file.tokens.size()),
+              "--tokens {} exceeds the {} tokens of '{}': pass at most {} (or 0 for all)", a.tokens,
+              file.tokens.size(), a.data, file.tokens.size());
+  if (a.tokens > 0) file.tokens.resize(static_cast<size_t>(a.tokens));
+  infer::EvaluateOptions o;
+  o.engine.tp = a.tp;
+  o.engine.dp = a.dp;
+  o.engine.enable_expert_parallel = !a.no_ep;
+  if (a.ep > 0) o.engine.ep_degree = a.ep;
+  o.engine.placement = placement_from_name(a.placement);
+  if (a.format != "auto") o.engine.format = infer::model_format_from_name(a.format);
+  o.window = a.window;
+  const infer::EvaluateResult r = infer::evaluate(o, a.path, file.tokens);
+  std::printf("loss %.6f nats/token, perplexity %.4f over %lld predicted tokens (%lld windows)\n",
+              r.mean_loss, r.perplexity, static_cast<long long>(r.predicted),
+              static_cast<long long>(r.windows));
+  const std::string ep = a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
+  std::fprintf(stderr, "[%s, %s data, TP %d x DP %d, EP %s: %.1f tokens/s]\n",
+               infer::model_format_name(r.format).c_str(), file.kind.c_str(), a.tp, a.dp, ep.c_str(),
+               r.tokens_per_s);
+  return 0;
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app, CommandTable& table) {
+  auto* cmd = app.add_subcommand("eval", "Next-token loss and perplexity of a checkpoint over a token file");
+  auto a = std::make_shared<EvalArgs>();
+  cmd->add_option(
+      "--path", a->path,
+      "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
+  cmd->add_option("--data", a->data,
+                  "Tokens: a text file (bytes), little-endian uint16/uint32 with a FILE.json sidecar {dtype, "
+                  "vocab_size}, or a .npy");
+  cmd->add_option("--format", a->format,
+                  "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
+      ->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "Evaluate the first N tokens (0: all)")->capture_default_str();
+  cmd->add_option("--window", a->window, "Context tokens per window (0: max_position_embeddings)")
+      ->capture_default_str();
+  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")->capture_default_str();
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas (windows are dealt out in turn)")
+      ->capture_default_str();
+  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
+  cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
+  cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
+      ->capture_default_str();
+  table[cmd] = [a] { return run_eval(*a); };
+}
+
+}  // namespace expar::cli

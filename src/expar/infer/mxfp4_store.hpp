@@ -1,0 +1,35 @@
+#pragma once
+// gpt-oss's MXFP4 expert weights, dequantised at load. A quantised checkpoint stores each stacked expert
+// matrix NAME ([E, in, out] once dequantised: gate_up_proj [E, H, 2I], down_proj [E, I, H]) as
+//   NAME_blocks  U8 [E, out, in/32, 16]: two FP4 (e2m1) codes per byte, low nibble first, 32 per block
+//   NAME_scales  U8 [E, out, in/32]:     one E8M0 exponent per block (value = code · 2^(scale - 127))
+// (the OCP microscaling format, as transformers' convert_moe_packed_tensors reads it). Mxfp4Store wraps a
+// store and presents NAME as an F32 tensor [E, in, out]; view_rows dequantises only the experts asked for,
+// so a rank decodes only the experts it owns.
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "expar/infer/tensor_store.hpp"
+
+namespace expar::infer {
+
+class Mxfp4Store final : public TensorStore {
+ public:
+  explicit Mxfp4Store(std::unique_ptr<TensorStore> base);
+  std::string label() const override;
+  bool contains(const std::string& name) const override;
+  const TensorInfo& info(const std::string& name) const override;
+  Tensor view_rows(const std::string& name, int64_t begin, int64_t end) const override;
+
+ private:
+  bool quantised(const std::string& name) const;
+  std::unique_ptr<TensorStore> base_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, TensorInfo> infos_;  // the dequantised tensors' shapes, by name
+};
+
+// The value of FP4 (e2m1) code `code` (0..15): sign bit 3, then {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+float fp4_e2m1_value(uint8_t code);
+
+}  // namespace expar::infer

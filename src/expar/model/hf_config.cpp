@@ -1,0 +1,494 @@
+#include "expar/model/hf_config.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <set>
+
+#include "expar/core/error.hpp"
+#include "expar/io/strict_json.hpp"
+
+namespace expar {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Keys that leave the logits unchanged in every family: identity and bookkeeping, token ids (generation
+// only), storage dtype (expar computes in f32), training-only terms (dropout, loss coefficients).
+const std::set<std::string> kNoEffect = {"architectures",
+                                         "model_type",
+                                         "transformers_version",
+                                         "torch_dtype",
+                                         "dtype",
+                                         "use_cache",
+                                         "bos_token_id",
+                                         "eos_token_id",
+                                         "pad_token_id",
+                                         "_name_or_path",
+                                         "initializer_range",
+                                         "attention_dropout",
+                                         "output_router_logits",
+                                         "router_aux_loss_coef",
+                                         "output_attentions",
+                                         "output_hidden_states",
+                                         "return_dict",
+                                         "tokenizer_class",
+                                         "id2label",
+                                         "label2id",
+                                         "auto_map",
+                                         "is_encoder_decoder",
+                                         "torchscript",
+                                         "use_bfloat16"};
+
+// Each family's reference defaults (transformers' configuration_<type>.py) for the shape keys.
+struct Family {
+  int64_t vocab, hidden, layers, heads, kv_heads, max_pos;  // kv_heads 0: = heads
+  double eps, theta;
+  const char* experts_key;
+  int64_t experts, top_k;
+  const char* expert_hidden_key;
+  int64_t expert_hidden;
+  int64_t head_dim;  // 0: hidden / heads
+};
+
+Family family_of(ModelFormat f) {
+  switch (f) {
+    case ModelFormat::Mixtral:
+      return {32000, 4096, 32, 32, 8, 131072, 1e-5, 1e6, "num_local_experts", 8, 2, "intermediate_size",
+              14336, 0};
+    case ModelFormat::QwenMoe:
+      return {151936, 2048, 24, 16, 16, 32768, 1e-6, 10000.0, "num_experts", 60, 4, "moe_intermediate_size",
+              1408,   0};
+    case ModelFormat::Qwen3Moe:
+      return {151936, 2048, 24, 32, 4, 32768, 1e-6, 10000.0, "num_experts", 128, 8, "moe_intermediate_size",
+              768,    0};
+    case ModelFormat::Olmoe:
+      return {50304, 2048, 16, 16, 0, 4096, 1e-5, 10000.0, "num_experts", 64, 8, "intermediate_size",
+              2048,  0};
+    case ModelFormat::GptOss:
+      return {
+          201088, 2880, 36, 64, 8, 131072, 1e-5, 150000.0, "num_local_experts", 128, 4, "intermediate_size",
+          2880,   64};
+    case ModelFormat::Expar:
+      break;
+  }
+  fail("hf_architecture: format '{}' has no Hugging Face config", model_format_name(f));
+}
+
+// Reads keys of one JSON object, remembering which were read, so that finish() can refuse the rest.
+class Reader {
+ public:
+  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  const std::string& where() const { return where_; }
+  // Present and not null.
+  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  // The value (marked read), or nullptr when absent or null.
+  const json* raw(const std::string& key) {
+    read_.insert(key);
+    return has(key) ? &j_.at(key) : nullptr;
+  }
+  void no_effect(const std::string& key) { read_.insert(key); }
+
+  [[noreturn]] void bad(const std::string& key, const std::string& rule) const {
+    fail("{}: '{}' = {}: {}", where_, key, j_.contains(key) ? j_.at(key).dump() : "(absent)", rule);
+  }
+
+  int64_t integer(const std::string& key, std::optional<int64_t> fallback, int64_t min = 1) {
+    const json* v = raw(key);
+    if (!v) {
+      if (!fallback) fail("{}: '{}' is missing: it has no default, set it", where_, key);
+      return *fallback;
+    }
+    if (!v->is_number_integer()) bad(key, "must be an integer");
+    const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                          ? INT64_MAX
+                          : v->get<int64_t>();
+    if (x < min) bad(key, fmt::format("must be at least {}", min));
+    if (x > (int64_t{1} << 40)) bad(key, "is implausibly large (above 2^40)");
+    return x;
+  }
+  double number(const std::string& key, std::optional<double> fallback) {
+    const json* v = raw(key);
+    if (!v) {
+      if (!fallback) fail("{}: '{}' is missing: it has no default, set it", where_, key);
+      return *fallback;
+    }
+    if (!v->is_number()) bad(key, "must be a number");
+    const double x = v->get<double>();
+    if (!std::isfinite(x)) bad(key, "must be finite");
+    return x;
+  }
+  double positive(const std::string& key, std::optional<double> fallback) {
+    const double x = number(key, fallback);
+    if (!(x > 0.0)) bad(key, "must be positive");
+    return x;
+  }
+  bool flag(const std::string& key, bool fallback) {
+    const json* v = raw(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad(key, "must be true or false");
+    return v->get<bool>();
+  }
+  std::string text(const std::string& key, const std::string& fallback) {
+    const json* v = raw(key);
+    if (!v) return fallback;
+    if (!v->is_string()) bad(key, "must be a string");
+    return v->get<std::string>();
+  }
+  // Keys the reader neither read nor knows to leave the logits unchanged.
+  void finish(const std::string& what) const {
+    for (const auto& [key, value] : j_.items()) {
+      if (read_.count(key) || kNoEffect.count(key)) continue;
+      fail(
+          "{}: '{}' = {} is not a {} key expar knows: it may change the model's function, so it is refused "
+          "rather than ignored; remove it if it has no effect on the logits",
+          where_, key, value.dump(), what);
+    }
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+  std::set<std::string> read_;
+};
+
+// gpt-oss's default rope (GptOssConfig when the config has neither rope_scaling nor rope_parameters).
+json gpt_oss_default_rope() {
+  return json{{"rope_type", "yarn"}, {"factor", 32.0},    {"beta_fast", 32.0},
+              {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+}
+
+// One rope description: v4's rope_scaling object or v5's rope_parameters object.
+nn::RopeScaling parse_rope(const json& desc, const std::string& where, int64_t max_pos, double theta) {
+  if (!desc.is_object()) fail("{}: must be an object with rope_type and its parameters", where);
+  for (const auto& [k, v] : desc.items())
+    if (v.is_object())
+      fail(
+          "{}: '{}' holds a per-layer-type rope ({}): expar runs one rope for every layer; use one "
+          "description",
+          where, k, v.dump());
+  Reader r(desc, where);
+  nn::RopeScaling s;
+  s.theta = theta;
+  std::string type = r.text("rope_type", "");
+  const std::string legacy = r.text("type", "");  // transformers' older name of rope_type
+  if (!type.empty() && !legacy.empty() && type != legacy)
+    r.bad("type", fmt::format("disagrees with rope_type '{}': keep one", type));
+  if (type.empty()) type = legacy.empty() ? "default" : legacy;
+  r.no_effect("rope_theta");  // read by the caller
+  if (r.has("partial_rotary_factor") && r.number("partial_rotary_factor", 1.0) != 1.0)
+    r.bad("partial_rotary_factor", "expar rotates the whole head (partial_rotary_factor 1 only)");
+  r.no_effect("partial_rotary_factor");
+  if (type == "default") {
+    s.type = nn::RopeType::Default;
+  } else if (type == "linear") {
+    s.type = nn::RopeType::Linear;
+    s.factor = r.positive("factor", std::nullopt);
+  } else if (type == "yarn") {
+    s.type = nn::RopeType::Yarn;
+    s.factor = r.positive("factor", std::nullopt);
+    s.original_max_position_embeddings = r.integer("original_max_position_embeddings", max_pos);
+    // transformers: `beta_fast or 32`, `beta_slow or 1`
+    s.beta_fast = r.number("beta_fast", 32.0);
+    if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+    s.beta_slow = r.number("beta_slow", 1.0);
+    if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+    s.truncate = r.flag("truncate", true);
+    const json* af = r.raw("attention_factor");
+    const double mscale = r.number("mscale", 0.0), mscale_all = r.number("mscale_all_dim", 0.0);
+    if (af) {
+      s.attention_factor = r.positive("attention_factor", std::nullopt);
+    } else if (mscale != 0.0 && mscale_all != 0.0) {
+      // DeepSeek's form of the default attention factor, as transformers computes it.
+      auto m = [&](double k) { return s.factor <= 1.0 ? 1.0 : 0.1 * k * std::log(s.factor) + 1.0; };
+      s.attention_factor = m(mscale) / m(mscale_all);
+    }
+  } else if (type == "llama3") {
+    s.type = nn::RopeType::Llama3;
+    s.factor = r.positive("factor", std::nullopt);
+    s.original_max_position_embeddings = r.integer("original_max_position_embeddings", std::nullopt);
+    s.low_freq_factor = r.positive("low_freq_factor", std::nullopt);
+    s.high_freq_factor = r.positive("high_freq_factor", std::nullopt);
+  } else {
+    r.bad(desc.contains("rope_type") ? "rope_type" : "type",
+          "this rope type is not implemented: expar runs default, linear, yarn and llama3");
+  }
+  r.finish("rope (" + type + ")");
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  return s;
+}
+
+bool same_rope(const nn::RopeScaling& a, const nn::RopeScaling& b) {
+  return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.attention_factor == b.attention_factor && a.beta_fast == b.beta_fast &&
+         a.beta_slow == b.beta_slow && a.truncate == b.truncate && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor;
+}
+
+// Theta and the rope type from either layout (v4: rope_theta + rope_scaling; v5: rope_parameters).
+nn::RopeScaling read_rope(Reader& r, const json& j, ModelFormat format, const Family& fam, int64_t max_pos) {
+  const json* params = r.raw("rope_parameters");
+  const json* scaling = r.raw("rope_scaling");
+  // NaN: absent (std::optional trips GCC's maybe-uninitialized here).
+  const double top = r.has("rope_theta") ? r.number("rope_theta", std::nullopt) : std::nan("");
+  const bool has_top = !std::isnan(top);
+  r.no_effect("rope_theta");
+  const std::string where = r.where();
+  if (params) {
+    double theta = has_top ? top : fam.theta;
+    if (params->is_object() && params->contains("rope_theta")) {
+      Reader pr(*params, where + " rope_parameters");
+      theta = pr.number("rope_theta", std::nullopt);
+      if (has_top && top != theta)
+        r.bad("rope_theta", fmt::format("disagrees with rope_parameters.rope_theta = {}: keep one", theta));
+    }
+    const nn::RopeScaling s = parse_rope(*params, where + " rope_parameters", max_pos, theta);
+    if (scaling && !same_rope(s, parse_rope(*scaling, where + " rope_scaling", max_pos, theta)))
+      r.bad("rope_scaling", "describes another rope than rope_parameters: keep one");
+    return s;
+  }
+  const double theta = has_top ? top : fam.theta;
+  if (scaling) return parse_rope(*scaling, where + " rope_scaling", max_pos, theta);
+  if (format == ModelFormat::GptOss) {
+    // Absent, gpt-oss takes YaRN (GptOssConfig's default in v4 and v5). An explicit null is read as plain
+    // RoPE by transformers v4 but as the YaRN default by v5, so it is refused rather than guessed.
+    if (j.contains("rope_scaling"))
+      r.bad("rope_scaling",
+            "null means plain RoPE to transformers v4 but gpt-oss's default YaRN to v5: write the rope "
+            "explicitly (rope_scaling or rope_parameters), or remove the key for the YaRN default");
+    return parse_rope(gpt_oss_default_rope(), where + " (gpt-oss default rope)", max_pos, theta);
+  }
+  nn::RopeScaling s;
+  s.theta = theta;
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  return s;
+}
+
+// layer_types: every entry "full_attention" or "sliding_attention".
+std::vector<std::string> read_layer_types(Reader& r, int layers) {
+  std::vector<std::string> types;
+  const json* v = r.raw("layer_types");
+  if (!v) return types;
+  if (!v->is_array()) r.bad("layer_types", "must be a list of 'full_attention' / 'sliding_attention'");
+  for (const json& t : *v) {
+    if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+      r.bad("layer_types", fmt::format("entry {} is not 'full_attention' or 'sliding_attention'", t.dump()));
+    types.push_back(t.get<std::string>());
+  }
+  if (static_cast<int>(types.size()) != layers)
+    r.bad("layer_types", fmt::format("lists {} layers but num_hidden_layers is {}", types.size(), layers));
+  return types;
+}
+
+// Qwen2/Qwen3-MoE: sliding windows are refused (transformers releases disagree on which layers slide),
+// dense MLP layers are refused.
+void read_qwen_common(Reader& r, int layers) {
+  if (r.flag("use_sliding_window", false))
+    r.bad("use_sliding_window",
+          "expar runs Qwen MoE models with full attention only (which layers slide differs between "
+          "transformers releases); set it false");
+  r.no_effect("sliding_window");     // unused while use_sliding_window is false
+  r.no_effect("max_window_layers");  // likewise
+  for (const std::string& t : read_layer_types(r, layers))
+    if (t != "full_attention")
+      r.bad("layer_types", "sliding_attention layers are not run for Qwen MoE models: use full_attention");
+  const int64_t step = r.integer("decoder_sparse_step", 1);
+  if (step != 1)
+    r.bad("decoder_sparse_step",
+          "values above 1 make dense MLP layers between the MoE layers, which expar does not run yet: use 1");
+  const json* dense = r.raw("mlp_only_layers");
+  if (dense && (!dense->is_array() || !dense->empty()))
+    r.bad("mlp_only_layers", "dense MLP layers are not run yet: expar needs every layer sparse ([])");
+  r.no_effect("intermediate_size");  // the dense MLP's size: unused when every layer is sparse
+}
+
+void check_activation(Reader& r) {
+  const std::string act = r.text("hidden_act", "silu");
+  if (act != "silu" && act != "swish")
+    r.bad("hidden_act",
+          "expar's experts compute SwiGLU with silu (silu / swish); other activations are not "
+          "implemented");
+}
+
+}  // namespace
+
+json read_hf_config_json(const fs::path& dir) {
+  const fs::path file = dir / "config.json";
+  EXPAR_CHECK(fs::is_regular_file(file), "'{}' has no config.json: pass a Hugging Face checkpoint directory",
+              dir.string());
+  std::ifstream in(file, std::ios::binary);
+  EXPAR_CHECK(in.good(), "'{}' cannot be read: check its permissions", file.string());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Strict: a key written twice would otherwise silently keep its last value.
+  return parse_strict_json(text, fmt::format("'{}'", file.string()), 16);
+}
+
+Architecture hf_architecture(const json& j, const std::string& label, std::optional<ModelFormat> expected) {
+  EXPAR_CHECK(j.is_object(), "'{}' is not a JSON object: pass a Hugging Face config.json", label);
+  const std::string type = j.contains("model_type") && j.at("model_type").is_string()
+                               ? j.at("model_type").get<std::string>()
+                               : std::string();
+  const std::optional<ModelFormat> found = format_of_model_type(type);
+  if (expected && *expected != ModelFormat::Expar) {
+    EXPAR_CHECK(
+        found == expected,
+        "'{}': --format {} expects model_type '{}', but it says '{}'{}: pass --format {} or the right "
+        "checkpoint",
+        label, model_format_name(*expected), hf_model_type(*expected), type,
+        found ? " (" + model_format_name(*found) + ")" : std::string(" (not a supported format)"),
+        found ? model_format_name(*found) : "auto");
+  }
+  EXPAR_CHECK(found.has_value(),
+              "'{}': model_type '{}' is not supported: expar runs mixtral, qwen2_moe (Qwen1.5/Qwen2-MoE), "
+              "qwen3_moe, olmoe and gpt_oss",
+              label, type);
+  const ModelFormat format = *found;
+  const Family fam = family_of(format);
+  Reader r(j, "'" + label + "'");
+  if (const json* q = r.raw("quantization_config")) {
+    // gpt-oss's MXFP4 experts are dequantised at load (infer/mxfp4_store.hpp); nothing else is quantised.
+    bool mxfp4 = format == ModelFormat::GptOss && q->is_object() && q->contains("quant_method") &&
+                 q->at("quant_method") == "mxfp4";
+    if (mxfp4)
+      for (const auto& [key, value] : q->items())
+        mxfp4 = mxfp4 && (key == "quant_method" || key == "modules_to_not_convert");
+    if (!mxfp4)
+      r.bad("quantization_config",
+            "expar loads only gpt-oss's MXFP4 experts ({\"quant_method\": \"mxfp4\", "
+            "\"modules_to_not_convert\": "
+            "[...]}); dequantise other checkpoints to BF16 or F32 and remove quantization_config");
+  }
+
+  Architecture a;
+  a.format = format;
+  ModelConfig& c = a.config;
+  ModelFeatures& f = a.features;
+  c.vocab = static_cast<int>(r.integer("vocab_size", fam.vocab));
+  c.model_dim = r.integer("hidden_size", fam.hidden);
+  c.layers = static_cast<int>(r.integer("num_hidden_layers", fam.layers));
+  c.heads = r.integer("num_attention_heads", fam.heads);
+  c.kv_heads = r.integer("num_key_value_heads", fam.kv_heads > 0 ? fam.kv_heads : c.heads);
+  if (c.heads % c.kv_heads != 0)
+    r.bad("num_key_value_heads",
+          fmt::format("must divide num_attention_heads = {} (grouped-query attention)", c.heads));
+  if (!r.has("head_dim") && fam.head_dim == 0 && c.model_dim % c.heads != 0)
+    r.bad("num_attention_heads",
+          fmt::format(
+              "must divide hidden_size = {} when head_dim is not given (head_dim = hidden_size / heads)",
+              c.model_dim));
+  c.head_dim = r.integer("head_dim", fam.head_dim > 0 ? fam.head_dim : c.model_dim / c.heads);
+  if (c.head_dim % 2 != 0) r.bad("head_dim", "must be even (RoPE rotates pairs)");
+  c.max_seq = r.integer("max_position_embeddings", fam.max_pos);
+  c.norm_eps = static_cast<float>(r.positive("rms_norm_eps", fam.eps));
+  f.tied_embeddings = r.flag("tie_word_embeddings", false);
+  f.rope = read_rope(r, j, format, fam, c.max_seq);
+  c.rope_theta = f.rope.theta;
+
+  MoeConfig& m = c.moe;
+  m.model_dim = c.model_dim;
+  m.num_experts = static_cast<int>(r.integer(fam.experts_key, fam.experts));
+  m.top_k = static_cast<int>(r.integer("num_experts_per_tok", fam.top_k));
+  if (m.top_k > m.num_experts)
+    r.bad("num_experts_per_tok", fmt::format("exceeds the {} experts", m.num_experts));
+  m.hidden_dim = r.integer(fam.expert_hidden_key, fam.expert_hidden);
+  m.score = ScoreFunction::Softmax;
+  m.renormalize = true;
+
+  switch (format) {
+    case ModelFormat::Mixtral: {
+      check_activation(r);
+      r.no_effect("router_jitter_noise");  // training only (multiplicative noise on the router input)
+      const json* w = r.raw("sliding_window");
+      if (w) {
+        const int64_t window = r.integer("sliding_window", std::nullopt);
+        f.window.assign(static_cast<size_t>(c.layers), window);  // MixtralAttention: every layer
+      }
+      break;
+    }
+    case ModelFormat::QwenMoe:
+      check_activation(r);
+      m.renormalize = r.flag("norm_topk_prob", false);
+      c.shared_expert_hidden = r.integer("shared_expert_intermediate_size", 5632, 0);
+      f.shared_expert_gate = c.shared_expert_hidden > 0;
+      f.qkv_bias = r.flag("qkv_bias", true);  // v5's key; v4's Qwen2-MoE always has q/k/v biases
+      read_qwen_common(r, c.layers);
+      break;
+    case ModelFormat::Qwen3Moe: {
+      check_activation(r);
+      m.renormalize = r.flag("norm_topk_prob", false);
+      const bool bias = r.flag("attention_bias", false);
+      f.qkv_bias = f.o_bias = bias;
+      f.qk_norm = QkNorm::PerHead;
+      read_qwen_common(r, c.layers);
+      break;
+    }
+    case ModelFormat::Olmoe: {
+      check_activation(r);
+      m.renormalize = r.flag("norm_topk_prob", false);
+      const bool bias = r.flag("attention_bias", false);
+      f.qkv_bias = f.o_bias = bias;
+      f.qk_norm = QkNorm::Projection;
+      if (c.heads * c.head_dim != c.model_dim)
+        r.bad("head_dim",
+              fmt::format("OLMoE's q norm spans hidden_size = {}, so heads x head_dim must equal it",
+                          c.model_dim));
+      if (r.has("clip_qkv"))
+        r.bad("clip_qkv", "clipping q/k/v is not implemented: expar runs OLMoE with clip_qkv null");
+      r.no_effect("clip_qkv");
+      break;
+    }
+    case ModelFormat::GptOss: {
+      r.no_effect("hidden_act");              // unused: gpt-oss's experts always run the clamped SwiGLU
+      r.no_effect("initial_context_length");  // unused by the model (the rope carries the context length)
+      if (r.has("experts_per_token") && r.integer("experts_per_token", std::nullopt) != m.top_k)
+        r.bad("experts_per_token", fmt::format("disagrees with num_experts_per_tok = {}: keep one", m.top_k));
+      r.no_effect("experts_per_token");
+      if (r.number("swiglu_limit", 7.0) != 7.0)
+        r.bad("swiglu_limit", "expar's clamped SwiGLU clamps at 7 (gpt-oss's value)");
+      if (r.number("swiglu_alpha", 1.702) != 1.702)
+        r.bad("swiglu_alpha", "expar's clamped SwiGLU uses alpha 1.702 (gpt-oss's value)");
+      const bool bias = r.flag("attention_bias", true);
+      f.qkv_bias = f.o_bias = bias;
+      f.attention_sinks = true;
+      f.router = RouterKind::BiasedTopkSoftmax;
+      f.activation = ExpertActivation::GptOssClamped;
+      f.fused_experts = true;
+      // null: no window (transformers' sliding layers then see everything), refused below if a layer slides
+      const bool null_window = j.contains("sliding_window") && j.at("sliding_window").is_null();
+      const int64_t win = null_window ? 0 : r.integer("sliding_window", 128);
+      std::vector<std::string> types = read_layer_types(r, c.layers);
+      if (types.empty())  // GptOssConfig's default: sliding on even layers, full on odd ones
+        for (int l = 0; l < c.layers; ++l)
+          types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      for (const std::string& t : types) {
+        if (t == "sliding_attention" && win <= 0)
+          r.bad("sliding_window", "a sliding_attention layer needs sliding_window > 0");
+        f.window.push_back(t == "sliding_attention" ? win : 0);
+      }
+      break;
+    }
+    case ModelFormat::Expar:
+      break;
+  }
+  r.finish(hf_model_type(format));
+  return a;
+}
+
+Architecture read_hf_architecture(const fs::path& dir, std::optional<ModelFormat> expected) {
+  return hf_architecture(read_hf_config_json(dir), (dir / "config.json").string(), expected);
+}
+
+}  // namespace expar
