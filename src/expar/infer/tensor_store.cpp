@@ -9,6 +9,7 @@
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "expar/model/model_config_json.hpp"
@@ -63,13 +64,18 @@ struct ExparCheckpointStore::State {
   fs::path dir;
   std::string dense_file;
   std::map<std::string, std::string> file_of_tensor;  // expert tensors only; the rest live in dense
+  CheckpointIdentity identity;                        // every file must belong to the manifest's save
   mutable std::mutex mutex;
   mutable std::map<std::string, SafetensorsFile> files;
 
   const SafetensorsFile& file(const std::string& name) const {
     std::lock_guard lock(mutex);
     auto it = files.find(name);
-    if (it == files.end()) it = files.emplace(name, SafetensorsFile::open(dir / name)).first;
+    if (it == files.end()) {
+      SafetensorsFile f = SafetensorsFile::open(dir / name);
+      check_checkpoint_file_identity(f.metadata(), f.label(), identity, (dir / "manifest.json").string());
+      it = files.emplace(name, std::move(f)).first;
+    }
     return it->second;
   }
   // "layers.L.moe.experts.E.w1" -> the expert file of E; anything else -> dense.
@@ -86,6 +92,9 @@ std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path&
   auto state = std::make_unique<State>();
   state->dir = dir;
   state->dense_file = j.at("dense_file").get<std::string>();
+  state->identity.step = j.at("step").get<int64_t>();
+  if (j.contains("save_id")) state->identity.save_id = j.at("save_id").get<std::string>();
+  if (j.contains("model_hash")) state->identity.model_hash = j.at("model_hash").get<std::string>();
   // Expert tensor names are known from the config, so the map is built without opening any expert file.
   for (auto& [file, ids] : j.at("expert_files").items())
     for (int e : ids)

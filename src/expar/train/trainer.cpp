@@ -89,6 +89,26 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
       "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
       cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
   EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
+  const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  // Found before any work: a checkpoint target that cannot be written or holds another model, a resume
+  // checkpoint of another model or with nothing left to train.
+  if (!cfg.checkpoint_dir.empty())
+    check_checkpoint_target(cfg.checkpoint_dir, cfg.model, cfg.overwrite_checkpoint);
+  int start = 0;
+  if (!cfg.resume_from.empty()) {
+    const CheckpointInfo info = read_checkpoint_info(cfg.resume_from);
+    const std::string difference = model_config_difference(cfg.model, info.model);
+    EXPAR_CHECK(difference.empty(),
+                "--resume '{}': {}: a run resumes with the checkpoint's model config; drop the option that "
+                "contradicts it",
+                cfg.resume_from, difference);
+    EXPAR_CHECK(
+        info.step < last,
+        "--resume '{}': the checkpoint has completed step {} of a run of {} steps: nothing is left to "
+        "train; pass --steps greater than {}",
+        cfg.resume_from, info.step, last, info.step);
+    start = static_cast<int>(info.step);
+  }
   const int local_seqs = cfg.global_batch / layout.dp;
   const int mb_seqs = local_seqs / cfg.microbatches;
 
@@ -116,22 +136,21 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   AdamW optimizer(params, acfg, *ep_mp, *ep_dp);
   LrSchedule schedule{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.steps};
 
-  int start = 0;
-  if (!cfg.resume_from.empty()) {
-    load_checkpoint(cfg.resume_from, model, &optimizer);
-    start = static_cast<int>(read_checkpoint_info(cfg.resume_from).step);
-  }
+  if (!cfg.resume_from.empty()) load_checkpoint(cfg.resume_from, model, &optimizer);
   const std::string memory = memory_table(world);
   if (observer && observer->on_start && world.rank() == 0)
     observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
 
+  bool saved = false;
   auto save = [&](int steps_done) {
     CheckpointInfo info{steps_done, cfg.seed, cfg.model, cfg.ep, world.size()};
-    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp);
+    // With --overwrite, the first save of this run replaces every step directory already there.
+    CheckpointSaveOptions options{cfg.keep_last, cfg.overwrite_checkpoint && !saved};
+    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp, options);
+    saved = true;
   };
 
   TrainSummary summary;
-  const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();

@@ -2,6 +2,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <thread>
 
@@ -41,6 +42,11 @@ std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
       set_compute_threads(options.compute_threads);
       threads::ThreadsComm comm(group, r);
       fn(comm);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+      message =
+          "out of memory: this rank could not allocate what it needs; use fewer ranks or a smaller "
+          "model, batch or sequence";
     } catch (const std::exception& e) {
       failed = true;
       message = e.what();
