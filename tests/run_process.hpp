@@ -25,7 +25,8 @@ struct ProcessResult {
 
 inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  const std::vector<std::pair<std::string, std::string>>& env = {},
-                                 double limit_seconds = 120, const std::string& stdin_text = "") {
+                                 double limit_seconds = 120, const std::string& stdin_text = "",
+                                 const std::string& cwd = "") {
   int out[2];
   int in[2];
   if (pipe(out) != 0 || pipe(in) != 0) return {};
@@ -33,6 +34,7 @@ inline ProcessResult run_process(const std::vector<std::string>& argv,
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     dup2(in[0], 0);
     dup2(out[1], 1);
     dup2(out[1], 2);
