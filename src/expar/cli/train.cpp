@@ -106,6 +106,7 @@ ModelConfig model_of_run(const TrainArgs& a, const CLI::App& cmd) {
 int run_train(TrainArgs& a, const CLI::App& cmd) {
   TrainConfig& cfg = a.config;
   cfg.model = model_of_run(a, cmd);
+  if (cmd.count("--seq-len") == 0) cfg.seq_len = cfg.model.max_seq;  // the model's whole context
   EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
               "--seq-len {} exceeds the model's max_seq {} (preset {}): pass --seq-len {} or less",
               cfg.seq_len, cfg.model.max_seq, a.preset, cfg.model.max_seq);
@@ -232,8 +233,7 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--batch", c.global_batch, "Global batch in sequences")
       ->capture_default_str()
       ->check(integer_in(1, 65536));
-  cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes (at most the model's max_seq)")
-      ->capture_default_str()
+  cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes (default: the model's max_seq)")
       ->check(integer_in(1, 1 << 20));
   cmd->add_option("--microbatches", c.microbatches, "Microbatches per rank and step")
       ->capture_default_str()

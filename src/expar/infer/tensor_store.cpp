@@ -10,8 +10,10 @@
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
+#include "expar/io/strict_json.hpp"
 #include "expar/model/model_config_json.hpp"
 
 namespace expar::infer {
@@ -51,11 +53,29 @@ Tensor to_f32(const Tensor& t, MemCategory category) {
   return out;
 }
 
+namespace {
+
+// manifest.json parsed strictly; errors name the file (and the key).
+json read_manifest_json(const fs::path& dir) {
+  const fs::path path = dir / "manifest.json";
+  EXPAR_CHECK(fs::exists(path),
+              "checkpoint '{}' has no manifest.json: pass a directory written by expar train", dir.string());
+  json j = parse_strict_json(read_text_file(path), path.string(), 8);
+  for (const char* key : {"model", "step", "dense_file", "expert_files"})
+    EXPAR_CHECK(j.is_object() && j.contains(key),
+                "{}: \"{}\" is missing: not a complete expar checkpoint manifest", path.string(), key);
+  return j;
+}
+
+}  // namespace
+
 ModelConfig model_config_from_manifest(const fs::path& dir) {
-  std::ifstream in(dir / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
-              dir.string());
-  return model_config_from_json(json::parse(in).at("model"));
+  const json j = read_manifest_json(dir);
+  try {
+    return model_config_from_json(j.at("model"));
+  } catch (const Error& e) {
+    fail("{}: \"model\": {}", (dir / "manifest.json").string(), e.what());
+  }
 }
 
 // ---- ExparCheckpointStore ----
@@ -87,8 +107,7 @@ struct ExparCheckpointStore::State {
 
 std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path& dir) {
   ModelConfig model = model_config_from_manifest(dir);
-  std::ifstream in(dir / "manifest.json");
-  json j = json::parse(in);
+  const json j = read_manifest_json(dir);
   auto state = std::make_unique<State>();
   state->dir = dir;
   state->dense_file = j.at("dense_file").get<std::string>();
