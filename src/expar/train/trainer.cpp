@@ -75,6 +75,35 @@ double validation_loss(MoeTransformer& model, const ByteCorpus& corpus, const Tr
   return loss / dp.size();
 }
 
+// Every value the loop divides by, multiplies or descends along: a bad one is an error naming the option,
+// never a SIGFPE or a run that silently trains uphill.
+void check_train_config(const TrainConfig& c) {
+  auto positive_int = [](int v, const char* name) {
+    EXPAR_CHECK(v >= 1, "{}={} must be at least 1", name, v);
+  };
+  positive_int(c.steps, "steps (--steps)");
+  positive_int(c.global_batch, "global batch (--batch)");
+  positive_int(c.seq_len, "sequence length (--seq-len)");
+  positive_int(c.microbatches, "microbatches (--microbatches)");
+  positive_int(c.eval_sequences, "eval_sequences");
+  EXPAR_CHECK(c.seq_len <= c.model.max_seq, "sequence length (--seq-len) {} exceeds the model's max_seq {}",
+              c.seq_len, c.model.max_seq);
+  auto non_negative = [](double v, const char* name) {
+    EXPAR_CHECK(std::isfinite(v) && v >= 0, "{}={} must be a finite number >= 0", name, v);
+  };
+  EXPAR_CHECK(std::isfinite(c.lr) && c.lr > 0, "learning rate (--lr) {} must be a finite number > 0", c.lr);
+  non_negative(c.weight_decay, "weight decay (--weight-decay)");
+  non_negative(c.clip_norm, "gradient clip norm (--clip; 0: off)");
+  non_negative(c.min_lr_ratio, "min_lr_ratio");
+  non_negative(c.model.moe.aux_loss_coef, "aux loss coefficient (--aux-coef)");
+  non_negative(c.model.moe.z_loss_coef, "z loss coefficient (--z-coef)");
+  for (auto [v, name] : {std::pair{c.warmup, "warmup steps (--warmup)"},
+                         {c.eval_every, "--eval-every"},
+                         {c.checkpoint_every, "--checkpoint-every"},
+                         {c.keep_last, "--keep-last"}})
+    EXPAR_CHECK(v >= 0, "{}={} must not be negative", name, v);
+}
+
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus,
@@ -84,6 +113,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const ByteCorpus& corpus
   auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
   auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
 
+  check_train_config(cfg);
   EXPAR_CHECK(
       cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
       "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",

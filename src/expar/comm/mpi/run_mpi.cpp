@@ -19,6 +19,9 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
+    EXPAR_CHECK(options.compute_threads >= 1 && options.compute_threads <= kMaxComputeThreads,
+                "compute_threads = {}: use 1 to {} compute threads per rank", options.compute_threads,
+                kMaxComputeThreads);
     set_compute_threads(options.compute_threads);
     mpi::MpiComm world(MPI_COMM_WORLD, "world", comm_timeout_seconds(options.timeout_seconds));
     fn(world);

@@ -18,8 +18,11 @@ namespace expar {
 std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
                                               const std::function<void(Comm& world)>& fn) {
   EXPAR_CHECK(options.ranks >= 1, "ranks = {}: run at least 1 rank", options.ranks);
-  EXPAR_CHECK(options.compute_threads >= 1, "compute_threads = {}: use at least 1 compute thread per rank",
-              options.compute_threads);
+  EXPAR_CHECK(options.ranks <= kMaxLaunchRanks, "ranks = {}: at most {} ranks run as threads of one process",
+              options.ranks, kMaxLaunchRanks);
+  EXPAR_CHECK(options.compute_threads >= 1 && options.compute_threads <= kMaxComputeThreads,
+              "compute_threads = {}: use 1 to {} compute threads per rank", options.compute_threads,
+              kMaxComputeThreads);
   EXPAR_CHECK(options.timeout_seconds > 0, "timeout_seconds = {}: the wait timeout must be positive",
               options.timeout_seconds);
   const int n = options.ranks;
