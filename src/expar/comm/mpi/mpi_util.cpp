@@ -99,7 +99,8 @@ class Watchdog {
         std::fflush(stderr);
         std::_Exit(1);
       }
-      wake_.wait_until(lock, first->second.deadline);
+      const auto deadline = first->second.deadline;  // a copy: remove() may erase the entry while we wait
+      wake_.wait_until(lock, deadline);
     }
   }
   std::mutex mutex_;
