@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include "expar/cli/commands.hpp"
@@ -40,6 +41,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "expar: error: out of memory: the model, batch or ranks asked for more memory than this "
                  "machine gives; use a smaller --batch, --seq-len, --ranks or model\n");
+    return 1;
+  } catch (const std::length_error& e) {
+    std::fprintf(stderr,
+                 "expar: error: a size computed from the options is too large (%s): use smaller --batch, "
+                 "--seq-len, --tokens or model dimensions\n",
+                 e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "expar: error: %s\n", e.what());
