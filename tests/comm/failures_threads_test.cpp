@@ -105,6 +105,26 @@ TEST(Failures, BadOptionsAreRejected) {
   EXPECT_THROW(run_ranks(options, [](Comm&) {}), Error);
 }
 
+TEST(Failures, TimeoutFromTheEnvironmentMustBeFiniteAndPositive) {
+  for (const char* bad : {"inf", "nan", "0", "-3", "1e300", "soon"}) {
+    setenv("EXPAR_COMM_TIMEOUT", bad, 1);
+    const std::string m = message_of([] { run_ranks(2, [](Comm& world) { world.barrier(); }); });
+    EXPECT_NE(m.find(std::string("EXPAR_COMM_TIMEOUT='") + bad + "' is not a finite positive number"),
+              std::string::npos)
+        << m;
+  }
+  setenv("EXPAR_COMM_TIMEOUT", "30", 1);
+  EXPECT_EQ(message_of([] { run_ranks(2, [](Comm& world) { world.barrier(); }); }), "(no error)");
+  unsetenv("EXPAR_COMM_TIMEOUT");
+}
+
+TEST(Failures, ComputeThreadsAreBounded) {
+  LaunchOptions options;
+  options.compute_threads = 100000;
+  EXPECT_NE(message_of([&] { run_ranks(options, [](Comm&) {}); }).find("use 1 to 1024 compute threads"),
+            std::string::npos);
+}
+
 TEST(Failures, ComputeThreadsAreSetPerRank) {
   LaunchOptions options;
   options.ranks = 2;

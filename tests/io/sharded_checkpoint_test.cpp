@@ -43,6 +43,21 @@ void write_text(const std::filesystem::path& path, std::string_view text) {
   out << text;
 }
 
+// A crash while an older set was being replaced leaves shards of two saves beside one index: the shard that
+// belongs to another save is refused by name (each save's id is in the index and in every shard).
+TEST(ShardedCheckpoint, AShardOfAnotherSaveIsRefused) {
+  TempDir first("sharded_first"), second("sharded_second");
+  write_sharded_checkpoint(first.path(), model_tensors(), 256);
+  write_sharded_checkpoint(second.path(), model_tensors(), 256);
+  std::filesystem::copy_file(first.path() / "model-00002-of-00004.safetensors",
+                             second.path() / "model-00002-of-00004.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  const auto ckpt = ShardedCheckpoint::open(second.path() / "model.safetensors.index.json");
+  EXPECT_NO_THROW(ckpt.view("embed"));
+  EXPECT_THAT(error_of([&] { ckpt.view("layers.0.experts.w1"); }),
+              HasSubstr("torn checkpoint: shard model-00002-of-00004.safetensors belongs to save"));
+}
+
 TEST(ShardedCheckpoint, WritesShardsAndReadsThemBackLazily) {
   TempDir dir("sharded");
   const auto tensors = model_tensors();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
@@ -141,9 +142,12 @@ void add_bench(CLI::App& app, CommandTable& table) {
   comm->add_option("--backend", o->backend,
                    "threads (ranks are threads) or mpi (run under scripts/mpirun-local)")
       ->check(CLI::IsMember({"threads", "mpi"}));
-  comm->add_option("--ranks", o->ranks, "ranks for the threads backend (mpi: the mpirun -n)");
-  comm->add_option("--repeats", o->repeats, "repeats per figure (the median is printed)");
-  comm->add_option("--bytes", o->bytes_per_rank, "bytes each rank moves per transfer");
+  comm->add_option("--ranks", o->ranks, "ranks for the threads backend (mpi: the mpirun -n)")
+      ->check(integer_in(1, 256));
+  comm->add_option("--repeats", o->repeats, "repeats per figure (the median is printed)")
+      ->check(integer_in(1, 1000));
+  comm->add_option("--bytes", o->bytes_per_rank, "bytes each rank moves per transfer")
+      ->check(integer_in(65536, int64_t{1} << 32));
   table[comm] = [o] { return run_bench_comm(*o); };
   add_bench_paths(bench, table);
   add_bench_bar(bench, table);

@@ -6,6 +6,7 @@
 
 #include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
@@ -18,12 +19,13 @@ using namespace expar::bench;
 
 void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
   cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)");
-  cmd->add_option("--d", o.model_dim, "model dimension");
-  cmd->add_option("--h", o.hidden_dim, "expert hidden dimension");
-  cmd->add_option("--experts", o.experts, "routed experts E");
-  cmd->add_option("--top-k", o.top_k, "routes per token K");
-  cmd->add_option("--repeats", o.repeats, "measured repeats (the median is used)");
-  cmd->add_option("--warmup", o.warmup, "warm-up steps before measuring");
+  cmd->add_option("--d", o.model_dim, "model dimension")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--h", o.hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--experts", o.experts, "routed experts E")->check(integer_in(1, 4096));
+  cmd->add_option("--top-k", o.top_k, "routes per token K")->check(integer_in(1, 4096));
+  cmd->add_option("--repeats", o.repeats, "measured repeats (the median is used)")
+      ->check(integer_in(1, 1000));
+  cmd->add_option("--warmup", o.warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));
   cmd->add_option("--seed", o.seed, "seed of inputs and weights");
   cmd->add_flag("--oversubscribe", o.oversubscribe, "allow ranks x threads above the cores");
 }
@@ -177,9 +179,13 @@ void add_bench_bar(CLI::App* bench, CommandTable& table) {
   auto tokens = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{256, 1024, 4096, 16384});
   s->paths = {"local", "block", "rowwise"};
   add_shape_options(scaling, *s);
-  scaling->add_option("--ep-list", *eps, "EP degrees (ranks = EP degree)")->delimiter(',');
-  scaling->add_option("--tokens-list", *tokens, "tokens per rank")->delimiter(',');
-  scaling->add_option("--threads", s->threads, "compute threads per rank");
+  scaling->add_option("--ep-list", *eps, "EP degrees (ranks = EP degree)")
+      ->delimiter(',')
+      ->check(integer_in(1, 256));
+  scaling->add_option("--tokens-list", *tokens, "tokens per rank")
+      ->delimiter(',')
+      ->check(integer_in(1, 1 << 20));
+  scaling->add_option("--threads", s->threads, "compute threads per rank")->check(integer_in(1, 256));
   scaling->add_option("--paths", s->paths, "paths (local runs at EP 1 only)")->delimiter(',');
   table[scaling] = [s, eps, tokens] { return run_scaling(*s, *eps, *tokens); };
 }

@@ -7,6 +7,7 @@
 
 #include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
 
@@ -33,16 +34,17 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   auto svg_path = std::make_shared<std::string>();
   auto no_memory = std::make_shared<bool>(false);
   auto precision = std::make_shared<PrecisionFlags>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)");
-  cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)");
-  cmd->add_option("--tokens", o->tokens, "tokens per rank");
-  cmd->add_option("--d", o->model_dim, "model dimension");
-  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension");
-  cmd->add_option("--experts", o->experts, "routed experts E");
-  cmd->add_option("--top-k", o->top_k, "routes per token K");
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank");
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)");
-  cmd->add_option("--warmup", o->warmup, "warm-up steps before measuring");
+  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
+  cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
+  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
+  cmd->add_option("--d", o->model_dim, "model dimension")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--experts", o->experts, "routed experts E")->check(integer_in(1, 4096));
+  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank")->check(integer_in(1, 256));
+  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
+      ->check(integer_in(1, 1000));
+  cmd->add_option("--warmup", o->warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));
   auto* paths = cmd->add_option("--paths", o->paths,
                                 "paths to run (default: every registered path that takes the precision)")
                     ->delimiter(',');

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
@@ -464,13 +465,17 @@ void add_bench_payload(CLI::App* bench, CommandTable& table) {
       "Dispatch + combine moving f32, bf16 and MXFP8 payloads (block and rowwise): bytes, time, error");
   auto o = std::make_shared<PayloadBenchOptions>();
   auto json_path = std::make_shared<std::string>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process, 1 compute thread each)");
-  cmd->add_option("--tokens", o->tokens, "tokens per rank");
-  cmd->add_option("--dim,--d", o->model_dim, "row width d (a multiple of 32 for the MX formats)");
-  cmd->add_option("--experts", o->experts, "routed experts E (sharded contiguously over the ranks)");
-  cmd->add_option("--top-k", o->top_k, "routes per token K");
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)");
-  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring");
+  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process, 1 compute thread each)")
+      ->check(integer_in(1, 256));
+  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
+  cmd->add_option("--dim,--d", o->model_dim, "row width d (a multiple of 32 for the MX formats)")
+      ->check(integer_in(1, 1 << 16));
+  cmd->add_option("--experts", o->experts, "routed experts E (sharded contiguously over the ranks)")
+      ->check(integer_in(1, 4096));
+  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
+      ->check(integer_in(1, 1000));
+  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));
   cmd->add_option("--seed", o->seed, "seed of inputs and routes");
   cmd->add_option("--formats", o->formats, "payload formats (f32 always runs first: the error reference)")
       ->delimiter(',');

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
@@ -558,16 +559,19 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
       "waves", "No-wave, wave-sequential and wave-overlapped MoE forward: T_comm, T_gemm, stretch, eq. 10");
   auto o = std::make_shared<WavesBenchOptions>();
   auto json_path = std::make_shared<std::string>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)");
+  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
   cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra");
-  cmd->add_option("--tokens", o->tokens, "tokens per rank");
-  cmd->add_option("--dim,--d", o->model_dim, "model dimension d");
-  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension");
-  cmd->add_option("--experts", o->experts, "routed experts E");
-  cmd->add_option("--top-k", o->top_k, "routes per token K");
-  cmd->add_option("--waves", o->waves, "wave counts (1 = no-wave, always run)")->delimiter(',');
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)");
-  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring");
+  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
+  cmd->add_option("--dim,--d", o->model_dim, "model dimension d")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
+  cmd->add_option("--experts", o->experts, "routed experts E")->check(integer_in(1, 4096));
+  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  cmd->add_option("--waves", o->waves, "wave counts (1 = no-wave, always run)")
+      ->delimiter(',')
+      ->check(integer_in(1, 64));
+  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
+      ->check(integer_in(1, 1000));
+  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));
   cmd->add_option("--seed", o->seed, "seed of inputs, weights and routes");
   cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");

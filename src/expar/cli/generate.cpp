@@ -13,15 +13,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/io/checkpoint_dir.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -36,7 +38,7 @@ struct GenerateArgs {
   std::string format = "auto";  // auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss
   std::string prompt = "In the beginning";
   std::vector<int32_t> prompt_ids;  // overrides the prompt's bytes (Hugging Face vocabularies)
-  int tokens = 200;
+  int tokens = 100;
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;             // 0: all
   uint64_t seed = 7;
@@ -56,10 +58,29 @@ std::string checkpoint_of(const GenerateArgs& a) {
   EXPAR_CHECK(a.checkpoint.empty() || a.model_path.empty() || a.checkpoint == a.model_path,
               "--checkpoint '{}' and --path '{}' name different checkpoints: pass one of them", a.checkpoint,
               a.model_path);
-  return a.model_path.empty() ? a.checkpoint : a.model_path;
+  const std::string path = a.model_path.empty() ? a.checkpoint : a.model_path;
+  // A run directory of expar train (step-<N>/ saves and a `latest` pointer) reads its newest save.
+  if (std::filesystem::exists(std::filesystem::path(path) / "latest"))
+    return resolve_checkpoint_dir(path).string();
+  return path;
+}
+
+std::optional<infer::ModelFormat> format_of(const GenerateArgs& a) {
+  return a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format));
 }
 
 int run_engine(const GenerateArgs& a) {
+  // The engine's KV cache holds the prompt and every generated token: refuse a run that cannot fit before
+  // starting any rank.
+  const infer::ModelSpec spec = infer::open_model_spec(checkpoint_of(a), format_of(a));
+  const int64_t prompt_tokens =
+      static_cast<int64_t>(a.prompt_ids.empty() ? a.prompt.size() : a.prompt_ids.size());
+  const int64_t max_seq = spec.config.max_seq;
+  EXPAR_CHECK(prompt_tokens + a.tokens <= max_seq,
+              "the prompt ({} tokens) and --tokens {} need {} positions but the model's max_seq is {}: pass "
+              "--tokens {} or less, or sample with --temperature > 0 (it slides the context window)",
+              prompt_tokens, a.tokens, prompt_tokens + a.tokens, max_seq,
+              std::max<int64_t>(0, max_seq - prompt_tokens));
   infer::GenerateOptions o;
   o.tp = a.tp;
   o.dp = a.dp;
@@ -109,9 +130,7 @@ int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index
 
 int run_generate(const GenerateArgs& a) {
   if (a.temperature <= 0.0) return run_engine(a);
-  const infer::ModelSpec spec = infer::open_model_spec(
-      checkpoint_of(a),
-      a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format)));
+  const infer::ModelSpec spec = infer::open_model_spec(checkpoint_of(a), format_of(a));
   EXPAR_CHECK(
       spec.format == infer::ModelFormat::Expar,
       "--temperature {} samples with the training model, which reads our checkpoints only, not {}: drop "
@@ -122,8 +141,27 @@ int run_generate(const GenerateArgs& a) {
   ModelConfig config = info.model;
   const int ranks = a.tp * a.dp, ep = a.no_ep ? 1 : (a.ep > 0 ? a.ep : ranks);
   config.moe.path = ep == 1 ? "local" : a.expert_path;
-  std::string text = a.prompt;
-  std::mutex mutex;
+  config.moe.placement = placement_from_name(a.placement);
+  EXPAR_CHECK(
+      a.decode_moe == "allreduce",
+      "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
+      "runs the training model: drop --decode-moe",
+      a.decode_moe, a.temperature);
+  std::vector<int32_t> prompt = a.prompt_ids;
+  if (prompt.empty())
+    for (unsigned char c : a.prompt) prompt.push_back(c);
+  for (int32_t id : prompt)
+    EXPAR_CHECK(id >= 0 && id < config.vocab,
+                "--prompt-ids holds {}, outside the model's vocabulary [0, {}): our model's tokens are bytes",
+                id, config.vocab);
+  EXPAR_CHECK(!prompt.empty(), "the prompt is empty: pass --prompt TEXT or --prompt-ids");
+  // Each byte is printed as it is sampled (rank 0), so the text streams.
+  if (a.prompt_ids.empty()) {
+    std::fputs(a.prompt.c_str(), stdout);
+  } else {
+    for (int32_t id : prompt) std::fputc(id, stdout);
+  }
+  std::fflush(stdout);
   double seconds = 0;
   LaunchOptions launch;
   launch.ranks = ranks;
@@ -132,10 +170,8 @@ int run_generate(const GenerateArgs& a) {
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
     MoeTransformer model(config, *ep_mp);
     load_checkpoint(checkpoint, model, nullptr);
-    std::vector<int32_t> ids(a.prompt.begin(), a.prompt.end());
-    for (auto& id : ids) id = static_cast<uint8_t>(id);
+    std::vector<int32_t> ids = prompt;
     Timer timer;
-    std::string out;
     for (int i = 0; i < a.tokens; ++i) {
       const auto window =
           static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(config.max_seq)));
@@ -145,15 +181,14 @@ int run_generate(const GenerateArgs& a) {
                             static_cast<uint64_t>(i));
       world.broadcast(&next, 1, DType::I32, 0);  // every rank continues with rank 0's choice
       ids.push_back(next);
-      out.push_back(static_cast<char>(next));
+      if (world.rank() == 0) {
+        std::fputc(next, stdout);
+        std::fflush(stdout);
+      }
     }
-    if (world.rank() == 0) {
-      std::lock_guard lock(mutex);
-      text += out;
-      seconds = timer.seconds();
-    }
+    if (world.rank() == 0) seconds = timer.seconds();
   });
-  std::printf("%s\n", text.c_str());
+  std::printf("\n");
   std::fprintf(stderr, "[sampled %d bytes in %.2f s, %.1f bytes/s, %d rank(s), EP %d]\n", a.tokens, seconds,
                a.tokens / std::max(seconds, 1e-9), ranks, ep);
   return 0;
@@ -170,25 +205,36 @@ void add_generate(CLI::App& app, CommandTable& table) {
       "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
   cmd->add_option("--format", a->format,
                   "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"auto", "ours", "mixtral", "qwen-moe", "qwen3-moe", "olmoe", "gpt-oss"}));
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids (instead of the prompt's bytes)")
       ->delimiter(',');
-  cmd->add_option("--tokens", a->tokens, "Bytes to generate")->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(integer_in(0, 1'000'000));
   cmd->add_option("--temperature", a->temperature, "0: greedy on the inference engine; > 0: sampling")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(0, 1000));
   cmd->add_option("--top-k", a->top_k, "Sample among the k most likely bytes (0: all)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 24));
   cmd->add_option("--seed", a->seed)->capture_default_str();
-  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")->capture_default_str();
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas")->capture_default_str();
-  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
+  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")
+      ->capture_default_str()
+      ->check(integer_in(1, 256));
+  cmd->add_option("--dp", a->dp, "Data-parallel replicas")->capture_default_str()->check(integer_in(1, 256));
+  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")
+      ->capture_default_str()
+      ->check(integer_in(0, 65536));
   cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
   cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"contiguous", "round-robin"}));
   cmd->add_option("--decode-moe", a->decode_moe,
                   "Decode MoE pattern: allreduce (seed 002) | rowwise (rows to expert owners; full EP only)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"allreduce", "rowwise"}));
   cmd->add_option("--expert-path", a->expert_path, "Expert path of the sampling mode (--temperature > 0)")
       ->capture_default_str();
   table[cmd] = [a] { return run_generate(*a); };

@@ -2,11 +2,14 @@
 // written to another (the tool to check a path against any other framework). Only parses and prints; the
 // work is expar::run_layer_tool_file in model/layer_tool.hpp, where the tensor names are documented.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/core/error.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/model/layer_tool.hpp"
 
@@ -22,6 +25,12 @@ struct LayerCliOptions {
 
 int run_layer(LayerCliOptions& o) {
   o.tool.precision = o.precision.parse();
+  // Writing the output over the input would destroy the input (and the mapped view being read).
+  std::error_code ec;
+  EXPAR_CHECK(!std::filesystem::equivalent(o.input, o.output, ec) &&
+                  std::filesystem::absolute(o.input) != std::filesystem::absolute(o.output),
+              "--out '{}' is the input file '{}': writing it would overwrite the input; pass another --out",
+              o.output, o.input);
   run_layer_tool_file(o.input, o.output, o.tool);
   const SafetensorsFile out = SafetensorsFile::open(o.output);
   std::printf("expar layer: path %s, %d ranks, EP %d: wrote %zu tensors to %s (drop rate %.6f)\n",
@@ -42,18 +51,26 @@ void add_layer(CLI::App& app, CommandTable& table) {
   cmd->add_option("input", opts->input, "input safetensors file")->required();
   cmd->add_option("--out,-o", opts->output, "output safetensors file")->required();
   cmd->add_option("--ranks", opts->tool.ranks, "ranks (threads); x is split rank-major")
-      ->capture_default_str();
-  cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
+  cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
   cmd->add_option("--path", opts->tool.path, "execution path: local | block | rowwise | agrs | agrs-decode")
       ->capture_default_str();
-  cmd->add_option("--top-k", opts->tool.top_k, "experts per token K")->capture_default_str();
+  cmd->add_option("--top-k", opts->tool.top_k, "experts per token K")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 20));
   cmd->add_option("--score", opts->tool.score, "router score function: softmax | sigmoid")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"softmax", "sigmoid"}));
   cmd->add_flag("--renormalize", opts->tool.renormalize, "renormalize the K weights to sum to 1");
   cmd->add_option("--capacity-factor", opts->tool.capacity_factor, "expert capacity factor (0: dropless)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(0, 1024));
   cmd->add_option("--capacity-policy", opts->tool.capacity_policy, "capacity rule: source | rank | expert")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"source", "rank", "expert"}));
   add_precision_flags(cmd, opts->precision);
   table[cmd] = [opts] { return run_layer(*opts); };
 }

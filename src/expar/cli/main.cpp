@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
 
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
@@ -12,10 +15,39 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   expar::cli::register_commands(app);
   try {
+    // CLI11 would print the top-level help with status 0 for `expar nosuchcommand --help`.
+    if (argc > 1 && argv[1][0] != '-') {
+      std::string names;
+      bool known = false;
+      for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        known = known || sub->check_name(argv[1]);
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      }
+      if (!known) expar::fail("unknown command '{}': the commands are {}", argv[1], names);
+    }
     app.parse(argc, argv);
     return expar::cli::run_selected(app);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // An unknown subcommand, a bad value, a missing argument: status 1 with the flag, value and rule.
+    std::fprintf(stderr,
+                 "expar: error: %s\nRun 'expar --help' or 'expar <command> --help' for the options.\n",
+                 e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "expar: error: out of memory: the model, batch or ranks asked for more memory than this "
+                 "machine gives; use a smaller --batch, --seq-len, --ranks or model\n");
+    return 1;
+  } catch (const std::length_error& e) {
+    std::fprintf(stderr,
+                 "expar: error: a size computed from the options is too large (%s): use smaller --batch, "
+                 "--seq-len, --tokens or model dimensions\n",
+                 e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "expar: error: %s\n", e.what());
     return 1;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/plan_format.hpp"
 
@@ -110,26 +111,45 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option(
       "--preset", opts->preset,
       "model from a public config.json: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")));
-  cmd->add_option("--layers", opts->layers, "transformer layers (overrides the preset)");
-  cmd->add_option("--d-model", opts->d_model, "hidden size");
-  cmd->add_option("--vocab", opts->vocab, "vocabulary size");
-  cmd->add_option("--heads", opts->heads, "attention heads");
-  cmd->add_option("--kv-heads", opts->kv_heads, "key/value heads (default: --heads)");
-  cmd->add_option("--head-dim", opts->head_dim, "head dimension (default: d_model / heads)");
-  cmd->add_option("--experts", opts->experts, "routed experts N");
-  cmd->add_option("--top-k", opts->top_k, "experts per token K");
-  cmd->add_option("--expert-hidden", opts->expert_hidden, "intermediate size of one routed expert");
-  cmd->add_option("--shared-experts", opts->shared_experts, "shared (always active) experts per MoE layer");
-  cmd->add_option("--shared-hidden", opts->shared_hidden, "intermediate size of a shared expert");
-  cmd->add_option("--dense-layers", opts->dense_layers, "leading layers with a dense MLP instead of MoE");
-  cmd->add_option("--dense-hidden", opts->dense_hidden, "intermediate size of those dense MLPs");
-  cmd->add_option("--world,-W", opts->world, "world size W (all ranks)")->capture_default_str();
-  cmd->add_option("--ep", opts->ep, "EP_MP degree M_E (ranks that shard the experts)")->capture_default_str();
-  cmd->add_option("--cp", opts->cp, "context-parallel degree C")->capture_default_str();
-  cmd->add_option("--tp", opts->tp, "tensor-parallel degree of the dense weights")->capture_default_str();
-  cmd->add_option("--pp", opts->pp, "pipeline stages (a divisor of the layer count)")->capture_default_str();
+  cmd->add_option("--layers", opts->layers, "transformer layers (overrides the preset)")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--d-model", opts->d_model, "hidden size")->check(integer_in(1, 1 << 30));
+  cmd->add_option("--vocab", opts->vocab, "vocabulary size")->check(integer_in(1, 1 << 30));
+  cmd->add_option("--heads", opts->heads, "attention heads")->check(integer_in(1, 1 << 30));
+  cmd->add_option("--kv-heads", opts->kv_heads, "key/value heads (default: --heads)")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--head-dim", opts->head_dim, "head dimension (default: d_model / heads)")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--experts", opts->experts, "routed experts N")->check(integer_in(1, 1 << 30));
+  cmd->add_option("--top-k", opts->top_k, "experts per token K")->check(integer_in(1, 1 << 30));
+  cmd->add_option("--expert-hidden", opts->expert_hidden, "intermediate size of one routed expert")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--shared-experts", opts->shared_experts, "shared (always active) experts per MoE layer")
+      ->check(integer_in(0, 1 << 30));
+  cmd->add_option("--shared-hidden", opts->shared_hidden, "intermediate size of a shared expert")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--dense-layers", opts->dense_layers, "leading layers with a dense MLP instead of MoE")
+      ->check(integer_in(0, 1 << 30));
+  cmd->add_option("--dense-hidden", opts->dense_hidden, "intermediate size of those dense MLPs")
+      ->check(integer_in(1, 1 << 30));
+  cmd->add_option("--world,-W", opts->world, "world size W (all ranks)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
+  cmd->add_option("--ep", opts->ep, "EP_MP degree M_E (ranks that shard the experts)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
+  cmd->add_option("--cp", opts->cp, "context-parallel degree C")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
+  cmd->add_option("--tp", opts->tp, "tensor-parallel degree of the dense weights")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
+  cmd->add_option("--pp", opts->pp, "pipeline stages (a divisor of the layer count)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
   cmd->add_option("--placement", opts->placement, "expert placement: contiguous | round-robin")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"contiguous", "round-robin"}));
   cmd->add_option("--param-dtype", opts->param_dtype, "parameter precision: bf16 | f16 | f32 | fp8")
       ->capture_default_str();
   cmd->add_option("--grad-dtype", opts->grad_dtype, "gradient precision")->capture_default_str();
@@ -138,18 +158,23 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option("--activation-dtype", opts->activation_dtype, "dispatch/combine row precision")
       ->capture_default_str();
   cmd->add_option("--optimizer-states", opts->optimizer_states, "optimizer tensors per parameter (Adam: 2)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 64));
   cmd->add_flag("--no-master-weights", opts->no_master_weights,
                 "no f32 master copy of the parameters (by default kept when params are not f32)");
   cmd->add_flag("--shard-optimizer", opts->shard_optimizer,
                 "shard expert optimizer state over EP_DP and dense state over the D*C replicas");
-  cmd->add_option("--tokens", opts->tokens, "tokens per rank per microbatch (T)")->capture_default_str();
+  cmd->add_option("--tokens", opts->tokens, "tokens per rank per microbatch (T)")
+      ->capture_default_str()
+      ->check(integer_in(1, int64_t{1} << 40));
   cmd->add_option("--microbatches", opts->microbatches, "microbatches per optimizer step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 20));
   cmd->add_option("--capacity-factor", opts->capacity_factor, "expert capacity factor")
-      ->capture_default_str();
-  cmd->add_option("--device-gib", opts->device_gib,
-                  "device memory per rank in GiB for a fit check (0: none)");
+      ->capture_default_str()
+      ->check(finite_above(0, 1024));
+  cmd->add_option("--device-gib", opts->device_gib, "device memory per rank in GiB for a fit check (0: none)")
+      ->check(finite_in(0, 1e9));
   cmd->add_flag("--json", opts->json, "print JSON instead of the table");
   table[cmd] = [opts] { return run_plan(*opts); };
 }

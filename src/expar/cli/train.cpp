@@ -10,11 +10,14 @@
 #include <nlohmann/json.hpp>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
+#include "expar/model/model_config_json.hpp"
 #include "expar/moe/capacity.hpp"
+#include "expar/train/checkpoint.hpp"
 #include "expar/train/trainer.hpp"
 
 namespace expar::cli {
@@ -31,7 +34,7 @@ struct TrainArgs {
   std::string capacity_policy = "source";
   double capacity_factor = 0.0;
   std::string score = "softmax";
-  double aux_coef = -1, z_coef = -1;
+  double aux_coef = 0, z_coef = 0;  // used when given (cmd.count)
   PrecisionFlags precision;
   TrainConfig config;
 };
@@ -69,19 +72,51 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
   std::fflush(stdout);
 }
 
-int run_train(TrainArgs& a) {
-  TrainConfig& cfg = a.config;
-  cfg.model = ModelConfig::preset(a.preset);
-  cfg.model.moe.score = score_function_from_name(a.score);
-  if (a.aux_coef >= 0) cfg.model.moe.aux_loss_coef = a.aux_coef;
-  if (a.z_coef >= 0) cfg.model.moe.z_loss_coef = a.z_coef;
-  cfg.model.moe.precision = a.precision.parse();
+// The model of this run: the preset with the flags applied or, on --resume, the checkpoint's architecture
+// (its manifest is the truth); a flag given explicitly that contradicts the checkpoint is an error.
+ModelConfig model_of_run(const TrainArgs& a, const CLI::App& cmd) {
+  ModelConfig m = ModelConfig::preset(a.preset);
+  m.moe.score = score_function_from_name(a.score);
+  if (!a.config.resume_from.empty()) {
+    const ModelConfig checkpoint = read_checkpoint_info(a.config.resume_from).model;
+    const std::string file = a.config.resume_from;
+    if (cmd.count("--score") > 0)
+      EXPAR_CHECK(
+          m.moe.score == checkpoint.moe.score,
+          "--score {} contradicts the checkpoint '{}' (score {}): a run resumes with its checkpoint's "
+          "model; drop --score or start a new run",
+          a.score, file, score_function_name(checkpoint.moe.score));
+    if (cmd.count("--preset") > 0) {
+      ModelConfig preset = m;
+      preset.moe.score = checkpoint.moe.score;
+      const std::string difference = model_config_difference(preset, checkpoint);
+      EXPAR_CHECK(
+          difference.empty(),
+          "--preset {} contradicts the checkpoint '{}' ({}): a run resumes with its checkpoint's model; "
+          "drop --preset or start a new run",
+          a.preset, file, difference);
+    }
+    m = model_config_from_json(model_config_to_json(checkpoint), m);
+  }
+  if (cmd.count("--aux-coef") > 0) m.moe.aux_loss_coef = a.aux_coef;
+  if (cmd.count("--z-coef") > 0) m.moe.z_loss_coef = a.z_coef;
   if (a.capacity_factor > 0)
-    cfg.model.moe.capacity =
-        CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
+    m.moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
+  return m;
+}
+
+int run_train(TrainArgs& a, const CLI::App& cmd) {
+  TrainConfig& cfg = a.config;
+  cfg.model = model_of_run(a, cmd);
+  cfg.model.moe.precision = a.precision.parse();  // a training-time choice, not part of the checkpoint
+  if (cmd.count("--seq-len") == 0) cfg.seq_len = cfg.model.max_seq;  // the model's whole context
   EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
-              "--seq-len {} exceeds the preset's max_seq {}: use at most {}", cfg.seq_len, cfg.model.max_seq,
-              cfg.model.max_seq);
+              "--seq-len {} exceeds the model's max_seq {} (preset {}): pass --seq-len {} or less",
+              cfg.seq_len, cfg.model.max_seq, a.preset, cfg.model.max_seq);
+  EXPAR_CHECK(cfg.microbatches <= cfg.global_batch,
+              "--microbatches {} exceeds --batch {}: a microbatch holds at least one sequence; pass "
+              "--microbatches {} or less",
+              cfg.microbatches, cfg.global_batch, cfg.global_batch);
   TokenCorpus corpus = TokenCorpus::load(a.data);
   corpus.check_vocab(cfg.model.vocab);
   std::filesystem::path log_path(a.log);
@@ -115,6 +150,9 @@ int run_train(TrainArgs& a) {
       if (const char* n = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::atoi(n);
     a.threads = std::max(1, static_cast<int>(cores) / std::max(1, local_ranks));
   }
+  EXPAR_CHECK(static_cast<int64_t>(a.ranks) * a.threads <= 4096,
+              "--ranks {} x --threads {} = {} threads exceed 4096: pass fewer ranks or compute threads",
+              a.ranks, a.threads, static_cast<int64_t>(a.ranks) * a.threads);
   launch.compute_threads = a.threads;
   std::vector<TrainSummary> summaries(static_cast<size_t>(a.ranks));
   std::mutex mutex;
@@ -181,27 +219,51 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--preset", a->preset, "Model preset: tiny, demo, small")->capture_default_str();
   cmd->add_option("--transport", a->transport,
                   "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")
-      ->capture_default_str();
-  cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")->capture_default_str();
-  cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")->capture_default_str();
+      ->capture_default_str()
+      ->check(one_of({"threads", "mpi"}));
+  cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
+  cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
   cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
-      ->capture_default_str();
-  cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--batch", c.global_batch, "Global batch in sequences")->capture_default_str();
-  cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes")->capture_default_str();
-  cmd->add_option("--microbatches", c.microbatches, "Microbatches per rank and step")->capture_default_str();
-  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--warmup", c.warmup, "Warmup steps")->capture_default_str();
-  cmd->add_option("--weight-decay", c.weight_decay)->capture_default_str();
-  cmd->add_option("--clip", c.clip_norm, "Clip the global gradient norm (<= 0: off)")->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 256));
+  cmd->add_option("--steps", c.steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(integer_in(1, 1'000'000'000));
+  cmd->add_option("--batch", c.global_batch, "Global batch in sequences")
+      ->capture_default_str()
+      ->check(integer_in(1, 65536));
+  cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes (default: the model's max_seq)")
+      ->check(integer_in(1, 1 << 20));
+  cmd->add_option("--microbatches", c.microbatches, "Microbatches per rank and step")
+      ->capture_default_str()
+      ->check(integer_in(1, 65536));
+  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str()->check(finite_above(0, 10));
+  cmd->add_option("--warmup", c.warmup, "Warmup steps")
+      ->capture_default_str()
+      ->check(integer_in(0, 1'000'000'000));
+  cmd->add_option("--weight-decay", c.weight_decay)->capture_default_str()->check(finite_in(0, 10));
+  cmd->add_option("--clip", c.clip_norm, "Clip the global gradient norm (0: off)")
+      ->capture_default_str()
+      ->check(finite_in(0, 1e6));
   cmd->add_option("--capacity-factor", a->capacity_factor, "Capacity factor (0: dropless)")
-      ->capture_default_str();
-  cmd->add_option("--capacity-policy", a->capacity_policy, "source | rank | expert")->capture_default_str();
-  cmd->add_option("--score", a->score, "Router score function: softmax | sigmoid")->capture_default_str();
-  cmd->add_option("--aux-coef", a->aux_coef, "Load-balancing loss coefficient (default: preset's)");
-  cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)");
+      ->capture_default_str()
+      ->check(finite_in(0, 1024));
+  cmd->add_option("--capacity-policy", a->capacity_policy, "source | rank | expert")
+      ->capture_default_str()
+      ->check(one_of({"source", "rank", "expert"}));
+  cmd->add_option("--score", a->score, "Router score function: softmax | sigmoid")
+      ->capture_default_str()
+      ->check(one_of({"softmax", "sigmoid"}));
+  cmd->add_option("--aux-coef", a->aux_coef, "Load-balancing loss coefficient (default: preset's)")
+      ->check(finite_in(0, 100));
+  cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)")
+      ->check(finite_in(0, 100));
   cmd->add_flag("--shard-optimizer", c.shard_optimizer, "Shard expert Adam state over EP_DP");
   cmd->add_flag("--recompute-moe", c.recompute_moe,
                 "Activation recomputation of every block's MoE MLP: backward redoes dispatch, experts and "
@@ -211,17 +273,30 @@ void add_train(CLI::App& app, CommandTable& table) {
   add_precision_flags(cmd, a->precision);
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 1'000'000'000));
   cmd->add_option("--data", a->data,
                   "Training data: a text file (bytes), little-endian uint16/uint32 tokens with a FILE.json "
                   "sidecar {dtype, vocab_size}, or a .npy")
       ->capture_default_str();
   cmd->add_option("--log", a->log, "JSON-lines log, one line per step")->capture_default_str();
-  cmd->add_option("--checkpoint", c.checkpoint_dir, "Checkpoint directory (written at the end)");
-  cmd->add_option("--checkpoint-every", c.checkpoint_every, "Also checkpoint every N steps");
-  cmd->add_option("--resume", c.resume_from, "Resume from this checkpoint directory");
-  cmd->add_option("--stop-after", c.stop_after, "Stop after this many steps (to test resume)");
-  table[cmd] = [a] { return run_train(*a); };
+  cmd->add_option(
+      "--checkpoint", c.checkpoint_dir,
+      "Checkpoint run directory: each save in step-<N>/, 'latest' names the newest (written at the "
+      "end)");
+  cmd->add_option("--checkpoint-every", c.checkpoint_every, "Also checkpoint every N steps")
+      ->check(integer_in(0, 1'000'000'000));
+  cmd->add_option("--keep-last", c.keep_last, "Step directories kept in --checkpoint (0: all)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1'000'000));
+  cmd->add_flag("--overwrite", c.overwrite_checkpoint,
+                "Replace a checkpoint of another model in --checkpoint (else that is an error)");
+  cmd->add_option("--resume", c.resume_from,
+                  "Resume from this checkpoint (a run directory or a step-<N> directory); the model is the "
+                  "checkpoint's");
+  cmd->add_option("--stop-after", c.stop_after, "Stop after this many steps (to test resume)")
+      ->check(integer_in(-1, 1'000'000'000));
+  table[cmd] = [a, cmd] { return run_train(*a, *cmd); };
 }
 
 }  // namespace expar::cli

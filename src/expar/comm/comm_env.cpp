@@ -1,5 +1,6 @@
 #include "expar/comm/comm_env.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -12,9 +13,13 @@ double comm_timeout_seconds(double fallback) {
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   double value = std::strtod(text, &end);
-  EXPAR_CHECK(end != text && *end == '\0' && value > 0,
-              "EXPAR_COMM_TIMEOUT='{}' is not a positive number of seconds: set it to e.g. 60 or unset it",
-              text);
+  // A deadline must be reachable: inf or 1e300 s would overflow the clock arithmetic of every wait.
+  constexpr double kMaxSeconds = 1e6;
+  EXPAR_CHECK(
+      end != text && *end == '\0' && std::isfinite(value) && value > 0 && value <= kMaxSeconds,
+      "EXPAR_COMM_TIMEOUT='{}' is not a finite positive number of seconds up to {:g}: set it to e.g. 60 "
+      "or unset it (default {} s)",
+      text, kMaxSeconds, fallback);
   return value;
 }
 

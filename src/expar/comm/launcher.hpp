@@ -9,9 +9,13 @@
 
 namespace expar {
 
+// Bounds of LaunchOptions (more would only fail later, creating threads or memory, without a message).
+inline constexpr int kMaxLaunchRanks = 4096;
+inline constexpr int kMaxComputeThreads = 1024;
+
 struct LaunchOptions {
   int ranks = 1;
-  int compute_threads = 1;  // oneDNN/OpenMP threads per rank
+  int compute_threads = 1;         // oneDNN/OpenMP threads per rank
   double timeout_seconds = 300.0;  // every wait ends the run with a message after this long
 };
 
@@ -36,6 +40,7 @@ inline void run_ranks(int ranks, const std::function<void(Comm& world)>& fn) {
 // exception prints the rank's message and calls MPI_Abort so that no peer hangs.
 // Environment: EXPAR_MPI_FORCE_REMOTE=1 makes the heap use MPI_Win_allocate + MPI_Put/MPI_Get even on one
 // node (no shared window, no peer_ptr), the across-node code path.
-int run_mpi(int* argc, char*** argv, const LaunchOptions& options, const std::function<void(Comm& world)>& fn);
+int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
+            const std::function<void(Comm& world)>& fn);
 
 }  // namespace expar

@@ -9,8 +9,11 @@
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
+#include "expar/io/strict_json.hpp"
 #include "expar/model/model_config_json.hpp"
 
 namespace expar::infer {
@@ -50,11 +53,29 @@ Tensor to_f32(const Tensor& t, MemCategory category) {
   return out;
 }
 
+namespace {
+
+// manifest.json parsed strictly; errors name the file (and the key).
+json read_manifest_json(const fs::path& dir) {
+  const fs::path path = dir / "manifest.json";
+  EXPAR_CHECK(fs::exists(path),
+              "checkpoint '{}' has no manifest.json: pass a directory written by expar train", dir.string());
+  json j = parse_strict_json(read_text_file(path), path.string(), 8);
+  for (const char* key : {"model", "step", "dense_file", "expert_files"})
+    EXPAR_CHECK(j.is_object() && j.contains(key),
+                "{}: \"{}\" is missing: not a complete expar checkpoint manifest", path.string(), key);
+  return j;
+}
+
+}  // namespace
+
 ModelConfig model_config_from_manifest(const fs::path& dir) {
-  std::ifstream in(dir / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
-              dir.string());
-  return model_config_from_json(json::parse(in).at("model"));
+  const json j = read_manifest_json(dir);
+  try {
+    return model_config_from_json(j.at("model"));
+  } catch (const Error& e) {
+    fail("{}: \"model\": {}", (dir / "manifest.json").string(), e.what());
+  }
 }
 
 // ---- ExparCheckpointStore ----
@@ -63,13 +84,18 @@ struct ExparCheckpointStore::State {
   fs::path dir;
   std::string dense_file;
   std::map<std::string, std::string> file_of_tensor;  // expert tensors only; the rest live in dense
+  CheckpointIdentity identity;                        // every file must belong to the manifest's save
   mutable std::mutex mutex;
   mutable std::map<std::string, SafetensorsFile> files;
 
   const SafetensorsFile& file(const std::string& name) const {
     std::lock_guard lock(mutex);
     auto it = files.find(name);
-    if (it == files.end()) it = files.emplace(name, SafetensorsFile::open(dir / name)).first;
+    if (it == files.end()) {
+      SafetensorsFile f = SafetensorsFile::open(dir / name);
+      check_checkpoint_file_identity(f.metadata(), f.label(), identity, (dir / "manifest.json").string());
+      it = files.emplace(name, std::move(f)).first;
+    }
     return it->second;
   }
   // "layers.L.moe.experts.E.w1" -> the expert file of E; anything else -> dense.
@@ -81,11 +107,13 @@ struct ExparCheckpointStore::State {
 
 std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path& dir) {
   ModelConfig model = model_config_from_manifest(dir);
-  std::ifstream in(dir / "manifest.json");
-  json j = json::parse(in);
+  const json j = read_manifest_json(dir);
   auto state = std::make_unique<State>();
   state->dir = dir;
   state->dense_file = j.at("dense_file").get<std::string>();
+  state->identity.step = j.at("step").get<int64_t>();
+  if (j.contains("save_id")) state->identity.save_id = j.at("save_id").get<std::string>();
+  if (j.contains("model_hash")) state->identity.model_hash = j.at("model_hash").get<std::string>();
   // Expert tensor names are known from the config, so the map is built without opening any expert file.
   for (auto& [file, ids] : j.at("expert_files").items())
     for (int e : ids)

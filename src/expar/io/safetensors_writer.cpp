@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "expar/core/error.hpp"
+#include "expar/io/durable_file.hpp"
 #include "expar/io/strict_json.hpp"
 
 namespace expar {
@@ -115,13 +116,18 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
       if (t.nbytes() > 0)
         out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
     }
-    out.flush();
-    if (!out.good()) {
+    out.close();  // a full disk may surface only when the last buffer is written
+    if (out.fail()) {
       int err = errno;
-      out.close();
       std::filesystem::remove(tmp);
-      fail("{}: write failed: {}: check free disk space", tmp.string(), std::strerror(err));
+      fail("{}: write failed: {}: check free disk space", path.string(), std::strerror(err));
     }
+  }
+  try {
+    fsync_path(tmp);  // the data is on disk before the name says the file is complete
+  } catch (const Error&) {
+    std::filesystem::remove(tmp);
+    throw;
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
@@ -129,6 +135,7 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     std::filesystem::remove(tmp);
     fail("{}: cannot rename the finished file into place: {}", path.string(), ec.message());
   }
+  fsync_path(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
 }
 
 void write_safetensors(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors,

@@ -30,8 +30,9 @@ class SafetensorsWriter {
 
   // The whole file in memory.
   std::vector<std::byte> to_bytes() const;
-  // Writes `path` through a temporary file in the same directory and renames it into place, so a reader never
-  // sees a half-written checkpoint.
+  // Writes `path` through a temporary file in the same directory, checks every write, syncs it to disk and
+  // renames it into place (then syncs the directory), so a reader never sees a half-written file and a full
+  // disk is an error naming the file.
   void write(const std::filesystem::path& path) const;
 
  private:

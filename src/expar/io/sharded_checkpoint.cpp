@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "expar/core/error.hpp"
+#include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/io/strict_json.hpp"
 
@@ -16,11 +18,8 @@ namespace {
 constexpr int kIndexMaxDepth = 8;
 
 void check_shard_name(const std::string& file, const std::string& tensor, const std::string& label) {
-  const std::filesystem::path p(file);
-  bool escapes = file.empty() || p.is_absolute() || p.has_root_path();
-  for (const auto& part : p) escapes = escapes || part == "..";
   EXPAR_CHECK(
-      !escapes,
+      is_name_inside_directory(file),
       "{}: weight_map maps \"{}\" to \"{}\", which is not a file name inside the checkpoint directory: "
       "shard names must be relative paths without '..'",
       label, text_excerpt(tensor), text_excerpt(file));
@@ -127,6 +126,16 @@ const SafetensorsFile& ShardedCheckpoint::shard(const std::string& file) const {
   auto it = state_->shards.find(file);
   if (it == state_->shards.end()) {
     auto opened = std::make_unique<SafetensorsFile>(SafetensorsFile::open(state_->dir / file));
+    // Shards written by write_sharded_checkpoint carry the save's id, as does the index: a shard of another
+    // save beside this index (a crash while an older set was being replaced) is refused by name.
+    if (auto id = state_->metadata.find("save_id"); id != state_->metadata.end() && id->is_string()) {
+      auto mine = opened->metadata().find("save_id");
+      EXPAR_CHECK(mine != opened->metadata().end() && mine->second == id->get<std::string>(),
+                  "torn checkpoint: shard {} belongs to save {} but {} to save {}: the shards come from "
+                  "different saves; write the checkpoint again",
+                  file, mine == opened->metadata().end() ? std::string("(none)") : mine->second,
+                  state_->label, id->get<std::string>());
+    }
     it = state_->shards.emplace(file, std::move(opened)).first;
   }
   return *it->second;
@@ -166,22 +175,15 @@ void write_sharded_index(const std::filesystem::path& index_path,
   nlohmann::ordered_json root;
   root["metadata"] = metadata;
   root["weight_map"] = weight_map;
-  std::filesystem::path tmp = index_path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    EXPAR_CHECK(out.good(), "{}: cannot create the index: check that the directory exists and is writable",
-                tmp.string());
-    out << root.dump(2) << '\n';
-    EXPAR_CHECK(out.good(), "{}: write failed: check free disk space", tmp.string());
-  }
-  std::filesystem::rename(tmp, index_path);
+  // The index is written last and atomically (synced, renamed): it is what makes the shards a checkpoint.
+  write_file_atomically(index_path, root.dump(2) + "\n");
 }
 
 std::vector<std::filesystem::path> write_sharded_checkpoint(
     const std::filesystem::path& dir, const std::map<std::string, Tensor>& tensors, uint64_t max_shard_bytes,
     const std::map<std::string, std::string>& metadata, std::string_view prefix) {
   EXPAR_CHECK(max_shard_bytes > 0, "max_shard_bytes=0: a shard must be allowed at least one byte");
+  const std::string save_id = new_save_id();
   std::vector<SafetensorsWriter> shards(1);
   uint64_t total = 0;
   for (const auto& [name, t] : tensors) {
@@ -196,12 +198,13 @@ std::vector<std::filesystem::path> write_sharded_checkpoint(
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, i + 1, shards.size());
     for (const auto& [key, value] : metadata) shards[i].set_metadata(key, value);
+    shards[i].set_metadata("save_id", save_id);
     shards[i].write(dir / file);
     for (const TensorInfo& info : shards[i].layout()) weight_map.emplace(info.name, file);
     paths.push_back(dir / file);
   }
   write_sharded_index(dir / fmt::format("{}.safetensors.index.json", prefix), weight_map,
-                      {{"total_size", total}});
+                      {{"total_size", total}, {"save_id", save_id}});
   return paths;
 }
 

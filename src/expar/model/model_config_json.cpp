@@ -21,9 +21,9 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                         {"renormalize", c.moe.renormalize}};
 }
 
-ModelConfig model_config_from_json(const nlohmann::json& j) {
+ModelConfig model_config_from_json(const nlohmann::json& j, const ModelConfig& base) {
   try {
-    ModelConfig c;
+    ModelConfig c = base;
     c.model_dim = j.at("model_dim");
     c.layers = j.at("layers");
     c.heads = j.at("heads");

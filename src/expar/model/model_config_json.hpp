@@ -8,7 +8,8 @@
 namespace expar {
 
 nlohmann::json model_config_to_json(const ModelConfig& config);
-// Throws expar::Error naming the missing or malformed field.
-ModelConfig model_config_from_json(const nlohmann::json& j);
+// The fields model_config_to_json writes are taken from `j`, every other field from `base` (e.g. a preset's
+// loss coefficients). Throws expar::Error naming the missing or malformed field.
+ModelConfig model_config_from_json(const nlohmann::json& j, const ModelConfig& base = ModelConfig{});
 
 }  // namespace expar

@@ -35,6 +35,22 @@ void check_config(const PlanConfig& c) {
               c.optimizer_states);
   EXPAR_CHECK(c.device_memory_bytes >= 0, "device memory {} bytes must not be negative",
               c.device_memory_bytes);
+  // Every figure is an int64 count: bound the largest ones in long double first, so that a huge input is an
+  // error instead of wrapped (negative) byte counts. An upper bound of the parameters per layer:
+  using ld = long double;
+  const ld d = m.d_model,
+           attention = d * ld(m.heads + 2 * m.kv_heads) * m.head_dim + ld(m.heads) * m.head_dim * d;
+  const ld mlp = 3 * d * std::max<ld>(m.dense_hidden, ld(m.shared_experts) * m.shared_hidden);
+  const ld experts = ld(m.num_experts) * (3 * d * m.expert_hidden + d);
+  const ld params = ld(m.layers) * (attention + mlp + experts + 2 * d) + 2 * ld(m.vocab) * d;
+  const ld bytes_per_param = 4 + 4 + ld(c.optimizer_states) * 8 + 4;
+  const ld rows = ld(c.capacity_factor) * c.world * ld(c.tokens_per_rank) * m.top_k + m.num_experts;
+  const ld traffic = ld(c.tokens_per_rank) * m.top_k * d * 4 * 4 * m.layers * c.microbatches;
+  const ld largest = std::max({params * bytes_per_param, rows * d * 8, traffic});
+  EXPAR_CHECK(largest < 0x1p62L,
+              "model '{}' with {:.3g} parameters on this layout needs figures up to {:.3g} bytes, beyond the "
+              "2^62 that expar plan counts in: choose smaller dimensions, tokens or microbatches",
+              m.name, static_cast<double>(params), static_cast<double>(largest));
 }
 
 StagePlan plan_stage(const PlanConfig& c, const TrainingLayout& layout, int stage, int local_experts,

@@ -1,13 +1,17 @@
 #include "expar/train/checkpoint.hpp"
 
+#include <climits>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
+#include "expar/io/strict_json.hpp"
 #include "expar/model/model_config_json.hpp"
 
 namespace expar {
@@ -17,6 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+constexpr const char* kFormat = "expar-checkpoint-2";
+constexpr const char* kFormatWithoutIds = "expar-checkpoint-1";  // read: files checked by step only
+constexpr int kManifestMaxDepth = 8;
+constexpr int64_t kMaxRanks = 1 << 20;
+
 bool is_expert_shard(const Parameter& p) {
   return p.kind == ParamKind::Expert;
 }
@@ -25,6 +34,10 @@ bool is_expert_shard(const Parameter& p) {
 std::string expert_name(const std::string& shard_name, int expert) {
   auto dot = shard_name.rfind('.');
   return shard_name.substr(0, dot) + "." + std::to_string(expert) + shard_name.substr(dot);
+}
+
+std::string model_hash(const ModelConfig& model) {
+  return stable_hash(model_config_to_json(model).dump());
 }
 
 // Full Adam moment of parameter i (gathers an EP_DP-sharded slice), or an empty tensor.
@@ -42,12 +55,141 @@ Tensor full_moment(AdamW& opt, size_t i, bool second, Comm& ep_dp) {
   return full;
 }
 
+// A manifest, read and checked: every value in range, every file name inside the step directory.
+struct Manifest {
+  fs::path dir;       // the step directory
+  std::string label;  // its manifest.json, for messages
+  CheckpointInfo info;
+  CheckpointIdentity identity;
+  std::string dense_file;
+  std::map<int, std::string> file_of_expert;
+};
+
+Manifest read_manifest(const std::string& dir) {
+  Manifest m;
+  m.dir = resolve_checkpoint_dir(dir);
+  const fs::path path = m.dir / "manifest.json";
+  m.label = path.string();
+  const json j = parse_strict_json(read_text_file(path), m.label, kManifestMaxDepth);
+  EXPAR_CHECK(j.is_object(), "{}: a checkpoint manifest must be a JSON object, got {}", m.label,
+              json_excerpt(j));
+  auto field = [&](const char* key) -> const json& {
+    EXPAR_CHECK(j.contains(key), "{}: \"{}\" is missing: the manifest is damaged; use another step directory",
+                m.label, key);
+    return j.at(key);
+  };
+  auto integer = [&](const char* key, int64_t lo, int64_t hi) {
+    const json& v = field(key);
+    EXPAR_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+                "{}: \"{}\" is {}, not an integer in [{}, {}]: the manifest is damaged; use another step "
+                "directory",
+                m.label, key, json_excerpt(v), lo, hi);
+    return v.get<int64_t>();
+  };
+  auto name = [&](const json& v, const char* what) {
+    EXPAR_CHECK(v.is_string() && is_name_inside_directory(v.get<std::string>()),
+                "{}: {} {} is not a file name inside the checkpoint directory: file names must be relative "
+                "paths without '..'",
+                m.label, what, json_excerpt(v));
+    return v.get<std::string>();
+  };
+  const json& format = field("format");
+  EXPAR_CHECK(format == kFormat || format == kFormatWithoutIds,
+              "{}: \"format\" is {}, not {} or {}: not a checkpoint this expar reads", m.label,
+              json_excerpt(format), kFormat, kFormatWithoutIds);
+  m.info.step = integer("step", 0, INT_MAX);
+  const json& seed = field("seed");
+  EXPAR_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
+              "{}: \"seed\" is {}, not a non-negative integer", m.label, json_excerpt(seed));
+  m.info.seed = seed.get<uint64_t>();
+  m.info.world = static_cast<int>(integer("world", 1, kMaxRanks));
+  m.info.ep = static_cast<int>(integer("ep", 1, kMaxRanks));
+  try {
+    m.info.model = model_config_from_json(field("model"));
+    m.info.model.validate(1);
+  } catch (const Error& e) {
+    fail("{}: \"model\": {}", m.label, e.what());
+  }
+  m.identity.step = m.info.step;
+  if (format == kFormat) {
+    for (const char* key : {"save_id", "model_hash"})
+      EXPAR_CHECK(field(key).is_string(), "{}: \"{}\" must be a string, got {}", m.label, key,
+                  json_excerpt(field(key)));
+    m.identity.save_id = field("save_id").get<std::string>();
+    m.identity.model_hash = field("model_hash").get<std::string>();
+    EXPAR_CHECK(m.identity.model_hash == model_hash(m.info.model),
+                "{}: \"model_hash\" {} does not match its \"model\" (hash {}): the model config was edited; "
+                "restore the manifest written with the checkpoint",
+                m.label, m.identity.model_hash, model_hash(m.info.model));
+  }
+  m.dense_file = name(field("dense_file"), "\"dense_file\"");
+  const json& experts = field("expert_files");
+  EXPAR_CHECK(experts.is_object(),
+              "{}: \"expert_files\" must be an object of file name -> expert ids, got {}", m.label,
+              json_excerpt(experts));
+  const int num_experts = m.info.model.moe.num_experts;
+  for (const auto& [file, ids] : experts.items()) {
+    name(json(file), "\"expert_files\" key");
+    EXPAR_CHECK(ids.is_array(), "{}: \"expert_files\".\"{}\" must be an array of expert ids, got {}", m.label,
+                text_excerpt(file), json_excerpt(ids));
+    for (const json& e : ids) {
+      EXPAR_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < num_experts,
+                  "{}: \"expert_files\".\"{}\" lists expert {}, outside [0, {}) of the model's experts",
+                  m.label, text_excerpt(file), json_excerpt(e), num_experts);
+      EXPAR_CHECK(m.file_of_expert.emplace(e.get<int>(), file).second,
+                  "{}: expert {} is listed in two expert files: the manifest is damaged", m.label,
+                  e.get<int>());
+    }
+  }
+  return m;
+}
+
+// The files of one loaded checkpoint, each opened once and checked to belong to the manifest's save.
+class CheckpointFiles {
+ public:
+  explicit CheckpointFiles(const Manifest& m) : m_(m) {}
+  const SafetensorsFile& open(const std::string& name) {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+      SafetensorsFile f = SafetensorsFile::open(m_.dir / name);
+      check_checkpoint_file_identity(f.metadata(), f.label(), m_.identity, m_.label);
+      it = files_.emplace(name, std::move(f)).first;
+    }
+    return it->second;
+  }
+
+ private:
+  const Manifest& m_;
+  std::map<std::string, SafetensorsFile> files_;
+};
+
 }  // namespace
 
+std::string model_config_difference(const ModelConfig& ours, const ModelConfig& theirs) {
+  const json a = model_config_to_json(ours), b = model_config_to_json(theirs);
+  std::set<std::string> keys;
+  for (const auto& [k, _] : a.items()) keys.insert(k);
+  for (const auto& [k, _] : b.items()) keys.insert(k);
+  for (const std::string& k : keys) {
+    const json va = a.contains(k) ? a[k] : json(), vb = b.contains(k) ? b[k] : json();
+    if (va != vb) return fmt::format("model.{} is {} here but {} in the checkpoint", k, va.dump(), vb.dump());
+  }
+  return {};
+}
+
 void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model,
-                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp) {
-  if (world.rank() == 0) fs::create_directories(dir);
-  world.barrier();
+                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp,
+                     const CheckpointSaveOptions& options) {
+  // Rank 0 prepares the staging directory and names the save; the broadcast is also the barrier after which
+  // every writer may write into it.
+  char save_id[17] = {};
+  if (world.rank() == 0) {
+    begin_checkpoint_save(dir, info.step);
+    const std::string id = new_save_id();
+    std::memcpy(save_id, id.data(), std::min(id.size(), sizeof(save_id) - 1));
+  }
+  world.broadcast(save_id, sizeof(save_id), DType::U8, 0);
+  const fs::path staging = checkpoint_staging_dir(dir, info.step);
   const ExpertPlacement& placement = model.moe(0).placement();
   const int my_ep = ep_mp.rank();
   auto& params = model.parameters();
@@ -86,71 +228,63 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     const Tensor& bias = model.moe(l).params().score_bias;
     if (bias.defined() && bias.numel() > 0) dense["layers." + std::to_string(l) + ".moe.score_bias"] = bias;
   }
-  std::map<std::string, std::string> meta{{"format", "expar"}, {"step", std::to_string(info.step)}};
-  if (world.rank() == 0) write_safetensors(fs::path(dir) / "dense.safetensors", dense, meta);
+  const std::string hash = model_hash(info.model);
+  std::map<std::string, std::string> meta{
+      {"format", "expar"}, {"step", std::to_string(info.step)}, {"save_id", save_id}, {"model_hash", hash}};
+  if (world.rank() == 0) write_safetensors(staging / "dense.safetensors", dense, meta);
   if (ep_dp.rank() == 0)
-    write_safetensors(fs::path(dir) / ("experts-" + std::to_string(my_ep) + ".safetensors"), experts, meta);
+    write_safetensors(staging / ("experts-" + std::to_string(my_ep) + ".safetensors"), experts, meta);
+  world.barrier();  // every file of the save is written and synced
   if (world.rank() == 0) {
     json files = json::object();
     for (int m = 0; m < placement.ep_size(); ++m)
       files["experts-" + std::to_string(m) + ".safetensors"] = placement.local_experts(m);
-    json manifest{{"format", "expar-checkpoint-1"},
+    json manifest{{"format", kFormat},
                   {"step", info.step},
                   {"seed", info.seed},
                   {"world", info.world},
                   {"ep", info.ep},
                   {"placement", placement_name(placement.kind())},
                   {"model", model_config_to_json(info.model)},
+                  {"save_id", save_id},
+                  {"model_hash", hash},
                   {"dense_file", "dense.safetensors"},
                   {"expert_files", files}};
-    std::ofstream out(fs::path(dir) / "manifest.json");
-    out << manifest.dump(2) << "\n";
+    write_file_atomically(staging / "manifest.json", manifest.dump(2) + "\n");
+    commit_checkpoint_save(dir, info.step, options.keep_last, options.remove_others);
   }
   world.barrier();
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
-              dir);
-  json j = json::parse(in);
-  CheckpointInfo info;
-  info.step = j.at("step");
-  info.seed = j.at("seed");
-  info.world = j.at("world");
-  info.ep = j.at("ep");
-  info.model = model_config_from_json(j.at("model"));
-  return info;
+  return read_manifest(dir).info;
 }
 
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer) {
-  std::ifstream in(fs::path(dir) / "manifest.json");
-  EXPAR_CHECK(in.good(), "checkpoint '{}' has no manifest.json: pass a directory written by expar train",
-              dir);
-  json manifest = json::parse(in);
-  SafetensorsFile dense = SafetensorsFile::open(fs::path(dir) / manifest.at("dense_file").get<std::string>());
-  std::map<int, std::string> file_of_expert;
-  for (auto& [file, ids] : manifest.at("expert_files").items())
-    for (int e : ids) file_of_expert[e] = file;
-  std::map<std::string, SafetensorsFile> expert_files;
-  auto expert_file = [&](int e) -> SafetensorsFile& {
-    auto it = file_of_expert.find(e);
-    EXPAR_CHECK(it != file_of_expert.end(),
-                "checkpoint '{}' holds no file for expert {}: the model has more "
-                "experts than the checkpoint",
-                dir, e);
-    auto f = expert_files.find(it->second);
-    if (f == expert_files.end())
-      f = expert_files.emplace(it->second, SafetensorsFile::open(fs::path(dir) / it->second)).first;
-    return f->second;
+  const Manifest manifest = read_manifest(dir);
+  const std::string label = manifest.dir.string();
+  CheckpointFiles files(manifest);
+  const SafetensorsFile& dense = files.open(manifest.dense_file);
+  std::set<std::string> dense_used;
+  auto expert_file = [&](int e) -> const SafetensorsFile& {
+    auto it = manifest.file_of_expert.find(e);
+    EXPAR_CHECK(it != manifest.file_of_expert.end(),
+                "checkpoint '{}' holds no file for expert {}: the model has more experts than the checkpoint",
+                label, e);
+    return files.open(it->second);
   };
-  auto copy_into = [&](Tensor dst, const SafetensorsFile& file, const std::string& name) {
-    EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", dir, name,
+  auto source = [&](const SafetensorsFile& file, const std::string& name, int64_t numel) {
+    EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label, name,
                 file.label());
     Tensor src = file.view(name);
-    EXPAR_CHECK(src.numel() == dst.numel() && src.dtype() == DType::F32,
-                "checkpoint '{}': tensor '{}' has shape {} {} but the model needs {} F32", dir, name,
-                shape_string(src.shape()), dtype_name(src.dtype()), shape_string(dst.shape()));
+    EXPAR_CHECK(src.numel() == numel && src.dtype() == DType::F32,
+                "checkpoint '{}': tensor '{}' in {} has shape {} {} but the model needs {} F32 values", label,
+                name, file.label(), shape_string(src.shape()), dtype_name(src.dtype()), numel);
+    if (&file == &dense) dense_used.insert(name);
+    return src;
+  };
+  auto copy_into = [&](Tensor dst, const SafetensorsFile& file, const std::string& name) {
+    Tensor src = source(file, name, dst.numel());
     std::memcpy(dst.raw(), src.raw(), dst.nbytes());
   };
   const ExpertPlacement& placement = model.moe(0).placement();
@@ -170,7 +304,7 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     const int64_t per_expert = p.value.numel() / placement.local_count();
     for (int l = 0; l < placement.local_count(); ++l) {
       const int e = placement.global_expert(my_ep, l);
-      SafetensorsFile& file = expert_file(e);
+      const SafetensorsFile& file = expert_file(e);
       const std::string name = expert_name(p.name, e);
       copy_into(p.value.rows(l, l + 1), file, name);
       if (!st) continue;
@@ -178,10 +312,10 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
       for (const char* which : {"m", "v"}) {
         const std::string key = std::string("optimizer.") + which + "." + name;
         EXPAR_CHECK(file.contains(key),
-                    "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint "
-                    "written with its optimizer",
-                    dir, key);
-        Tensor src = file.view(key);
+                    "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint written with its "
+                    "optimizer",
+                    label, key);
+        Tensor src = source(file, key, per_expert);
         Tensor& dst = which[0] == 'm' ? st->m : st->v;
         const int64_t lo = std::max<int64_t>(st->begin, l * per_expert);
         const int64_t hi = std::min<int64_t>(st->end, (l + 1) * per_expert);
@@ -196,7 +330,37 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     const std::string name = "layers." + std::to_string(l) + ".moe.score_bias";
     if (bias.defined() && bias.numel() > 0 && dense.contains(name)) copy_into(bias, dense, name);
   }
-  if (optimizer) optimizer->set_steps_taken(manifest.at("step").get<int64_t>());
+  // A tensor nobody loaded means the manifest's model config does not describe the files (e.g. "layers": 1
+  // for a 2-layer checkpoint).
+  for (const std::string& name : dense.names()) {
+    const bool optimizer_state = name.starts_with("optimizer.");
+    if (dense_used.contains(name) || (optimizer_state && !optimizer)) continue;
+    fail(
+        "checkpoint '{}': {} holds tensor '{}', which the model of {} does not have: the manifest's model "
+        "config does not describe these files; restore the manifest written with them",
+        label, dense.label(), name, manifest.label);
+  }
+  if (optimizer) optimizer->set_steps_taken(manifest.info.step);
+}
+
+void check_checkpoint_target(const std::string& dir, const ModelConfig& model, bool overwrite) {
+  check_checkpoint_dir_writable(dir, "--checkpoint");
+  if (overwrite || !holds_checkpoint(dir)) return;
+  CheckpointInfo existing;
+  try {
+    existing = read_checkpoint_info(dir);
+  } catch (const Error& e) {
+    fail(
+        "--checkpoint '{}' holds a checkpoint that cannot be read ({}): pass --overwrite to replace it, or "
+        "another directory",
+        dir, e.what());
+  }
+  const std::string difference = model_config_difference(model, existing.model);
+  EXPAR_CHECK(
+      difference.empty(),
+      "--checkpoint '{}' already holds a checkpoint of another model ({}): pass --overwrite to replace "
+      "it, or another directory",
+      dir, difference);
 }
 
 }  // namespace expar

@@ -1,12 +1,17 @@
 #pragma once
-// Checkpoints: a directory of safetensors files plus a JSON manifest.
+// Checkpoints of `expar train`, crash-consistent: each save is its own directory DIR/step-<N>/ (see
+// io/checkpoint_dir.hpp: staged, synced, renamed into place, then DIR/latest moves to it) holding
 //   dense.safetensors            every dense parameter (and its Adam moments), written once by world rank 0
 //   experts-<m>.safetensors      the routed experts owned by EP_MP rank m, one tensor per global expert
 //                                ("layers.L.moe.experts.<e>.w1" [h, d], ...), written once per EP_DP group
 //                                (by its member with ep_dp coordinate 0)
-//   manifest.json                model config, layout, step, seed, which file holds which expert
+//   manifest.json                model config, layout, step, seed, which file holds which expert; written
+//                                last
+// Every safetensors file's metadata carry the step, the save's id and the model config's hash, and a load
+// refuses a file whose identity differs from the manifest's (a torn set), naming it.
 // Every tensor is stored under its global name, so loading reshards to any layout: a rank reads the dense
 // file and, from the expert files, only the rows of its own experts (zero-copy through mmap).
+#include <filesystem>
 #include <string>
 
 #include "expar/comm/comm.hpp"
@@ -23,15 +28,33 @@ struct CheckpointInfo {
   int world = 1;
 };
 
-// Collective over `world`. ep_mp / ep_dp are this rank's expert groups; `optimizer` may be null.
-void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model,
-                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp);
+struct CheckpointSaveOptions {
+  int keep_last = 0;           // keep at most this many step directories (0: all)
+  bool remove_others = false;  // remove every other step directory (replacing a checkpoint of another model)
+};
 
-// Reads manifest.json (model config, step, ...). Throws expar::Error naming the directory if it is missing.
+// Collective over `world`. `dir` is the run directory. ep_mp / ep_dp are this rank's expert groups;
+// `optimizer` may be null. Any failure (a full disk, a kill) leaves the previous save complete and `latest`
+// naming it.
+void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTransformer& model,
+                     AdamW* optimizer, Comm& world, Comm& ep_mp, Comm& ep_dp,
+                     const CheckpointSaveOptions& options = {});
+
+// Reads the manifest of the checkpoint `dir` (a run directory, resolved through `latest`, or a step
+// directory). Throws expar::Error naming the file and key when it is missing, malformed or out of range.
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 
+// The model config of `config` and of the checkpoint differ: a message naming the first field that differs
+// and both values, or empty when they are the same.
+std::string model_config_difference(const ModelConfig& ours, const ModelConfig& theirs);
+
 // Loads weights (and the optimizer state when `optimizer` is not null) into `model`, whatever the layout it
-// was saved with. Not collective: each rank reads what it needs.
+// was saved with. Not collective: each rank reads what it needs. Checks that every file belongs to the
+// manifest's save and that every tensor has the size the model needs.
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer);
+
+// Before training: `dir` can be written, and a checkpoint already in it is of the same model (else an error
+// that names both, unless `overwrite`).
+void check_checkpoint_target(const std::string& dir, const ModelConfig& model, bool overwrite);
 
 }  // namespace expar

@@ -93,6 +93,35 @@ double validation_loss(MoeTransformer& model, const TokenCorpus& corpus, const T
   return loss / dp.size();
 }
 
+// Every value the loop divides by, multiplies or descends along: a bad one is an error naming the option,
+// never a SIGFPE or a run that silently trains uphill.
+void check_train_config(const TrainConfig& c) {
+  auto positive_int = [](int v, const char* name) {
+    EXPAR_CHECK(v >= 1, "{}={} must be at least 1", name, v);
+  };
+  positive_int(c.steps, "steps (--steps)");
+  positive_int(c.global_batch, "global batch (--batch)");
+  positive_int(c.seq_len, "sequence length (--seq-len)");
+  positive_int(c.microbatches, "microbatches (--microbatches)");
+  positive_int(c.eval_sequences, "eval_sequences");
+  EXPAR_CHECK(c.seq_len <= c.model.max_seq, "sequence length (--seq-len) {} exceeds the model's max_seq {}",
+              c.seq_len, c.model.max_seq);
+  auto non_negative = [](double v, const char* name) {
+    EXPAR_CHECK(std::isfinite(v) && v >= 0, "{}={} must be a finite number >= 0", name, v);
+  };
+  EXPAR_CHECK(std::isfinite(c.lr) && c.lr > 0, "learning rate (--lr) {} must be a finite number > 0", c.lr);
+  non_negative(c.weight_decay, "weight decay (--weight-decay)");
+  non_negative(c.clip_norm, "gradient clip norm (--clip; 0: off)");
+  non_negative(c.min_lr_ratio, "min_lr_ratio");
+  non_negative(c.model.moe.aux_loss_coef, "aux loss coefficient (--aux-coef)");
+  non_negative(c.model.moe.z_loss_coef, "z loss coefficient (--z-coef)");
+  for (auto [v, name] : {std::pair{c.warmup, "warmup steps (--warmup)"},
+                         {c.eval_every, "--eval-every"},
+                         {c.checkpoint_every, "--checkpoint-every"},
+                         {c.keep_last, "--keep-last"}})
+    EXPAR_CHECK(v >= 0, "{}={} must not be negative", name, v);
+}
+
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
@@ -102,11 +131,32 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
   auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
 
+  check_train_config(cfg);
   EXPAR_CHECK(
       cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
       "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
       cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
   EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
+  const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  // Found before any work: a checkpoint target that cannot be written or holds another model, a resume
+  // checkpoint of another model or with nothing left to train.
+  if (!cfg.checkpoint_dir.empty())
+    check_checkpoint_target(cfg.checkpoint_dir, cfg.model, cfg.overwrite_checkpoint);
+  int start = 0;
+  if (!cfg.resume_from.empty()) {
+    const CheckpointInfo info = read_checkpoint_info(cfg.resume_from);
+    const std::string difference = model_config_difference(cfg.model, info.model);
+    EXPAR_CHECK(difference.empty(),
+                "--resume '{}': {}: a run resumes with the checkpoint's model config; drop the option that "
+                "contradicts it",
+                cfg.resume_from, difference);
+    EXPAR_CHECK(
+        info.step < last,
+        "--resume '{}': the checkpoint has completed step {} of a run of {} steps: nothing is left to "
+        "train; pass --steps greater than {}",
+        cfg.resume_from, info.step, last, info.step);
+    start = static_cast<int>(info.step);
+  }
   const int local_seqs = cfg.global_batch / layout.dp;
   const int mb_seqs = local_seqs / cfg.microbatches;
 
@@ -138,24 +188,23 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   AdamW optimizer(params, acfg, *ep_mp, *ep_dp);
   LrSchedule schedule{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.steps};
 
-  int start = 0;
-  if (!cfg.resume_from.empty()) {
-    load_checkpoint(cfg.resume_from, model, &optimizer);
-    start = static_cast<int>(read_checkpoint_info(cfg.resume_from).step);
-  }
+  if (!cfg.resume_from.empty()) load_checkpoint(cfg.resume_from, model, &optimizer);
   std::string memory = memory_table(world);
   if (model.lease_pool() != nullptr)
     memory += lease_pool_sizing(mc, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
   if (observer && observer->on_start && world.rank() == 0)
     observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
 
+  bool saved = false;
   auto save = [&](int steps_done) {
     CheckpointInfo info{steps_done, cfg.seed, cfg.model, cfg.ep, world.size()};
-    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp);
+    // With --overwrite, the first save of this run replaces every step directory already there.
+    CheckpointSaveOptions options{cfg.keep_last, cfg.overwrite_checkpoint && !saved};
+    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp, options);
+    saved = true;
   };
 
   TrainSummary summary;
-  const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();

@@ -40,10 +40,13 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 50;  // 0: only at the end
   int eval_sequences = 16;
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int checkpoint_every = 0;    // 0: only at the end (when checkpoint_dir is set)
-  std::string resume_from;     // a checkpoint directory to resume from
-  int stop_after = -1;         // stop (as if interrupted) after this step; -1: run to `steps`
+  std::string checkpoint_dir;         // empty: no checkpoints; else a run directory of step-<N>/ saves
+  int checkpoint_every = 0;           // 0: only at the end (when checkpoint_dir is set)
+  int keep_last = 2;                  // step directories kept in checkpoint_dir (0: all)
+  bool overwrite_checkpoint = false;  // replace a checkpoint of another model in checkpoint_dir
+  // A checkpoint (run directory or step directory) to resume from; its model config must equal `model`.
+  std::string resume_from;
+  int stop_after = -1;  // stop (as if interrupted) after this step; -1: run to `steps`
 };
 
 struct StepRecord {

@@ -67,7 +67,8 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, double timeout_seconds)
 }
 
 MpiComm::~MpiComm() {
-  if (comm_ != MPI_COMM_WORLD && active()) MPI_Comm_free(&comm_);
+  // While an error unwinds, leave the communicator to MPI_Abort (MPI_Comm_free is collective).
+  if (comm_ != MPI_COMM_WORLD && active() && !unwinding()) MPI_Comm_free(&comm_);
 }
 
 void MpiComm::wait(MPI_Request& request, const char* op) const {
@@ -77,7 +78,10 @@ void MpiComm::wait(MPI_Request& request, const char* op) const {
 std::shared_ptr<Comm> MpiComm::split(int color, int key, const std::string& name) {
   EXPAR_CHECK(color >= 0, "split of group '{}' into '{}': color {} must be non-negative", name_, name, color);
   MPI_Comm child;
-  check(MPI_Comm_split(comm_, color, key, &child), "MPI_Comm_split");
+  {
+    BlockingDeadline deadline("split", name_, timeout_seconds_);
+    check(MPI_Comm_split(comm_, color, key, &child), "MPI_Comm_split");
+  }
   return std::make_shared<MpiComm>(child, name, timeout_seconds_);
 }
 

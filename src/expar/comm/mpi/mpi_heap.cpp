@@ -45,6 +45,7 @@ uint64_t* slot_at(std::byte* base, int slot) {
 
 MpiHeap::MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMode mode)
     : name_(std::move(name)), timeout_seconds_(timeout_seconds), mode_(mode) {
+  BlockingDeadline deadline("symmetric heap creation", name_, timeout_seconds_);
   check(MPI_Comm_dup(comm, &group_), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(group_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_rank(group_, &rank_), "MPI_Comm_rank");
@@ -74,7 +75,10 @@ MpiHeap::MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMo
 
 MpiHeap::~MpiHeap() {
   for (auto& b : buffers_) b.tracker->sub(b.category, static_cast<int64_t>(b.bytes));
-  if (!active()) return;
+  // MPI_Win_free is collective: while an error unwinds, peers may never arrive, so the windows are left to
+  // MPI_Abort (run_mpi) instead of waiting for them.
+  if (!active() || unwinding()) return;
+  BlockingDeadline deadline("symmetric heap destruction (MPI_Win_free)", name_, timeout_seconds_);
   for (auto& b : buffers_) free_window(b.window);
   free_window(signals_);
   if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
@@ -82,6 +86,7 @@ MpiHeap::~MpiHeap() {
 }
 
 MpiHeap::Window MpiHeap::create_window(size_t bytes) {
+  BlockingDeadline deadline("window creation", name_, timeout_seconds_);
   Window w;
   w.peers.assign(static_cast<size_t>(size_), nullptr);
   // A one-byte minimum keeps every member's base pointer valid for zero-byte buffers.

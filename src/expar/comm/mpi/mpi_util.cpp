@@ -4,6 +4,13 @@
 
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "expar/core/error.hpp"
 
@@ -45,6 +52,84 @@ bool active() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
+}
+
+namespace {
+
+// One watchdog thread per process, started on first use; it sleeps until the earliest registered deadline.
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static Watchdog* w = new Watchdog();  // never destroyed: it may be needed until the process ends
+    return *w;
+  }
+  uint64_t add(std::string message, double timeout_seconds) {
+    std::lock_guard lock(mutex_);
+    const uint64_t id = next_++;
+    const auto limit = std::chrono::duration<double>(std::min(timeout_seconds, 1e9));
+    deadlines_.emplace(id, Entry{std::chrono::steady_clock::now() +
+                                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit),
+                                 std::move(message)});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    wake_.notify_all();
+    return id;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    deadlines_.erase(id);
+  }
+
+ private:
+  struct Entry {
+    std::chrono::steady_clock::time_point deadline;
+    std::string message;
+  };
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (deadlines_.empty()) {
+        wake_.wait(lock);
+        continue;
+      }
+      auto first = deadlines_.begin();
+      for (auto it = deadlines_.begin(); it != deadlines_.end(); ++it)
+        if (it->second.deadline < first->second.deadline) first = it;
+      if (std::chrono::steady_clock::now() >= first->second.deadline) {
+        std::fprintf(stderr, "%s\n", first->second.message.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      const auto deadline = first->second.deadline;  // a copy: remove() may erase the entry while we wait
+      wake_.wait_until(lock, deadline);
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::map<uint64_t, Entry> deadlines_;
+  uint64_t next_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+BlockingDeadline::BlockingDeadline(const char* op, const std::string& group, double timeout_seconds) {
+  int rank = -1;
+  if (active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  id_ = Watchdog::instance().add(
+      fmt::format(
+          "expar: rank {}: error: {} on group '{}' timed out after {} s: some members did not arrive "
+          "(stopped or gone; their own messages say where they are); raise EXPAR_COMM_TIMEOUT if they "
+          "are just slow",
+          rank, op, group, timeout_seconds),
+      timeout_seconds);
+}
+
+BlockingDeadline::~BlockingDeadline() {
+  Watchdog::instance().remove(id_);
+}
+
+bool unwinding() {
+  return std::uncaught_exceptions() > 0;
 }
 
 }  // namespace expar::mpi

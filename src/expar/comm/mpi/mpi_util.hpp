@@ -1,6 +1,7 @@
 #pragma once
 // Small helpers of the MPI backend: errors as expar::Error, waits with a timeout, int-sized counts.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "expar/comm/mpi/mpi_c.hpp"
@@ -18,5 +19,25 @@ int to_int(size_t bytes, const char* op);
 void wait(MPI_Request& request, const char* op, const std::string& group, double timeout_seconds);
 // True when MPI_Init ran and MPI_Finalize has not.
 bool active();
+
+// A blocking MPI call that has no non-blocking form (communicator and window creation, MPI_Finalize) runs
+// inside one of these: if it has not returned after `timeout_seconds` (a peer stopped or gone), a watchdog
+// thread prints "<op> on group '<group>' ... timed out" with this process's world rank and ends the process
+// with status 1, which makes mpirun end the whole job. An exception cannot be thrown from inside MPI.
+class BlockingDeadline {
+ public:
+  BlockingDeadline(const char* op, const std::string& group, double timeout_seconds);
+  ~BlockingDeadline();
+  BlockingDeadline(const BlockingDeadline&) = delete;
+  BlockingDeadline& operator=(const BlockingDeadline&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
+// True while an exception is unwinding the stack: destructors of MPI objects then skip their collective
+// teardown (MPI_Win_free, MPI_Comm_free), which would wait for peers that are not coming; the launcher
+// prints the error and calls MPI_Abort, which ends every rank.
+bool unwinding();
 
 }  // namespace expar::mpi

@@ -19,11 +19,15 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
+    EXPAR_CHECK(options.compute_threads >= 1 && options.compute_threads <= kMaxComputeThreads,
+                "compute_threads = {}: use 1 to {} compute threads per rank", options.compute_threads,
+                kMaxComputeThreads);
     set_compute_threads(options.compute_threads);
     mpi::MpiComm world(MPI_COMM_WORLD, "world", comm_timeout_seconds(options.timeout_seconds));
     fn(world);
   } catch (const std::exception& e) {
-    // Peers may be blocked in a collective this rank will never join: take the whole job down.
+    // Peers may be blocked in a collective this rank will never join: take the whole job down now. The
+    // destructors on the way here skipped their collective teardown (mpi::unwinding()).
     std::fprintf(stderr, "expar: rank %d: error: %s\n", rank, e.what());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -32,7 +36,10 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  if (!initialized) MPI_Finalize();
+  if (!initialized) {
+    mpi::BlockingDeadline deadline("MPI_Finalize", "world", comm_timeout_seconds(options.timeout_seconds));
+    MPI_Finalize();
+  }
   return 0;
 }
 

@@ -2,6 +2,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <thread>
 
@@ -17,8 +18,11 @@ namespace expar {
 std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
                                               const std::function<void(Comm& world)>& fn) {
   EXPAR_CHECK(options.ranks >= 1, "ranks = {}: run at least 1 rank", options.ranks);
-  EXPAR_CHECK(options.compute_threads >= 1, "compute_threads = {}: use at least 1 compute thread per rank",
-              options.compute_threads);
+  EXPAR_CHECK(options.ranks <= kMaxLaunchRanks, "ranks = {}: at most {} ranks run as threads of one process",
+              options.ranks, kMaxLaunchRanks);
+  EXPAR_CHECK(options.compute_threads >= 1 && options.compute_threads <= kMaxComputeThreads,
+              "compute_threads = {}: use 1 to {} compute threads per rank", options.compute_threads,
+              kMaxComputeThreads);
   EXPAR_CHECK(options.timeout_seconds > 0, "timeout_seconds = {}: the wait timeout must be positive",
               options.timeout_seconds);
   const int n = options.ranks;
@@ -41,6 +45,11 @@ std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
       set_compute_threads(options.compute_threads);
       threads::ThreadsComm comm(group, r);
       fn(comm);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+      message =
+          "out of memory: this rank could not allocate what it needs; use fewer ranks or a smaller "
+          "model, batch or sequence";
     } catch (const std::exception& e) {
       failed = true;
       message = e.what();

@@ -1,0 +1,76 @@
+#include "expar/cli/option_checks.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace expar::cli {
+namespace {
+
+// The number in `text`, or nullopt when it is not one (trailing characters included).
+bool parse_double(const std::string& text, double& value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  value = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size();
+}
+
+bool parse_integer(const std::string& text, int64_t& value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end != text.c_str() + text.size() || errno == ERANGE) return false;
+  value = v;
+  return true;
+}
+
+CLI::Validator finite_range(double lo, double hi, bool open_low) {
+  const std::string rule = fmt::format("a finite number in {}{:g}, {:g}]", open_low ? "(" : "[", lo, hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!parse_double(text, v)) return fmt::format("'{}' is not a number: pass {}", text, rule);
+        const bool ok = std::isfinite(v) && (open_low ? v > lo : v >= lo) && v <= hi;
+        return ok ? std::string() : fmt::format("{} is out of range: pass {}", text, rule);
+      },
+      rule);
+}
+
+}  // namespace
+
+CLI::Validator finite_in(double lo, double hi) {
+  return finite_range(lo, hi, false);
+}
+
+CLI::Validator finite_above(double lo, double hi) {
+  return finite_range(lo, hi, true);
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const std::string rule = fmt::format("an integer in [{}, {}]", lo, hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!parse_integer(text, v)) return fmt::format("'{}' is not an integer: pass {}", text, rule);
+        return v >= lo && v <= hi ? std::string() : fmt::format("{} is out of range: pass {}", text, rule);
+      },
+      rule);
+}
+
+CLI::Validator one_of(std::vector<std::string> names) {
+  const std::string rule = fmt::format("one of {}", fmt::join(names, ", "));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        for (const auto& n : names)
+          if (text == n) return {};
+        return fmt::format("'{}' is unknown: pass {}", text, rule);
+      },
+      rule);
+}
+
+}  // namespace expar::cli

@@ -1,0 +1,21 @@
+#pragma once
+// Range checks for command-line options, attached to CLI11 options with ->check(...). A value outside the
+// rule fails parsing with "<flag>: <value> is ...: <rule>; <fix>" (main() prints it as an error, status 1).
+// Floats must be finite (CLI11's own Range lets NaN through); integers must fit their range (products of
+// options are checked where they are used).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace expar::cli {
+
+// A finite number in [lo, hi].
+CLI::Validator finite_in(double lo, double hi);
+// A finite number in (lo, hi].
+CLI::Validator finite_above(double lo, double hi);
+// An integer in [lo, hi].
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+// One of `names` (the message lists them).
+CLI::Validator one_of(std::vector<std::string> names);
+
+}  // namespace expar::cli
