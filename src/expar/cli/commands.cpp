@@ -8,6 +8,7 @@ void add_layer(CLI::App& app, CommandTable& table);
 void add_bench(CLI::App&, CommandTable&);
 void add_train(CLI::App& app, CommandTable& table);
 void add_generate(CLI::App& app, CommandTable& table);
+void add_tokenize(CLI::App& app, CommandTable& table);
 
 namespace {
 CommandTable& table() {
@@ -22,6 +23,7 @@ void register_commands(CLI::App& app) {
   add_bench(app, table());
   add_train(app, table());
   add_generate(app, table());
+  add_tokenize(app, table());
 }
 
 int run_selected(CLI::App& app) {
