@@ -82,6 +82,11 @@ TEST_P(ChatTemplateReference, RendersLikeHuggingFaceJinja) {
     }
     EXPECT_EQ(chat.render(cases[i]["context"]), expected[i].get<std::string>());
   }
+  // apply_chat_template fills bos/eos from the tokenizer: the same text as the first case.
+  json extra = cases[0]["context"];
+  const json messages = extra["messages"];
+  extra.erase("messages");
+  EXPECT_EQ(apply_chat_template(tokenizer, messages, true, extra), expected[0].get<std::string>());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ChatTemplateReference, ::testing::Values("llama3", "qwen3", "deepseek_v3"),

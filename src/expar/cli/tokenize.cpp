@@ -4,6 +4,8 @@
 //   expar tokenize --tokenizer ... --decode 9906,4435                 the text of those ids
 // --no-special: encode without the post-processor's tokens (e.g. Llama-2's <s>); decode without special
 // tokens.
+#include "expar/cli/tokenize.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
+#include "expar/io/chat_template.hpp"
 #include "expar/io/tokenizer.hpp"
 
 namespace expar::cli {
@@ -72,6 +75,38 @@ int run_tokenize(const TokenizeArgs& a) {
 }
 
 }  // namespace
+
+std::optional<TextPrompt> encode_prompt(const std::filesystem::path& checkpoint, const std::string& prompt,
+                                        bool chat) {
+  if (!Tokenizer::present_in(checkpoint)) {
+    EXPAR_CHECK(
+        !chat, "--chat needs the checkpoint's tokenizer.json and its chat template; {} has no tokenizer.json",
+        checkpoint.string());
+    return std::nullopt;
+  }
+  const auto dir = std::filesystem::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
+  TextPrompt p{Tokenizer::from_path(dir), {}, chat};
+  if (!chat) {
+    p.ids = p.tokenizer.encode(prompt);
+    return p;
+  }
+  EXPAR_CHECK(
+      !p.tokenizer.chat_template().empty(),
+      "--chat: {} has no chat_template in tokenizer_config.json (nor chat_template.jinja): drop --chat",
+      dir.string());
+  const nlohmann::json messages = {{{"role", "user"}, {"content", prompt}}};
+  // As transformers' apply_chat_template: the template writes the special tokens itself.
+  p.ids = p.tokenizer.encode(apply_chat_template(p.tokenizer, messages, /*add_generation_prompt=*/true),
+                             /*add_special_tokens=*/false);
+  return p;
+}
+
+std::string decode_generated(const TextPrompt& prompt, const std::vector<int32_t>& generated) {
+  if (prompt.chat) return prompt.tokenizer.decode(generated, /*skip_special_tokens=*/true);
+  std::vector<int32_t> all = prompt.ids;
+  all.insert(all.end(), generated.begin(), generated.end());
+  return prompt.tokenizer.decode(all, /*skip_special_tokens=*/true);
+}
 
 void add_tokenize(CLI::App& app, CommandTable& table) {
   auto* cmd =

@@ -13,6 +13,8 @@
 
 namespace expar {
 
+class Tokenizer;
+
 class ChatTemplate {
  public:
   // Parses the template; throws expar::Error on syntax it does not support.
@@ -28,5 +30,12 @@ class ChatTemplate {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=False): the tokenizer's
+// chat template rendered with `messages`, add_generation_prompt, bos_token and eos_token (and the keys of
+// `extra`, e.g. tools). Throws expar::Error when the tokenizer has no chat template.
+std::string apply_chat_template(const Tokenizer& tokenizer, const nlohmann::json& messages,
+                                bool add_generation_prompt,
+                                const nlohmann::json& extra = nlohmann::json::object());
 
 }  // namespace expar

@@ -9,6 +9,7 @@
 #include "expar/core/error.hpp"
 #include "expar/io/chat_template.hpp"
 #include "expar/io/chat_template/ast.hpp"
+#include "expar/io/tokenizer.hpp"
 #include "expar/io/tokenizer/utf8.hpp"
 
 namespace expar {
@@ -865,6 +866,20 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 std::string ChatTemplate::render(const nlohmann::json& context) const {
   jinja::Renderer renderer(impl_->source, context);
   return renderer.render(impl_->body);
+}
+
+std::string apply_chat_template(const Tokenizer& tokenizer, const nlohmann::json& messages,
+                                bool add_generation_prompt, const nlohmann::json& extra) {
+  EXPAR_CHECK(
+      !tokenizer.chat_template().empty(),
+      "the tokenizer has no chat template (tokenizer_config.json has no chat_template and there is no "
+      "chat_template.jinja): format the prompt yourself");
+  nlohmann::json context = extra.is_object() ? extra : nlohmann::json::object();
+  context["messages"] = messages;
+  context["add_generation_prompt"] = add_generation_prompt;
+  context["bos_token"] = tokenizer.bos_token().value_or("");
+  context["eos_token"] = tokenizer.eos_token().value_or("");
+  return ChatTemplate(tokenizer.chat_template()).render(context);
 }
 
 }  // namespace expar
