@@ -13,12 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/io/text_file.hpp"
 #include "expar/io/tokenizer.hpp"
 
 namespace expar::cli {
@@ -108,11 +108,7 @@ int run_bench_tokenize(const BenchTokenizeArgs& a) {
     text_path = fs::temp_directory_path() / fmt::format("expar_bench_tokenize_{}.txt", getpid());
     std::ofstream(text_path, std::ios::binary) << text;
   } else {
-    std::ifstream in(a.text_file, std::ios::binary);
-    EXPAR_CHECK(in.good(), "--text-file {}: cannot open it", a.text_file);
-    std::ostringstream s;
-    s << in.rdbuf();
-    text = s.str();
+    text = read_text_file(a.text_file, "--text-file");
   }
   const fs::path dir =
       fs::is_directory(a.tokenizer) ? fs::path(a.tokenizer) : fs::path(a.tokenizer).parent_path();

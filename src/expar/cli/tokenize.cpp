@@ -7,13 +7,12 @@
 #include "expar/cli/tokenize.hpp"
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/chat_template.hpp"
+#include "expar/io/text_file.hpp"
 #include "expar/io/tokenizer.hpp"
 
 namespace expar::cli {
@@ -28,14 +27,6 @@ struct TokenizeArgs {
   bool json = false;
   bool no_special = false;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPAR_CHECK(in.good(), "--text-file {}: cannot open it: check the path", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string quoted(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -56,7 +47,7 @@ int run_tokenize(const TokenizeArgs& a) {
       std::printf("%s\n", text.c_str());
     return 0;
   }
-  const std::string text = a.text ? *a.text : read_file(a.text_file);
+  const std::string text = a.text ? *a.text : read_text_file(a.text_file, "--text-file");
   const std::vector<int32_t> ids = tokenizer.encode(text, !a.no_special);
   if (a.json) {
     nlohmann::json out{{"ids", ids}, {"tokens", nlohmann::json::array()}};

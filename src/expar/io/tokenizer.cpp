@@ -1,12 +1,11 @@
 #include "expar/io/tokenizer.hpp"
 
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <unordered_set>
 
 #include "expar/core/error.hpp"
 #include "expar/io/strict_json.hpp"
+#include "expar/io/text_file.hpp"
 #include "expar/io/tokenizer/added_tokens.hpp"
 #include "expar/io/tokenizer/bpe.hpp"
 #include "expar/io/tokenizer/decoder.hpp"
@@ -24,14 +23,6 @@ using namespace tok;
 
 // tokenizer.json nests arrays in objects in arrays (Sequence of Split of pattern) a handful of levels deep.
 constexpr int kMaxJsonDepth = 32;
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPAR_CHECK(in.good(), "cannot open {}: check the path", path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // bos_token / eos_token / additional_special_tokens entries: a string, or an AddedToken object with
 // "content".
@@ -245,10 +236,12 @@ Tokenizer Tokenizer::from_path(const std::filesystem::path& file_or_dir) {
   EXPAR_CHECK(fs::is_regular_file(file), "{} is not a tokenizer.json file or a directory holding one",
               file_or_dir.string());
   const fs::path config = file.parent_path() / "tokenizer_config.json";
-  Tokenizer t(read_text(file), fs::is_regular_file(config) ? read_text(config) : std::string(),
+  Tokenizer t(read_text_file(file, "tokenizer"),
+              fs::is_regular_file(config) ? read_text_file(config, "tokenizer config") : std::string(),
               file.string());
   const fs::path jinja = file.parent_path() / "chat_template.jinja";
-  if (t.impl_->chat_template.empty() && fs::is_regular_file(jinja)) t.impl_->chat_template = read_text(jinja);
+  if (t.impl_->chat_template.empty() && fs::is_regular_file(jinja))
+    t.impl_->chat_template = read_text_file(jinja, "chat template");
   return t;
 }
 

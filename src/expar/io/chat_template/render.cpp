@@ -30,28 +30,12 @@ constexpr const char* kTests =
 
 // Python's str.strip family: `chars` given, or Unicode whitespace.
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const auto strip_cp = [&](char32_t cp) {
-    if (!chars || chars->kind != Value::Kind::String) return tok::is_white_space(cp);
-    size_t k = 0;
-    while (k < chars->s.size())
+  if (!chars || chars->kind != Value::Kind::String) return std::string(tok::trim_white_space(s, left, right));
+  return std::string(tok::strip_code_points(s, left, right, [&](char32_t cp) {
+    for (size_t k = 0; k < chars->s.size();)
       if (tok::next_code_point(chars->s, k) == cp) return true;
     return false;
-  };
-  size_t begin = 0, end = s.size();
-  if (left)
-    for (size_t k = 0; k < end;) {
-      if (!strip_cp(tok::next_code_point(s, k))) break;
-      begin = k;
-    }
-  if (right)
-    while (end > begin) {
-      size_t start = end - 1;
-      while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-      size_t k = start;
-      if (!strip_cp(tok::next_code_point(s, k))) break;
-      end = start;
-    }
-  return s.substr(begin, end - begin);
+  }));
 }
 
 std::vector<std::string> code_points(const std::string& s) {

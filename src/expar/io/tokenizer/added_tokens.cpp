@@ -17,28 +17,6 @@ bool is_word_char(std::string_view s) {
   return word.find(s, 0).first == 0;
 }
 
-std::string_view trim_left(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t next = i;
-    if (!is_white_space(next_code_point(s, next))) break;
-    i = next;
-  }
-  return s.substr(i);
-}
-
-std::string_view trim_right(std::string_view s) {
-  size_t end = s.size();
-  while (end > 0) {
-    size_t start = end - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    size_t i = start;
-    if (!is_white_space(next_code_point(s, i))) break;
-    end = start;
-  }
-  return s.substr(0, end);
-}
-
 }  // namespace
 
 AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector<std::string> patterns)
@@ -115,9 +93,10 @@ std::vector<Section> AddedTokenMatcher::split(std::string_view text) const {
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].token < 0) continue;
     const AddedToken& token = tokens_[static_cast<size_t>(out[i].token)];
-    if (token.lstrip && i > 0 && out[i - 1].token < 0) out[i - 1].text = trim_right(out[i - 1].text);
+    if (token.lstrip && i > 0 && out[i - 1].token < 0)
+      out[i - 1].text = trim_white_space(out[i - 1].text, false, true);
     if (token.rstrip && i + 1 < out.size() && out[i + 1].token < 0)
-      out[i + 1].text = trim_left(out[i + 1].text);
+      out[i + 1].text = trim_white_space(out[i + 1].text, true, false);
   }
   std::erase_if(out, [](const Section& s) { return s.token < 0 && s.text.empty(); });
   return out;

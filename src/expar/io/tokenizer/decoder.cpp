@@ -179,14 +179,10 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& config,
                                       std::shared_ptr<const std::unordered_set<std::string>> added_tokens) {
   if (config.is_null()) return nullptr;
   const std::string type = component_type(config, "decoder");
-  if (type == "Sequence") {
-    const auto& list = config.value("decoders", nlohmann::json::array());
-    EXPAR_CHECK(list.is_array(), "tokenizer.json: decoder Sequence has no \"decoders\" array");
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (const auto& item : list)
-      if (auto step = make_decoder(item, added_tokens)) steps.push_back(std::move(step));
-    return std::make_unique<Sequence>(std::move(steps));
-  }
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(sequence_steps<Decoder>(
+        config, "decoders", "decoder",
+        [&added_tokens](const nlohmann::json& item) { return make_decoder(item, added_tokens); }));
   if (type == "ByteLevel") return std::make_unique<ByteLevel>(std::move(added_tokens));
   if (type == "Metaspace") return std::make_unique<Metaspace>(config);
   if (type == "Replace") return std::make_unique<Replace>(config);

@@ -71,23 +71,7 @@ class Strip : public Normalizer {
  public:
   Strip(bool left, bool right) : left_(left), right_(right) {}
   void normalize(std::string& text) const override {
-    size_t begin = 0, end = text.size();
-    if (left_) {
-      for (size_t i = 0; i < end;) {
-        if (!is_white_space(next_code_point(text, i))) break;
-        begin = i;
-      }
-    }
-    if (right_) {
-      while (end > begin) {
-        size_t start = end - 1;
-        while (start > begin && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
-        size_t i = start;
-        if (!is_white_space(next_code_point(text, i))) break;
-        end = start;
-      }
-    }
-    text = text.substr(begin, end - begin);
+    text = std::string(trim_white_space(text, left_, right_));
   }
 
  private:
@@ -170,14 +154,10 @@ std::string Replacer::apply(std::string_view text) const {
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config) {
   if (config.is_null()) return nullptr;
   const std::string type = component_type(config, "normalizer");
-  if (type == "Sequence") {
-    const auto& list = config.value("normalizers", nlohmann::json::array());
-    EXPAR_CHECK(list.is_array(), "tokenizer.json: normalizer Sequence has no \"normalizers\" array");
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (const auto& item : list)
-      if (auto step = make_normalizer(item)) steps.push_back(std::move(step));
-    return std::make_unique<Sequence>(std::move(steps));
-  }
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(
+        sequence_steps<Normalizer>(config, "normalizers", "normalizer",
+                                   [](const nlohmann::json& item) { return make_normalizer(item); }));
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD")
     return std::make_unique<UnicodeForm>(type);
   if (type == "Lowercase") return std::make_unique<Lowercase>();

@@ -233,14 +233,10 @@ class Sequence : public PreTokenizer {
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config) {
   if (config.is_null()) return nullptr;
   const std::string type = component_type(config, "pre_tokenizer");
-  if (type == "Sequence") {
-    const auto& list = config.value("pretokenizers", nlohmann::json::array());
-    EXPAR_CHECK(list.is_array(), "tokenizer.json: pre_tokenizer Sequence has no \"pretokenizers\" array");
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (const auto& item : list)
-      if (auto step = make_pre_tokenizer(item)) steps.push_back(std::move(step));
-    return std::make_unique<Sequence>(std::move(steps));
-  }
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(
+        sequence_steps<PreTokenizer>(config, "pretokenizers", "pre_tokenizer",
+                                     [](const nlohmann::json& item) { return make_pre_tokenizer(item); }));
   if (type == "Split") return std::make_unique<Split>(config);
   if (type == "ByteLevel") return std::make_unique<ByteLevel>(config);
   if (type == "Metaspace") return std::make_unique<Metaspace>(config);

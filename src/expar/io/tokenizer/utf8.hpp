@@ -2,6 +2,7 @@
 // UTF-8 helpers of the tokenizer: code point iteration, encoding, and the lossy decoding that both
 // reference implementations apply to decoded bytes (invalid sequences become U+FFFD, one per maximal
 // subpart, as the WHATWG TextDecoder and Rust's String::from_utf8_lossy do).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -55,5 +56,29 @@ std::string utf8_lossy(std::string_view s);
 
 // Unicode White_Space (what `\s` means in the reference regexes and what trim removes).
 bool is_white_space(char32_t cp);
+
+// `s` without the code points that `strip(cp)` accepts at its start (`left`) and end (`right`).
+template <typename Pred>
+std::string_view strip_code_points(std::string_view s, bool left, bool right, Pred&& strip) {
+  size_t begin = 0, end = s.size();
+  if (left)
+    for (size_t i = 0; i < end;) {
+      if (!strip(next_code_point(s, i))) break;
+      begin = i;
+    }
+  if (right)
+    while (end > begin) {
+      size_t start = end - 1;
+      while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      size_t i = start;
+      if (!strip(next_code_point(s, i))) break;
+      end = start;
+    }
+  return s.substr(begin, end - begin);
+}
+
+inline std::string_view trim_white_space(std::string_view s, bool left = true, bool right = true) {
+  return strip_code_points(s, left, right, is_white_space);
+}
 
 }  // namespace expar::tok
