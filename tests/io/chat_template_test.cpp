@@ -91,6 +91,11 @@ TEST(ChatTemplate, ErrorsNameTheConstructAndPosition) {
   EXPECT_THAT(error_of("{% if x %}no end"), HasSubstr("template ends inside a block"));
   EXPECT_THAT(error_of("{{ 1 + 'a' }}"), HasSubstr("operator + on a integer and a string"));
   EXPECT_THAT(error_of("{{ x "), HasSubstr("not closed"));
+  // Malformed templates are errors too, never a hang or a crash.
+  for (const char* bad :
+       {"{{ x | }}", "{% for %}", "{{ (1 }}", "{% set %}", "{{ [1, }}", "{{ {'a' }}", "{% macro m( %}",
+        "{{ 'unterminated }}", "{% if %}{% endif %}", "{{ x[1:2:3:4] }}", "{% endfor %}"})
+    EXPECT_THAT(error_of(bad), HasSubstr("chat template: ")) << bad;
 }
 
 }  // namespace
