@@ -89,6 +89,8 @@ TEST(ChatTemplate, ErrorsNameTheConstructAndPosition) {
   EXPECT_THAT(error_of("{{ x is foo }}"), HasSubstr("test 'foo' is not supported"));
   EXPECT_THAT(error_of("{{ 'a'.zfill(3) }}"), HasSubstr("method zfill() of a string is not supported"));
   EXPECT_THAT(error_of("{% if x %}no end"), HasSubstr("template ends inside a block"));
+  EXPECT_THAT(error_of("a{% endfor %}"),
+              HasSubstr("{% endfor %} has no open block to belong to at line 1, column 2"));
   EXPECT_THAT(error_of("{{ 1 + 'a' }}"), HasSubstr("operator + on a integer and a string"));
   EXPECT_THAT(error_of("{{ x "), HasSubstr("not closed"));
   // Malformed templates are errors too, never a hang or a crash.

@@ -284,6 +284,8 @@ class Parser {
         body.push_back(new_node(keyword == "break" ? Node::Kind::Break : Node::Kind::Continue, pos));
       } else if (keyword == "generation" || keyword == "endgeneration") {
         expect_close();  // transformers' marker of assistant text: no output of its own
+      } else if (keyword.rfind("end", 0) == 0 || keyword == "elif" || keyword == "else") {
+        error(fmt::format("{{% {} %}} has no open block to belong to", keyword), pos);
       } else {
         error(fmt::format(
                   "statement {{% {} %}} is not supported (supported: if, elif, else, for, set, macro, break, "
