@@ -54,7 +54,7 @@ TEST(Bpe, LowerRankMergesFirst) {
 }
 
 TEST(Bpe, EqualRanksMergeLeftmostFirst) {
-  // "aaa" with one merge "a a" (-> "aa" is not in this vocab, so use "b b"-like setup): ab ab from "abab".
+  // Two places where the same merge applies: both merge ("abab"); overlapping ones go leftmost first ("aaa").
   EXPECT_EQ(make(spm({"a b"})).encode("abab"), (std::vector<int32_t>{4, 4}));
   json j = spm({"a a"});
   j["model"]["vocab"]["aa"] = 10;
