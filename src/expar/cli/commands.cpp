@@ -10,6 +10,7 @@ void add_train(CLI::App& app, CommandTable& table);
 void add_generate(CLI::App& app, CommandTable& table);
 void add_eval(CLI::App& app, CommandTable& table);
 void add_serve(CLI::App& app, CommandTable& table);
+void add_tokenize(CLI::App& app, CommandTable& table);
 
 namespace {
 CommandTable& table() {
@@ -26,6 +27,7 @@ void register_commands(CLI::App& app) {
   add_generate(app, table());
   add_eval(app, table());
   add_serve(app, table());
+  add_tokenize(app, table());
 }
 
 int run_selected(CLI::App& app) {

@@ -4,8 +4,10 @@
 //    prefill all-gather -> experts -> reduce-scatter and decode all-reduce (or, with --decode-moe rowwise and
 //    full EP, the rowwise path: rows to their experts' owners and back); prints prefill/decode tokens/s.
 //    --path (or --checkpoint) is a checkpoint directory or a file in one; --format says which layout it is
-//    (auto: detected from manifest.json / config.json's model_type). Hugging Face models come without a
-//    tokenizer here: the prompt is --prompt-ids (or the prompt's bytes) and the output is token ids.
+//    (auto: detected from manifest.json / config.json's model_type). When the checkpoint directory has a
+//    tokenizer.json, --prompt is encoded by it (--chat: as one user message through its chat template) and
+//    the output is decoded text; otherwise the prompt is --prompt-ids (or the prompt's bytes) and the output
+//    ids.
 //  - --temperature > 0: sampling (temperature, top-k) with the training model over TP*DP ranks with EP
 //    degree --ep; each new byte reruns the forward over the window (no KV cache on this path; ours only).
 #include "expar/infer/generate.hpp"
@@ -19,6 +21,7 @@
 
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/tokenize.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
@@ -38,6 +41,7 @@ struct GenerateArgs {
   std::string format = "auto";  // auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss
   std::string prompt = "In the beginning";
   std::vector<int32_t> prompt_ids;  // overrides the prompt's bytes (Hugging Face vocabularies)
+  bool chat = false;                // --prompt as a user message through the tokenizer's chat template
   int tokens = 100;
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;             // 0: all
@@ -90,10 +94,15 @@ int run_engine(const GenerateArgs& a) {
   if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
   o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   std::vector<int32_t> prompt = a.prompt_ids;
+  std::optional<TextPrompt> tokenized;  // the checkpoint's own tokenizer: text in, text out
+  if (prompt.empty()) tokenized = encode_prompt(checkpoint_of(a), a.prompt, a.chat);
+  if (tokenized) prompt = tokenized->ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
   infer::GenerateResult r = infer::generate(o, checkpoint_of(a), prompt, a.tokens);
-  if (r.format == infer::ModelFormat::Expar && a.prompt_ids.empty()) {
+  if (tokenized) {
+    std::printf("%s\n", decode_generated(*tokenized, r.tokens).c_str());
+  } else if (r.format == infer::ModelFormat::Expar && a.prompt_ids.empty()) {
     std::string text = a.prompt;  // our byte-level model: tokens are bytes
     for (int32_t t : r.tokens) text.push_back(static_cast<char>(t));
     std::printf("%s\n", text.c_str());
@@ -210,6 +219,7 @@ void add_generate(CLI::App& app, CommandTable& table) {
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids (instead of the prompt's bytes)")
       ->delimiter(',');
+  cmd->add_flag("--chat", a->chat, "Send --prompt as a user message through the checkpoint's chat template");
   cmd->add_option("--tokens", a->tokens, "Tokens to generate")
       ->capture_default_str()
       ->check(integer_in(0, 1'000'000));

@@ -1,0 +1,117 @@
+// `expar tokenize`: a model's tokenizer on the command line, for debugging prompts and vocabularies.
+//   expar tokenize --tokenizer DIR_OR_FILE --text "Hello world"     ids and pieces, one token a line
+//   expar tokenize --tokenizer ... --text-file notes.txt --json       {"ids": [...], "tokens": [...]}
+//   expar tokenize --tokenizer ... --decode 9906,4435                 the text of those ids
+// --no-special: encode without the post-processor's tokens (e.g. Llama-2's <s>); decode without special
+// tokens.
+#include "expar/cli/tokenize.hpp"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "expar/cli/commands.hpp"
+#include "expar/core/error.hpp"
+#include "expar/io/chat_template.hpp"
+#include "expar/io/text_file.hpp"
+#include "expar/io/tokenizer.hpp"
+
+namespace expar::cli {
+
+namespace {
+
+struct TokenizeArgs {
+  std::string tokenizer;
+  std::optional<std::string> text;
+  std::string text_file;
+  std::vector<int32_t> decode;
+  bool json = false;
+  bool no_special = false;
+};
+
+std::string quoted(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+int run_tokenize(const TokenizeArgs& a) {
+  const int inputs = (a.text ? 1 : 0) + (a.text_file.empty() ? 0 : 1) + (a.decode.empty() ? 0 : 1);
+  EXPAR_CHECK(inputs == 1, "expar tokenize takes exactly one of --text, --text-file and --decode ({} given)",
+              inputs);
+  const Tokenizer tokenizer = Tokenizer::from_path(a.tokenizer);
+  if (!a.decode.empty()) {
+    const std::string text = tokenizer.decode(a.decode, a.no_special);
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"text", text}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
+    else
+      std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  const std::string text = a.text ? *a.text : read_text_file(a.text_file, "--text-file");
+  const std::vector<int32_t> ids = tokenizer.encode(text, !a.no_special);
+  if (a.json) {
+    nlohmann::json out{{"ids", ids}, {"tokens", nlohmann::json::array()}};
+    for (int32_t id : ids) out["tokens"].push_back(tokenizer.id_to_token(id));
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  // One token a line: id, the vocabulary's spelling, and the text that id alone decodes to.
+  for (int32_t id : ids) {
+    const int32_t one[] = {id};
+    std::printf("%8d  %-24s %s\n", id, quoted(tokenizer.id_to_token(id)).c_str(),
+                quoted(tokenizer.decode(one)).c_str());
+  }
+  std::fprintf(stderr, "[%zu tokens, %zu bytes]\n", ids.size(), text.size());
+  return 0;
+}
+
+}  // namespace
+
+std::optional<TextPrompt> encode_prompt(const std::filesystem::path& checkpoint, const std::string& prompt,
+                                        bool chat) {
+  if (!Tokenizer::present_in(checkpoint)) {
+    EXPAR_CHECK(
+        !chat, "--chat needs the checkpoint's tokenizer.json and its chat template; {} has no tokenizer.json",
+        checkpoint.string());
+    return std::nullopt;
+  }
+  const auto dir = std::filesystem::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
+  TextPrompt p{Tokenizer::from_path(dir), {}, chat};
+  if (!chat) {
+    p.ids = p.tokenizer.encode(prompt);
+    return p;
+  }
+  EXPAR_CHECK(
+      !p.tokenizer.chat_template().empty(),
+      "--chat: {} has no chat_template in tokenizer_config.json (nor chat_template.jinja): drop --chat",
+      dir.string());
+  const nlohmann::json messages = {{{"role", "user"}, {"content", prompt}}};
+  // As transformers' apply_chat_template: the template writes the special tokens itself.
+  p.ids = p.tokenizer.encode(apply_chat_template(p.tokenizer, messages, /*add_generation_prompt=*/true),
+                             /*add_special_tokens=*/false);
+  return p;
+}
+
+std::string decode_generated(const TextPrompt& prompt, const std::vector<int32_t>& generated) {
+  if (prompt.chat) return prompt.tokenizer.decode(generated, /*skip_special_tokens=*/true);
+  std::vector<int32_t> all = prompt.ids;
+  all.insert(all.end(), generated.begin(), generated.end());
+  return prompt.tokenizer.decode(all, /*skip_special_tokens=*/true);
+}
+
+void add_tokenize(CLI::App& app, CommandTable& table) {
+  auto* cmd =
+      app.add_subcommand("tokenize", "Encode text to token ids (or decode ids) with a tokenizer.json");
+  auto a = std::make_shared<TokenizeArgs>();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory holding it (a checkpoint)")
+      ->required();
+  cmd->add_option("--text", a->text, "Text to encode");
+  cmd->add_option("--text-file", a->text_file, "File whose text to encode");
+  cmd->add_option("--decode", a->decode, "Token ids to decode (comma separated)")->delimiter(',');
+  cmd->add_flag("--json", a->json, "Print JSON: {\"ids\": [...], \"tokens\": [...]} or {\"text\": ...}");
+  cmd->add_flag("--no-special", a->no_special,
+                "Encode without the post-processor's special tokens; decode leaving special tokens out");
+  table[cmd] = [a] { return run_tokenize(*a); };
+}
+
+}  // namespace expar::cli
