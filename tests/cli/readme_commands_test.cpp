@@ -2,7 +2,7 @@
 // order, stopping at the first failure), scaled down where it trains or measures. New blocks are picked up
 // without editing this test; what the test changes or leaves out is listed below, each with its reason, so a
 // README command that needs a new exception shows up as a failing test.
-// The scripts run in a scratch directory that mirrors the repository's relative paths (data/, scripts/,
+// The scripts run in a scratch directory that mirrors the repository's relative paths (data/, scripts/, tests/,
 // build/release/expar), so runs/ and logs land there, not in the source tree.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -79,6 +79,7 @@ const std::vector<Exclusion>& not_run() {
       {"./scripts/test", "sets up and builds the whole project (scripts/test runs this very test)"},
       {"--path hf/", "needs a Hugging Face checkpoint downloaded by the user (tests have no network)"},
       {" layer layer.safetensors", "needs the user's own layer.safetensors"},
+      {"./scripts/build release expar", "the test runs the expar binary CTest built (the scratch folder has no sources)"},
   };
   return rules;
 }
@@ -107,6 +108,7 @@ TEST(ReadmeCommands, EveryBlockRunsAsWritten) {
   fs::create_directories(scratch / "build" / "release");
   fs::create_symlink(EXPAR_SOURCE_DIR "/data", scratch / "data");
   fs::create_symlink(EXPAR_SOURCE_DIR "/scripts", scratch / "scripts");
+  fs::create_symlink(EXPAR_SOURCE_DIR "/tests", scratch / "tests");  // the npm reference vocabularies
   fs::create_symlink(EXPAR_BINARY, scratch / "build" / "release" / "expar");
   const auto blocks = readme_blocks();
   ASSERT_GE(blocks.size(), 2u) << "no ```sh blocks found in README.md";

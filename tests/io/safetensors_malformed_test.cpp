@@ -219,7 +219,7 @@ TEST(MalformedFile, ZeroByteTensorsMayShareAnOffset) {
 // Inputs found by fuzzing and hand-made files (tests/io/malformed/, listed in expected.tsv with a substring
 // of the message each must produce): each is rejected, for the listed reason.
 TEST(MalformedFile, KeptCorpusIsRejected) {
-  const auto dir = std::filesystem::path(__FILE__).parent_path() / "malformed";
+  const auto dir = std::filesystem::path(EXPAR_TESTS_DIR) / "io" / "malformed";
   std::map<std::string, std::string> expected;
   std::ifstream list(dir / "expected.tsv");
   ASSERT_TRUE(list.good()) << dir / "expected.tsv";

@@ -13,16 +13,9 @@
 
 namespace expar::test {
 
-// This folder. __FILE__ may be relative to the build directory (ccache's base_dir rewrites it), while tests
-// run from a subfolder of it, so relative forms are tried from the working directory and its parents.
+// This folder (EXPAR_TESTS_DIR: tests/ by absolute path, set by tests/CMakeLists.txt).
 inline std::filesystem::path tests_io_dir() {
-  const std::filesystem::path here = std::filesystem::path(__FILE__).parent_path();
-  if (here.is_absolute()) return here;
-  std::filesystem::path base = std::filesystem::current_path();
-  for (int up = 0; up < 4; ++up, base = base.parent_path())
-    if (std::filesystem::exists(base / here / "tokenizer_corpus.json"))
-      return std::filesystem::canonical(base / here);
-  return here;
+  return std::filesystem::path(EXPAR_TESTS_DIR) / "io";
 }
 
 inline std::filesystem::path reference_dir() {

@@ -31,3 +31,69 @@ inline std::filesystem::path serve_test_model(int64_t max_seq = 64) {
 }
 
 }  // namespace expar::serve::testing
+
+namespace expar::serve::testing {
+
+// GPT-2's byte-to-character map (every byte spelled as one printable character), as byte-level BPE
+// vocabularies write their tokens.
+inline std::string byte_level_char(int b) {
+  int cp = b;
+  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x)
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) ++n;
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// The serve test model with a tokenizer beside it: a byte-level BPE tokenizer.json over the model's 256
+// ids (no merges), its eos token the byte '\n', and a chat template in tokenizer_config.json.
+inline std::filesystem::path serve_test_model_with_tokenizer() {
+  static const std::filesystem::path dir = [] {
+    const std::filesystem::path src = serve_test_model(64);
+    std::filesystem::path d = infer::testing::temp_dir("serve_tokenizer");
+    std::filesystem::create_directories(d);
+    for (const auto& f : std::filesystem::directory_iterator(src))
+      std::filesystem::copy(f.path(), d / f.path().filename(), std::filesystem::copy_options::recursive);
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[byte_level_char(b)] = b;
+    const nlohmann::json tokenizer = {
+        {"version", "1.0"},
+        {"added_tokens", nlohmann::json::array()},
+        {"normalizer", nullptr},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+        {"post_processor", nullptr},
+        {"decoder",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+        {"model",
+         {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"vocab", vocab},
+          {"merges", nlohmann::json::array()}}}};
+    std::ofstream(d / "tokenizer.json") << tokenizer.dump();
+    const nlohmann::json config = {{"eos_token", byte_level_char('\n')},
+                                   {"chat_template",
+                                    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}"
+                                    "{% if add_generation_prompt %}<assistant>{% endif %}"}};
+    std::ofstream(d / "tokenizer_config.json") << config.dump();
+    return d;
+  }();
+  return dir;
+}
+
+}  // namespace expar::serve::testing

@@ -126,7 +126,7 @@ CompletionParams parse_completion_request(const std::string& body_text, bool cha
     if (!text)
       api_fail(400, "messages", "the model {} has no chat template: use /v1/completions with a prompt",
                limits.name);
-    p.prompt = codec->encode(*text);
+    p.prompt = codec->encode_chat(*text);
   } else {
     const json* prompt = field(body, "prompt");
     if (!prompt) api_fail(400, "prompt", "'prompt' is required (a string or a list of token ids)");

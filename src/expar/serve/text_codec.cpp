@@ -15,12 +15,6 @@ std::string ByteCodec::decode(std::span<const int32_t> tokens) const {
   return text;
 }
 
-std::unique_ptr<TextCodec> text_codec_for(const infer::ModelSpec& spec) {
-  if (spec.format == infer::ModelFormat::Expar && spec.config.vocab == 256)
-    return std::make_unique<ByteCodec>();
-  return nullptr;
-}
-
 size_t complete_utf8_prefix(const std::string& text) {
   const size_t n = text.size();
   // Look back over at most 3 continuation bytes for the lead byte of the last character.

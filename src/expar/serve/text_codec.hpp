@@ -1,6 +1,6 @@
 #pragma once
-// Text <-> token ids for the server: our byte-level models read and write bytes; a Hugging Face checkpoint
-// uses its tokenizer (and chat template) when it has one.
+// Text <-> token ids for the server: a checkpoint with a tokenizer.json uses it (and its chat template);
+// our byte-level models read and write bytes.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +21,8 @@ class TextCodec {
   // The prompt text of a chat (OpenAI `messages`) with the generation prompt appended; nullopt: the model
   // has no chat template.
   virtual std::optional<std::string> chat_prompt(const nlohmann::json& messages) const = 0;
+  // The ids of a rendered chat prompt (no special tokens added: the template writes its own).
+  virtual std::vector<int32_t> encode_chat(const std::string& text) const { return encode(text); }
   // Tokens that end a generation (end of sequence); empty: none.
   virtual std::vector<int32_t> stop_tokens() const = 0;
 };
@@ -34,8 +36,8 @@ class ByteCodec final : public TextCodec {
   std::vector<int32_t> stop_tokens() const override { return {}; }
 };
 
-// The codec of a checkpoint: bytes for our format; nullptr for a Hugging Face checkpoint without a
-// tokenizer (the server then takes token-id prompts only).
+// The codec of a checkpoint: its tokenizer.json (and chat template) when the directory has one; bytes for
+// our byte-level format; nullptr otherwise (the server then takes token-id prompts only).
 std::unique_ptr<TextCodec> text_codec_for(const infer::ModelSpec& spec);
 
 // The length of the longest prefix of `text` that ends on a whole UTF-8 character (a stream holds back a
