@@ -26,7 +26,6 @@
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
-#include "expar/io/checkpoint_dir.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -62,11 +61,7 @@ std::string checkpoint_of(const GenerateArgs& a) {
   EXPAR_CHECK(a.checkpoint.empty() || a.model_path.empty() || a.checkpoint == a.model_path,
               "--checkpoint '{}' and --path '{}' name different checkpoints: pass one of them", a.checkpoint,
               a.model_path);
-  const std::string path = a.model_path.empty() ? a.checkpoint : a.model_path;
-  // A run directory of expar train (step-<N>/ saves and a `latest` pointer) reads its newest save.
-  if (std::filesystem::exists(std::filesystem::path(path) / "latest"))
-    return resolve_checkpoint_dir(path).string();
-  return path;
+  return a.model_path.empty() ? a.checkpoint : a.model_path;  // open_model_spec follows `latest`
 }
 
 std::optional<infer::ModelFormat> format_of(const GenerateArgs& a) {

@@ -2,6 +2,7 @@
 
 #include "expar/core/error.hpp"
 #include "expar/infer/tensor_store.hpp"
+#include "expar/io/checkpoint_dir.hpp"
 
 namespace expar::infer {
 
@@ -35,10 +36,13 @@ ModelConfig mixtral_config(const fs::path& dir) {
   return hf_model_spec(dir, ModelFormat::Mixtral).config;
 }
 
-ModelSpec open_model_spec(const fs::path& path, std::optional<ModelFormat> format) {
-  EXPAR_CHECK(fs::exists(path),
+ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> format) {
+  EXPAR_CHECK(fs::exists(given),
               "checkpoint path '{}' does not exist: pass a checkpoint directory or a file in one",
-              path.string());
+              given.string());
+  // A run directory of expar train (step-<N>/ saves and a `latest` pointer) reads its newest save.
+  const fs::path path =
+      fs::is_directory(given) && fs::exists(given / "latest") ? resolve_checkpoint_dir(given) : given;
   const bool is_dir = fs::is_directory(path);
   const fs::path dir = is_dir ? path : path.parent_path().empty() ? fs::path(".") : path.parent_path();
   const fs::path tensors =

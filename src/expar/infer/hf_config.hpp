@@ -27,7 +27,8 @@ struct ModelSpec {
 };
 
 // `path` is a checkpoint directory or a file in one (manifest.json, config.json,
-// model.safetensors.index.json or a .safetensors file). Without `format` the format is detected
+// model.safetensors.index.json or a .safetensors file), or a run directory of expar train (its `latest`
+// save is read). Without `format` the format is detected
 // (manifest.json: ours; config.json: its model_type); with it, files that say otherwise throw expar::Error
 // naming both.
 ModelSpec open_model_spec(const std::filesystem::path& path,
