@@ -7,6 +7,7 @@
 #include "expar/core/error.hpp"
 #include "expar/infer/evaluate.hpp"
 #include "expar/io/token_file.hpp"
+#include "expar/io/tokenizer.hpp"
 
 namespace expar::cli {
 
@@ -30,7 +31,12 @@ int run_eval(const EvalArgs& a) {
   EXPAR_CHECK(!a.data.empty(), "expar eval needs tokens: pass --data <token file>");
   EXPAR_CHECK(a.tokens >= 0, "--tokens {} must not be negative (0: the whole file)", a.tokens);
   EXPAR_CHECK(a.window >= 0, "--window {} must not be negative (0: the model's context)", a.window);
-  TokenFile file = read_token_file(a.data);
+  // A text file goes through the checkpoint's tokenizer when it has one (else its bytes are the tokens).
+  const infer::ModelSpec spec = infer::open_model_spec(
+      a.path, a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format)));
+  std::optional<Tokenizer> tokenizer;
+  if (Tokenizer::present_in(spec.dir)) tokenizer.emplace(Tokenizer::from_path(spec.dir));
+  TokenFile file = read_token_file(a.data, tokenizer ? &*tokenizer : nullptr);
   EXPAR_CHECK(a.tokens == 0 || a.tokens <= static_cast<int64_t>(file.tokens.size()),
               "--tokens {} exceeds the {} tokens of '{}': pass at most {} (or 0 for all)", a.tokens,
               file.tokens.size(), a.data, file.tokens.size());

@@ -7,6 +7,7 @@
 
 #include "expar/core/error.hpp"
 #include "expar/io/strict_json.hpp"
+#include "expar/io/tokenizer.hpp"
 
 namespace expar {
 
@@ -161,7 +162,7 @@ void check_tokens_below(const std::vector<int32_t>& tokens, int64_t vocab, const
         label, first_index + i, tokens[i], vocab);
 }
 
-TokenFile read_token_file(const fs::path& path) {
+TokenFile read_token_file(const fs::path& path, const Tokenizer* tokenizer) {
   EXPAR_CHECK(fs::exists(path),
               "--data '{}' does not exist: pass a text file, a token file with a FILE.json "
               "sidecar, or a .npy",
@@ -174,9 +175,19 @@ TokenFile read_token_file(const fs::path& path) {
   const fs::path sidecar = fs::path(path.string() + ".json");
   if (fs::exists(sidecar)) return read_raw(path, sidecar);
   TokenFile f;
+  const std::string bytes = read_bytes(path);
+  if (tokenizer) {
+    f.kind = "text (tokenizer.json)";
+    f.vocab = tokenizer->vocab_size();
+    try {
+      f.tokens = tokenizer->encode(bytes, /*add_special_tokens=*/true);
+    } catch (const Error& e) {
+      fail("--data '{}': {}", path.string(), e.what());
+    }
+    return f;
+  }
   f.kind = "text";
   f.vocab = 256;
-  const std::string bytes = read_bytes(path);
   f.tokens.assign(reinterpret_cast<const unsigned char*>(bytes.data()),
                   reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
   return f;

@@ -1,7 +1,8 @@
 #pragma once
 // Token files: what `expar train --data` and `expar eval --data` read.
 //
-//  text      any other file: its bytes are the tokens (vocabulary 256, the byte-level model's)
+//  text      any other file: its bytes are the tokens (vocabulary 256, the byte-level model's), or, given a
+//            tokenizer (a checkpoint's tokenizer.json), its ids as the tokenizer encodes the whole text
 //  raw       little-endian uint16 or uint32 tokens, with a sidecar FILE.json next to FILE:
 //            {"dtype": "uint16" | "uint32", "vocab_size": V}; every token must be below V
 //  .npy      a NumPy array (C order, any shape, flattened) of dtype uint8, uint16, uint32, int32 or int64 in
@@ -23,7 +24,10 @@ struct TokenFile {
   std::string kind;   // "text", "uint16", "uint32", "npy <dtype>"
 };
 
-TokenFile read_token_file(const std::filesystem::path& path);
+class Tokenizer;
+
+// `tokenizer`: how a text file becomes tokens (nullptr: its bytes).
+TokenFile read_token_file(const std::filesystem::path& path, const Tokenizer* tokenizer = nullptr);
 
 // Throws expar::Error naming `label`, the first bad token's index (counted from `first_index`) and value
 // unless every token is in [0, vocab).
