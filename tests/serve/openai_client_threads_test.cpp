@@ -1,0 +1,71 @@
+// expar serve against the official OpenAI client (npm "openai", pinned in tests/serve/reference, installed by
+// scripts/setup): models, completions and chat, plain and streamed (the stream equals the whole response),
+// a seeded sample repeated, and error statuses the client raises as APIError. The client's texts must equal
+// what the server returns to a plain HTTP request.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "expar/serve/http_server.hpp"
+#include "serve/serve_test_model.hpp"
+
+namespace expar::serve {
+namespace {
+
+using nlohmann::json;
+
+const std::filesystem::path kReference = std::filesystem::path(EXPAR_TESTS_DIR) / "serve" / "reference";
+
+TEST(OpenAiClient, TalksToExparServe) {
+  ASSERT_TRUE(std::filesystem::exists(kReference / "node_modules" / "openai" / "package.json"))
+      << "the openai npm package is missing in " << kReference << ": run scripts/setup";
+  const std::filesystem::path dir = testing::serve_test_model_with_tokenizer();
+  RuntimeOptions o;
+  o.path = dir.string();
+  o.kv_cache_mb = 4;
+  Runtime runtime(o);
+  std::unique_ptr<TextCodec> codec = text_codec_for(runtime.spec());
+  HttpOptions h;
+  h.port = 0;
+  h.model_name = "tiny";
+  HttpServer server(runtime, codec.get(), h);
+  const int port = server.bind();
+  std::thread listener([&] { server.listen(); });
+  struct Stop {
+    HttpServer& server;
+    std::thread& listener;
+    ~Stop() {
+      server.stop();
+      listener.join();
+    }
+  } stop{server, listener};
+
+  const std::string command = "node '" + (kReference / "client_test.mjs").string() +
+                              "' http://127.0.0.1:" + std::to_string(port) + "/v1 tiny 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  ASSERT_EQ(status, 0) << out;
+  const json seen = json::parse(out.substr(out.find('{')));
+
+  httplib::Client c("127.0.0.1", port);
+  auto res =
+      c.Post("/v1/completions",
+             json({{"model", "tiny"}, {"prompt", "In the beginning"}, {"max_tokens", 12}, {"temperature", 0}})
+                 .dump(),
+             "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(seen["text"], json::parse(res->body)["choices"][0]["text"]);
+  EXPECT_NE(seen["errors"]["n"].get<std::string>().find("n=3"), std::string::npos) << seen.dump();
+  EXPECT_NE(seen["errors"]["model"].get<std::string>().find("no-such-model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace expar::serve
