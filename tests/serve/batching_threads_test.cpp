@@ -4,6 +4,8 @@
 // every request gets exactly max_tokens tokens.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "expar/serve/runtime.hpp"
@@ -115,6 +117,30 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Batching,
                                   (l.ep ? "_ep" + std::to_string(l.ep_degree ? l.ep_degree : l.tp * l.dp)
                                         : std::string("_noep"));
                          });
+
+// /metrics' tokens per expert per rank add up: every forwarded token (prompt, and each generated token but
+// the last) is routed to K experts in each of L layers, and each route's rows are computed once by every
+// rank that holds a shard of its expert (1 with full EP, TP / ep_degree with variable EP, TP without EP).
+TEST_P(Batching, ExpertTokensPerRankAddUp) {
+  const LayoutCase& l = GetParam();
+  Runtime runtime(options_for(l));
+  GenerationRequest r = greedy_request();
+  const auto forwarded = static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1;
+  run_to_end(runtime.scheduler().submit(r));
+  const std::string metrics = runtime.metrics().render();
+  int64_t total = 0;
+  std::map<std::string, int> ranks_per_expert;
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("expar_expert_tokens_total{", 0) == 0) {
+      total += std::stoll(line.substr(line.rfind(' ') + 1));
+      ++ranks_per_expert[line.substr(line.find("expert="), line.find('}') - line.find("expert="))];
+    }
+  const ModelConfig c = runtime.spec().config;
+  const int shards = !l.ep ? l.tp : l.ep_degree > 0 ? l.tp * l.dp / l.ep_degree : 1;
+  EXPECT_EQ(total, forwarded * c.moe.top_k * c.layers * shards) << metrics;
+  for (const auto& [expert, ranks] : ranks_per_expert) EXPECT_LE(ranks, shards) << expert;
+}
 
 // A sampled request with a seed gives the same tokens on a fresh server (the stream is the seed's).
 TEST(Batching, SeededSamplingRepeatsAcrossServers) {

@@ -146,6 +146,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       };
   }
   global_to_local_.assign(static_cast<size_t>(weights_.config.moe.num_experts), -1);
+  stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.num_experts), 0);
   for (size_t l = 0; l < weights_.local_experts.size(); ++l)
     global_to_local_[static_cast<size_t>(weights_.local_experts[l])] = static_cast<int>(l);
   if (options_.decode_moe == DecodeMoe::Rowwise) {
@@ -455,6 +456,7 @@ void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const
 }
 
 void Engine::expert_rows(int layer, int64_t l, const float* x, int64_t m, float* y) const {
+  stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[static_cast<size_t>(l)])] += m;
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ExpertWeights& w = lw.experts;
   const int64_t d = weights_.config.model_dim, h = w.hidden();

@@ -60,6 +60,9 @@ void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode);
 struct EngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;  // this replica's tokens
   double prefill_seconds = 0.0, decode_seconds = 0.0;
+  // [E] token rows each expert computed on this rank, over all layers and steps (its shard of them under
+  // variable EP or no EP): the routing load the server's metrics show per rank.
+  std::vector<int64_t> expert_tokens;
 };
 
 class Engine {
@@ -116,7 +119,7 @@ class Engine {
   nn::Rope rope_;
   std::vector<int> global_to_local_;  // [E] local index of each expert here, -1 elsewhere
   std::vector<std::unique_ptr<Sequence>> sequences_;
-  EngineStats stats_;
+  mutable EngineStats stats_;  // expert_rows (const) counts its rows
 };
 
 }  // namespace expar::infer

@@ -131,6 +131,7 @@ void Runtime::rank_main(Comm& world) {
     board.changed.notify_all();
 
     std::unordered_map<int64_t, int> engine_id;  // scheduler slot -> this engine's sequence id
+    std::vector<int64_t> expert_tokens_reported = engine.stats().expert_tokens;
     uint64_t seen = 0;
     for (;;) {
       const StepPlan* plan = nullptr;
@@ -171,6 +172,12 @@ void Runtime::rank_main(Comm& world) {
             if (s.trace_logits) sampled.logits_hashes.push_back(hash_floats(p, vocab));
           }
         }
+      }
+      if (plan->runs_engine) {  // this rank's routing load since the last step, for /metrics
+        std::vector<int64_t> delta = engine.stats().expert_tokens;
+        for (size_t e = 0; e < delta.size(); ++e) delta[e] -= expert_tokens_reported[e];
+        expert_tokens_reported = engine.stats().expert_tokens;
+        metrics_.expert_tokens(world.rank(), delta);
       }
       {
         std::lock_guard lock(board.mutex);
