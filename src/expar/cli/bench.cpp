@@ -134,6 +134,7 @@ void add_bench_bar(CLI::App* bench, CommandTable& table);
 void add_bench_payload(CLI::App* bench, CommandTable& table);
 void add_bench_waves(CLI::App* bench, CommandTable& table);
 void add_bench_tokenize(CLI::App* bench, CommandTable& table);
+void add_bench_serve(CLI::App* bench, CommandTable& table);
 
 void add_bench(CLI::App& app, CommandTable& table) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -155,6 +156,7 @@ void add_bench(CLI::App& app, CommandTable& table) {
   add_bench_payload(bench, table);
   add_bench_waves(bench, table);
   add_bench_tokenize(bench, table);
+  add_bench_serve(bench, table);
 }
 
 }  // namespace expar::cli
