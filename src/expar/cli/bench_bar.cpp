@@ -18,7 +18,8 @@ namespace {
 using namespace expar::bench;
 
 void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
-  cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)");
+  cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)")
+      ->check(integer_in(1, 1 << 20));
   cmd->add_option("--d", o.model_dim, "model dimension")->check(integer_in(1, 1 << 16));
   cmd->add_option("--h", o.hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
   cmd->add_option("--experts", o.experts, "routed experts E")->check(integer_in(1, 4096));

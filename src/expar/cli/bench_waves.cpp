@@ -560,7 +560,8 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
   auto o = std::make_shared<WavesBenchOptions>();
   auto json_path = std::make_shared<std::string>();
   cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra");
+  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra")
+      ->check(integer_in(1, 256));
   cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
   cmd->add_option("--dim,--d", o->model_dim, "model dimension d")->check(integer_in(1, 1 << 16));
   cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
