@@ -7,28 +7,18 @@
 #include <thread>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/serve_options.hpp"
 #include "expar/core/error.hpp"
 #include "expar/serve/http_server.hpp"
 #include "expar/serve/runtime.hpp"
-#include "expar/topo/placement.hpp"
 
 namespace expar::cli {
 namespace {
 
 struct ServeArgs {
-  std::string path;
-  std::string format = "auto";
+  RuntimeArgs runtime;
   std::string model_name;  // default: the checkpoint directory's name
-  int tp = 1, dp = 1, ep = 0;
-  bool no_ep = false;
-  std::string placement = "contiguous";
-  std::string decode_moe = "allreduce";
-  int threads = 0;  // compute threads per rank; 0: cores / ranks
-  bool oversubscribe = false;
   std::string transport = "threads";
-  bool no_batch_invariant = false;
-  int64_t kv_cache_mb = 256;
-  serve::SchedulerOptions scheduler;
   std::string host = "127.0.0.1";
   int port = 8000;
   int http_threads = 64;
@@ -36,37 +26,13 @@ struct ServeArgs {
 };
 
 int run_serve(const ServeArgs& a) {
-  EXPAR_CHECK(!a.path.empty(), "expar serve needs a model: pass --path <checkpoint dir or file>");
   EXPAR_CHECK(
       a.transport == "threads",
       "--transport {}: expar serve runs its ranks as threads of one process; the MPI transport is not "
       "built for serve yet (the step plans would have to travel to the other processes): use "
       "--transport threads",
       a.transport);
-  EXPAR_CHECK(a.tp >= 1 && a.tp <= 1024 && a.dp >= 1 && a.dp <= 1024,
-              "--tp {} and --dp {} must be in [1, 1024]", a.tp, a.dp);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int ranks = a.tp * a.dp;
-  EXPAR_CHECK(a.threads >= 0 && a.threads <= 1024, "--threads {} must be in [0, 1024] (0: cores / ranks)",
-              a.threads);
-  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / ranks);
-  EXPAR_CHECK(
-      a.oversubscribe || ranks * threads <= cores,
-      "{} ranks x {} threads = {} exceed the {} cores: lower --threads/--tp/--dp, or pass --oversubscribe",
-      ranks, threads, ranks * threads, cores);
-  serve::RuntimeOptions o;
-  o.path = a.path;
-  o.model.tp = a.tp;
-  o.model.dp = a.dp;
-  o.model.enable_expert_parallel = !a.no_ep;
-  if (a.ep > 0) o.model.ep_degree = a.ep;
-  o.model.placement = placement_from_name(a.placement);
-  if (a.format != "auto") o.model.format = infer::model_format_from_name(a.format);
-  o.model.decode_moe = infer::decode_moe_from_name(a.decode_moe);
-  o.model.compute_threads = threads;
-  o.batch_invariant = !a.no_batch_invariant;
-  o.kv_cache_mb = a.kv_cache_mb;
-  o.scheduler = a.scheduler;
+  const serve::RuntimeOptions o = runtime_options(a.runtime);
 
   // Signals go to the watcher thread only: block them before any thread starts (threads inherit the mask).
   sigset_t signals;
@@ -82,8 +48,8 @@ int run_serve(const ServeArgs& a) {
   h.port = a.port;
   h.threads = a.http_threads;
   h.max_concurrent = a.max_concurrent;
-  h.model_name =
-      a.model_name.empty() ? std::filesystem::weakly_canonical(a.path).filename().string() : a.model_name;
+  h.model_name = a.model_name.empty() ? std::filesystem::weakly_canonical(a.runtime.path).filename().string()
+                                      : a.model_name;
   serve::HttpServer server(runtime, codec.get(), h);
   const int port = server.bind();
   std::thread watcher([&] {
@@ -96,8 +62,8 @@ int run_serve(const ServeArgs& a) {
                "expar serve: model '%s' (%s, %d layers, %d experts) on TP %d x DP %d, %lld KV tokens per "
                "replica; listening on http://%s:%d\n",
                h.model_name.c_str(), infer::model_format_name(runtime.spec().format).c_str(),
-               runtime.spec().config.layers, runtime.spec().config.moe.num_experts, a.tp, a.dp,
-               static_cast<long long>(runtime.scheduler().kv_tokens()), a.host.c_str(), port);
+               runtime.spec().config.layers, runtime.spec().config.moe.num_experts, a.runtime.tp,
+               a.runtime.dp, static_cast<long long>(runtime.scheduler().kv_tokens()), a.host.c_str(), port);
   server.listen();  // returns after stop(): in-flight handlers have completed
   runtime.shutdown(false);
   pthread_kill(watcher.native_handle(), SIGTERM);  // no-op if the watcher already returned
@@ -113,36 +79,10 @@ int run_serve(const ServeArgs& a) {
 void add_serve(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with EP across TP x DP ranks");
   auto a = std::make_shared<ServeArgs>();
-  cmd->add_option("--path", a->path, "Checkpoint directory or a file in one")->required();
-  cmd->add_option("--format", a->format, "Checkpoint format: auto | ours | mixtral | qwen-moe | gpt-oss")
-      ->capture_default_str();
+  add_runtime_options(cmd, a->runtime);
   cmd->add_option("--model-name", a->model_name,
                   "Name clients use (default: the checkpoint directory's name)");
-  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")->capture_default_str();
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas (each schedules its own requests)")
-      ->capture_default_str();
-  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
-  cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
-  cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
-      ->capture_default_str();
-  cmd->add_option("--decode-moe", a->decode_moe, "Decode MoE pattern: allreduce | rowwise (full EP only)")
-      ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
-      ->capture_default_str();
-  cmd->add_flag("--oversubscribe", a->oversubscribe, "Allow ranks x threads above the cores");
   cmd->add_option("--transport", a->transport, "Ranks as: threads (mpi is not built for serve yet)")
-      ->capture_default_str();
-  cmd->add_flag(
-      "--no-batch-invariant", a->no_batch_invariant,
-      "Let small batches use faster kernels (a request's tokens may then depend on its neighbours)");
-  cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV-cache budget per rank (MiB)")->capture_default_str();
-  cmd->add_option("--max-batch-tokens", a->scheduler.max_batch_tokens, "Tokens per replica per step")
-      ->capture_default_str();
-  cmd->add_option("--prefill-chunk", a->scheduler.prefill_chunk, "Prompts run in chunks of this many tokens")
-      ->capture_default_str();
-  cmd->add_option("--max-running", a->scheduler.max_running, "Sequences per replica in the running batch")
-      ->capture_default_str();
-  cmd->add_option("--max-waiting", a->scheduler.max_waiting, "Queued requests before 503")
       ->capture_default_str();
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str();
