@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "expar/io/tokenizer.hpp"
-#include "expar/serve/http_server.hpp"
 #include "serve/serve_test_model.hpp"
+#include "serve/test_server.hpp"
 
 namespace expar::serve {
 namespace {
@@ -21,25 +21,9 @@ TEST(HttpChat, TemplateTokenizerAndEos) {
   RuntimeOptions o;
   o.path = dir.string();
   o.kv_cache_mb = 4;
-  Runtime runtime(o);
-  std::unique_ptr<TextCodec> codec = text_codec_for(runtime.spec());
-  ASSERT_NE(codec, nullptr);
-  HttpOptions h;
-  h.port = 0;
-  h.model_name = "tiny";
-  HttpServer server(runtime, codec.get(), h);
-  const int port = server.bind();
-  std::thread listener([&] { server.listen(); });
-  struct Stop {  // also when an assertion ends the test early
-    HttpServer& server;
-    std::thread& listener;
-    ~Stop() {
-      server.stop();
-      listener.join();
-    }
-  } stop{server, listener};
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
+  testing::TestServer server(o);
+  ASSERT_NE(server.codec, nullptr);
+  httplib::Client c = server.client();
 
   const json messages = {{{"role", "system"}, {"content", "be brief"}},
                          {{"role", "user"}, {"content", "hi"}}};

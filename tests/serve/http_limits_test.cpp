@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "expar/serve/http_server.hpp"
 #include "serve/serve_test_model.hpp"
+#include "serve/test_server.hpp"
 
 namespace expar::serve {
 namespace {
@@ -47,36 +47,13 @@ int open_stream(int port, const json& body, size_t min_bytes) {
   return fd;
 }
 
-struct Server {
-  explicit Server(int max_concurrent) {
-    RuntimeOptions o;
-    o.path = testing::serve_test_model(kContext).string();
-    o.kv_cache_mb = 16;
-    runtime = std::make_unique<Runtime>(o);
-    HttpOptions h;
-    h.port = 0;
-    h.model_name = "tiny";
-    h.max_concurrent = max_concurrent;
-    http = std::make_unique<HttpServer>(*runtime, &codec, h);
-    port = http->bind();
-    thread = std::thread([this] { http->listen(); });
-  }
-  ~Server() {
-    http->stop();
-    thread.join();
-    runtime->shutdown(true);
-  }
-  std::string metrics() const {
-    httplib::Client c("127.0.0.1", port);
-    auto res = c.Get("/metrics");
-    return res ? res->body : "";
-  }
-  ByteCodec codec;
-  std::unique_ptr<Runtime> runtime;
-  std::unique_ptr<HttpServer> http;
-  int port = 0;
-  std::thread thread;
-};
+// The serve test model with a long context, so that a stream keeps running while the test acts.
+RuntimeOptions long_context() {
+  RuntimeOptions o;
+  o.path = testing::serve_test_model(kContext).string();
+  o.kv_cache_mb = 16;
+  return o;
+}
 
 // A stream over the model's whole context: thousands of steps, still running when the test acts.
 json long_stream() {
@@ -92,7 +69,7 @@ bool wait_for(const std::function<bool()>& done) {
 }
 
 TEST(HttpLimits, DisconnectMidStreamCancelsTheRequest) {
-  Server s(8);
+  testing::TestServer s(long_context(), 8);
   const int fd = open_stream(s.port, long_stream(), 200);
   ::close(fd);
   EXPECT_TRUE(wait_for([&] {
@@ -109,7 +86,7 @@ TEST(HttpLimits, DisconnectMidStreamCancelsTheRequest) {
 }
 
 TEST(HttpLimits, BeyondMaxConcurrentIs503) {
-  Server s(1);
+  testing::TestServer s(long_context(), 1);
   // Hold the only slot with a stream whose client reads the first event and then stops reading; the
   // server blocks on the full socket, so the request stays in flight.
   const int fd = open_stream(s.port, long_stream(), 1);

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "expar/serve/http_server.hpp"
 #include "serve/serve_test_model.hpp"
+#include "serve/test_server.hpp"
 
 namespace expar::serve {
 namespace {
@@ -27,22 +27,8 @@ TEST(OpenAiClient, TalksToExparServe) {
   RuntimeOptions o;
   o.path = dir.string();
   o.kv_cache_mb = 4;
-  Runtime runtime(o);
-  std::unique_ptr<TextCodec> codec = text_codec_for(runtime.spec());
-  HttpOptions h;
-  h.port = 0;
-  h.model_name = "tiny";
-  HttpServer server(runtime, codec.get(), h);
-  const int port = server.bind();
-  std::thread listener([&] { server.listen(); });
-  struct Stop {
-    HttpServer& server;
-    std::thread& listener;
-    ~Stop() {
-      server.stop();
-      listener.join();
-    }
-  } stop{server, listener};
+  testing::TestServer server(o);
+  const int port = server.port;
 
   const std::string command = "node '" + (kReference / "client_test.mjs").string() +
                               "' http://127.0.0.1:" + std::to_string(port) + "/v1 tiny 2>&1";
@@ -55,7 +41,7 @@ TEST(OpenAiClient, TalksToExparServe) {
   ASSERT_EQ(status, 0) << out;
   const json seen = json::parse(out.substr(out.find('{')));
 
-  httplib::Client c("127.0.0.1", port);
+  httplib::Client c = server.client();
   auto res =
       c.Post("/v1/completions",
              json({{"model", "tiny"}, {"prompt", "In the beginning"}, {"max_tokens", 12}, {"temperature", 0}})
