@@ -35,8 +35,8 @@ inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t 
 }
 
 // Batch invariance (expar serve): oneDNN's sgemm picks its kernel by the row count m, so row i of a product
-// depends on how many other rows share the call (measured here: m = 1, 2..8, 9..15 and >= 16 give different
-// bits at 1 and 2 threads; every m >= 16 gives the same bits). With a minimum of R rows set on the calling
+// depends on how many other rows share the call (measured here, 1 and 2 threads: m = 1, m = 2..8 and
+// m = 9, 12, 15 give bits of their own; every m tried from 16 to 512 gives the same bits). With a minimum of R rows set on the calling
 // thread, products with fewer than R rows (and A not transposed) run as R-row products over zero-padded
 // copies, so a row's result no longer depends on its batch. 0 (the default) turns it off. Per thread, like
 // the compute threads: each rank sets its own.
