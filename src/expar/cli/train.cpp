@@ -1,5 +1,7 @@
-// `expar train`: train the byte-level MoE transformer with expert parallelism. Ranks are threads of this
-// process by default (--ranks); with --transport mpi, one rank per MPI process under mpirun.
+// `expar train`: train an MoE transformer with expert parallelism: our byte-level presets (--preset) or a
+// model of a Hugging Face family (--model: its config.json, and its weights to fine-tune when the directory
+// has them). Ranks are threads of this process by default (--ranks); with --transport mpi, one rank per MPI
+// process under mpirun.
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,6 +10,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
@@ -15,7 +18,14 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
+#include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/sharded_checkpoint.hpp"
+#include "expar/io/strict_json.hpp"
+#include "expar/io/text_file.hpp"
+#include "expar/io/tokenizer.hpp"
+#include "expar/model/hf_config.hpp"
 #include "expar/model/model_config_json.hpp"
+#include "expar/model/moe_transformer.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/train/checkpoint.hpp"
 #include "expar/train/trainer.hpp"
@@ -26,6 +36,8 @@ namespace {
 
 struct TrainArgs {
   std::string preset = "demo";
+  std::string model;                // --model: a config.json or a Hugging Face checkpoint directory
+  std::filesystem::path model_dir;  // the directory of the model's config.json (tokenizer, weights)
   std::string transport = "threads";
   int ranks = 4;
   int threads = 0;  // compute threads per rank; 0 = cores / ranks (at least 1)
@@ -72,10 +84,50 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
   std::fflush(stdout);
 }
 
-// The model of this run: the preset with the flags applied or, on --resume, the checkpoint's architecture
-// (its manifest is the truth); a flag given explicitly that contradicts the checkpoint is an error.
-ModelConfig model_of_run(const TrainArgs& a, const CLI::App& cmd) {
-  ModelConfig m = ModelConfig::preset(a.preset);
+// --model PATH (or the config.json of a Hugging Face-layout checkpoint being resumed): the family, its
+// features and the config.json text every save repeats; a directory with weights starts the run from them.
+void read_model_architecture(TrainArgs& a, const std::filesystem::path& given, bool weights_start_the_run) {
+  namespace fs = std::filesystem;
+  EXPAR_CHECK(fs::exists(given),
+              "--model '{}' does not exist: pass a config.json or a Hugging Face "
+              "checkpoint directory holding one",
+              given.string());
+  const fs::path file = fs::is_directory(given) ? given / "config.json" : given;
+  EXPAR_CHECK(
+      fs::exists(file), "--model '{}' has no config.json: pass a Hugging Face checkpoint directory{}",
+      given.string(),
+      fs::exists(given / "manifest.json") ? " (this is an expar checkpoint of our format: --resume it)" : "");
+  const std::string text = read_text_file(file, "model config");
+  const Architecture arch = hf_architecture(parse_strict_json(text, file.string(), 64), file.string());
+  check_trainable_features(arch.features, model_format_name(arch.format));
+  TrainConfig& c = a.config;
+  c.model = arch.config;
+  c.format = arch.format;
+  c.features = arch.features;
+  c.hf_config_json = text;
+  a.model_dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  const bool has_weights = fs::exists(a.model_dir / std::string(kShardedIndexName)) ||
+                           fs::exists(a.model_dir / "model.safetensors");
+  if (weights_start_the_run && has_weights) c.init_from = a.model_dir.string();
+}
+
+// The model of this run: the preset with the flags applied, --model's architecture or, on --resume, the
+// checkpoint's (its manifest is the truth); a flag given explicitly that contradicts the checkpoint is an
+// error.
+ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
+  if (!a.model.empty()) {
+    for (const char* flag : {"--preset", "--score"})
+      EXPAR_CHECK(cmd.count(flag) == 0,
+                  "{} and --model both describe the model: its config.json is the truth; drop {}", flag,
+                  flag);
+    read_model_architecture(a, a.model, a.config.resume_from.empty());
+  } else if (!a.config.resume_from.empty() &&
+             read_checkpoint_info(a.config.resume_from).format != ModelFormat::Expar) {
+    // A Hugging Face-layout save of expar train: its config.json describes the model.
+    read_model_architecture(a, resolve_checkpoint_dir(a.config.resume_from), false);
+  }
+  ModelConfig m = a.model_dir.empty() ? ModelConfig::preset(a.preset) : a.config.model;
+  if (a.model_dir.empty()) m.moe.score = score_function_from_name(a.score);
   m.moe.score = score_function_from_name(a.score);
   if (!a.config.resume_from.empty()) {
     const ModelConfig checkpoint = read_checkpoint_info(a.config.resume_from).model;
@@ -109,15 +161,25 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
   TrainConfig& cfg = a.config;
   cfg.model = model_of_run(a, cmd);
   cfg.model.moe.precision = a.precision.parse();  // a training-time choice, not part of the checkpoint
-  if (cmd.count("--seq-len") == 0) cfg.seq_len = cfg.model.max_seq;  // the model's whole context
+  // The preset's whole context; a Hugging Face model's contexts run to 4096 tokens and more: 256 unless said.
+  if (cmd.count("--seq-len") == 0)
+    cfg.seq_len = a.model_dir.empty() ? static_cast<int>(cfg.model.max_seq)
+                                      : static_cast<int>(std::min<int64_t>(cfg.model.max_seq, 256));
+  const std::string model_label = a.model_dir.empty()
+                                      ? "preset " + a.preset
+                                      : model_format_name(cfg.format) + " model " + a.model_dir.string();
   EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
-              "--seq-len {} exceeds the model's max_seq {} (preset {}): pass --seq-len {} or less",
-              cfg.seq_len, cfg.model.max_seq, a.preset, cfg.model.max_seq);
+              "--seq-len {} exceeds the model's max_seq {} ({}): pass --seq-len {} or less", cfg.seq_len,
+              cfg.model.max_seq, model_label, cfg.model.max_seq);
   EXPAR_CHECK(cfg.microbatches <= cfg.global_batch,
               "--microbatches {} exceeds --batch {}: a microbatch holds at least one sequence; pass "
               "--microbatches {} or less",
               cfg.microbatches, cfg.global_batch, cfg.global_batch);
-  TokenCorpus corpus = TokenCorpus::load(a.data);
+  // Text goes through the model's tokenizer when its directory has one (else its bytes are the tokens).
+  std::optional<Tokenizer> tokenizer;
+  if (!a.model_dir.empty() && Tokenizer::present_in(a.model_dir))
+    tokenizer.emplace(Tokenizer::from_path(a.model_dir));
+  TokenCorpus corpus = TokenCorpus::load(a.data, 0.05, tokenizer ? &*tokenizer : nullptr);
   corpus.check_vocab(cfg.model.vocab);
   std::filesystem::path log_path(a.log);
   if (log_path.has_parent_path()) std::filesystem::create_directories(log_path.parent_path());
@@ -126,15 +188,16 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
 
   TrainObserver observer;
   observer.on_start = [&](const std::string& layout) {
-    std::printf(
-        "expar train: preset %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s, payload %s\n",
-        a.preset.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
-        cfg.model.moe.num_experts, cfg.model.moe.top_k, static_cast<long long>(cfg.model.moe.hidden_dim),
-        cfg.path.c_str(), cfg.model.moe.precision.describe().c_str());
+    std::printf("expar train: %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s, payload %s\n",
+                model_label.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
+                cfg.model.moe.num_experts, cfg.model.moe.top_k,
+                static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str(),
+                cfg.model.moe.precision.describe().c_str());
     std::printf("%s", layout.c_str());
-    std::printf("global batch %d x %d bytes, %d microbatch(es), %d steps, log %s%s\n", cfg.global_batch,
+    std::printf("global batch %d x %d tokens, %d microbatch(es), %d steps, log %s%s%s\n", cfg.global_batch,
                 cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str(),
-                cfg.recompute_moe ? ", MoE recomputed in backward" : "");
+                cfg.recompute_moe ? ", MoE recomputed in backward" : "",
+                cfg.init_from.empty() ? "" : (", weights from " + cfg.init_from).c_str());
     std::fflush(stdout);
   };
   observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
@@ -213,10 +276,16 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
 }  // namespace
 
 void add_train(CLI::App& app, CommandTable& table) {
-  auto* cmd = app.add_subcommand("train", "Train the byte-level MoE transformer with expert parallelism");
+  auto* cmd = app.add_subcommand(
+      "train", "Train an MoE transformer (a preset or a Hugging Face family) with expert parallelism");
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   cmd->add_option("--preset", a->preset, "Model preset: tiny, demo, small")->capture_default_str();
+  cmd->add_option(
+      "--model", a->model,
+      "A Hugging Face config.json (random initialisation) or checkpoint directory (its config.json; "
+      "its weights when it has them: fine-tuning) of mixtral, qwen2_moe, qwen3_moe or olmoe; saves "
+      "are then Hugging Face checkpoints of that family too");
   cmd->add_option("--transport", a->transport,
                   "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")
       ->capture_default_str()
@@ -238,7 +307,8 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--batch", c.global_batch, "Global batch in sequences")
       ->capture_default_str()
       ->check(integer_in(1, 65536));
-  cmd->add_option("--seq-len", c.seq_len, "Sequence length in bytes (default: the model's max_seq)")
+  cmd->add_option("--seq-len", c.seq_len,
+                  "Sequence length in tokens (default: a preset's max_seq; min(max_seq, 256) with --model)")
       ->check(integer_in(1, 1 << 20));
   cmd->add_option("--microbatches", c.microbatches, "Microbatches per rank and step")
       ->capture_default_str()

@@ -3,6 +3,8 @@
 #include "expar/core/error.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/strict_json.hpp"
+#include "expar/io/text_file.hpp"
 
 namespace expar::infer {
 
@@ -15,6 +17,14 @@ std::string model_type_in(const fs::path& dir) {
   return j.is_object() && j.contains("model_type") && j.at("model_type").is_string()
              ? j.at("model_type").get<std::string>()
              : std::string();
+}
+
+// A save of expar train holds manifest.json and, for a Hugging Face family, config.json and that family's
+// tensor names too: the manifest's "architecture" says which (absent: ours).
+bool manifest_names_a_family(const fs::path& dir) {
+  const fs::path path = dir / "manifest.json";
+  const nlohmann::json j = parse_strict_json(read_text_file(path, "checkpoint manifest"), path.string(), 8);
+  return j.is_object() && j.contains("architecture") && j.at("architecture") != "ours";
 }
 
 }  // namespace
@@ -53,7 +63,7 @@ ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> form
                 "'{}' holds neither manifest.json (an expar checkpoint) nor config.json (a Hugging Face "
                 "checkpoint): pass a checkpoint directory",
                 dir.string());
-    if (ours && (!hf || path.filename() != "config.json")) {
+    if (ours && (!hf || (path.filename() != "config.json" && !manifest_names_a_family(dir)))) {
       format = ModelFormat::Expar;
     } else {
       const std::string type = model_type_in(dir);

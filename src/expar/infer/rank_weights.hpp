@@ -20,6 +20,7 @@
 #include "expar/infer/hf_config.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/model/model_config.hpp"
+#include "expar/model/weight_names.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/topo/inference_layout.hpp"
@@ -54,23 +55,14 @@ struct RankWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Tensor names of one checkpoint layout. layer(l, key) for key in {attn_norm, wq, wk, wv, wo, mlp_norm,
-// router, score_bias, bq, bk, bv, bo, sinks, router_bias, q_norm, k_norm}; expert(l, e, key) for key in {w1,
-// w3, w2}
-// ([h, d], [h, d], [d, h]); shared(l, key) likewise for the shared expert, and "gate" for its gate [1, d].
-// A format names only the keys it has.
-struct WeightNames {
-  std::string embed, final_norm, lm_head;
-  std::function<std::string(int, const std::string&)> layer;
-  std::function<std::string(int, int, const std::string&)> expert;
-  std::function<std::string(int, const std::string&)> shared;
-};
-WeightNames expar_weight_names();      // train/checkpoint.hpp's names
-WeightNames mixtral_weight_names();    // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
-WeightNames qwen_moe_weight_names();   // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
-WeightNames qwen3_moe_weight_names();  // Qwen3-MoE and OLMoE: qwen_moe's names without the shared expert
-WeightNames gpt_oss_weight_names();  // model.layers.L.mlp.router.*, self_attn.sinks (experts: hf_experts.hpp)
-WeightNames weight_names(ModelFormat format);
+// WeightNames (a checkpoint layout's tensor names) live in model/weight_names.hpp.
+using expar::expar_weight_names;
+using expar::gpt_oss_weight_names;
+using expar::mixtral_weight_names;
+using expar::qwen3_moe_weight_names;
+using expar::qwen_moe_weight_names;
+using expar::weight_names;
+using expar::WeightNames;
 
 // This rank's weights of `config` from `store`. Throws expar::Error when the layout does not fit the model
 // (heads or intermediate not divisible, expert count mismatch) or a tensor is missing.

@@ -28,31 +28,6 @@ Tensor TensorStore::view(const std::string& name) const {
   return view_rows(name, 0, rows);
 }
 
-Tensor to_f32(const Tensor& t, MemCategory category) {
-  Tensor out = Tensor::empty(t.shape(), DType::F32, category);
-  float* o = out.data<float>();
-  const int64_t n = t.numel();
-  switch (t.dtype()) {
-    case DType::F32:
-      std::memcpy(o, t.raw(), sizeof(float) * static_cast<size_t>(n));
-      break;
-    case DType::BF16: {
-      const auto* p = static_cast<const uint16_t*>(t.raw());
-      for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(p[i]);
-      break;
-    }
-    case DType::F16: {
-      const auto* p = static_cast<const uint16_t*>(t.raw());
-      for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(p[i]);
-      break;
-    }
-    default:
-      fail("a weight of dtype {} cannot be loaded: inference loads F32, BF16 or F16 weights",
-           dtype_name(t.dtype()));
-  }
-  return out;
-}
-
 namespace {
 
 // manifest.json parsed strictly; errors name the file (and the key).

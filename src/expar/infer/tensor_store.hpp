@@ -10,6 +10,7 @@
 
 #include "expar/core/memory.hpp"
 #include "expar/core/tensor.hpp"
+#include "expar/core/tensor_convert.hpp"
 #include "expar/io/safetensors_format.hpp"
 #include "expar/model/model_config.hpp"
 
@@ -70,7 +71,6 @@ class ShardedStore final : public TensorStore {
 // Parses the "model" object of our manifest.json (the inverse of the trainer's writer).
 ModelConfig model_config_from_manifest(const std::filesystem::path& dir);
 
-// An f32 copy of `t` (F32, BF16 or F16), charged to `category`.
-Tensor to_f32(const Tensor& t, MemCategory category);
+using expar::to_f32;  // core/tensor_convert.hpp
 
 }  // namespace expar::infer

@@ -7,7 +7,11 @@
 namespace expar {
 
 void ModelConfig::validate(int ep_size) const {
-  EXPAR_CHECK(vocab == 256, "vocab={} is not supported: the model is byte-level (vocab 256)", vocab);
+  // Our presets are byte-level (256); a Hugging Face family's vocabulary is its config's vocab_size.
+  EXPAR_CHECK(vocab >= 1 && vocab <= (1 << 24),
+              "vocab={} is out of range: a vocabulary has 1 .. 16777216 tokens (token ids travel as f32 and "
+              "int32)",
+              vocab);
   EXPAR_CHECK(model_dim > 0 && layers > 0 && heads > 0 && head_dim > 0,
               "model_dim={}, layers={}, heads={}, head_dim={} must all be positive", model_dim, layers, heads,
               head_dim);

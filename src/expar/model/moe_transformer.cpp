@@ -40,13 +40,34 @@ float sigmoid(float v) {
 
 }  // namespace
 
+void check_trainable_features(const ModelFeatures& f, const std::string& family) {
+  std::vector<std::string> refused;
+  if (f.attention_sinks) refused.push_back("attention sinks (self_attn.sinks)");
+  if (f.router != RouterKind::Scores)
+    refused.push_back("the biased top-k-then-softmax router (mlp.router.bias)");
+  if (f.activation != ExpertActivation::Swiglu || f.fused_experts)
+    refused.push_back("fused experts with biases and the clamped SwiGLU (swiglu_limit)");
+  if (f.tied_embeddings) refused.push_back("tied embeddings (tie_word_embeddings: true)");
+  if (refused.empty()) return;
+  std::string list;
+  for (const std::string& r : refused) list += (list.empty() ? "" : "; ") + r;
+  fail(
+      "training cannot compute {} of the {} model yet: {}. Training supports q/k/v/o biases, q/k norms, "
+      "sliding windows, rope scaling and gated shared experts (Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE, ours); "
+      "serve or evaluate this model with expar generate/eval/serve instead",
+      refused.size() == 1 ? "a feature" : "features", family, list);
+}
+
 struct MoeTransformer::Block {
   Tensor attn_norm, attn_norm_grad, mlp_norm, mlp_norm_grad;
   nn::AttentionWeights attn;
   nn::AttentionGrads attn_grad;
+  nn::AttentionOptions attn_options;  // the family's biases, q/k norms and window (handles on parameters)
+  nn::AttentionOptionGrads attn_option_grads;
   std::unique_ptr<MoeLayer> moe;
   Tensor shared_gate, shared_up, shared_down;  // optional shared expert (SwiGLU)
   Tensor shared_gate_grad, shared_up_grad, shared_down_grad;
+  Tensor shared_scale, shared_scale_grad;  // [1, d]: shared output scaled by sigmoid(x · w) (Qwen-MoE)
 };
 
 struct MoeTransformer::Activations {
@@ -55,7 +76,9 @@ struct MoeTransformer::Activations {
     nn::AttentionSaved attn;
     MoeState moe;
     nn::LinearSaved shared_gate, shared_up, shared_down;
-    Tensor gate, up;  // shared expert pre-activations
+    Tensor gate, up;                    // shared expert pre-activations
+    Tensor shared_in, shared_out;       // with a shared-expert scale: its input and unscaled output
+    std::vector<float> shared_sigmoid;  // per token: sigmoid(x · w)
   };
   std::vector<PerBlock> blocks;
   nn::EmbeddingSaved embed;
@@ -63,12 +86,18 @@ struct MoeTransformer::Activations {
   nn::LinearSaved head;
 };
 
-MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens)
+MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens,
+                               ModelFeatures features)
     : config_(std::move(config)),
+      features_(std::move(features)),
       ep_group_(ep_group),
-      rope_(config_.head_dim, config_.max_seq, config_.rope_theta) {
+      rope_(config_.head_dim, config_.max_seq, rope_scaling(config_, features_)) {
   config_.moe.model_dim = config_.model_dim;
   config_.validate(ep_group.size());
+  check_trainable_features(features_, "given");
+  EXPAR_CHECK(features_.window.empty() || static_cast<int>(features_.window.size()) == config_.layers,
+              "the model has {} layers but its features list {} attention windows", config_.layers,
+              features_.window.size());
   const int64_t d = config_.model_dim, hq = config_.heads * config_.head_dim,
                 hkv = config_.kv_heads * config_.head_dim;
   params_.reserve(static_cast<size_t>(config_.layers) * 16 + 4);
@@ -100,6 +129,28 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     bind(".attn.wk", {hkv, d}, b->attn.wk, b->attn_grad.wk);
     bind(".attn.wv", {hkv, d}, b->attn.wv, b->attn_grad.wv);
     bind(".attn.wo", {d, hq}, b->attn.wo, b->attn_grad.wo);
+    // Biases and norm gains: no weight decay.
+    auto bind_vector = [&](const char* n, int64_t size, Tensor& v, Tensor& g) {
+      auto& par = add_param(p + n, {size}, ParamKind::Dense, false);
+      v = par.value;
+      g = par.grad;
+    };
+    nn::AttentionOptions& ao = b->attn_options;
+    nn::AttentionOptionGrads& ag = b->attn_option_grads;
+    if (features_.qkv_bias) {
+      bind_vector(".attn.bq", hq, ao.bq, ag.bq);
+      bind_vector(".attn.bk", hkv, ao.bk, ag.bk);
+      bind_vector(".attn.bv", hkv, ao.bv, ag.bv);
+    }
+    if (features_.o_bias) bind_vector(".attn.bo", d, ao.bo, ag.bo);
+    ao.qk_norm = features_.qk_norm;
+    ao.qk_norm_eps = config_.norm_eps;
+    if (features_.qk_norm != QkNorm::None) {
+      const bool per_head = features_.qk_norm == QkNorm::PerHead;
+      bind_vector(".attn.q_norm", per_head ? config_.head_dim : hq, ao.q_norm, ag.q_norm);
+      bind_vector(".attn.k_norm", per_head ? config_.head_dim : hkv, ao.k_norm, ag.k_norm);
+    }
+    ao.window = features_.window_of(l);
     auto& mn = add_param(p + ".mlp_norm", {d}, ParamKind::Dense, false);
     b->mlp_norm = mn.value;
     b->mlp_norm_grad = mn.grad;
@@ -108,6 +159,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
       bind(".shared.w1", {hs, d}, b->shared_gate, b->shared_gate_grad);
       bind(".shared.w3", {hs, d}, b->shared_up, b->shared_up_grad);
       bind(".shared.w2", {d, hs}, b->shared_down, b->shared_down_grad);
+      if (features_.shared_expert_gate) bind(".shared.gate", {1, d}, b->shared_scale, b->shared_scale_grad);
     }
     b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
                                         MoeSharedResources{heap_.get(), lease_pool_.get(), l});
@@ -169,6 +221,8 @@ void MoeTransformer::init(uint64_t seed) {
     const std::string& n = p.name;
     if (n.ends_with("norm")) {
       nn::init_constant(p.value, 1.0f);
+    } else if (p.value.ndim() == 1) {  // attention biases
+      nn::init_constant(p.value, 0.0f);
     } else if (n == "embed") {
       nn::init_normal(p.value, seed, n, 1.0f);
     } else {
@@ -202,7 +256,8 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     MoeState local_state;
     MoeState& moe_state = a ? a->moe : local_state;
     Tensor n1 = nn::rmsnorm_forward(h, b.attn_norm, config_.norm_eps, a ? &a->attn_norm : nullptr);
-    Tensor att = nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, a ? &a->attn : nullptr);
+    Tensor att =
+        nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, a ? &a->attn : nullptr, b.attn_options);
     Tensor h1 = add(h, att);
     Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
     Tensor m = b.moe->forward(n2, moe_state);
@@ -214,7 +269,31 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
       const float* pu = u.data<float>();
       float* pa = act.data<float>();
       for (int64_t i = 0; i < g.numel(); ++i) pa[i] = pg[i] * sigmoid(pg[i]) * pu[i];
-      add_into(m, nn::linear_forward(act, b.shared_down, nullptr, a ? &a->shared_down : nullptr));
+      Tensor so = nn::linear_forward(act, b.shared_down, nullptr, a ? &a->shared_down : nullptr);
+      if (b.shared_scale.defined()) {
+        // Qwen-MoE: the shared expert's output scaled by sigmoid(x · w), one scalar per token.
+        const int64_t rows = so.dim(0), d = so.dim(1);
+        std::vector<float> sig(static_cast<size_t>(rows));
+        const float* px = n2.data<float>();
+        const float* w = b.shared_scale.data<float>();
+        float* py = so.data<float>();
+        for (int64_t t = 0; t < rows; ++t) {
+          double dot = 0.0;
+          for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(px[t * d + j]) * w[j];
+          sig[static_cast<size_t>(t)] = sigmoid(static_cast<float>(dot));
+        }
+        if (a) {
+          a->shared_in = n2;
+          a->shared_out = so;
+          a->shared_sigmoid = sig;
+        }
+        Tensor scaled = Tensor::empty(so.shape());
+        float* ps = scaled.data<float>();
+        for (int64_t t = 0; t < rows; ++t)
+          for (int64_t j = 0; j < d; ++j) ps[t * d + j] = sig[static_cast<size_t>(t)] * py[t * d + j];
+        so = scaled;
+      }
+      add_into(m, so);
       if (a) {
         a->gate = g;
         a->up = u;
@@ -276,7 +355,34 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     // h = h1 + moe(norm(h1)) [+ shared(norm(h1))]
     Tensor grad_n2 = b.moe->backward(grad, a.moe);
     if (b.shared_gate.defined()) {
-      Tensor grad_act = nn::linear_backward(a.shared_down, grad, b.shared_down, b.shared_down_grad, nullptr);
+      Tensor grad_so = grad;
+      if (b.shared_scale.defined()) {
+        // y = s·so with s = sigmoid(x · w): dso = s·dy; dz = s(1 - s)·(dy · so); dw += dz·x; dx += dz·w.
+        const int64_t rows = grad.dim(0), d = grad.dim(1);
+        grad_so = Tensor::empty(grad.shape());
+        const float* pg = grad.data<float>();
+        const float* so = a.shared_out.data<float>();
+        const float* px = a.shared_in.data<float>();
+        const float* w = b.shared_scale.data<float>();
+        float* gso = grad_so.data<float>();
+        float* gw = b.shared_scale_grad.data<float>();
+        float* gx = grad_n2.data<float>();
+        for (int64_t t = 0; t < rows; ++t) {
+          const float s = a.shared_sigmoid[static_cast<size_t>(t)];
+          double dot = 0.0;
+          for (int64_t j = 0; j < d; ++j) {
+            gso[t * d + j] = s * pg[t * d + j];
+            dot += static_cast<double>(pg[t * d + j]) * so[t * d + j];
+          }
+          const auto dz = static_cast<float>(dot * s * (1.0 - s));
+          for (int64_t j = 0; j < d; ++j) {
+            gw[j] += dz * px[t * d + j];
+            gx[t * d + j] += dz * w[j];
+          }
+        }
+      }
+      Tensor grad_act =
+          nn::linear_backward(a.shared_down, grad_so, b.shared_down, b.shared_down_grad, nullptr);
       Tensor grad_g = Tensor::empty(a.gate.shape()), grad_u = Tensor::empty(a.up.shape());
       const float* pg = a.gate.data<float>();
       const float* pu = a.up.data<float>();
@@ -296,7 +402,8 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     add_into(grad_h1, grad);
     // h1 = h + attn(norm(h))
     const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
-    Tensor grad_n1 = nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad);
+    Tensor grad_n1 = nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
+                                            b.attn_options, &b.attn_option_grads);
     grad = nn::rmsnorm_backward(a.attn_norm, grad_n1, b.attn_norm, b.attn_norm_grad);
     add_into(grad, grad_h1);
   }

@@ -3,6 +3,11 @@
 // -> residual; RMSNorm -> MoE MLP (router + routed experts over the EP group, optional shared expert) ->
 // residual]; final RMSNorm; LM head. Explicit forward and backward over saved per-block state.
 //
+// The Hugging Face families add (model/architecture.hpp's ModelFeatures, trained with their gradients): q/k/v
+// and o biases, q/k RMSNorm (per head or over the projection), sliding windows per layer, rope scaling, and a
+// shared expert scaled by sigmoid(x · gate). gpt-oss's sinks, biased router and clamped SwiGLU experts, and
+// tied embeddings, are refused by name (check_trainable_features).
+//
 // Parameters are named ("layers.3.attn.wq", "layers.3.moe.experts.w1" for the local expert shard) and
 // initialised from (seed, name, element) only, so every layout starts from the same weights: routed expert
 // e has the same values whatever the EP degree (the MoE layer draws one stream per (layer, expert)).
@@ -12,6 +17,7 @@
 
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/parameter.hpp"
+#include "expar/model/architecture.hpp"
 #include "expar/model/model_config.hpp"
 #include "expar/moe/lease_pool.hpp"
 #include "expar/moe/moe_layer.hpp"
@@ -21,6 +27,10 @@
 namespace expar {
 
 class Comm;
+
+// Throws expar::Error naming each feature of `features` the training layers cannot compute yet (and what
+// they can), so `expar train --model` refuses a family instead of training another function.
+void check_trainable_features(const ModelFeatures& features, const std::string& family);
 
 struct StepMetrics {
   double loss = 0.0;         // cross-entropy of this microbatch, mean over its tokens
@@ -41,12 +51,14 @@ class MoeTransformer {
   // config.moe.path. With the rowwise path and max_microbatch_tokens > 0, all blocks share one symmetric
   // heap and one lease pool whose slots hold the dispatch payload of max_microbatch_tokens tokens per rank
   // (seed 000 §5.7); otherwise each block's path keeps private buffers.
-  MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens = 0);
+  MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens = 0,
+                 ModelFeatures features = {});
   ~MoeTransformer();
   MoeTransformer(const MoeTransformer&) = delete;
   MoeTransformer& operator=(const MoeTransformer&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  const ModelFeatures& features() const { return features_; }
   void init(uint64_t seed);
   // Every parameter (dense and this rank's expert shard), values and gradients share the model's storage.
   std::vector<Parameter>& parameters() { return params_; }
@@ -102,6 +114,7 @@ class MoeTransformer {
   Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);
 
   ModelConfig config_;
+  ModelFeatures features_;
   Comm& ep_group_;
   nn::Rope rope_;
   std::vector<Parameter> params_;

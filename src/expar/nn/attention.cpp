@@ -129,11 +129,60 @@ void check_options(const AttentionShape& shape, const Dims& dims, const Attentio
               o.window);
 }
 
+bool has(const Tensor& t) {
+  return t.defined() && t.numel() > 0;
+}
+
+// The training functions take every option except the inference-only ones.
+void check_training_options(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o,
+                            const char* layer) {
+  check_options(shape, dims, o, layer);
+  EXPAR_CHECK(!has(o.sinks),
+              "{}: attention sinks are inference-only (training has no sink gradient): train a family "
+              "without sinks",
+              layer);
+  EXPAR_CHECK(!o.sum_squares,
+              "{}: options.sum_squares completes a TP-sharded projection norm; training holds every head",
+              layer);
+}
+
+// The q/k RMSNorm of `options` as a row RMSNorm: per head over rows of head_dim values, or over the whole
+// projection; `t` [n, width] is replaced by its normalised copy and its input and 1/rms saved (if `saved`).
+void qk_norm_forward(Tensor& t, int64_t heads, int64_t head_dim, const AttentionOptions& o,
+                     const Tensor& gain, RmsNormSaved* saved) {
+  const int64_t n = t.dim(0), width = t.dim(1);
+  const bool per_head = o.qk_norm == QkNorm::PerHead;
+  Tensor rows = per_head ? t.reshape({n * heads, head_dim}) : t;
+  t = rmsnorm_forward(rows, gain, o.qk_norm_eps, saved).reshape({n, width});
+}
+
+void qk_norm_backward(Tensor& grad, int64_t heads, int64_t head_dim, const AttentionOptions& o,
+                      const Tensor& gain, const RmsNormSaved& saved, Tensor& grad_gain) {
+  const int64_t n = grad.dim(0), width = grad.dim(1);
+  const bool per_head = o.qk_norm == QkNorm::PerHead;
+  Tensor rows = per_head ? grad.reshape({n * heads, head_dim}) : grad;
+  grad = rmsnorm_backward(saved, rows, gain, grad_gain).reshape({n, width});
+}
+
+// grad_bias [cols] += Σ_rows g [rows, cols].
+void add_column_sums(const Tensor& g, Tensor& grad_bias) {
+  const int64_t rows = g.dim(0), cols = g.dim(1);
+  const float* pg = g.data<float>();
+  float* pb = grad_bias.data<float>();
+  for (int64_t c = 0; c < cols; ++c) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; ++r) acc += pg[r * cols + c];
+    pb[c] += static_cast<float>(acc);
+  }
+}
+
 }  // namespace
 
 Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
-                         const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved) {
+                         const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved,
+                         const AttentionOptions& options) {
   const Dims dims = check_weights(shape, rope, weights, "attention_forward");
+  check_training_options(shape, dims, options, "attention_forward");
   EXPAR_CHECK(batch >= 0 && seq >= 0, "attention_forward: batch={} seq={} must not be negative", batch, seq);
   const int64_t n = batch * seq, hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads;
   check_f32(x, "attention_forward", "x (batch·seq rows)", {n, dims.d});
@@ -151,6 +200,13 @@ Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const At
   project(x, weights.wq, q.data<float>(), false);
   project(x, weights.wk, k.data<float>(), false);
   project(x, weights.wv, v.data<float>(), false);
+  add_bias(q.data<float>(), n, dims.qd, options.bq);
+  add_bias(k.data<float>(), n, dims.kd, options.bk);
+  add_bias(v.data<float>(), n, dims.kd, options.bv);
+  if (options.qk_norm != QkNorm::None) {
+    qk_norm_forward(q, shape.n_heads, hd, options, options.q_norm, saved ? &saved->q_norm : nullptr);
+    qk_norm_forward(k, shape.n_kv_heads, hd, options, options.k_norm, saved ? &saved->k_norm : nullptr);
+  }
   rope.apply(q.data<float>(), n, shape.n_heads, dims.qd, pos, false);
   rope.apply(k.data<float>(), n, shape.n_kv_heads, dims.kd, pos, false);
 
@@ -163,11 +219,13 @@ Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const At
       float* p = probs.data<float>() + (saved ? (b * shape.n_heads + h) * seq * seq : 0);
       attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
                   k.data<float>() + b * seq * dims.kd + g * hd, v.data<float>() + b * seq * dims.kd + g * hd,
-                  dims.kd, seq, 0, hd, p, context.data<float>() + b * seq * dims.qd + h * hd, dims.qd);
+                  dims.kd, seq, 0, hd, p, context.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
+                  options.window);
     }
   }
   Tensor y = Tensor::empty({n, dims.d});
   project(context, weights.wo, y.data<float>(), false);
+  add_bias(y.data<float>(), n, dims.d, options.bo);
   if (saved) {
     saved->batch = batch;
     saved->seq = seq;
@@ -183,9 +241,29 @@ Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const At
 }
 
 Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
-                          const AttentionSaved& saved, const Tensor& grad_y, AttentionGrads& grads) {
+                          const AttentionSaved& saved, const Tensor& grad_y, AttentionGrads& grads,
+                          const AttentionOptions& options, AttentionOptionGrads* option_grads) {
   const char* layer = "attention_backward";
   const Dims dims = check_weights(shape, rope, weights, layer);
+  check_training_options(shape, dims, options, layer);
+  const bool with_params = has(options.bq) || has(options.bk) || has(options.bv) || has(options.bo) ||
+                           options.qk_norm != QkNorm::None;
+  EXPAR_CHECK(!with_params || option_grads != nullptr,
+              "{}: the options have biases or q/k norms but no option_grads was passed for their gradients",
+              layer);
+  auto check_grad = [&](const Tensor& param, const Tensor& grad, const char* what) {
+    if (has(param)) check_f32(grad, layer, what, param.shape());
+  };
+  if (option_grads) {
+    check_grad(options.bq, option_grads->bq, "option_grads.bq");
+    check_grad(options.bk, option_grads->bk, "option_grads.bk");
+    check_grad(options.bv, option_grads->bv, "option_grads.bv");
+    check_grad(options.bo, option_grads->bo, "option_grads.bo");
+    if (options.qk_norm != QkNorm::None) {
+      check_grad(options.q_norm, option_grads->q_norm, "option_grads.q_norm");
+      check_grad(options.k_norm, option_grads->k_norm, "option_grads.k_norm");
+    }
+  }
   const int64_t batch = saved.batch, seq = saved.seq, n = batch * seq, hd = shape.head_dim;
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   check_f32(saved.x, layer, "saved.x", {n, dims.d});
@@ -201,6 +279,7 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
   check_f32(grads.wv, layer, "grads.wv", {dims.kd, dims.d});
   check_f32(grads.wo, layer, "grads.wo", {dims.d, dims.qd});
 
+  if (has(options.bo)) add_column_sums(grad_y, option_grads->bo);
   // Output projection.
   Tensor grad_context = Tensor::empty({n, dims.qd});
   matmul(grad_y.data<float>(), weights.wo.data<float>(), grad_context.data<float>(), n, dims.qd, dims.d,
@@ -269,6 +348,14 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
   const int32_t* pos = saved.positions.data<int32_t>();
   rope.apply(grad_q.data<float>(), n, shape.n_heads, dims.qd, pos, true);
   rope.apply(grad_k.data<float>(), n, shape.n_kv_heads, dims.kd, pos, true);
+  if (options.qk_norm != QkNorm::None) {
+    qk_norm_backward(grad_q, shape.n_heads, hd, options, options.q_norm, saved.q_norm, option_grads->q_norm);
+    qk_norm_backward(grad_k, shape.n_kv_heads, hd, options, options.k_norm, saved.k_norm,
+                     option_grads->k_norm);
+  }
+  if (has(options.bq)) add_column_sums(grad_q, option_grads->bq);
+  if (has(options.bk)) add_column_sums(grad_k, option_grads->bk);
+  if (has(options.bv)) add_column_sums(grad_v, option_grads->bv);
 
   // Input projections.
   Tensor grad_x = Tensor::empty({n, dims.d});

@@ -3,7 +3,10 @@
 //   q = RoPE(x·Wqᵀ), k = RoPE(x·Wkᵀ), v = x·Wvᵀ
 //   per query head h (key/value head h / (n_heads / n_kv_heads)): P = softmax(q_h·k_hᵀ / sqrt(head_dim) +
 //   causal) y = concat_h(P·v_h)·Woᵀ
-// Weights use the PyTorch orientation: Wq [H·hd, d], Wk and Wv [Hkv·hd, d], Wo [d, H·hd]. No biases.
+// Weights use the PyTorch orientation: Wq [H·hd, d], Wk and Wv [Hkv·hd, d], Wo [d, H·hd]. The options of
+// Hugging Face families (AttentionOptions: q/k/v/o biases, q/k RMSNorm, a sliding window) apply to training
+// (attention_forward/backward, with their gradients) and inference alike; attention sinks and the TP
+// completion of OLMoE's projection norm are inference-only.
 //
 // Tensor parallelism: the functions see only the heads they are given. A TP rank passes the rows of Wq/Wk/Wv
 // and the columns of Wo that belong to its heads (AttentionShape counts the local heads); its y is then a
@@ -13,12 +16,13 @@
 // tokens) and decode (one new token) alike, and gives the same result as attention_forward on the whole
 // sequence. It also takes the inference-only options of Hugging Face checkpoints (AttentionOptions): q/k/v/o
 // biases (Qwen-MoE, gpt-oss), a learned sink logit per head (gpt-oss) and a sliding window (gpt-oss's
-// alternate layers). The training functions have none of these.
+// alternate layers).
 #include <cstdint>
 #include <functional>
 #include <span>
 
 #include "expar/core/tensor.hpp"
+#include "expar/nn/rmsnorm.hpp"
 #include "expar/nn/rope.hpp"
 
 namespace expar::nn {
@@ -39,34 +43,6 @@ struct AttentionWeights {  // handles: they share storage with the model's param
 
 using AttentionGrads = AttentionWeights;  // same shapes; backward accumulates into them
 
-struct AttentionSaved {
-  int64_t batch = 0, seq = 0;
-  Tensor x;          // input [B·S, d]
-  Tensor positions;  // int32 [B·S]: s for row b·S + s
-  Tensor q;          // after RoPE [B·S, H·hd]
-  Tensor k;          // after RoPE [B·S, Hkv·hd]
-  Tensor v;          // [B·S, Hkv·hd]
-  Tensor probs;      // [B, H, S, S], exactly zero above the diagonal
-  Tensor context;    // P·v per head, before the output projection [B·S, H·hd]
-};
-
-// x [B·S, d] holds B sequences of length S, sequence b in rows [b·S, (b+1)·S), token s at position s.
-// Returns y [B·S, d]. `saved` may be nullptr (inference without cache).
-Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
-                         const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved);
-
-// Returns grad_x [B·S, d]; accumulates the weight gradients into `grads`.
-Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
-                          const AttentionSaved& saved, const Tensor& grad_y, AttentionGrads& grads);
-
-// One sequence's cache for one layer, for the key/value heads held here.
-struct KvCache {
-  Tensor k;            // [capacity, n_kv_heads·head_dim], keys after RoPE
-  Tensor v;            // [capacity, n_kv_heads·head_dim]
-  int64_t length = 0;  // positions [0, length) hold valid entries
-  static KvCache create(int64_t capacity, const AttentionShape& shape);
-};
-
 // RMSNorm of q and k after their projections (and biases), before RoPE.
 enum class QkNorm : uint8_t {
   None,
@@ -75,7 +51,7 @@ enum class QkNorm : uint8_t {
               // heads); with TP the sums of squares of the local heads are completed by options.sum_squares
 };
 
-// Inference-only additions; the defaults (all undefined, window 0) give plain attention.
+// Options of the Hugging Face families; the defaults (all undefined, window 0) give plain attention.
 struct AttentionOptions {
   Tensor bq;     // [n_heads·head_dim]: added to x·Wqᵀ before RoPE; undefined: none
   Tensor bk;     // [n_kv_heads·head_dim]: added to x·Wkᵀ before RoPE
@@ -94,6 +70,45 @@ struct AttentionOptions {
   // q_norm_total / k_norm_total: the whole projections' widths the completed sums run over.
   std::function<void(float* q_ss, float* k_ss, int64_t rows)> sum_squares;
   int64_t q_norm_total = 0, k_norm_total = 0;
+};
+
+// Gradients of the options' parameters (biases, q/k norm gains), shaped like them; undefined where the
+// option is absent. attention_backward ADDS into them.
+struct AttentionOptionGrads {
+  Tensor bq, bk, bv, bo, q_norm, k_norm;
+};
+
+struct AttentionSaved {
+  int64_t batch = 0, seq = 0;
+  Tensor x;                     // input [B·S, d]
+  Tensor positions;             // int32 [B·S]: s for row b·S + s
+  Tensor q;                     // after RoPE [B·S, H·hd]
+  Tensor k;                     // after RoPE [B·S, Hkv·hd]
+  Tensor v;                     // [B·S, Hkv·hd]
+  Tensor probs;                 // [B, H, S, S], exactly zero above the diagonal
+  Tensor context;               // P·v per head, before the output projection [B·S, H·hd]
+  RmsNormSaved q_norm, k_norm;  // options.qk_norm: the norms' inputs (after the biases) and 1/rms
+};
+
+// x [B·S, d] holds B sequences of length S, sequence b in rows [b·S, (b+1)·S), token s at position s.
+// Returns y [B·S, d]. `saved` may be nullptr (inference without cache). `options`: biases, q/k norms and a
+// window (no sinks, no sum_squares: those are inference-only).
+Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                         const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved,
+                         const AttentionOptions& options = {});
+
+// Returns grad_x [B·S, d]; accumulates the weight gradients into `grads` and, for the options' parameters,
+// into `option_grads` (required when `options` has biases or q/k norms). `options` as in the forward.
+Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                          const AttentionSaved& saved, const Tensor& grad_y, AttentionGrads& grads,
+                          const AttentionOptions& options = {}, AttentionOptionGrads* option_grads = nullptr);
+
+// One sequence's cache for one layer, for the key/value heads held here.
+struct KvCache {
+  Tensor k;            // [capacity, n_kv_heads·head_dim], keys after RoPE
+  Tensor v;            // [capacity, n_kv_heads·head_dim]
+  int64_t length = 0;  // positions [0, length) hold valid entries
+  static KvCache create(int64_t capacity, const AttentionShape& shape);
 };
 
 // Forward with KV caches. x [Σ new_tokens, d]: sequence i's new_tokens[i] tokens are consecutive rows, at

@@ -7,12 +7,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "expar/core/tensor_convert.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
+#include "expar/io/sharded_checkpoint.hpp"
 #include "expar/io/strict_json.hpp"
 #include "expar/model/model_config_json.hpp"
+#include "expar/model/weight_names.hpp"
 
 namespace expar {
 
@@ -56,6 +59,27 @@ Tensor full_moment(AdamW& opt, size_t i, bool second, Comm& ep_dp) {
 }
 
 // A manifest, read and checked: every value in range, every file name inside the step directory.
+// Our parameter names -> the names a save of `format` stores them under (identity for ours).
+class CheckpointNames {
+ public:
+  CheckpointNames(ModelFormat format, const ModelConfig& config) : hf_(format != ModelFormat::Expar) {
+    if (hf_) names_ = translate_weight_names(expar_weight_names(), weight_names(format), config);
+  }
+  bool hf() const { return hf_; }
+  const std::string& weight(const std::string& ours) const {
+    if (!hf_) return ours;
+    auto it = names_.find(ours);
+    EXPAR_CHECK(it != names_.end(), "internal error: parameter '{}' has no Hugging Face name", ours);
+    return it->second;
+  }
+  // The file holding the optimizer moments of the weights in `file`.
+  std::string optimizer_file(const std::string& file) const { return hf_ ? "optimizer-" + file : file; }
+
+ private:
+  bool hf_;
+  std::map<std::string, std::string> names_;
+};
+
 struct Manifest {
   fs::path dir;       // the step directory
   std::string label;  // its manifest.json, for messages
@@ -121,6 +145,16 @@ Manifest read_manifest(const std::string& dir) {
                 "{}: \"model_hash\" {} does not match its \"model\" (hash {}): the model config was edited; "
                 "restore the manifest written with the checkpoint",
                 m.label, m.identity.model_hash, model_hash(m.info.model));
+  }
+  if (j.contains("architecture")) {
+    const json& arch = j.at("architecture");
+    EXPAR_CHECK(arch.is_string(), "{}: \"architecture\" must be a string, got {}", m.label,
+                json_excerpt(arch));
+    try {
+      m.info.format = model_format_from_name(arch.get<std::string>());
+    } catch (const Error& e) {
+      fail("{}: \"architecture\": {}", m.label, e.what());
+    }
   }
   m.dense_file = name(field("dense_file"), "\"dense_file\"");
   const json& experts = field("expert_files");
@@ -195,7 +229,11 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   auto& params = model.parameters();
   // Moments of sharded expert state must be gathered by every EP_DP member (collective), before deciding
   // who writes.
-  std::map<std::string, Tensor> dense, experts;
+  const CheckpointNames names(info.format, model.config());
+  // Weights under the format's names; the moments under ours, beside them (ours) or in their own files.
+  std::map<std::string, Tensor> dense, experts, dense_moments, expert_moments;
+  std::map<std::string, Tensor>& dense_opt = names.hf() ? dense_moments : dense;
+  std::map<std::string, Tensor>& expert_opt = names.hf() ? expert_moments : experts;
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter& p = params[i];
     Tensor m, v;
@@ -204,10 +242,10 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       v = full_moment(*optimizer, i, true, ep_dp);
     }
     if (!is_expert_shard(p)) {
-      dense[p.name] = p.value;
+      dense[names.weight(p.name)] = p.value;
       if (optimizer) {
-        dense["optimizer.m." + p.name] = m;
-        dense["optimizer.v." + p.name] = v;
+        dense_opt["optimizer.m." + p.name] = m;
+        dense_opt["optimizer.v." + p.name] = v;
       }
       continue;
     }
@@ -217,23 +255,53 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
         Shape s(t.shape().begin() + 1, t.shape().end());
         return t.rows(l, l + 1).reshape(s);
       };
-      experts[expert_name(p.name, e)] = slice(p.value);
+      experts[names.weight(expert_name(p.name, e))] = slice(p.value);
       if (optimizer) {
-        experts["optimizer.m." + expert_name(p.name, e)] = slice(m);
-        experts["optimizer.v." + expert_name(p.name, e)] = slice(v);
+        expert_opt["optimizer.m." + expert_name(p.name, e)] = slice(m);
+        expert_opt["optimizer.v." + expert_name(p.name, e)] = slice(v);
       }
     }
   }
   for (int l = 0; l < model.config().layers; ++l) {
     const Tensor& bias = model.moe(l).params().score_bias;
-    if (bias.defined() && bias.numel() > 0) dense["layers." + std::to_string(l) + ".moe.score_bias"] = bias;
+    if (bias.defined() && bias.numel() > 0)
+      dense[names.weight("layers." + std::to_string(l) + ".moe.score_bias")] = bias;
   }
   const std::string hash = model_hash(info.model);
   std::map<std::string, std::string> meta{
       {"format", "expar"}, {"step", std::to_string(info.step)}, {"save_id", save_id}, {"model_hash", hash}};
-  if (world.rank() == 0) write_safetensors(staging / "dense.safetensors", dense, meta);
-  if (ep_dp.rank() == 0)
-    write_safetensors(staging / ("experts-" + std::to_string(my_ep) + ".safetensors"), experts, meta);
+  const std::string expert_file = "experts-" + std::to_string(my_ep) + ".safetensors";
+  if (world.rank() == 0) {
+    write_safetensors(staging / "dense.safetensors", dense, meta);
+    if (names.hf())
+      write_safetensors(staging / names.optimizer_file("dense.safetensors"), dense_moments, meta);
+  }
+  if (ep_dp.rank() == 0) {
+    write_safetensors(staging / expert_file, experts, meta);
+    if (names.hf()) write_safetensors(staging / names.optimizer_file(expert_file), expert_moments, meta);
+  }
+  if (names.hf() && world.rank() == 0) {
+    // The Hugging Face index: every weight, the dense ones from here, each expert's from its owner's file
+    // (rank 0 knows the names from the placement; every expert tensor of a layer has the same size).
+    json weight_map = json::object();
+    size_t total = 0;
+    for (const auto& [n, t] : dense) {
+      weight_map[n] = "dense.safetensors";
+      total += t.nbytes();
+    }
+    for (const Parameter& p : params) {
+      if (!is_expert_shard(p)) continue;
+      const size_t per_expert = p.value.nbytes() / static_cast<size_t>(placement.local_count());
+      for (int m = 0; m < placement.ep_size(); ++m)
+        for (int e : placement.local_experts(m)) {
+          weight_map[names.weight(expert_name(p.name, e))] = "experts-" + std::to_string(m) + ".safetensors";
+          total += per_expert;
+        }
+    }
+    const json index{{"metadata", {{"total_size", total}, {"format", "pt"}}}, {"weight_map", weight_map}};
+    write_file_atomically(staging / std::string(kShardedIndexName), index.dump(2) + "\n");
+    write_file_atomically(staging / "config.json", info.hf_config_json);
+  }
   world.barrier();  // every file of the save is written and synced
   if (world.rank() == 0) {
     json files = json::object();
@@ -250,6 +318,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
                   {"model_hash", hash},
                   {"dense_file", "dense.safetensors"},
                   {"expert_files", files}};
+    if (names.hf()) manifest["architecture"] = model_format_name(info.format);
     write_file_atomically(staging / "manifest.json", manifest.dump(2) + "\n");
     commit_checkpoint_save(dir, info.step, options.keep_last, options.remove_others);
   }
@@ -263,8 +332,14 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer) {
   const Manifest manifest = read_manifest(dir);
   const std::string label = manifest.dir.string();
+  const CheckpointNames names(manifest.info.format, model.config());
   CheckpointFiles files(manifest);
   const SafetensorsFile& dense = files.open(manifest.dense_file);
+  const SafetensorsFile* dense_moments_file = nullptr;
+  auto dense_moments = [&]() -> const SafetensorsFile& {
+    if (!dense_moments_file) dense_moments_file = &files.open(names.optimizer_file(manifest.dense_file));
+    return *dense_moments_file;
+  };
   std::set<std::string> dense_used;
   auto expert_file = [&](int e) -> const SafetensorsFile& {
     auto it = manifest.file_of_expert.find(e);
@@ -280,7 +355,7 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     EXPAR_CHECK(src.numel() == numel && src.dtype() == DType::F32,
                 "checkpoint '{}': tensor '{}' in {} has shape {} {} but the model needs {} F32 values", label,
                 name, file.label(), shape_string(src.shape()), dtype_name(src.dtype()), numel);
-    if (&file == &dense) dense_used.insert(name);
+    if (&file == &dense || &file == dense_moments_file) dense_used.insert(name);
     return src;
   };
   auto copy_into = [&](Tensor dst, const SafetensorsFile& file, const std::string& name) {
@@ -294,10 +369,10 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     Parameter& p = params[i];
     AdamW::State* st = optimizer ? &optimizer->state()[i] : nullptr;
     if (!is_expert_shard(p)) {
-      copy_into(p.value, dense, p.name);
+      copy_into(p.value, dense, names.weight(p.name));
       if (st) {
-        copy_into(st->m, dense, "optimizer.m." + p.name);
-        copy_into(st->v, dense, "optimizer.v." + p.name);
+        copy_into(st->m, names.hf() ? dense_moments() : dense, "optimizer.m." + p.name);
+        copy_into(st->v, names.hf() ? dense_moments() : dense, "optimizer.v." + p.name);
       }
       continue;
     }
@@ -306,16 +381,18 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
       const int e = placement.global_expert(my_ep, l);
       const SafetensorsFile& file = expert_file(e);
       const std::string name = expert_name(p.name, e);
-      copy_into(p.value.rows(l, l + 1), file, name);
+      copy_into(p.value.rows(l, l + 1), file, names.weight(name));
       if (!st) continue;
+      const SafetensorsFile& moments =
+          names.hf() ? files.open(names.optimizer_file(manifest.file_of_expert.at(e))) : file;
       // The state may cover only a slice [begin, end) of the flattened local shard (EP_DP sharding).
       for (const char* which : {"m", "v"}) {
         const std::string key = std::string("optimizer.") + which + "." + name;
-        EXPAR_CHECK(file.contains(key),
+        EXPAR_CHECK(moments.contains(key),
                     "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint written with its "
                     "optimizer",
                     label, key);
-        Tensor src = source(file, key, per_expert);
+        Tensor src = source(moments, key, per_expert);
         Tensor& dst = which[0] == 'm' ? st->m : st->v;
         const int64_t lo = std::max<int64_t>(st->begin, l * per_expert);
         const int64_t hi = std::min<int64_t>(st->end, (l + 1) * per_expert);
@@ -327,20 +404,51 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
   }
   for (int l = 0; l < model.config().layers; ++l) {
     Tensor& bias = model.moe(l).params().score_bias;
-    const std::string name = "layers." + std::to_string(l) + ".moe.score_bias";
+    const std::string name = names.weight("layers." + std::to_string(l) + ".moe.score_bias");
     if (bias.defined() && bias.numel() > 0 && dense.contains(name)) copy_into(bias, dense, name);
   }
   // A tensor nobody loaded means the manifest's model config does not describe the files (e.g. "layers": 1
   // for a 2-layer checkpoint).
-  for (const std::string& name : dense.names()) {
-    const bool optimizer_state = name.starts_with("optimizer.");
-    if (dense_used.contains(name) || (optimizer_state && !optimizer)) continue;
-    fail(
-        "checkpoint '{}': {} holds tensor '{}', which the model of {} does not have: the manifest's model "
-        "config does not describe these files; restore the manifest written with them",
-        label, dense.label(), name, manifest.label);
-  }
+  std::vector<const SafetensorsFile*> dense_files{&dense};
+  if (dense_moments_file) dense_files.push_back(dense_moments_file);
+  for (const SafetensorsFile* file : dense_files)
+    for (const std::string& name : file->names()) {
+      const bool optimizer_state = name.starts_with("optimizer.");
+      if (dense_used.contains(name) || (optimizer_state && !optimizer)) continue;
+      fail(
+          "checkpoint '{}': {} holds tensor '{}', which the model of {} does not have: the manifest's model "
+          "config does not describe these files; restore the manifest written with them",
+          label, file->label(), name, manifest.label);
+    }
   if (optimizer) optimizer->set_steps_taken(manifest.info.step);
+}
+
+void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& model) {
+  EXPAR_CHECK(format != ModelFormat::Expar, "load_hf_weights: '{}' names our format; use load_checkpoint",
+              dir.string());
+  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open_directory(dir);
+  const CheckpointNames names(format, model.config());
+  auto copy = [&](Tensor dst, const std::string& name) {
+    EXPAR_CHECK(
+        checkpoint.contains(name),
+        "'{}': tensor '{}' is missing: the weights do not hold the {} model its config.json describes",
+        dir.string(), name, model_format_name(format));
+    const Tensor src = checkpoint.view(name);
+    EXPAR_CHECK(src.numel() == dst.numel(), "'{}': tensor '{}' has shape {} but the model needs {} values",
+                dir.string(), name, shape_string(src.shape()), dst.numel());
+    const Tensor f32 = to_f32(src, MemCategory::Other);
+    std::memcpy(dst.raw(), f32.raw(), dst.nbytes());
+  };
+  const ExpertPlacement& placement = model.moe(0).placement();
+  const int my_ep = placement.ep_size() == 1 ? 0 : model.moe(0).ep_rank();
+  for (Parameter& p : model.parameters()) {
+    if (!is_expert_shard(p)) {
+      copy(p.value, names.weight(p.name));
+      continue;
+    }
+    for (int l = 0; l < placement.local_count(); ++l)
+      copy(p.value.rows(l, l + 1), names.weight(expert_name(p.name, placement.global_expert(my_ep, l))));
+  }
 }
 
 void check_checkpoint_target(const std::string& dir, const ModelConfig& model, bool overwrite) {

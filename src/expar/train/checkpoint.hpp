@@ -7,6 +7,11 @@
 //                                (by its member with ep_dp coordinate 0)
 //   manifest.json                model config, layout, step, seed, which file holds which expert; written
 //                                last
+// A model of a Hugging Face family (CheckpointInfo::format) is saved in that family's layout as well: the
+// tensors carry the family's names (model/weight_names.hpp), the optimizer moments move to
+// optimizer-dense.safetensors and optimizer-experts-<m>.safetensors, and config.json plus
+// model.safetensors.index.json make the step directory a Hugging Face checkpoint that transformers and
+// `expar generate|eval|serve` read (the manifest names the family under "architecture").
 // Every safetensors file's metadata carry the step, the save's id and the model config's hash, and a load
 // refuses a file whose identity differs from the manifest's (a torn set), naming it.
 // Every tensor is stored under its global name, so loading reshards to any layout: a rank reads the dense
@@ -26,6 +31,8 @@ struct CheckpointInfo {
   ModelConfig model;
   int ep = 1;
   int world = 1;
+  ModelFormat format = ModelFormat::Expar;  // a Hugging Face family: saved in its layout too
+  std::string hf_config_json;               // with a family: the config.json written into each save
 };
 
 struct CheckpointSaveOptions {
@@ -52,6 +59,11 @@ std::string model_config_difference(const ModelConfig& ours, const ModelConfig& 
 // was saved with. Not collective: each rank reads what it needs. Checks that every file belongs to the
 // manifest's save and that every tensor has the size the model needs.
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer);
+
+// Loads the weights of a Hugging Face checkpoint directory of `format` (model.safetensors.index.json and its
+// shards, or model.safetensors: e.g. a model to fine-tune) into `model`, this rank's experts only. Not
+// collective. Tensors must be F32, BF16 or F16 of the model's shapes; a missing tensor is an error naming it.
+void load_hf_weights(const std::filesystem::path& dir, ModelFormat format, MoeTransformer& model);
 
 // Before training: `dir` can be written, and a checkpoint already in it is of the same model (else an error
 // that names both, unless `overwrite`).

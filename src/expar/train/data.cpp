@@ -28,8 +28,9 @@ TokenCorpus TokenCorpus::from_text(std::string text, double validation_fraction)
   return from_tokens(std::move(tokens), 256, validation_fraction);
 }
 
-TokenCorpus TokenCorpus::load(const std::string& path, double validation_fraction) {
-  TokenFile f = read_token_file(path);
+TokenCorpus TokenCorpus::load(const std::string& path, double validation_fraction,
+                              const Tokenizer* tokenizer) {
+  TokenFile f = read_token_file(path, tokenizer);
   if (f.kind == "text") {
     EXPAR_CHECK(f.tokens.size() >= 4096, "corpus '{}' has {} bytes: use a text of at least 4096 bytes", path,
                 f.tokens.size());

@@ -11,11 +11,15 @@
 
 namespace expar {
 
+class Tokenizer;
+
 class TokenCorpus {
  public:
   // Throws expar::Error naming the path if it cannot be read (read_token_file's rules) or is too small (a
   // text of 4096 bytes, a token file of 64 tokens).
-  static TokenCorpus load(const std::string& path, double validation_fraction = 0.05);
+  // A text file is tokenized by `tokenizer` when given (else its bytes are the tokens).
+  static TokenCorpus load(const std::string& path, double validation_fraction = 0.05,
+                          const Tokenizer* tokenizer = nullptr);
   static TokenCorpus from_text(std::string text, double validation_fraction = 0.05);
   static TokenCorpus from_tokens(std::vector<int32_t> tokens, int64_t vocab,
                                  double validation_fraction = 0.05);

@@ -138,6 +138,10 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
       cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
   EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
   const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  check_trainable_features(cfg.features, model_format_name(cfg.format));
+  EXPAR_CHECK(cfg.format == ModelFormat::Expar || !cfg.hf_config_json.empty(),
+              "a {} model needs the config.json its checkpoints are saved with (TrainConfig::hf_config_json)",
+              model_format_name(cfg.format));
   // Found before any work: a checkpoint target that cannot be written or holds another model, a resume
   // checkpoint of another model or with nothing left to train.
   if (!cfg.checkpoint_dir.empty())
@@ -145,6 +149,10 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   int start = 0;
   if (!cfg.resume_from.empty()) {
     const CheckpointInfo info = read_checkpoint_info(cfg.resume_from);
+    EXPAR_CHECK(info.format == cfg.format,
+                "--resume '{}' holds a {} model but this run trains a {} model: resume with the checkpoint's "
+                "--model",
+                cfg.resume_from, model_format_name(info.format), model_format_name(cfg.format));
     const std::string difference = model_config_difference(cfg.model, info.model);
     EXPAR_CHECK(difference.empty(),
                 "--resume '{}': {}: a run resumes with the checkpoint's model config; drop the option that "
@@ -172,11 +180,12 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   // validation batch (validation_loss gives each rank max(1, eval_sequences / DP) sequences).
   const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
   const int64_t max_forward_tokens = static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * cfg.seq_len;
-  MoeTransformer model(mc, *ep_mp, max_forward_tokens);
+  MoeTransformer model(mc, *ep_mp, max_forward_tokens, cfg.features);
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
   const int64_t pool_rows =
       max_capacity_rows(max_forward_tokens, mc.moe.top_k, model.moe(0).placement(), mc.moe.capacity);
   model.init(cfg.seed);
+  if (!cfg.init_from.empty() && cfg.resume_from.empty()) load_hf_weights(cfg.init_from, cfg.format, model);
 
   std::vector<Parameter*> params;
   for (Parameter& p : model.parameters()) params.push_back(&p);
@@ -197,7 +206,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
 
   bool saved = false;
   auto save = [&](int steps_done) {
-    CheckpointInfo info{steps_done, cfg.seed, cfg.model, cfg.ep, world.size()};
+    CheckpointInfo info{steps_done,   cfg.seed,   cfg.model,         cfg.ep,
+                        world.size(), cfg.format, cfg.hf_config_json};
     // With --overwrite, the first save of this run replaces every step directory already there.
     CheckpointSaveOptions options{cfg.keep_last, cfg.overwrite_checkpoint && !saved};
     save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp, options);

@@ -13,6 +13,7 @@
 
 #include "expar/comm/comm.hpp"
 #include "expar/core/memory.hpp"
+#include "expar/model/architecture.hpp"
 #include "expar/model/model_config.hpp"
 #include "expar/train/data.hpp"
 
@@ -20,6 +21,15 @@ namespace expar {
 
 struct TrainConfig {
   ModelConfig model = ModelConfig::preset("demo");
+  // The model's Hugging Face family (ours: Expar) and what it adds to `model` (biases, q/k norms, windows,
+  // rope scaling, a gated shared expert). With a family, checkpoints are saved in its Hugging Face layout
+  // too, with `hf_config_json` as their config.json (train/checkpoint.hpp).
+  ModelFormat format = ModelFormat::Expar;
+  ModelFeatures features;
+  std::string hf_config_json;
+  // A Hugging Face checkpoint directory of `format` whose weights start the run (fine-tuning); empty: the
+  // seeded random initialisation.
+  std::string init_from;
   int ep = 1;                    // M_E
   std::string path = "rowwise";  // local | block | rowwise | agrs (local needs M_E = 1)
   int steps = 300;

@@ -1,0 +1,36 @@
+#pragma once
+// The tensor names of each checkpoint layout (ours and the Hugging Face families), one description used by
+// the inference loader (infer/rank_weights) and by training's checkpoints (train/checkpoint), so a model
+// trained by expar is saved under the names its family's readers (transformers, expar generate) expect.
+#include <functional>
+#include <map>
+#include <string>
+
+#include "expar/model/architecture.hpp"
+
+namespace expar {
+
+// Tensor names of one checkpoint layout. layer(l, key) for key in {attn_norm, wq, wk, wv, wo, mlp_norm,
+// router, score_bias, bq, bk, bv, bo, sinks, router_bias, q_norm, k_norm}; expert(l, e, key) for key in {w1,
+// w3, w2}
+// ([h, d], [h, d], [d, h]); shared(l, key) likewise for the shared expert, and "gate" for its gate [1, d].
+// A format names only the keys it has.
+struct WeightNames {
+  std::string embed, final_norm, lm_head;
+  std::function<std::string(int, const std::string&)> layer;
+  std::function<std::string(int, int, const std::string&)> expert;
+  std::function<std::string(int, const std::string&)> shared;
+};
+WeightNames expar_weight_names();      // train/checkpoint.hpp's names
+WeightNames mixtral_weight_names();    // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
+WeightNames qwen_moe_weight_names();   // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
+WeightNames qwen3_moe_weight_names();  // Qwen3-MoE and OLMoE: qwen_moe's names without the shared expert
+WeightNames gpt_oss_weight_names();  // model.layers.L.mlp.router.*, self_attn.sinks (experts: hf_experts.hpp)
+WeightNames weight_names(ModelFormat format);
+
+// Every tensor name of `config` under `from` mapped to its name under `to` (keys a format does not have map
+// to that format's never-present names; callers look up only the tensors the model holds).
+std::map<std::string, std::string> translate_weight_names(const WeightNames& from, const WeightNames& to,
+                                                          const ModelConfig& config);
+
+}  // namespace expar

@@ -1,0 +1,236 @@
+// Training the Hugging Face families (expar train --model): the training model's forward against the
+// independent dense double reference of hf_test_models.hpp for Qwen-MoE (q/k/v biases, gated shared
+// expert), Qwen3-MoE (per-head q/k norms, q/k/v/o biases, linear rope), OLMoE (projection q/k norms, llama3
+// rope) and Mixtral (sliding window); every parameter's gradient, the families' new kinds included, against
+// finite differences; and a training run whose saves are Hugging Face checkpoints of the family that the
+// inference engine reads under another layout, and that resume bit for bit.
+//
+// Links expar_train as well as expar_infer (tests/CMakeLists.txt): it is the one place both meet.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "expar/model/hf_config.hpp"
+#include "expar/model/moe_transformer.hpp"
+#include "expar/train/checkpoint.hpp"
+#include "expar/train/trainer.hpp"
+#include "hf_test_models.hpp"
+#include "infer_test_util.hpp"
+
+namespace expar::infer::testing {
+namespace {
+
+struct Family {
+  const char* name;
+  HfTestModel (*make)();
+  // Parameters per layer of the kinds only the families have: Qwen-MoE q bias + shared-expert gate;
+  // Qwen3-MoE q and o biases + q and k norms; OLMoE q and k norms; Mixtral none (its window is not a
+  // parameter: its gradients run through the windowed softmax).
+  int family_kinds_per_layer;
+};
+
+const Family kFamilies[] = {
+    {"qwen_moe", [] { return qwen_test_model(); }, 2},
+    {"qwen3_moe", [] { return qwen3_moe_test_model(); }, 4},
+    {"olmoe", [] { return olmoe_test_model(); }, 2},
+    {"mixtral", [] { return mixtral_test_model(); }, 0},
+};
+
+class TrainedFamilies : public ::testing::TestWithParam<Family> {};
+
+// The architecture config.json describes, on one rank (path local), without auxiliary losses (evaluate()
+// reports cross-entropy only).
+Architecture training_architecture(const HfTestModel& m) {
+  Architecture a = hf_architecture(m.config(), "test config.json");
+  a.config.moe.path = "local";
+  a.config.moe.aux_loss_coef = 0.0;
+  a.config.moe.z_loss_coef = 0.0;
+  return a;
+}
+
+TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
+  const HfTestModel m = GetParam().make();
+  const fs::path dir = temp_dir(std::string("train_fwd_") + GetParam().name);
+  m.write(dir);
+  const Architecture a = training_architecture(m);
+  const std::vector<int32_t> first = vocab_tokens(11, 9, m.vocab), second = vocab_tokens(12, 9, m.vocab);
+  std::vector<int32_t> both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, *group, 0, a.features);
+    model.init(3);
+    load_hf_weights(dir, a.format, model);
+    const Tensor logits = model.logits(both, 2, 9);  // two sequences of 9 tokens
+    EXPECT_TRUE(close(logits.rows(0, 9).clone(), m.dense_logits(first), 1e-4)) << "sequence 0";
+    EXPECT_TRUE(close(logits.rows(9, 18).clone(), m.dense_logits(second), 1e-4)) << "sequence 1";
+  });
+  fs::remove_all(dir);
+}
+
+TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
+  const HfTestModel m = GetParam().make();
+  const fs::path dir = temp_dir(std::string("train_fd_") + GetParam().name);
+  m.write(dir);
+  const Architecture a = training_architecture(m);
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, *group, 0, a.features);
+    model.init(5);
+    load_hf_weights(dir, a.format, model);
+    const int64_t batch = 2, seq = 6;
+    const auto tokens = vocab_tokens(21, static_cast<int>(batch * seq), m.vocab);
+    const auto targets = vocab_tokens(22, static_cast<int>(batch * seq), m.vocab);
+    model.zero_grads();
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);
+    int family_kinds = 0;
+    auto loss_at = [&](float* w, float value) {
+      const float saved = *w;
+      *w = value;
+      const double loss = model.evaluate(tokens, targets, batch, seq).loss;
+      *w = saved;
+      return loss;
+    };
+    for (Parameter& p : model.parameters()) {
+      // Among the 6 elements with the largest gradients (where a finite difference is most informative), the
+      // first where the loss is smooth: central differences at eps and eps/2 agree. Where they do not, a
+      // perturbation flips a token's top-k choice (the loss jumps), which no gradient describes.
+      const float* g = p.grad.data<float>();
+      std::vector<int64_t> order(static_cast<size_t>(p.grad.numel()));
+      std::iota(order.begin(), order.end(), 0);
+      const size_t candidates = std::min<size_t>(6, order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(candidates), order.end(),
+                        [g](int64_t x, int64_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
+      float* w = p.value.data<float>();
+      bool checked = false;
+      for (size_t c = 0; c < candidates && !checked; ++c) {
+        const int64_t i = order[c];
+        const float eps = 4e-4f * std::max(1.0f, std::fabs(w[i]));
+        const double wide = (loss_at(w + i, w[i] + eps) - loss_at(w + i, w[i] - eps)) / (2.0 * eps);
+        const double narrow =
+            (loss_at(w + i, w[i] + eps / 2) - loss_at(w + i, w[i] - eps / 2)) / static_cast<double>(eps);
+        if (std::fabs(wide - narrow) > 0.1 * std::fabs(wide) + 1e-4) continue;
+        EXPECT_NEAR(g[i], wide, 3e-2 * std::fabs(wide) + 5e-4) << p.name << " element " << i;
+        EXPECT_GT(std::fabs(g[i]), 0.0f) << p.name << " has an all-zero gradient";
+        checked = true;
+      }
+      EXPECT_TRUE(checked) << p.name << ": the loss jumps near each of its " << candidates
+                           << " largest-gradient elements";
+      const std::string& n = p.name;
+      if (n.ends_with(".bq") || n.ends_with(".bo") || n.ends_with("q_norm") || n.ends_with("k_norm") ||
+          n.ends_with(".shared.gate"))
+        ++family_kinds;
+    }
+    // Each family's own kinds were among the parameters checked.
+    EXPECT_EQ(family_kinds, GetParam().family_kinds_per_layer * m.layers);
+  });
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Infer, TrainedFamilies, ::testing::ValuesIn(kFamilies),
+                         [](const ::testing::TestParamInfo<Family>& i) { return std::string(i.param.name); });
+
+TokenCorpus family_corpus(int vocab) {
+  return TokenCorpus::from_tokens(vocab_tokens(99, 3000, vocab), vocab);
+}
+
+TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::path& checkpoint) {
+  const Architecture a = hf_architecture(m.config(), "test config.json");
+  TrainConfig c;
+  c.model = a.config;
+  c.format = a.format;
+  c.features = a.features;
+  c.hf_config_json = m.config().dump(2);
+  c.init_from = weights.string();
+  c.ep = 2;
+  c.path = "rowwise";
+  c.steps = 3;
+  c.global_batch = 4;
+  c.seq_len = 8;
+  c.warmup = 1;
+  c.eval_every = 0;
+  c.eval_sequences = 2;
+  c.checkpoint_dir = checkpoint.string();
+  c.checkpoint_every = 1;
+  c.keep_last = 0;
+  return c;
+}
+
+// Qwen-MoE (biases and the gated shared expert make the most tensor kinds): trained on 2 ranks with EP 2,
+// each save is a Hugging Face checkpoint of the family (config.json, index, qwen2_moe names) that the engine
+// loads on TP 2 with EP and that a single-rank training model loads back, with the same logits; a run
+// resumed from step 2 ends with the same weights as the uninterrupted run.
+TEST(TrainedFamilies, SavesAreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
+  const HfTestModel m = qwen_test_model();
+  const fs::path weights = temp_dir("train_hf_weights"), straight = temp_dir("train_hf_straight"),
+                 resumed = temp_dir("train_hf_resumed");
+  m.write(weights);
+  const TokenCorpus corpus = family_corpus(m.vocab);
+  run_ranks(2, [&](Comm& world) { train(family_run(m, weights, straight), world, corpus); });
+  TrainConfig first_two = family_run(m, weights, resumed);
+  first_two.stop_after = 2;
+  run_ranks(2, [&](Comm& world) { train(first_two, world, corpus); });
+  TrainConfig rest = family_run(m, weights, resumed);
+  rest.resume_from = resumed.string();
+  run_ranks(2, [&](Comm& world) { train(rest, world, corpus); });
+
+  // The save's layout: the family's names, an index covering exactly the weight shards, config.json.
+  const ModelSpec spec = open_model_spec(straight);
+  EXPECT_EQ(spec.format, ModelFormat::QwenMoe);
+  const fs::path step = straight / "step-3";
+  ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
+  EXPECT_NO_THROW(index.validate());
+  EXPECT_TRUE(index.contains("model.layers.1.mlp.shared_expert_gate.weight"));
+  EXPECT_TRUE(index.contains("model.layers.0.self_attn.q_proj.bias"));
+  EXPECT_TRUE(index.contains("model.layers.1.mlp.experts.23.down_proj.weight"));
+  EXPECT_EQ(index.names().size(), m.tensors.size());
+  EXPECT_TRUE(fs::exists(step / "optimizer-dense.safetensors"));
+
+  // Resumed == straight, tensor for tensor.
+  ShardedCheckpoint other = ShardedCheckpoint::open_directory(resumed / "step-3");
+  for (const std::string& name : index.names()) {
+    const Tensor a = index.read(name), b = other.read(name);
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << name << " differs after resume";
+  }
+
+  // Training changed the weights; the engine (TP 2, EP) and a training model loaded from the save agree.
+  const std::vector<int32_t> prompt = vocab_tokens(7, 10, m.vocab);
+  Tensor trained;
+  run_ranks(1, [&](Comm& world) {
+    Architecture a = hf_architecture(m.config(), "test config.json");
+    a.config.moe.path = "local";
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, *group, 0, a.features);
+    load_checkpoint(straight.string(), model, nullptr);
+    trained = export_to(current_tracker(), model.logits(prompt, 1, 10));
+  });
+  EXPECT_FALSE(close(trained, m.dense_logits(prompt), 1e-3)) << "three steps did not change the model";
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  run_ranks(2, [&](Comm& world) {
+    auto store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    const int id = engine.add_sequence(16);
+    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5));
+  });
+  for (const fs::path& p : {weights, straight, resumed}) fs::remove_all(p);
+}
+
+TEST(TrainedFamilies, GptOssIsRefusedNamingWhatTrainingCannotCompute) {
+  const HfTestModel m = gpt_oss_test_model();
+  const Architecture a = hf_architecture(m.config(), "test config.json");
+  try {
+    check_trainable_features(a.features, model_format_name(a.format));
+    FAIL() << "gpt-oss was accepted for training";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("attention sinks"), std::string::npos) << what;
+    EXPECT_NE(what.find("swiglu_limit"), std::string::npos) << what;
+    EXPECT_NE(what.find("mlp.router.bias"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace expar::infer::testing
