@@ -115,7 +115,8 @@ TEST(Router, AuxiliaryLossesMatchTheirDefinitions) {
 }
 
 // Central differences of L = Σ g·w + aux_coef·L_aux + z_coef·L_z w.r.t. x and W_r.
-void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed) {
+// With a logit bias (gpt-oss's router bias) its gradient is checked too.
+void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed, bool with_logit_bias = false) {
   const int t_count = 5, d = 4, e_count = c.num_experts, k_count = c.top_k;
   Tensor x = Tensor::empty({t_count, d}), w = Tensor::empty({e_count, d}),
          g = Tensor::empty({t_count, k_count});
@@ -125,13 +126,17 @@ void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed) {
   fill_normal(g, seed, 3, 1.0f);
   fill_normal(bias, seed, 4, 0.1f);
   const Tensor* b = with_bias ? &bias : nullptr;
+  Tensor logit_bias = Tensor::empty({e_count});
+  fill_normal(logit_bias, seed, 5, 0.5f);
+  const Tensor* lb = with_logit_bias ? &logit_bias : nullptr;
   RouterState s;
-  auto base = router_forward(c, x, w, b, s);
-  Tensor grad_x = Tensor::zeros({t_count, d}), grad_w = Tensor::zeros({e_count, d});
-  router_backward(c, s, w, g, grad_x, grad_w);
+  auto base = router_forward(c, x, w, b, s, lb);
+  Tensor grad_x = Tensor::zeros({t_count, d}), grad_w = Tensor::zeros({e_count, d}),
+         grad_lb = Tensor::zeros({e_count});
+  router_backward(c, s, w, g, grad_x, grad_w, with_logit_bias ? &grad_lb : nullptr);
   auto loss = [&]() {
     RouterState s2;
-    auto out = router_forward(c, x, w, b, s2);
+    auto out = router_forward(c, x, w, b, s2, lb);
     for (int64_t i = 0; i < base.topk_idx.numel(); ++i)
       EXPECT_EQ(out.topk_idx.data<int32_t>()[i], base.topk_idx.data<int32_t>()[i]) << "selection changed";
     double l = c.aux_loss_coef * out.aux_loss + c.z_loss_coef * out.z_loss;
@@ -154,6 +159,7 @@ void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed) {
   };
   check(x, grad_x, "x");
   check(w, grad_w, "w_router");
+  if (with_logit_bias) check(logit_bias, grad_lb, "logit_bias");
 }
 
 TEST(RouterGradients, Softmax) {
@@ -164,6 +170,25 @@ TEST(RouterGradients, SoftmaxRenormalisedWithLosses) {
       {.num_experts = 6, .top_k = 3, .renormalize = true, .aux_loss_coef = 0.5, .z_loss_coef = 0.1}, false,
       12);
 }
+TEST(RouterGradients, SoftmaxOverTopkWithLogitBiasAndLosses) {
+  check_router_gradients(
+      {.num_experts = 7, .top_k = 3, .softmax_over_topk = true, .aux_loss_coef = 0.4, .z_loss_coef = 0.1},
+      false, 15, true);
+}
+
+// gpt-oss: the K largest logits (bias included) are chosen, and the weights are the softmax over those K.
+TEST(Router, SoftmaxOverTopkSelectsOnTheBiasedLogitsAndWeighsThoseK) {
+  const RouterConfig c{.num_experts = 4, .top_k = 2, .softmax_over_topk = true};
+  const Tensor x = from({1, 4}, {0.5f, 2.0f, 1.0f, -1.0f});  // with W = I these are the logits
+  const Tensor bias = from({4}, {1.0f, -0.5f, 0.0f, 3.0f});  // biased logits 1.5, 1.5, 1.0, 2.0
+  RouterState s;
+  const RouterOutput out = router_forward(c, x, identity(4), nullptr, s, &bias);
+  EXPECT_EQ(idx_row(out, 0), (std::vector<int>{3, 0}));  // 2.0, then the tie 1.5/1.5 to the lower index
+  const double w0 = 1.0 / (1.0 + std::exp(1.5 - 2.0));
+  EXPECT_NEAR(out.topk_weight.data<float>()[0], w0, 1e-6);
+  EXPECT_NEAR(out.topk_weight.data<float>()[1], 1.0 - w0, 1e-6);
+}
+
 TEST(RouterGradients, Sigmoid) {
   check_router_gradients(
       {.num_experts = 6, .top_k = 2, .score = ScoreFunction::Sigmoid, .aux_loss_coef = 0.3}, false, 13);

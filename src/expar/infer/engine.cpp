@@ -386,40 +386,17 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
 }
 
 void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const {
+  // moe/router for every family: softmax or sigmoid scores, top-k, renormalisation, gpt-oss's logit bias and
+  // softmax over the top-k logits (MoeConfig::softmax_over_topk).
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ModelConfig& c = weights_.config;
-  const int64_t n = x.dim(0), k = c.moe.top_k, e = c.moe.num_experts;
-  idx.resize(static_cast<size_t>(n * k));
-  weight.resize(static_cast<size_t>(n * k));
-  if (weights_.features.router == RouterKind::Scores) {
-    RouterState state;
-    RouterOutput r = router_forward(c.moe.router(), x, lw.router,
-                                    present(lw.score_bias) ? &lw.score_bias : nullptr, state);
-    std::copy_n(r.topk_idx.data<int32_t>(), n * k, idx.begin());
-    std::copy_n(r.topk_weight.data<float>(), n * k, weight.begin());
-    return;
-  }
-  // gpt-oss: logits = x·Wᵀ + b; the k largest logits (ties to the lower index), softmax over those k.
-  Tensor logits = Tensor::empty({n, e});
-  matmul(x.data<float>(), lw.router.data<float>(), logits.data<float>(), n, e, x.dim(1), false, true, false);
-  std::vector<int32_t> order(static_cast<size_t>(e));
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = logits.data<float>() + t * e;
-    for (int64_t j = 0; j < e; ++j) row[j] += lw.router_bias.data<float>()[j];
-    for (int64_t j = 0; j < e; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    const float max = row[order[0]];
-    double sum = 0;
-    for (int64_t j = 0; j < k; ++j)
-      sum += std::exp(static_cast<double>(row[order[static_cast<size_t>(j)]] - max));
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t ex = order[static_cast<size_t>(j)];
-      idx[static_cast<size_t>(t * k + j)] = ex;
-      weight[static_cast<size_t>(t * k + j)] =
-          static_cast<float>(std::exp(static_cast<double>(row[ex] - max)) / sum);
-    }
-  }
+  const int64_t n = x.dim(0), k = c.moe.top_k;
+  RouterState state;
+  RouterOutput r =
+      router_forward(c.moe.router(), x, lw.router, present(lw.score_bias) ? &lw.score_bias : nullptr, state,
+                     present(lw.router_bias) ? &lw.router_bias : nullptr);
+  idx.assign(r.topk_idx.data<int32_t>(), r.topk_idx.data<int32_t>() + n * k);
+  weight.assign(r.topk_weight.data<float>(), r.topk_weight.data<float>() + n * k);
 }
 
 void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,

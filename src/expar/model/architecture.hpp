@@ -40,7 +40,8 @@ const std::vector<ModelFormat>& all_model_formats();
 
 enum class RouterKind : uint8_t {
   Scores,  // router_forward: score function, top-k, optional renormalisation (ours, Mixtral, Qwen, OLMoE)
-  BiasedTopkSoftmax  // gpt-oss: logits = x·Wᵀ + b, top-k of the logits, softmax over those k
+  BiasedTopkSoftmax  // gpt-oss: a router bias (loaded as router_bias); moe/router computes it with
+                     // MoeConfig::softmax_over_topk: top-k of the biased logits, softmax over those k
 };
 enum class ExpertActivation : uint8_t {
   Swiglu,        // silu(gate)·up

@@ -464,6 +464,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       f.qkv_bias = f.o_bias = bias;
       f.attention_sinks = true;
       f.router = RouterKind::BiasedTopkSoftmax;
+      c.moe.softmax_over_topk = true;
       f.activation = ExpertActivation::GptOssClamped;
       f.fused_experts = true;
       // null: no window (transformers' sliding layers then see everything), refused below if a layer slides

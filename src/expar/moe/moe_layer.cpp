@@ -16,6 +16,7 @@ RouterConfig MoeConfig::router() const {
   r.top_k = top_k;
   r.score = score;
   r.renormalize = renormalize;
+  r.softmax_over_topk = softmax_over_topk;
   r.n_group = n_group;
   r.topk_group = topk_group;
   r.aux_loss_coef = aux_loss_coef;

@@ -32,6 +32,7 @@ struct MoeConfig {
   int64_t hidden_dim = 0;  // h (per expert)
   ScoreFunction score = ScoreFunction::Softmax;
   bool renormalize = false;
+  bool softmax_over_topk = false;  // gpt-oss's router (RouterConfig)
   int n_group = 1;
   int topk_group = 1;
   bool use_score_bias = false;  // auxiliary-loss-free balancing

@@ -36,6 +36,11 @@ void RouterConfig::validate() const {
                 "top_k={} exceeds the {} experts eligible with topk_group={} of n_group={}: raise topk_group",
                 top_k, eligible, topk_group, n_group);
   }
+  EXPAR_CHECK(
+      !softmax_over_topk || (score == ScoreFunction::Softmax && n_group == 1),
+      "softmax_over_topk (gpt-oss's router) needs the softmax score and no group-limited routing, got "
+      "score {} and n_group={}",
+      score_function_name(score), n_group);
   EXPAR_CHECK(std::isfinite(aux_loss_coef) && aux_loss_coef >= 0.0,
               "aux_loss_coef={} must be finite and >= 0", aux_loss_coef);
   EXPAR_CHECK(std::isfinite(z_loss_coef) && z_loss_coef >= 0.0, "z_loss_coef={} must be finite and >= 0",
@@ -66,7 +71,7 @@ struct ByScore {
 }  // namespace
 
 RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
-                            const Tensor* score_bias, RouterState& state) {
+                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias) {
   config.validate();
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
@@ -79,12 +84,22 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
   if (score_bias)
     EXPAR_CHECK(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
                 score_bias->numel(), e_count);
+  if (logit_bias)
+    EXPAR_CHECK(logit_bias->dtype() == DType::F32 && logit_bias->numel() == e_count,
+                "router logit bias has {} {} entries, expected num_experts={} f32", logit_bias->numel(),
+                dtype_name(logit_bias->dtype()), e_count);
 
   state = {};
   state.x = x;
   state.logits = Tensor::empty({t_count, e_count});
   matmul(x.data<float>(), w_router.data<float>(), state.logits.data<float>(), t_count, e_count, d, false,
          true, false);
+  if (logit_bias) {
+    float* l = state.logits.data<float>();
+    const float* b = logit_bias->data<float>();
+    for (int64_t t = 0; t < t_count; ++t)
+      for (int e = 0; e < e_count; ++e) l[t * e_count + e] += b[e];
+  }
   state.scores = Tensor::empty({t_count, e_count});
   state.topk_idx = Tensor::empty({t_count, k_count}, DType::I32);
   state.topk_weight = Tensor::empty({t_count, k_count});
@@ -119,7 +134,8 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
                     ? static_cast<float>(prob[static_cast<size_t>(e)])
                     : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e]))));
       score_sum[static_cast<size_t>(e)] += srow[e];
-      select[static_cast<size_t>(e)] = bias ? srow[e] + bias[e] : srow[e];
+      const float s = config.softmax_over_topk ? lrow[e] : srow[e];
+      select[static_cast<size_t>(e)] = bias ? s + bias[e] : s;
     }
 
     // Eligible experts, in index order.
@@ -156,10 +172,18 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
 
     double weight_sum = 0.0;
     for (int k = 0; k < k_count; ++k) weight_sum += srow[order[static_cast<size_t>(k)]];
+    // softmax_over_topk: exp(l - max) over the K selected logits (the first is the largest).
+    double exp_sum = 0.0;
+    const double top_logit = lrow[order[0]];
+    if (config.softmax_over_topk)
+      for (int k = 0; k < k_count; ++k) exp_sum += std::exp(lrow[order[static_cast<size_t>(k)]] - top_logit);
     for (int k = 0; k < k_count; ++k) {
       const int e = order[static_cast<size_t>(k)];
       idx_out[t * k_count + k] = e;
-      w_out[t * k_count + k] = config.renormalize ? static_cast<float>(srow[e] / weight_sum) : srow[e];
+      w_out[t * k_count + k] = config.softmax_over_topk
+                                   ? static_cast<float>(std::exp(lrow[e] - top_logit) / exp_sum)
+                               : config.renormalize ? static_cast<float>(srow[e] / weight_sum)
+                                                    : srow[e];
       ++state.expert_counts[static_cast<size_t>(e)];
     }
   }
@@ -182,7 +206,8 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
 }
 
 void router_backward(const RouterConfig& config, const RouterState& state, const Tensor& w_router,
-                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router) {
+                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router,
+                     Tensor* grad_logit_bias) {
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
   const int64_t t_count = state.logits.dim(0);
@@ -197,9 +222,14 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   EXPAR_CHECK(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
               "router backward: grad_w_router has shape {}, expected [{}, {}]",
               shape_string(grad_w_router.shape()), e_count, d);
+  if (grad_logit_bias)
+    EXPAR_CHECK(grad_logit_bias->numel() == e_count,
+                "router backward: grad_logit_bias has {} entries, expected {}", grad_logit_bias->numel(),
+                e_count);
   if (t_count == 0) return;
 
   const float* logits = state.logits.data<float>();
+  const float* w = state.topk_weight.data<float>();
   const float* scores = state.scores.data<float>();
   const int32_t* idx = state.topk_idx.data<int32_t>();
   const float* gw = grad_topk_weight.data<float>();
@@ -220,7 +250,9 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
     const float* srow = scores + t * e_count;
     const float* lrow = logits + t * e_count;
     for (int e = 0; e < e_count; ++e) gs[static_cast<size_t>(e)] = aux_grad[static_cast<size_t>(e)];
-    if (config.renormalize) {
+    if (config.softmax_over_topk) {
+      // Handled on the logits below (the weights are a softmax of the K logits, not of the scores).
+    } else if (config.renormalize) {
       double sum = 0.0, gdot = 0.0;
       for (int k = 0; k < k_count; ++k) {
         const double s = srow[idx[t * k_count + k]];
@@ -248,6 +280,21 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
     if (config.z_loss_coef != 0.0) {
       const double zscale = config.z_loss_coef * 2.0 * lse / static_cast<double>(t_count);
       for (int e = 0; e < e_count; ++e) grow[e] += static_cast<float>(zscale * prob[static_cast<size_t>(e)]);
+    }
+    if (config.softmax_over_topk) {
+      // w_k = softmax over the K selected logits: dl_k = w_k (gw_k - Σ_j w_j gw_j).
+      double dot = 0.0;
+      for (int k = 0; k < k_count; ++k) dot += static_cast<double>(w[t * k_count + k]) * gw[t * k_count + k];
+      for (int k = 0; k < k_count; ++k)
+        grow[idx[t * k_count + k]] += static_cast<float>(w[t * k_count + k] * (gw[t * k_count + k] - dot));
+    }
+  }
+  if (grad_logit_bias) {
+    float* gb = grad_logit_bias->data<float>();
+    for (int e = 0; e < e_count; ++e) {
+      double acc = 0.0;
+      for (int64_t t = 0; t < t_count; ++t) acc += gl[t * e_count + e];
+      gb[e] += static_cast<float>(acc);
     }
   }
   // grad_x += grad_logits [T,E] · W_r [E,d];  grad_W_r += grad_logitsᵀ [E,T] · x [T,d].

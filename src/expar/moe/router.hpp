@@ -5,6 +5,11 @@
 //
 // Conventions:
 //  - Ties in top-K (and in group selection) go to the lower index, always.
+//  - softmax_over_topk (gpt-oss): the K largest LOGITS are selected and the weights are the softmax over
+//    those K logits (the same weights as softmax-then-renormalise in exact arithmetic, and the selection
+//    the reference makes: on the logits, not on rounded probabilities).
+//  - A logit bias (gpt-oss's router bias, a parameter) is added to the logits before anything else; the
+//    score bias is not a parameter and changes selection only.
 //  - The score bias (auxiliary-loss-free balancing) changes SELECTION only (top-K and group scores); the
 //    weights always come from the unbiased scores.
 //  - Group-limited routing (DeepSeek-V3): the E experts form n_group consecutive groups; a group's score is
@@ -31,9 +36,10 @@ struct RouterConfig {
   int num_experts = 0;
   int top_k = 0;
   ScoreFunction score = ScoreFunction::Softmax;
-  bool renormalize = false;  // weights = scores of the K / their sum
-  int n_group = 1;           // > 1: group-limited routing
-  int topk_group = 1;        // groups eligible per token (with n_group > 1)
+  bool renormalize = false;        // weights = scores of the K / their sum
+  bool softmax_over_topk = false;  // top-K of the logits, weights = softmax over them (Softmax, no groups)
+  int n_group = 1;                 // > 1: group-limited routing
+  int topk_group = 1;              // groups eligible per token (with n_group > 1)
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   // Throws expar::Error naming the value and the fix (K > E, E not divisible by n_group, ...).
@@ -57,13 +63,15 @@ struct RouterOutput {
   std::vector<int64_t> expert_counts;  // [E]
 };
 
-// x [T, d] f32, w_router [E, d] f32, score_bias [E] f32 or null.
+// x [T, d] f32, w_router [E, d] f32, score_bias [E] f32 or null, logit_bias [E] f32 or null.
 RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
-                            const Tensor* score_bias, RouterState& state);
+                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias = nullptr);
 
 // grad_topk_weight [T, K]: the gradient of the loss w.r.t. the K weights (from combine). ADDS the router's
-// contribution to grad_x [T, d] and to grad_w_router [E, d] (both must be initialised by the caller).
+// contribution to grad_x [T, d] and to grad_w_router [E, d] (both must be initialised by the caller), and to
+// grad_logit_bias [E] when the forward had a logit bias.
 void router_backward(const RouterConfig& config, const RouterState& state, const Tensor& w_router,
-                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router);
+                     const Tensor& grad_topk_weight, Tensor& grad_x, Tensor& grad_w_router,
+                     Tensor* grad_logit_bias = nullptr);
 
 }  // namespace expar
