@@ -322,6 +322,97 @@ TEST(Attention, CachedForwardWithBiasesSinksAndWindowMatchesTheReference) {
   EXPECT_EQ(cache.length, 0);
 }
 
+// The training functions with the families' options (biases, sinks, windows; q/k norms below): the forward
+// equals the double reference (and so the cached inference forward above), and every option's gradient
+// matches central differences.
+TEST(Attention, TrainingWithBiasesSinksAndWindowMatchesTheReferenceAndFiniteDifferences) {
+  const AttentionShape s{4, 2, 4};
+  const int64_t batch = 2, seq = 6, d = 8;
+  Rope rope(s.head_dim, seq, kTheta);
+  AttentionWeights w = random_weights(s, d, 80);
+  Tensor x = randn({batch * seq, d}, 4), r = randn({batch * seq, d}, 5);
+  for (int64_t window : {0, 3}) {
+    AttentionOptions o;
+    o.bq = randn({16}, 81, 0.5f);
+    o.bk = randn({8}, 82, 0.5f);
+    o.bv = randn({8}, 83, 0.5f);
+    o.bo = randn({d}, 84, 0.5f);
+    o.sinks = randn({4}, 85, 1.0f);
+    o.window = window;
+    AttentionSaved saved;
+    const Tensor y = attention_forward(s, rope, w, x, batch, seq, &saved, o);
+    const std::vector<double> ref = reference_attention(s, w, x, batch, seq, o);
+    for (int64_t i = 0; i < y.numel(); ++i)
+      ASSERT_NEAR(y.data<float>()[i], ref[static_cast<size_t>(i)],
+                  1e-5 * (1 + std::fabs(ref[static_cast<size_t>(i)])))
+          << "window " << window << " element " << i;
+    AttentionGrads g = zero_grads(w);
+    AttentionOptionGrads og{Tensor::zeros({16}), Tensor::zeros({8}), Tensor::zeros({8}),
+                            Tensor::zeros({d}),  Tensor(),           Tensor(),
+                            Tensor::zeros({4})};
+    Tensor gx = attention_backward(s, rope, w, saved, r, g, o, &og);
+    auto loss = [&] { return project(r, attention_forward(s, rope, w, x, batch, seq, nullptr, o)); };
+    const double h = 1e-2, rtol = 5e-3;
+    const std::string tag = " (window " + std::to_string(window) + ")";
+    expect_gradient("grad_x" + tag, loss, x, gx, h, rtol);
+    expect_gradient("grad_wq" + tag, loss, w.wq, g.wq, h, rtol);
+    expect_gradient("grad_wk" + tag, loss, w.wk, g.wk, h, rtol);
+    expect_gradient("grad_bq" + tag, loss, o.bq, og.bq, h, rtol);
+    expect_gradient("grad_bk" + tag, loss, o.bk, og.bk, h, rtol);
+    expect_gradient("grad_bv" + tag, loss, o.bv, og.bv, h, rtol);
+    expect_gradient("grad_bo" + tag, loss, o.bo, og.bo, h, rtol);
+    // The sinks' gradients are small beside the loss's f32 rounding: a wider step (Richardson-extrapolated,
+    // smooth in the sink logit) keeps the difference quotient above that noise.
+    expect_gradient("grad_sinks" + tag, loss, o.sinks, og.sinks, 5e-2, rtol);
+  }
+}
+
+// q/k RMSNorm per head (Qwen3) and over the whole projection (OLMoE): training forward == the cached
+// inference forward (which the engine tests hold to the families' references), and the gains' and the
+// input's gradients match central differences.
+TEST(Attention, TrainingWithQkNormsMatchesTheCachedForwardAndFiniteDifferences) {
+  const AttentionShape s{4, 2, 4};
+  const int64_t seq = 7, d = 8;
+  Rope rope(s.head_dim, seq, kTheta);
+  AttentionWeights w = random_weights(s, d, 90);
+  Tensor x = randn({seq, d}, 6), r = randn({seq, d}, 7);
+  for (QkNorm norm : {QkNorm::PerHead, QkNorm::Projection}) {
+    const bool per_head = norm == QkNorm::PerHead;
+    AttentionOptions o;
+    o.qk_norm = norm;
+    o.q_norm = randn({per_head ? 4 : 16}, 91, 0.3f);
+    o.k_norm = randn({per_head ? 4 : 8}, 92, 0.3f);
+    for (Tensor* gain : {&o.q_norm, &o.k_norm})
+      for (float& v : gain->span<float>()) v += 1.0f;
+    o.bk = randn({8}, 93, 0.5f);
+    AttentionSaved saved;
+    const Tensor y = attention_forward(s, rope, w, x, 1, seq, &saved, o);
+    KvCache cache = KvCache::create(seq, s);
+    std::vector<KvCache*> ptrs = {&cache};
+    const std::vector<int64_t> counts = {seq};
+    const Tensor cached = attention_forward_cached(s, rope, w, x, counts, ptrs, o);
+    for (int64_t i = 0; i < y.numel(); ++i)
+      ASSERT_NEAR(y.data<float>()[i], cached.data<float>()[i],
+                  1e-5 * (1 + std::fabs(cached.data<float>()[i])))
+          << (per_head ? "per head" : "projection") << " element " << i;
+    AttentionGrads g = zero_grads(w);
+    AttentionOptionGrads og;
+    og.bk = Tensor::zeros({8});
+    og.q_norm = Tensor::zeros(o.q_norm.shape());
+    og.k_norm = Tensor::zeros(o.k_norm.shape());
+    Tensor gx = attention_backward(s, rope, w, saved, r, g, o, &og);
+    auto loss = [&] { return project(r, attention_forward(s, rope, w, x, 1, seq, nullptr, o)); };
+    const double h = 1e-2, rtol = 5e-3;
+    const std::string tag = per_head ? " (per head)" : " (projection)";
+    expect_gradient("grad_x" + tag, loss, x, gx, h, rtol);
+    expect_gradient("grad_wq" + tag, loss, w.wq, g.wq, h, rtol);
+    expect_gradient("grad_wk" + tag, loss, w.wk, g.wk, h, rtol);
+    expect_gradient("grad_bk" + tag, loss, o.bk, og.bk, h, rtol);
+    expect_gradient("grad_q_norm" + tag, loss, o.q_norm, og.q_norm, h, rtol);
+    expect_gradient("grad_k_norm" + tag, loss, o.k_norm, og.k_norm, h, rtol);
+  }
+}
+
 TEST(Attention, RejectsBadShapesAndLeavesCachesUntouched) {
   const AttentionShape s{4, 2, 4};
   const int64_t d = 8;

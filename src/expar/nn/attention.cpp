@@ -137,10 +137,6 @@ bool has(const Tensor& t) {
 void check_training_options(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o,
                             const char* layer) {
   check_options(shape, dims, o, layer);
-  EXPAR_CHECK(!has(o.sinks),
-              "{}: attention sinks are inference-only (training has no sink gradient): train a family "
-              "without sinks",
-              layer);
   EXPAR_CHECK(!o.sum_squares,
               "{}: options.sum_squares completes a TP-sharded projection norm; training holds every head",
               layer);
@@ -220,7 +216,7 @@ Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const At
       attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
                   k.data<float>() + b * seq * dims.kd + g * hd, v.data<float>() + b * seq * dims.kd + g * hd,
                   dims.kd, seq, 0, hd, p, context.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
-                  options.window);
+                  options.window, has(options.sinks) ? options.sinks.data<float>() + h : nullptr);
     }
   }
   Tensor y = Tensor::empty({n, dims.d});
@@ -247,7 +243,7 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
   const Dims dims = check_weights(shape, rope, weights, layer);
   check_training_options(shape, dims, options, layer);
   const bool with_params = has(options.bq) || has(options.bk) || has(options.bv) || has(options.bo) ||
-                           options.qk_norm != QkNorm::None;
+                           has(options.sinks) || options.qk_norm != QkNorm::None;
   EXPAR_CHECK(!with_params || option_grads != nullptr,
               "{}: the options have biases or q/k norms but no option_grads was passed for their gradients",
               layer);
@@ -259,6 +255,7 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
     check_grad(options.bk, option_grads->bk, "option_grads.bk");
     check_grad(options.bv, option_grads->bv, "option_grads.bv");
     check_grad(options.bo, option_grads->bo, "option_grads.bo");
+    check_grad(options.sinks, option_grads->sinks, "option_grads.sinks");
     if (options.qk_norm != QkNorm::None) {
       check_grad(options.q_norm, option_grads->q_norm, "option_grads.q_norm");
       check_grad(options.k_norm, option_grads->k_norm, "option_grads.k_norm");
@@ -316,16 +313,24 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
       bv.trans_a = true, bv.accumulate = true;
       bv.lda = seq, bv.ldb = dims.qd, bv.ldc = dims.kd;
       matmul(bv);
-      // Softmax backward, in place in dP: dS = P ⊙ (dP - Σ_j P·dP) · scale (the scores were scaled).
+      // Softmax backward, in place in dP: dS = P ⊙ (dP - Σ_j P·dP) · scale (the scores were scaled). A sink
+      // is one more softmax entry with no value (its dP is 0): the keys' formula is unchanged, and the sink
+      // logit's gradient is p_sink·(0 - Σ_j P·dP) with p_sink = 1 - Σ_j P.
+      double sink_grad = 0.0;
       for (int64_t i = 0; i < seq; ++i) {
         const float* pr = p + i * seq;
         float* dr = dp + i * seq;
-        double dot = 0.0;
-        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+        double dot = 0.0, mass = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          dot += static_cast<double>(pr[j]) * dr[j];
+          mass += pr[j];
+        }
+        sink_grad -= (1.0 - mass) * dot;
         const float fdot = static_cast<float>(dot);
         for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - fdot) * scale;
         for (int64_t j = i + 1; j < seq; ++j) dr[j] = 0.0f;
       }
+      if (has(options.sinks)) option_grads->sinks.data<float>()[h] += static_cast<float>(sink_grad);
       // dq = dS·k
       MatmulArgs cq;
       cq.a = dp;

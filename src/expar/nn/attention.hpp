@@ -4,9 +4,9 @@
 //   per query head h (key/value head h / (n_heads / n_kv_heads)): P = softmax(q_h·k_hᵀ / sqrt(head_dim) +
 //   causal) y = concat_h(P·v_h)·Woᵀ
 // Weights use the PyTorch orientation: Wq [H·hd, d], Wk and Wv [Hkv·hd, d], Wo [d, H·hd]. The options of
-// Hugging Face families (AttentionOptions: q/k/v/o biases, q/k RMSNorm, a sliding window) apply to training
-// (attention_forward/backward, with their gradients) and inference alike; attention sinks and the TP
-// completion of OLMoE's projection norm are inference-only.
+// Hugging Face families (AttentionOptions: q/k/v/o biases, q/k RMSNorm, sinks, a sliding window) apply to
+// training (attention_forward/backward, with their gradients) and inference alike; only the TP completion of
+// OLMoE's projection norm is inference-only.
 //
 // Tensor parallelism: the functions see only the heads they are given. A TP rank passes the rows of Wq/Wk/Wv
 // and the columns of Wo that belong to its heads (AttentionShape counts the local heads); its y is then a
@@ -14,9 +14,8 @@
 //
 // Inference: attention_forward_cached runs forward only with a KV cache per sequence, for prefill (many new
 // tokens) and decode (one new token) alike, and gives the same result as attention_forward on the whole
-// sequence. It also takes the inference-only options of Hugging Face checkpoints (AttentionOptions): q/k/v/o
-// biases (Qwen-MoE, gpt-oss), a learned sink logit per head (gpt-oss) and a sliding window (gpt-oss's
-// alternate layers).
+// sequence, with the same options (q/k/v/o biases: Qwen-MoE, gpt-oss; a learned sink logit per head:
+// gpt-oss; q/k norms: Qwen3, OLMoE; a sliding window: Mixtral, gpt-oss's alternate layers).
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -75,7 +74,7 @@ struct AttentionOptions {
 // Gradients of the options' parameters (biases, q/k norm gains), shaped like them; undefined where the
 // option is absent. attention_backward ADDS into them.
 struct AttentionOptionGrads {
-  Tensor bq, bk, bv, bo, q_norm, k_norm;
+  Tensor bq, bk, bv, bo, q_norm, k_norm, sinks;
 };
 
 struct AttentionSaved {
@@ -91,8 +90,8 @@ struct AttentionSaved {
 };
 
 // x [B·S, d] holds B sequences of length S, sequence b in rows [b·S, (b+1)·S), token s at position s.
-// Returns y [B·S, d]. `saved` may be nullptr (inference without cache). `options`: biases, q/k norms and a
-// window (no sinks, no sum_squares: those are inference-only).
+// Returns y [B·S, d]. `saved` may be nullptr (inference without cache). `options`: biases, q/k norms,
+// sinks and a window (no sum_squares: every head is here).
 Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
                          const Tensor& x, int64_t batch, int64_t seq, AttentionSaved* saved,
                          const AttentionOptions& options = {});
