@@ -239,6 +239,7 @@ void expect_drops_follow_the_plan(const RankResult& r, int source) {
   std::vector<int64_t> seen(kExperts, 0);
   int64_t dropped = 0;
   for (int64_t i = 0; i < t * kTopK; ++i) {
+    ASSERT_GE(idx[i], 0) << "the router of this test picks K valid experts for every token";
     const auto e = static_cast<size_t>(idx[i]);
     const bool accept = seen[e]++ < r.accepted[static_cast<size_t>(source) * kExperts + e];
     EXPECT_EQ(row[i] >= 0, accept) << "route " << i << " (token " << i / kTopK << ", expert " << e << ")";
