@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "expar/comm/launcher.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 
 namespace expar {
 namespace {
@@ -125,11 +128,22 @@ TEST(Failures, ComputeThreadsAreBounded) {
             std::string::npos);
 }
 
+// Every rank's thread runs its kernels with the requested number of OpenMP threads: a count other than the
+// test thread's own, so that a launcher that forgot to set it is caught.
 TEST(Failures, ComputeThreadsAreSetPerRank) {
+  const int wanted = compute_threads() == 3 ? 5 : 3;
   LaunchOptions options;
   options.ranks = 2;
-  options.compute_threads = 1;
-  run_ranks(options, [](Comm& world) { world.barrier(); });
+  options.compute_threads = wanted;
+  std::mutex mutex;
+  std::vector<int> seen(2, 0);
+  run_ranks(options, [&](Comm& world) {
+    const int mine = compute_threads();
+    world.barrier();
+    std::lock_guard lock(mutex);
+    seen[static_cast<size_t>(world.rank())] = mine;
+  });
+  EXPECT_EQ(seen, std::vector<int>(2, wanted));
 }
 
 }  // namespace

@@ -5,12 +5,14 @@
 // is the one seed 002 lists.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <mutex>
 #include <set>
 
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
 #include "infer_test_util.hpp"
+#include "recording_comm.hpp"
 
 namespace expar::infer {
 namespace {
@@ -168,39 +170,65 @@ TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
     EXPECT_EQ(got[static_cast<size_t>(r)], r < 2 ? ref.greedy[0][0] : std::vector<int32_t>{}) << "rank " << r;
 }
 
-// The collectives of each phase (seed 002's step lists), counted on the TP and DP groups.
+// Seed 002's step lists, as the sequence of one rank's collectives over its TP and DP groups. Per layer,
+// prefill: attention all-gather (undo SP) and reduce-scatter over TP; MoE all-gather over TP, with cross-DP
+// EP a count exchange and all-gather over DP, the experts, a reduce-scatter over DP, then the reduce-scatter
+// over TP back to SP; and a final all-gather before the LM head. Decode: attention all-reduce over TP; MoE
+// with cross-DP EP an all-gather over DP first, the all-reduce over TP, with cross-DP EP a reduce-scatter
+// over DP last. Variable EP (ep_degree < TP) keeps the same single full-TP collectives: summing over the
+// whole TP group adds the TP partial products and the EP contributions in one go.
+std::vector<std::string> seed_002_steps(bool prefill, bool cross_dp, int layers) {
+  std::vector<std::string> steps;
+  for (int l = 0; l < layers; ++l) {
+    if (prefill) {
+      steps.insert(steps.end(), {"tp all_gather_v", "tp reduce_scatter_v", "tp all_gather_v"});
+      if (cross_dp) steps.insert(steps.end(), {"dp all_gather", "dp all_gather_v", "dp reduce_scatter_v"});
+      steps.push_back("tp reduce_scatter_v");
+    } else {
+      steps.push_back("tp all_reduce");
+      if (cross_dp) steps.insert(steps.end(), {"dp all_gather", "dp all_gather_v"});
+      steps.push_back("tp all_reduce");
+      if (cross_dp) steps.push_back("dp reduce_scatter_v");
+    }
+  }
+  if (prefill) steps.push_back("tp all_gather_v");
+  return steps;
+}
+
 TEST(Engine, CollectivePatternPerPhase) {
   const Reference& ref = reference();
   const int layers = ref.config.layers;
-  for (const LayoutCase& c : {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt}}) {
+  for (const LayoutCase& c : {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt},
+                              LayoutCase{4, 1, true, 2}, LayoutCase{2, 1, false, std::nullopt}}) {
     const InferenceLayout layout = make_layout(c, ref.config.moe.num_experts);
+    SCOPED_TRACE(fmt::format("TP {} DP {} EP {} (ep_tp_size {})", c.tp, c.dp, layout.ep_degree(),
+                             layout.ep_tp_size()));
+    const bool cross = layout.cross_dp_ep();
+    EXPECT_EQ(cross, c.dp > 1);
+    std::mutex mutex;
+    std::vector<std::vector<std::string>> prefill(static_cast<size_t>(layout.world())),
+        decode(static_cast<size_t>(layout.world()));
     run_ranks(layout.world(), [&](Comm& world) {
+      auto log = std::make_shared<std::vector<std::string>>();
+      expar::testing::RecordingComm recording(world, "world", log);
       auto store = ExparCheckpointStore::open(ref.dir);
-      Engine engine(layout, world,
+      Engine engine(layout, recording,
                     load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
       const int id = engine.add_sequence(16);
-      const bool cross = c.dp > 1;
-      engine.tp_group().reset_stats();
-      engine.dp_group().reset_stats();
+      log->clear();
       engine.prefill(std::vector<int>{id}, {ref.prompts[engine.dp_rank()][0]});
-      // Per layer: attention all-gather + reduce-scatter over TP; MoE all-gather + reduce-scatter over TP;
-      // plus the final all-gather. Cross-DP EP adds a count exchange, an all-gather and a reduce-scatter
-      // over DP per layer.
-      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 2 * layers + 1);
-      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 2 * layers);
-      EXPECT_EQ(engine.tp_group().stats().all_reduce, 0);
-      EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
-      EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);
-      engine.tp_group().reset_stats();
-      engine.dp_group().reset_stats();
+      std::vector<std::string> after_prefill = *log;
+      log->clear();
       engine.decode(std::vector<int>{id}, std::vector<int32_t>{1});
-      // Decode: attention all-reduce and one MoE all-reduce over TP per layer, no SP.
-      EXPECT_EQ(engine.tp_group().stats().all_reduce, 2 * layers);
-      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 0);
-      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 0);
-      EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
-      EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);
+      std::lock_guard lock(mutex);
+      prefill[static_cast<size_t>(world.rank())] = std::move(after_prefill);
+      decode[static_cast<size_t>(world.rank())] = *log;
     });
+    for (int r = 0; r < layout.world(); ++r) {
+      EXPECT_EQ(prefill[static_cast<size_t>(r)], seed_002_steps(true, cross, layers))
+          << "prefill, rank " << r;
+      EXPECT_EQ(decode[static_cast<size_t>(r)], seed_002_steps(false, cross, layers)) << "decode, rank " << r;
+    }
   }
 }
 

@@ -6,6 +6,8 @@
 //  - a run stopped at step n and resumed from its checkpoint gives the same losses as an uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <mutex>
 
@@ -105,15 +107,26 @@ TEST(EpTraining, GradientAccumulationOverMicrobatchesGivesTheSameSteps) {
   }
 }
 
+// With top_k = num_experts every token routes to every expert, so the capacity plan does not depend on what
+// the router learns and the drop rate is known in advance. Source rule, M = 2 ranks of T tokens each, K = E:
+// each source may place B = ceil(cf*T*K/M) rows into each destination, which it requests T*E_L rows of, so
+// it keeps M*min(T*E_L, B) of its T*K routes; every destination receives M*B rows, which is also the buffer
+// capacity M*ceil(cf*T_max*K/M): utilisation exactly 1.
 TEST(EpTraining, CapacityWithDropsReportsTheDropRate) {
   TrainConfig c = small_config(2, "rowwise", 3);
-  c.model.moe.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  const double cf = 0.3;
+  c.model.moe.capacity = CapacityPolicy::with(CapacityRule::Source, cf);
+  c.model.moe.top_k = c.model.moe.num_experts;
+  const int64_t ranks = 2, k = c.model.moe.top_k, e_local = c.model.moe.num_experts / ranks;
+  const int64_t t = c.global_batch / ranks * c.seq_len;  // tokens per rank (dense DP = the 2 ranks)
+  const auto budget = static_cast<int64_t>(std::ceil(cf * static_cast<double>(t * k) / ranks));
+  ASSERT_LT(budget, t * e_local) << "the case must drop";
+  const double kept = static_cast<double>(ranks * std::min(t * e_local, budget)) / static_cast<double>(t * k);
   auto curve = run(2, c);
   ASSERT_EQ(curve.size(), 3u);
   for (const auto& r : curve) {
-    EXPECT_GT(r.drop_rate, 0.0);
-    EXPECT_LE(r.drop_rate, 1.0);
-    EXPECT_LE(r.utilisation, 1.0);
+    EXPECT_NEAR(r.drop_rate, 1.0 - kept, 1e-12);
+    EXPECT_EQ(r.utilisation, 1.0);
     EXPECT_TRUE(std::isfinite(r.loss));
   }
 }

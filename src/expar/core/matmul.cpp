@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -49,7 +50,7 @@ int64_t matmul_min_rows() {
 }
 
 void matmul(const MatmulArgs& p) {
-  EXPAR_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul with negative size m={} n={} k={}", p.m, p.n, p.k);
+  EXPAR_ASSERT(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul with negative size m={} n={} k={}", p.m, p.n, p.k);
   if (p.m == 0 || p.n == 0) return;
   const int64_t lda = p.lda >= 0 ? p.lda : (p.trans_a ? p.m : p.k);
   const int64_t ldb = p.ldb >= 0 ? p.ldb : (p.trans_b ? p.k : p.n);
@@ -75,7 +76,7 @@ void matmul(const MatmulArgs& p) {
 }
 
 void set_compute_threads(int threads) {
-  EXPAR_CHECK(threads >= 1, "compute threads = {}: must be at least 1", threads);
+  EXPAR_ASSERT(threads >= 1, "compute threads = {}: must be at least 1", threads);
   omp_set_num_threads(threads);
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/host_allocator.hpp"
 
 namespace expar {
@@ -85,8 +86,8 @@ Tensor Tensor::borrow(void* data, Shape shape, DType dtype) {
 }
 
 int64_t Tensor::dim(int i) const {
-  EXPAR_CHECK(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i,
-              shape_string(shape_));
+  EXPAR_ASSERT(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i,
+               shape_string(shape_));
   return shape_[static_cast<size_t>(i)];
 }
 
@@ -95,8 +96,8 @@ MemCategory Tensor::category() const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  EXPAR_CHECK(ndim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
-              "rows [{}, {}) out of range for shape {}", begin, end, shape_string(shape_));
+  EXPAR_ASSERT(ndim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+               "rows [{}, {}) out of range for shape {}", begin, end, shape_string(shape_));
   Tensor t = *this;
   int64_t row_elems = shape_[0] == 0 ? 0 : numel() / shape_[0];
   t.shape_[0] = end - begin;
@@ -105,8 +106,8 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-  EXPAR_CHECK(shape_numel(shape) == numel(), "cannot reshape {} into {}: element counts differ",
-              shape_string(shape_), shape_string(shape));
+  EXPAR_ASSERT(shape_numel(shape) == numel(), "cannot reshape {} into {}: element counts differ",
+               shape_string(shape_), shape_string(shape));
   Tensor t = *this;
   t.shape_ = std::move(shape);
   return t;
@@ -128,8 +129,8 @@ void Tensor::zero() {
 }
 
 void Tensor::check_type(DType wanted) const {
-  EXPAR_CHECK(wanted == dtype_, "tensor of shape {} holds {} but was read as {}", shape_string(shape_),
-              dtype_name(dtype_), dtype_name(wanted));
+  EXPAR_ASSERT(wanted == dtype_, "tensor of shape {} holds {} but was read as {}", shape_string(shape_),
+               dtype_name(dtype_), dtype_name(wanted));
 }
 
 }  // namespace expar

@@ -2,15 +2,16 @@
 
 #include <cstring>
 
+#include "expar/core/assert.hpp"
 #include "expar/nn/check.hpp"
 
 namespace expar::nn {
 
 namespace {
 void check_tokens(const Tensor& tokens, int64_t vocab, const char* layer) {
-  EXPAR_CHECK(tokens.defined() && tokens.dtype() == DType::I32 && tokens.ndim() == 1,
-              "{}: tokens is {} of shape {}: it must be I32 of shape [N]", layer, dtype_name(tokens.dtype()),
-              shape_string(tokens.shape()));
+  EXPAR_ASSERT(tokens.defined() && tokens.dtype() == DType::I32 && tokens.ndim() == 1,
+               "{}: tokens is {} of shape {}: it must be I32 of shape [N]", layer, dtype_name(tokens.dtype()),
+               shape_string(tokens.shape()));
   const int32_t* t = tokens.data<int32_t>();
   for (int64_t i = 0; i < tokens.numel(); ++i)
     EXPAR_CHECK(t[i] >= 0 && t[i] < vocab,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "expar/core/assert.hpp"
 #include "expar/nn/check.hpp"
 
 namespace expar::nn {
@@ -150,9 +151,9 @@ Rope::Rope(int64_t head_dim, int64_t max_positions, const RopeScaling& scaling)
 }
 void Rope::apply(float* x, int64_t rows, int64_t n_heads, int64_t ld, const int32_t* positions,
                  bool inverse) const {
-  EXPAR_CHECK(n_heads >= 0 && ld >= n_heads * head_dim_,
-              "Rope::apply: n_heads={} with head_dim={} needs a row stride of at least {}, got ld={}",
-              n_heads, head_dim_, n_heads * head_dim_, ld);
+  EXPAR_ASSERT(n_heads >= 0 && ld >= n_heads * head_dim_,
+               "Rope::apply: n_heads={} with head_dim={} needs a row stride of at least {}, got ld={}",
+               n_heads, head_dim_, n_heads * head_dim_, ld);
   const int64_t half = head_dim_ / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int64_t r = 0; r < rows; ++r) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/serve/api_error.hpp"
 
@@ -190,8 +191,9 @@ void Scheduler::complete_step(const StepPlan& plan, const StepTokens& tokens) {
     for (const SequenceStep& s : plan.replicas[ri].sequences) {
       if (s.prompt_chunk()) metrics_.prompt_tokens(static_cast<int64_t>(s.tokens.size()));
       if (!s.sample) continue;
-      EXPAR_CHECK(next < tokens[ri].tokens.size(),
-                  "replica {} returned {} tokens for a step that samples more", ri, tokens[ri].tokens.size());
+      EXPAR_ASSERT(next < tokens[ri].tokens.size(),
+                   "replica {} returned {} tokens for a step that samples more", ri,
+                   tokens[ri].tokens.size());
       const int32_t token = tokens[ri].tokens[next++];
       const uint64_t hash = s.trace_logits ? tokens[ri].logits_hashes.at(next_hash++) : 0;
       auto it = std::find_if(r.running.begin(), r.running.end(),

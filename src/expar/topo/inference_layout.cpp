@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/divisors.hpp"
 
@@ -66,8 +67,8 @@ int InferenceLayout::ep_tp_size() const {
 }
 
 void InferenceLayout::check_rank(int rank) const {
-  EXPAR_CHECK(rank >= 0 && rank < world(), "rank {} is out of range [0, {}): world is TP*DP={}*{}", rank,
-              world(), tp_, dp_);
+  EXPAR_ASSERT(rank >= 0 && rank < world(), "rank {} is out of range [0, {}): world is TP*DP={}*{}", rank,
+               world(), tp_, dp_);
 }
 
 std::vector<int> InferenceLayout::group_of(int rank, InferenceGroup kind) const {

@@ -1,5 +1,6 @@
 #include "expar/topo/placement.hpp"
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/divisors.hpp"
 
@@ -25,19 +26,19 @@ ExpertPlacement::ExpertPlacement(int num_experts, int ep_size, PlacementKind kin
 }
 
 int ExpertPlacement::owner(int e) const {
-  EXPAR_CHECK(e >= 0 && e < num_experts_, "expert {} is out of range [0, {})", e, num_experts_);
+  EXPAR_ASSERT(e >= 0 && e < num_experts_, "expert {} is out of range [0, {})", e, num_experts_);
   return kind_ == PlacementKind::Contiguous ? e / local_count() : e % ep_size_;
 }
 
 int ExpertPlacement::local_index(int e) const {
-  EXPAR_CHECK(e >= 0 && e < num_experts_, "expert {} is out of range [0, {})", e, num_experts_);
+  EXPAR_ASSERT(e >= 0 && e < num_experts_, "expert {} is out of range [0, {})", e, num_experts_);
   return kind_ == PlacementKind::Contiguous ? e % local_count() : e / ep_size_;
 }
 
 int ExpertPlacement::global_expert(int ep_rank, int local) const {
-  EXPAR_CHECK(ep_rank >= 0 && ep_rank < ep_size_ && local >= 0 && local < local_count(),
-              "EP rank {} / local expert {} out of range ({} ranks x {} local experts)", ep_rank, local,
-              ep_size_, local_count());
+  EXPAR_ASSERT(ep_rank >= 0 && ep_rank < ep_size_ && local >= 0 && local < local_count(),
+               "EP rank {} / local expert {} out of range ({} ranks x {} local experts)", ep_rank, local,
+               ep_size_, local_count());
   return kind_ == PlacementKind::Contiguous ? ep_rank * local_count() + local : local * ep_size_ + ep_rank;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/divisors.hpp"
 
@@ -50,23 +51,23 @@ TrainingLayout::TrainingLayout(int world_, int ep_mp_, int cp_, int tp_, int pp_
 }
 
 void TrainingLayout::check_rank(int rank) const {
-  EXPAR_CHECK(rank >= 0 && rank < world, "rank {} is out of range [0, {}): world size is {}", rank, world,
-              world);
+  EXPAR_ASSERT(rank >= 0 && rank < world, "rank {} is out of range [0, {}): world size is {}", rank, world,
+               world);
 }
 
 int TrainingLayout::rank_of(int stage, int dp_index, int cp_index, int tp_index) const {
-  EXPAR_CHECK(stage >= 0 && stage < pp && dp_index >= 0 && dp_index < dp && cp_index >= 0 && cp_index < cp &&
-                  tp_index >= 0 && tp_index < tp,
-              "coordinates (stage={}, dp={}, cp={}, tp={}) are out of range (PP={}, D={}, C={}, TP={})",
-              stage, dp_index, cp_index, tp_index, pp, dp, cp, tp);
+  EXPAR_ASSERT(stage >= 0 && stage < pp && dp_index >= 0 && dp_index < dp && cp_index >= 0 && cp_index < cp &&
+                   tp_index >= 0 && tp_index < tp,
+               "coordinates (stage={}, dp={}, cp={}, tp={}) are out of range (PP={}, D={}, C={}, TP={})",
+               stage, dp_index, cp_index, tp_index, pp, dp, cp, tp);
   return stage * stage_size + (dp_index * cp + cp_index) * tp + tp_index;
 }
 
 int TrainingLayout::rank_of_expert_coords(int stage, int ep_dp_index, int ep_mp_index) const {
-  EXPAR_CHECK(stage >= 0 && stage < pp && ep_dp_index >= 0 && ep_dp_index < ep_dp && ep_mp_index >= 0 &&
-                  ep_mp_index < ep_mp,
-              "expert coordinates (stage={}, ep_dp={}, ep_mp={}) are out of range (PP={}, D_E={}, M_E={})",
-              stage, ep_dp_index, ep_mp_index, pp, ep_dp, ep_mp);
+  EXPAR_ASSERT(stage >= 0 && stage < pp && ep_dp_index >= 0 && ep_dp_index < ep_dp && ep_mp_index >= 0 &&
+                   ep_mp_index < ep_mp,
+               "expert coordinates (stage={}, ep_dp={}, ep_mp={}) are out of range (PP={}, D_E={}, M_E={})",
+               stage, ep_dp_index, ep_mp_index, pp, ep_dp, ep_mp);
   return stage * stage_size + ep_dp_index * ep_mp + ep_mp_index;
 }
 

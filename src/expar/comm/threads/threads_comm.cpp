@@ -7,6 +7,7 @@
 
 #include "expar/comm/reduce.hpp"
 #include "expar/comm/threads/threads_heap.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::threads {
@@ -71,12 +72,12 @@ ThreadsComm::ThreadsComm(std::shared_ptr<GroupState> group, int rank)
 
 void ThreadsComm::check_uniform(std::span<const Slot> slots, const char* op, bool check_count) const {
   for (size_t m = 1; m < slots.size(); ++m) {
-    EXPAR_CHECK(
+    EXPAR_ASSERT(
         slots[m].dtype == slots[0].dtype,
         "{} on group '{}': group rank 0 passes dtype {} but group rank {} passes {}; every member must "
         "pass the same dtype",
         op, name(), dtype_name(slots[0].dtype), m, dtype_name(slots[m].dtype));
-    EXPAR_CHECK(
+    EXPAR_ASSERT(
         !check_count || slots[m].count == slots[0].count,
         "{} on group '{}': group rank 0 passes count {} but group rank {} passes {}; every member must "
         "pass the same count",
@@ -130,10 +131,11 @@ void ThreadsComm::broadcast(void* data, size_t count, DType dtype, int root) {
   rendezvous(kBroadcast, {.send = data, .count = count, .a = root, .dtype = dtype},
              [&](std::span<const Slot> slots) {
                for (size_t m = 0; m < slots.size(); ++m)
-                 EXPAR_CHECK(slots[m].a == slots[0].a && root >= 0 && root < size(),
-                             "broadcast on group '{}': root {} (group rank 0 passes {}, group rank {} passes "
-                             "{}) must be the same group rank in [0, {}) on every member",
-                             name(), root, slots[0].a, m, slots[m].a, size());
+                 EXPAR_ASSERT(
+                     slots[m].a == slots[0].a && root >= 0 && root < size(),
+                     "broadcast on group '{}': root {} (group rank 0 passes {}, group rank {} passes "
+                     "{}) must be the same group rank in [0, {}) on every member",
+                     name(), root, slots[0].a, m, slots[m].a, size());
                const size_t bytes = count * dtype_size(dtype);
                if (rank_ == root) {
                  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
@@ -149,8 +151,8 @@ void ThreadsComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op)
   rendezvous(kAllReduce, {.send = data, .count = count, .a = static_cast<int64_t>(op), .dtype = dtype},
              [&](std::span<const Slot> slots) {
                for (size_t m = 1; m < slots.size(); ++m)
-                 EXPAR_CHECK(slots[m].a == slots[0].a,
-                             "all_reduce on group '{}': members pass different reduce operations", name());
+                 EXPAR_ASSERT(slots[m].a == slots[0].a,
+                              "all_reduce on group '{}': members pass different reduce operations", name());
                const size_t bytes = count * dtype_size(dtype);
                stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
                acc.resize(bytes);
@@ -177,14 +179,14 @@ void ThreadsComm::all_gather_v(const void* send, size_t send_count, void* recv,
       [&](std::span<const Slot> slots) {
         const size_t n = slots.size();
         for (size_t q = 0; q < n; ++q) {
-          EXPAR_CHECK(
+          EXPAR_ASSERT(
               slots[q].counts.size() == n,
               "all_gather_v on group '{}': group rank {} passes {} recv_counts; pass one per member ({})",
               name(), q, slots[q].counts.size(), n);
         }
         for (size_t q = 0; q < n; ++q)
           for (size_t m = 0; m < n; ++m)
-            EXPAR_CHECK(
+            EXPAR_ASSERT(
                 slots[q].counts[m] == slots[m].count,
                 "all_gather_v on group '{}': group rank {} sends {} elements but group rank {} expects "
                 "recv_counts[{}]={}; recv_counts must hold every member's send_count",
@@ -221,11 +223,11 @@ void ThreadsComm::reduce_scatter_v(const void* send, void* recv, std::span<const
       kReduceScatterV, {.send = send, .counts = counts, .dtype = dtype}, [&](std::span<const Slot> slots) {
         const size_t n = slots.size();
         for (size_t q = 0; q < n; ++q)
-          EXPAR_CHECK(std::ranges::equal(slots[q].counts, slots[0].counts) && slots[0].counts.size() == n,
-                      "reduce_scatter_v on group '{}': group rank {} passes counts {} but group rank 0 "
-                      "passes {}; every "
-                      "member must pass the same {} counts",
-                      name(), q, slots[q].counts, slots[0].counts, n);
+          EXPAR_ASSERT(std::ranges::equal(slots[q].counts, slots[0].counts) && slots[0].counts.size() == n,
+                       "reduce_scatter_v on group '{}': group rank {} passes counts {} but group rank 0 "
+                       "passes {}; every "
+                       "member must pass the same {} counts",
+                       name(), q, slots[q].counts, slots[0].counts, n);
         const size_t esize = dtype_size(dtype);
         auto offsets = offsets_of(counts);
         stats_.bytes_sent += static_cast<int64_t>(sum_except(counts, rank_) * esize);
@@ -258,14 +260,14 @@ void ThreadsComm::all_to_all_v(const void* send, std::span<const size_t> send_co
       [&](std::span<const Slot> slots) {
         const size_t n = slots.size();
         for (size_t q = 0; q < n; ++q)
-          EXPAR_CHECK(
+          EXPAR_ASSERT(
               slots[q].counts.size() == n && slots[q].counts2.size() == n,
               "all_to_all_v on group '{}': group rank {} passes {} send_counts and {} recv_counts; pass one "
               "per member ({})",
               name(), q, slots[q].counts.size(), slots[q].counts2.size(), n);
         for (size_t s = 0; s < n; ++s)
           for (size_t r = 0; r < n; ++r)
-            EXPAR_CHECK(
+            EXPAR_ASSERT(
                 slots[s].counts[r] == slots[r].counts2[s],
                 "all_to_all_v on group '{}': group rank {} sends {} elements to group rank {}, which expects "
                 "{} (its recv_counts[{}]); the split lists must agree",

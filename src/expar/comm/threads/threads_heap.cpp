@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::threads {
@@ -72,7 +73,7 @@ BufferId ThreadsHeap::allocate(const std::string& name, size_t bytes, MemCategor
 }
 
 const ThreadsHeap::Buffer& ThreadsHeap::buffer_at(BufferId buffer, const char* op) const {
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       buffer >= 0 && static_cast<size_t>(buffer) < buffers_.size(),
       "{}: buffer id {} does not exist on heap '{}' ({} buffers allocated); use an id allocate() returned",
       op, buffer, shared_->group->name(), buffers_.size());
@@ -81,11 +82,11 @@ const ThreadsHeap::Buffer& ThreadsHeap::buffer_at(BufferId buffer, const char* o
 
 std::byte* ThreadsHeap::remote(int peer, BufferId buffer, size_t offset, size_t bytes, const char* op) {
   const auto& b = buffer_at(buffer, op);
-  EXPAR_CHECK(peer >= 0 && peer < size(), "{}: peer {} is outside heap '{}' of {} members", op, peer,
-              shared_->group->name(), size());
-  EXPAR_CHECK(offset <= b.bytes && bytes <= b.bytes - offset,
-              "{}: bytes [{}, {}) are outside buffer '{}' of {} bytes", op, offset, offset + bytes, b.name,
-              b.bytes);
+  EXPAR_ASSERT(peer >= 0 && peer < size(), "{}: peer {} is outside heap '{}' of {} members", op, peer,
+               shared_->group->name(), size());
+  EXPAR_ASSERT(offset <= b.bytes && bytes <= b.bytes - offset,
+               "{}: bytes [{}, {}) are outside buffer '{}' of {} bytes", op, offset, offset + bytes, b.name,
+               b.bytes);
   return b.peers[static_cast<size_t>(peer)] + offset;
 }
 
@@ -116,17 +117,17 @@ void* ThreadsHeap::peer_ptr(int peer, BufferId buffer) {
 }
 
 void ThreadsHeap::signal(int peer, int slot, uint64_t value) {
-  EXPAR_CHECK(peer >= 0 && peer < size(), "signal: peer {} is outside heap '{}' of {} members", peer,
-              shared_->group->name(), size());
-  EXPAR_CHECK(slot >= 0 && slot < kSignalSlots, "signal: slot {} is outside [0, {})", slot, kSignalSlots);
+  EXPAR_ASSERT(peer >= 0 && peer < size(), "signal: peer {} is outside heap '{}' of {} members", peer,
+               shared_->group->name(), size());
+  EXPAR_ASSERT(slot >= 0 && slot < kSignalSlots, "signal: slot {} is outside [0, {})", slot, kSignalSlots);
   // Puts are complete when they return; the lock orders them before the peer's wake-up.
   shared_->group->update(
       [&] { shared_->signals[static_cast<size_t>(peer)][static_cast<size_t>(slot)] = value; });
 }
 
 void ThreadsHeap::wait_signal(int slot, uint64_t value) {
-  EXPAR_CHECK(slot >= 0 && slot < kSignalSlots, "wait_signal: slot {} is outside [0, {})", slot,
-              kSignalSlots);
+  EXPAR_ASSERT(slot >= 0 && slot < kSignalSlots, "wait_signal: slot {} is outside [0, {})", slot,
+               kSignalSlots);
   auto& cell = shared_->signals[static_cast<size_t>(rank_)][static_cast<size_t>(slot)];
   shared_->group->wait_until([&] { return cell >= value; },
                              [&] {
