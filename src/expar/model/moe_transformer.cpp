@@ -42,7 +42,6 @@ float sigmoid(float v) {
 
 void check_trainable_features(const ModelFeatures& f, const std::string& family) {
   std::vector<std::string> refused;
-  if (f.attention_sinks) refused.push_back("attention sinks (self_attn.sinks)");
   if (f.router != RouterKind::Scores)
     refused.push_back("the biased top-k-then-softmax router (mlp.router.bias)");
   if (f.activation != ExpertActivation::Swiglu || f.fused_experts)
@@ -53,6 +52,7 @@ void check_trainable_features(const ModelFeatures& f, const std::string& family)
   for (const std::string& r : refused) list += (list.empty() ? "" : "; ") + r;
   fail(
       "training cannot compute {} of the {} model yet: {}. Training supports q/k/v/o biases, q/k norms, "
+      "sinks, "
       "sliding windows, rope scaling and gated shared experts (Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE, ours); "
       "serve or evaluate this model with expar generate/eval/serve instead",
       refused.size() == 1 ? "a feature" : "features", family, list);
@@ -143,6 +143,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
       bind_vector(".attn.bv", hkv, ao.bv, ag.bv);
     }
     if (features_.o_bias) bind_vector(".attn.bo", d, ao.bo, ag.bo);
+    if (features_.attention_sinks) bind_vector(".attn.sinks", config_.heads, ao.sinks, ag.sinks);
     ao.qk_norm = features_.qk_norm;
     ao.qk_norm_eps = config_.norm_eps;
     if (features_.qk_norm != QkNorm::None) {
@@ -221,7 +222,7 @@ void MoeTransformer::init(uint64_t seed) {
     const std::string& n = p.name;
     if (n.ends_with("norm")) {
       nn::init_constant(p.value, 1.0f);
-    } else if (p.value.ndim() == 1) {  // attention biases
+    } else if (p.value.ndim() == 1) {  // attention biases and sink logits
       nn::init_constant(p.value, 0.0f);
     } else if (n == "embed") {
       nn::init_normal(p.value, seed, n, 1.0f);

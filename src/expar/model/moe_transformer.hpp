@@ -4,9 +4,9 @@
 // residual]; final RMSNorm; LM head. Explicit forward and backward over saved per-block state.
 //
 // The Hugging Face families add (model/architecture.hpp's ModelFeatures, trained with their gradients): q/k/v
-// and o biases, q/k RMSNorm (per head or over the projection), sliding windows per layer, rope scaling, and a
-// shared expert scaled by sigmoid(x · gate). gpt-oss's sinks, biased router and clamped SwiGLU experts, and
-// tied embeddings, are refused by name (check_trainable_features).
+// and o biases, q/k RMSNorm (per head or over the projection), attention sinks, sliding windows per layer,
+// rope scaling, and a shared expert scaled by sigmoid(x · gate). gpt-oss's biased router and clamped SwiGLU
+// experts, and tied embeddings, are refused by name (check_trainable_features).
 //
 // Parameters are named ("layers.3.attn.wq", "layers.3.moe.experts.w1" for the local expert shard) and
 // initialised from (seed, name, element) only, so every layout starts from the same weights: routed expert

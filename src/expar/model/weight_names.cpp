@@ -10,7 +10,7 @@ WeightNames expar_weight_names() {
   n.layer = [](int l, const std::string& key) {
     const std::string p = "layers." + std::to_string(l);
     if (key == "attn_norm" || key == "mlp_norm") return p + "." + key;
-    if (key == "router" || key == "score_bias") return p + ".moe." + key;
+    if (key == "router" || key == "score_bias" || key == "router_bias") return p + ".moe." + key;
     return p + ".attn." + key;
   };
   n.expert = [](int l, int e, const std::string& key) {
