@@ -211,7 +211,7 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     world.all_reduce(sample.data(), sample.size(), DType::F64, ReduceOp::Max);
     if (i >= o.warmup) samples.push_back(std::move(sample));
     // The grouped GEMM's limit, timed between this path's repeats at its rows: the machine's speed drifts
-    // over a run (on the shared development VM by up to 1.6x between seconds), so a limit timed once at the
+    // over a run (on the development VM by 1.7x between two paths of one run), so a limit timed once at the
     // end of the run is compared with phases timed at other speeds.
     if (!limit) {
       int64_t rows = std::max<int64_t>(last_map.recv_rows, 1);
