@@ -70,6 +70,10 @@ struct PathResult {
   double payload_bytes[4] = {0, 0, 0, 0};
   double gemm_flops_forward = 0.0;  // max over ranks
   double gemm_flops_backward = 0.0;
+  // The grouped GEMM's limit: FLOP/s of one oneDNN matmul [matmul_rows, d]·[d, h] (this path's expert rows,
+  // max over ranks; every rank at once), timed after each of this path's repeats, median.
+  double matmul_flops = 0.0;
+  int64_t matmul_rows = 0;
   double step() const { return forward.total + backward.total; }
 };
 
@@ -106,6 +110,10 @@ std::string format_paths_table(const PathsReport& report);
 std::string format_memory_table(const std::vector<MemoryRow>& rows);
 std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& memory);
 std::string paths_svg(const PathsReport& report);
+
+// The matmul FLOP/s a path's grouped GEMM is compared with: its own (PathResult::matmul_flops), else the
+// run's (Limits::matmul_flops).
+double gemm_limit(const PathsReport& report, const PathResult& r);
 
 // Fraction of the limit a phase reached: ideal time at the limit / measured time (0 when not applicable).
 double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& phase, bool forward);

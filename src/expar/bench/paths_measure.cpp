@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "expar/bench/paths.hpp"
@@ -136,6 +137,36 @@ double timed_max(Comm& world, Fn&& fn) {
   return s;
 }
 
+// The limit's matmul, in the expert MLP's orientation: x [rows, d] times w1ᵀ ([h, d] stored).
+class LimitMatmul {
+ public:
+  LimitMatmul(const PathsBenchOptions& o, int64_t rows)
+      : o_(o),
+        rows_(rows),
+        a_(Tensor::empty({rows, o.model_dim}, DType::F32, MemCategory::Other)),
+        w_(Tensor::empty({o.hidden_dim, o.model_dim}, DType::F32, MemCategory::Other)),
+        c_(Tensor::empty({rows, o.hidden_dim}, DType::F32, MemCategory::Other)) {
+    fill_normal(a_, o.seed, 9001, 1.0f);
+    fill_normal(w_, o.seed, 9002, 1.0f);
+  }
+  // Seconds of the slowest rank for one product.
+  double seconds(Comm& world) {
+    return timed_max(world, [&] {
+      matmul(a_.data<float>(), w_.data<float>(), c_.data<float>(), rows_, o_.hidden_dim, o_.model_dim, false,
+             true, false);
+    });
+  }
+  double flops(double seconds) const {
+    return 2.0 * static_cast<double>(rows_) * static_cast<double>(o_.model_dim) *
+           static_cast<double>(o_.hidden_dim) / seconds;
+  }
+
+ private:
+  const PathsBenchOptions& o_;
+  int64_t rows_;
+  Tensor a_, w_, c_;
+};
+
 PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, const std::string& path,
                        const Tensor& x, const Tensor& grad_y, int64_t& recv_rows_out,
                        int64_t& send_rows_out) {
@@ -147,6 +178,9 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   std::vector<std::vector<double>> samples;
   std::map<std::string, double> bytes;
   RouteMap last_map;
+  std::optional<LimitMatmul> limit;
+  int64_t limit_rows = 0;
+  std::vector<double> limit_samples;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     PhaseTimer forward_timer, backward_timer;
     forward_timer.set_sync_comm(o.sync_comm);
@@ -176,6 +210,17 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     }
     world.all_reduce(sample.data(), sample.size(), DType::F64, ReduceOp::Max);
     if (i >= o.warmup) samples.push_back(std::move(sample));
+    // The grouped GEMM's limit, timed between this path's repeats at its rows: the machine's speed drifts
+    // over a run (on the development VM by 1.7x between two paths of one run), so a limit timed once at the
+    // end of the run is compared with phases timed at other speeds.
+    if (!limit) {
+      int64_t rows = std::max<int64_t>(last_map.recv_rows, 1);
+      world.all_reduce(&rows, 1, DType::I64, ReduceOp::Max);
+      limit.emplace(o, rows);
+      limit_rows = rows;
+    }
+    const double t = limit->seconds(world);
+    if (i >= o.warmup) limit_samples.push_back(t);
   }
   PathResult r;
   r.path = path;
@@ -184,6 +229,8 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     for (const auto& s : samples) v.push_back(s[index]);
     return median(v);
   };
+  r.matmul_rows = limit_rows;
+  r.matmul_flops = limit->flops(median(limit_samples));
   r.forward.total = med(0);
   r.backward.total = med(1);
   for (size_t j = 0; j < p; ++j) {
@@ -237,22 +284,13 @@ Limits measure_limits(Comm& world, const PathsBenchOptions& o, int64_t gemm_rows
   world.all_reduce(&rows, 1, DType::I64, ReduceOp::Max);
   l.matmul_rows = rows;
   {
-    Tensor a = Tensor::empty({rows, o.model_dim}, DType::F32, MemCategory::Other);
-    Tensor w = Tensor::empty({o.hidden_dim, o.model_dim}, DType::F32, MemCategory::Other);
-    Tensor c = Tensor::empty({rows, o.hidden_dim}, DType::F32, MemCategory::Other);
-    fill_normal(a, o.seed, 9001, 1.0f);
-    fill_normal(w, o.seed, 9002, 1.0f);
+    LimitMatmul probe(o, rows);
     std::vector<double> s;
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      const double t = timed_max(world, [&] {
-        // Same orientation as the expert MLP: x [rows, d] times w1^T.
-        matmul(a.data<float>(), w.data<float>(), c.data<float>(), rows, o.hidden_dim, o.model_dim, false,
-               true, false);
-      });
+      const double t = probe.seconds(world);
       if (i >= o.warmup) s.push_back(t);
     }
-    l.matmul_flops = 2.0 * static_cast<double>(rows) * static_cast<double>(o.model_dim) *
-                     static_cast<double>(o.hidden_dim) / median(s);
+    l.matmul_flops = probe.flops(median(s));
   }
   {
     int64_t bytes = std::max<int64_t>(copy_rows * o.model_dim * static_cast<int64_t>(sizeof(float)), 1 << 20);
@@ -303,6 +341,10 @@ PhaseKind phase_kind(const std::string& name) {
   return PhaseKind::Layout;
 }
 
+double gemm_limit(const PathsReport& report, const PathResult& r) {
+  return r.matmul_flops > 0.0 ? r.matmul_flops : report.limits.matmul_flops;
+}
+
 double limit_fraction(const PathsReport& report, const PathResult& r, const std::string& name, bool forward) {
   const PassTimes& pass = forward ? r.forward : r.backward;
   const double seconds = pass.phase_seconds(name);
@@ -310,7 +352,8 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
   const PhaseKind kind = phase_kind(name);
   if (kind == PhaseKind::Compute) {
     const double flops = forward ? r.gemm_flops_forward : r.gemm_flops_backward;
-    return report.limits.matmul_flops > 0.0 ? flops / report.limits.matmul_flops / seconds : 0.0;
+    const double limit = gemm_limit(report, r);
+    return limit > 0.0 ? flops / limit / seconds : 0.0;
   }
   if (kind == PhaseKind::Router || kind == PhaseKind::RouteMap || kind == PhaseKind::Wait) return 0.0;
   const auto& bytes = r.bytes_of(forward);

@@ -47,6 +47,10 @@ std::string format_paths_table(const PathsReport& report) {
       "memcpy {} {:.2f} GB/s per rank (bytes read + written)\n",
       l.matmul_rows, o.model_dim, o.model_dim, o.hidden_dim, l.matmul_flops / 1e9,
       format_bytes(l.memcpy_bytes), l.memcpy_bandwidth / 1e9);
+  s += "grouped GEMM limit: the same matmul at each path's expert rows, timed between that path's repeats:";
+  for (const auto& r : report.results)
+    s += fmt::format(" {} [{} rows] {:.1f}", r.path, r.matmul_rows, gemm_limit(report, r) / 1e9);
+  s += " GFLOP/s\n";
   s += "ms per phase (% of limit: grouped GEMM vs matmul FLOP/s, data movement vs memcpy bandwidth)\n";
   if (!o.precision.all_f32())
     s += "  reduced-precision legs: data-movement bytes count each row at its leg's encoded size (the f32 "
@@ -170,6 +174,7 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
                                              {"total_seconds", pass.total}};
     }
     p["gemm_flops"] = {{"forward", r.gemm_flops_forward}, {"backward", r.gemm_flops_backward}};
+    p["gemm_limit"] = {{"matmul_flops_per_s", gemm_limit(report, r)}, {"matmul_rows", r.matmul_rows}};
     p["step_seconds"] = r.step();
     p["payload"] = {{"routes_moved", r.routes_moved},
                     {"dispatch_bytes", r.payload_bytes[0]},

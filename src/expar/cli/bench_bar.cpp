@@ -35,7 +35,7 @@ void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
 double gemm_fraction(const PathsReport& report, const PathResult& r) {
   const double t =
       r.forward.phase_seconds(phase::kGroupedGemm) + r.backward.phase_seconds(phase::kGroupedGemm);
-  return (r.gemm_flops_forward + r.gemm_flops_backward) / report.limits.matmul_flops / t;
+  return (r.gemm_flops_forward + r.gemm_flops_backward) / gemm_limit(report, r) / t;
 }
 
 // Achieved fraction of memcpy bandwidth over the data-movement phases of dispatch and combine, fwd + bwd.

@@ -1,5 +1,6 @@
 #include "expar/moe/expert_mlp.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "expar/core/error.hpp"
@@ -34,13 +35,21 @@ void swiglu(const float* a, const float* b, float* m, int64_t count) {
 }
 
 // From grad_m: grad_b = grad_m * silu(a); grad_a = grad_m * b * silu'(a), silu'(a) = s·(1 + a·(1 − s)).
+// Element i of gm is read before element i of ga or gb is written, so either may be gm itself.
 void swiglu_grad(const float* a, const float* b, const float* gm, float* ga, float* gb, int64_t count) {
 #pragma omp parallel for simd schedule(static) if (count > kParallelMin)
   for (int64_t i = 0; i < count; ++i) {
+    const float g = gm[i];
     const float s = fast_sigmoid(a[i]);
-    gb[i] = gm[i] * (a[i] * s);
-    ga[i] = gm[i] * b[i] * s * (1.0f + a[i] * (1.0f - s));
+    gb[i] = g * (a[i] * s);
+    ga[i] = g * b[i] * s * (1.0f + a[i] * (1.0f - s));
   }
+}
+
+int64_t max_expert_rows(std::span<const int64_t> offsets) {
+  int64_t rows = 0;
+  for (size_t l = 0; l + 1 < offsets.size(); ++l) rows = std::max(rows, offsets[l + 1] - offsets[l]);
+  return rows;
 }
 
 void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
@@ -58,6 +67,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   EXPAR_CHECK(offsets.size() == static_cast<size_t>(e_local + 1) && offsets[0] == 0,
               "expert offsets must be [E_L + 1] = {} entries starting at 0, got {}", e_local + 1,
               offsets.size());
+  for (int64_t l = 0; l < e_local; ++l)
+    EXPAR_CHECK(offsets[static_cast<size_t>(l) + 1] >= offsets[static_cast<size_t>(l)],
+                "expert offsets decrease at local expert {}", l);
   const int64_t recv = offsets[static_cast<size_t>(e_local)];
   const Tensor decoded = decode_payload(input, input_format, recv, d);
   check_rows(decoded, recv, d, "expert input");
@@ -68,28 +80,24 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   state.offsets.assign(offsets.begin(), offsets.end());
   state.gate_pre = Tensor::empty({recv, h});
   state.up_pre = Tensor::empty({recv, h});
-  Tensor act = Tensor::empty({recv, h});
+  // The activation of one expert at a time, reused expert after expert: it is consumed by that expert's
+  // down product right away, so it is read back from cache instead of from a [recv, h] buffer.
+  Tensor act = Tensor::empty({max_expert_rows(offsets), h});
   const float* x = decoded.data<float>();
   float* a = state.gate_pre.data<float>();
   float* b = state.up_pre.data<float>();
   float* m = act.data<float>();
   float* y = out.data<float>();
-  // Gate and up products of every expert, one SwiGLU pass over all rows, then the down products.
   for (int64_t l = 0; l < e_local; ++l) {
     const int64_t begin = offsets[static_cast<size_t>(l)], n = offsets[static_cast<size_t>(l) + 1] - begin;
-    EXPAR_CHECK(n >= 0, "expert offsets decrease at local expert {}", l);
     if (n == 0) continue;
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
+    const float* w2 = weights.w2.data<float>() + l * d * h;
     matmul(x + begin * d, w1, a + begin * h, n, h, d, false, true, false);
     matmul(x + begin * d, w3, b + begin * h, n, h, d, false, true, false);
-  }
-  swiglu(a, b, m, recv * h);
-  for (int64_t l = 0; l < e_local; ++l) {
-    const int64_t begin = offsets[static_cast<size_t>(l)], n = offsets[static_cast<size_t>(l) + 1] - begin;
-    if (n == 0) continue;
-    const float* w2 = weights.w2.data<float>() + l * d * h;
-    matmul(m + begin * h, w2, y + begin * d, n, d, h, false, true, false);
+    swiglu(a + begin * h, b + begin * h, m, n * h);
+    matmul(m, w2, y + begin * d, n, d, h, false, true, false);
   }
 }
 
@@ -107,43 +115,40 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   check_rows(grad_out, recv, d, "expert output gradient");
   check_rows(grad_in, recv, d, "expert input gradient");
 
-  Tensor act = Tensor::empty({recv, h});
-  Tensor grad_act = Tensor::empty({recv, h});
-  Tensor grad_a = Tensor::empty({recv, h});
-  Tensor grad_b = Tensor::empty({recv, h});
+  // Two [rows of the largest expert, h] scratch buffers, reused expert after expert so that each expert's
+  // activation and its gradients are produced and consumed while in cache: the first holds the recomputed
+  // activation m, then grad_a; the second grad_m, then grad_b (swiglu_grad works in place).
+  const int64_t max_rows = max_expert_rows(state.offsets);
+  Tensor scratch_m = Tensor::empty({max_rows, h});
+  Tensor scratch_gm = Tensor::empty({max_rows, h});
   // The Wgrad input: the saved payload, decoded again if it was kept encoded.
   const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
   const float* x = decoded.data<float>();
   const float* a = state.gate_pre.data<float>();
   const float* b = state.up_pre.data<float>();
   const float* gy = grad_out.data<float>();
-  float* m = act.data<float>();
-  float* gm = grad_act.data<float>();
-  float* ga = grad_a.data<float>();
-  float* gb = grad_b.data<float>();
+  float* m = scratch_m.data<float>();
+  float* gm = scratch_gm.data<float>();
   float* gx = grad_in.data<float>();
-  swiglu(a, b, m, recv * h);
-  // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
-  for (int64_t l = 0; l < e_local; ++l) {
-    const int64_t begin = state.offsets[static_cast<size_t>(l)];
-    const int64_t n = state.offsets[static_cast<size_t>(l) + 1] - begin;
-    if (n == 0) continue;
-    const float* w2 = weights.w2.data<float>() + l * d * h;
-    matmul(gy + begin * d, m + begin * h, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
-    matmul(gy + begin * d, w2, gm + begin * h, n, h, d, false, false, false);
-  }
-  swiglu_grad(a, b, gm, ga, gb, recv * h);
-  // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
   for (int64_t l = 0; l < e_local; ++l) {
     const int64_t begin = state.offsets[static_cast<size_t>(l)];
     const int64_t n = state.offsets[static_cast<size_t>(l) + 1] - begin;
     if (n == 0) continue;
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
-    matmul(ga + begin * h, x + begin * d, grads.w1.data<float>() + l * h * d, h, d, n, true, false, true);
-    matmul(gb + begin * h, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);
-    matmul(ga + begin * h, w1, gx + begin * d, n, d, h, false, false, false);
-    matmul(gb + begin * h, w3, gx + begin * d, n, d, h, false, false, true);
+    const float* w2 = weights.w2.data<float>() + l * d * h;
+    // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
+    swiglu(a + begin * h, b + begin * h, m, n * h);
+    matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
+    matmul(gy + begin * d, w2, gm, n, h, d, false, false, false);
+    float* ga = m;   // m is no longer needed
+    float* gb = gm;  // in place
+    swiglu_grad(a + begin * h, b + begin * h, gm, ga, gb, n * h);
+    // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
+    matmul(ga, x + begin * d, grads.w1.data<float>() + l * h * d, h, d, n, true, false, true);
+    matmul(gb, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);
+    matmul(ga, w1, gx + begin * d, n, d, h, false, false, false);
+    matmul(gb, w3, gx + begin * d, n, d, h, false, false, true);
   }
 }
 

@@ -3,8 +3,9 @@
 //   y = w2 · (silu(w1·x) ⊙ (w3·x)),  w1 (gate) [h, d], w3 (up) [h, d], w2 (down) [d, h],
 // stored for E_L local experts as [E_L, h, d], [E_L, h, d], [E_L, d, h].
 // Computed as grouped GEMMs over the expert-contiguous row intervals of the expert-side buffer (contract 3):
-// one oneDNN matmul per expert interval and product. Rows at and past offsets[E_L] (the capacity tail) are
-// never read or written.
+// one oneDNN matmul per expert interval and product, expert after expert, with that expert's SwiGLU (and,
+// backward, its gradient) between its products so that the [rows, h] intermediates are consumed while in
+// cache. Rows at and past offsets[E_L] (the capacity tail) are never read or written.
 #include <cstdint>
 #include <span>
 #include <vector>
