@@ -159,6 +159,7 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   state.recomputed = recompute_;
   state.microbatch = microbatch_;
   state.path.microbatch = microbatch_;
+  state.waves = config_.waves;
   Tensor y = experts_forward(x, routed.topk_weight, state);
   if (recompute_) {
     // Backward rebuilds these; dropping them now frees the expert activations and the gathered expert
@@ -217,7 +218,7 @@ Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, Moe
   const RouteMap& map = state.routes;
   PathState& ps = state.path;
   const int64_t d = config_.model_dim;
-  const WaveSchedule schedule = config_.waves.schedule();
+  const WaveSchedule schedule = state.waves.schedule();
   Tensor expert_in, expert_out, y;
   auto gemm = [&](auto&& fn) {
     PhaseScope gemm_phase(phase::kGroupedGemm);
@@ -240,7 +241,7 @@ Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, Moe
     return y;
   }
   const auto started = std::chrono::steady_clock::now();
-  ps.waves = split_expert_waves(placement_.local_count(), config_.waves.waves);
+  ps.waves = split_expert_waves(placement_.local_count(), state.waves.waves);
   const int n = static_cast<int>(ps.waves.size());
   expert_in = path_->dispatch_forward_begin(x, map, ps);
   expert_out = path_->expert_output_buffer(map, d, ps);
@@ -273,7 +274,7 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
   PathState& ps = state.path;
   const Tensor& topk_weight = state.router.topk_weight;
   const int64_t d = config_.model_dim;
-  const WaveSchedule schedule = config_.waves.schedule();
+  const WaveSchedule schedule = state.waves.schedule();
   Tensor grad_out, grad_in, grad_x;
   auto gemm = [&](auto&& fn) {
     PhaseScope gemm_phase(phase::kGroupedGemm);
@@ -322,6 +323,13 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
   t.wall += set_up + sum;
   state.backward_times = t;
   return grad_x;
+}
+
+void MoeLayer::set_waves(WaveConfig waves) {
+  MoeConfig check = config_;
+  check.waves = waves;
+  check.validate(ep_group_.size());
+  config_.waves = waves;
 }
 
 void MoeLayer::update_score_bias(const MoeState& state, Comm& dp_group) {

@@ -95,6 +95,7 @@ struct MoeState {
   // backward rebuilds them first (MoeLayer::set_recompute).
   bool recomputed = false;
   int microbatch = -1;  // MoeLayer::set_microbatch at the forward (its recomputation reuses it)
+  WaveConfig waves;     // the forward's expert schedule (its backward and recomputation run the same)
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -141,6 +142,9 @@ class MoeLayer {
   bool recompute() const { return recompute_; }
   // The microbatch the following forwards belong to (-1: none), carried into lease tags and their messages.
   void set_microbatch(int microbatch) { microbatch_ = microbatch; }
+  // The expert schedule of the following forwards (and of their backwards, which follow their forward's);
+  // validated like MoeConfig::waves. Results are the same bits whatever it is.
+  void set_waves(WaveConfig waves);
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);
