@@ -124,6 +124,7 @@ class RowwisePath final : public ExpertPath {
   std::string name() const override { return "rowwise"; }
 
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
+    sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     Tensor in = start_dispatch(x, map, state);
     put_dispatch_rows(x, map, step_of(state, "dispatch forward"), {});
@@ -131,6 +132,7 @@ class RowwisePath final : public ExpertPath {
   }
 
   Tensor dispatch_forward_begin(const Tensor& x, const RouteMap& map, PathState& state) override {
+    sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
     Tensor in = start_dispatch(x, map, state);
     RowwiseStep& step = step_of(state, "dispatch forward");
