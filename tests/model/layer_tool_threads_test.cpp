@@ -76,6 +76,10 @@ TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) 
   run_layer_tool_file(input, dir / "block.safetensors", options);
   options.path = "rowwise";
   run_layer_tool_file(input, dir / "rowwise.safetensors", options);
+  // expar layer --waves 2 --wave-overlap: the same bits as no waves.
+  LayerToolOptions waves = options;
+  waves.waves = {2, true};
+  run_layer_tool_file(input, dir / "rowwise_waves.safetensors", waves);
   // The reference: one rank, the local path, over the same tokens (dropless, so the same routes).
   LayerToolOptions local = options;
   local.ranks = 1;
@@ -89,7 +93,9 @@ TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) 
   const SafetensorsFile block = SafetensorsFile::open(dir / "block.safetensors");
   const SafetensorsFile rowwise = SafetensorsFile::open(dir / "rowwise.safetensors");
   const SafetensorsFile ref = SafetensorsFile::open(dir / "local.safetensors");
+  const SafetensorsFile overlapped = SafetensorsFile::open(dir / "rowwise_waves.safetensors");
   EXPECT_EQ(block.metadata().at("path"), "block");
+  EXPECT_EQ(overlapped.metadata().at("waves"), "2 overlapped");
   std::vector<std::string> float_outputs{"y", "grad_x", "topk_weight", "grad.gate.weight"};
   for (int e = 0; e < kExperts; ++e)
     for (const char* w : {"w1", "w2", "w3"})
@@ -100,6 +106,7 @@ TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) 
     ASSERT_TRUE(block.contains(name));
     const Tensor b = block.read(name), r = rowwise.read(name), l = ref.read(name);
     EXPECT_TRUE(same_bits(b, r)) << "block and rowwise must be bit-identical";
+    EXPECT_TRUE(same_bits(overlapped.read(name), r)) << "two overlapped waves must give the no-wave bits";
     expect_close(b, l, name);
     double norm = 0;
     for (float v : b.span<float>()) norm += std::abs(v);

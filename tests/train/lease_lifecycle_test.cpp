@@ -4,7 +4,8 @@
 // stated bound; what the trainer reports (TrainSummary::leases, the memory tracker) is what is allocated.
 // And, through the model: a frozen pool refuses a microbatch more than the dry run had in flight, naming
 // that microbatch and flags that exist. Also the payload precision through train(): block and rowwise give
-// bit-identical curves at reduced precision, which stays close to the f32 curve without equalling it.
+// bit-identical curves at reduced precision, which stays close to the f32 curve without equalling it. And
+// `expar plan` (train/plan_buffers.hpp) states the same slots and bytes as the trainer allocates.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/train/plan_buffers.hpp"
 #include "expar/train/trainer.hpp"
 
 namespace expar {
@@ -178,6 +180,60 @@ TEST(PayloadPrecisionTraining, BlockAndRowwiseStayBitIdenticalAndCloseToF32) {
   }
   EXPECT_TRUE(differs) << "a reduced-precision payload must change the curve";
   EXPECT_LT(rowwise.back().loss, rowwise.front().loss) << "it still learns";
+}
+
+// `expar plan` states the symmetric buffers the trainer allocates (train/plan_buffers.hpp): for M_E = 1, 2,
+// 4, dropless and with a capacity factor, and with every block recomputed, the plan's slot rows, slot bytes,
+// slot counts and resident bytes equal what train()'s pool holds and what the memory tracker saw.
+TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
+  const ModelConfig tiny = ModelConfig::preset("tiny");
+  PlanConfig pc;
+  pc.model.name = "tiny";
+  pc.model.layers = tiny.layers;
+  pc.model.d_model = static_cast<int>(tiny.model_dim);
+  pc.model.vocab = tiny.vocab;
+  pc.model.heads = static_cast<int>(tiny.heads);
+  pc.model.kv_heads = static_cast<int>(tiny.kv_heads);
+  pc.model.head_dim = static_cast<int>(tiny.head_dim);
+  pc.model.num_experts = tiny.moe.num_experts;
+  pc.model.top_k = tiny.moe.top_k;
+  pc.model.expert_hidden = static_cast<int>(tiny.moe.hidden_dim);
+  pc.world = kRanks;
+  pc.tokens_per_rank = 2 * 16;  // config_of: batch 8 over 4 dense ranks, 16 bytes each, 1 microbatch
+  struct Variant {
+    const char* name;
+    double cf;
+    bool recompute;
+  };
+  for (int ep : {1, 2, 4})
+    for (const Variant& v : {Variant{"dropless", 0.0, false}, Variant{"source cf=1", 1.0, false},
+                             Variant{"source cf=1, recomputed", 1.0, true}}) {
+      SCOPED_TRACE(fmt::format("M_E={} {}", ep, v.name));
+      TrainConfig tc =
+          config_of(ep, "rowwise",
+                    v.cf > 0 ? CapacityPolicy::with(CapacityRule::Source, v.cf) : CapacityPolicy::dropless());
+      tc.steps = 2;
+      tc.recompute_moe = v.recompute;
+      const TrainRun r = run(tc);
+      pc.ep_mp = ep;
+      pc.capacity_factor = v.cf;
+      pc.capacity_policy = "source";
+      PlanBufferOptions buffers;
+      buffers.recompute_moe = v.recompute;
+      const Plan plan = plan_training(pc, buffers);
+      ASSERT_EQ(plan.stages.size(), 1u);
+      const StagePlan& s = plan.stages[0];
+      for (int rank = 0; rank < kRanks; ++rank) {
+        const LeasePoolSummary& l = r.leases[static_cast<size_t>(rank)];
+        ASSERT_TRUE(l.present);
+        EXPECT_EQ(plan.capacity_rows, l.capacity_rows);
+        EXPECT_EQ(plan.slot_bytes, static_cast<int64_t>(l.slot_bytes));
+        EXPECT_EQ(s.symmetric_leased_slots, l.slots);
+        EXPECT_EQ(s.symmetric_scratch_slots, l.scratch_slots);
+        EXPECT_EQ(s.symmetric_bytes, static_cast<int64_t>(l.resident_bytes));
+        EXPECT_EQ(s.symmetric_bytes, r.symmetric_peak[static_cast<size_t>(rank)]);
+      }
+    }
 }
 
 }  // namespace

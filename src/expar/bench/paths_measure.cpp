@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "expar/bench/measure.hpp"
 #include "expar/bench/paths.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
@@ -44,12 +45,6 @@ const std::vector<std::string>& phase_order() {
                                                  phase::kPartialMerge,
                                                  phase::kReduceScatter};
   return order;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int ep_of(const PathsBenchOptions& o) {
@@ -389,11 +384,7 @@ void validate(const PathsBenchOptions& o) {
                 fmt::join(o.paths, ","), p, o.precision.describe(),
                 fmt::join(benchmarked_paths(o.precision), ","));
   }
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  EXPAR_CHECK(o.oversubscribe || static_cast<unsigned>(o.ranks * o.threads) <= cores,
-              "--ranks {} x --threads {} = {} compute threads but this machine has {} cores: timings would "
-              "measure the scheduler; lower --ranks or --threads, or pass --oversubscribe",
-              o.ranks, o.threads, o.ranks * o.threads, cores);
+  check_cores(o.ranks, o.threads, o.oversubscribe);
 }
 
 std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision) {

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "expar/bench/measure.hpp"
 #include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
@@ -16,12 +17,6 @@ namespace expar::cli {
 namespace {
 
 using namespace expar::bench;
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  EXPAR_CHECK(out.good(), "cannot write '{}': check the directory exists and is writable", path);
-  out << text;
-}
 
 }  // namespace
 
@@ -67,8 +62,8 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
       memory = measure_memory(*o);
       fmt::print("{}", format_memory_table(memory));
     }
-    if (!json_path->empty()) write_file(*json_path, paths_json(report, memory));
-    if (!svg_path->empty()) write_file(*svg_path, paths_svg(report));
+    if (!json_path->empty()) write_text_file(*json_path, paths_json(report, memory));
+    if (!svg_path->empty()) write_text_file(*svg_path, paths_svg(report));
     return 0;
   };
 }

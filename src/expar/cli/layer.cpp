@@ -9,6 +9,7 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/cli/wave_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/model/layer_tool.hpp"
@@ -72,6 +73,7 @@ void add_layer(CLI::App& app, CommandTable& table) {
       ->capture_default_str()
       ->check(one_of({"source", "rank", "expert"}));
   add_precision_flags(cmd, opts->precision);
+  add_wave_flags(cmd, opts->tool.waves);
   table[cmd] = [opts] { return run_layer(*opts); };
 }
 

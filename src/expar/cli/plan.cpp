@@ -1,6 +1,7 @@
 // `expar plan`: per-rank memory and per-step communication for a model and training layout (seed 000 §5.1,
-// equations 8 and 9). Only parses and prints; the computation is expar::make_plan in topo/plan.hpp.
-#include "expar/topo/plan.hpp"
+// equations 8 and 9). Only parses and prints; the computation is expar::plan_training
+// (train/plan_buffers.hpp: topo/plan.hpp's make_plan plus the symmetric buffers sized as the trainer sizes
+// them).
 
 #include <cmath>
 #include <cstdio>
@@ -10,8 +11,10 @@
 
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/plan_format.hpp"
+#include "expar/train/plan_buffers.hpp"
 
 namespace expar::cli {
 
@@ -31,6 +34,9 @@ struct PlanOptions {
   int64_t tokens = 4096;
   int microbatches = 1;
   double capacity_factor = 1.25;
+  std::string capacity_policy = "source";
+  bool recompute_moe = false;
+  PrecisionFlags precision;
   double device_gib = 0;
   bool json = false;
 };
@@ -90,10 +96,14 @@ int run_plan(const PlanOptions& o) {
   c.tokens_per_rank = o.tokens;
   c.microbatches = o.microbatches;
   c.capacity_factor = o.capacity_factor;
+  c.capacity_policy = o.capacity_policy;
   EXPAR_CHECK(std::isfinite(o.device_gib) && o.device_gib >= 0,
               "--device-gib {} must be a non-negative number of GiB (0: no fit check)", o.device_gib);
   c.device_memory_bytes = static_cast<int64_t>(o.device_gib * 0x1p30);
-  const Plan plan = make_plan(c);
+  PlanBufferOptions buffers;
+  buffers.precision = o.precision.parse();
+  buffers.recompute_moe = o.recompute_moe;
+  const Plan plan = plan_training(c, buffers);
   if (o.json) {
     std::puts(plan_to_json(plan).dump(2).c_str());
   } else {
@@ -170,11 +180,18 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option("--microbatches", opts->microbatches, "microbatches per optimizer step")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 20));
-  cmd->add_option("--capacity-factor", opts->capacity_factor, "expert capacity factor")
+  cmd->add_option("--capacity-factor", opts->capacity_factor, "expert capacity factor (0: dropless)")
       ->capture_default_str()
-      ->check(finite_above(0, 1024));
+      ->check(finite_in(0, 1024));
   cmd->add_option("--device-gib", opts->device_gib, "device memory per rank in GiB for a fit check (0: none)")
       ->check(finite_in(0, 1e9));
+  cmd->add_option("--capacity-policy", opts->capacity_policy,
+                  "capacity rule with a capacity factor (as expar train): source | rank | expert")
+      ->capture_default_str()
+      ->check(one_of({"source", "rank", "expert"}));
+  cmd->add_flag("--recompute-moe", opts->recompute_moe,
+                "every MoE block recomputed in backward (as expar train): no per-block dispatch lease");
+  add_precision_flags(cmd, opts->precision);
   cmd->add_flag("--json", opts->json, "print JSON instead of the table");
   table[cmd] = [opts] { return run_plan(*opts); };
 }

@@ -15,6 +15,7 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/cli/wave_flags.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
@@ -48,6 +49,7 @@ struct TrainArgs {
   std::string score = "softmax";
   double aux_coef = 0, z_coef = 0;  // used when given (cmd.count)
   PrecisionFlags precision;
+  WaveConfig waves;
   TrainConfig config;
 };
 
@@ -161,6 +163,7 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
   TrainConfig& cfg = a.config;
   cfg.model = model_of_run(a, cmd);
   cfg.model.moe.precision = a.precision.parse();  // a training-time choice, not part of the checkpoint
+  cfg.model.moe.waves = a.waves;                  // likewise
   // The preset's whole context; a Hugging Face model's contexts run to 4096 tokens and more: 256 unless said.
   if (cmd.count("--seq-len") == 0)
     cfg.seq_len = a.model_dir.empty() ? static_cast<int>(cfg.model.max_seq)
@@ -341,6 +344,7 @@ void add_train(CLI::App& app, CommandTable& table) {
                 "with rowwise, the per-block dispatch leases; costs one more dispatch + expert forward per "
                 "block)");
   add_precision_flags(cmd, a->precision);
+  add_wave_flags(cmd, a->waves);
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")
       ->capture_default_str()

@@ -118,6 +118,7 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   config.renormalize = options.renormalize;
   config.path = options.path;
   config.precision = options.precision;
+  config.waves = options.waves;
   if (options.capacity_factor > 0.0)
     config.capacity =
         CapacityPolicy::with(capacity_rule_from_name(options.capacity_policy), options.capacity_factor);
@@ -242,6 +243,7 @@ void run_layer_tool_file(const std::filesystem::path& input, const std::filesyst
       {"capacity_factor", fmt::format("{}", options.capacity_factor)},
       {"capacity_policy", options.capacity_factor > 0.0 ? options.capacity_policy : "dropless"},
       {"precision", options.precision.describe()},
+      {"waves", fmt::format("{}{}", options.waves.waves, options.waves.overlap ? " overlapped" : "")},
   };
   write_safetensors(output, outputs, metadata);
 }

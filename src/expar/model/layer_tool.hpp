@@ -24,6 +24,7 @@
 
 #include "expar/core/tensor.hpp"
 #include "expar/moe/payload_precision.hpp"
+#include "expar/moe/waves.hpp"
 
 namespace expar {
 
@@ -37,6 +38,7 @@ struct LayerToolOptions {
   double capacity_factor = 0.0;            // 0: dropless
   std::string capacity_policy = "source";  // source | rank | expert (with a capacity factor)
   PayloadPrecision precision;              // of the four row movements (block and rowwise)
+  WaveConfig waves;                        // the experts' wave schedule (block and rowwise)
 };
 
 // In memory: inputs by name -> outputs by name. Throws expar::Error for missing or misshapen tensors.

@@ -1,5 +1,6 @@
 #include "expar/moe/moe_layer.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "expar/comm/comm.hpp"
@@ -33,6 +34,13 @@ void MoeConfig::validate(int ep_size) const {
   EXPAR_CHECK(std::isfinite(bias_update_rate) && bias_update_rate >= 0.0f,
               "bias_update_rate={} must be finite and >= 0", bias_update_rate);
   ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
+  waves.validate(check.local_count());
+  if (waves.waves > 1) {
+    EXPAR_CHECK(
+        path_traits(path).waves,
+        "path '{}' has no wave schedule (--waves {}): pass --waves 1, or choose path block or rowwise", path,
+        waves.waves);
+  }
 }
 
 namespace {
@@ -47,6 +55,28 @@ ExpertWeights make_experts(int64_t e_local, int64_t h, int64_t d, MemCategory ca
   w.w3 = make({e_local, h, d});
   w.w2 = make({e_local, d, h});
   return w;
+}
+
+// The slice of the experts and their rows that one wave computes: the same experts' weights, rows and
+// GEMM calls as the no-wave step (a wave's rows [offsets[begin], offsets[end]) are contiguous), so every
+// product and reduction is the no-wave one.
+struct ExpertSlice {
+  ExpertWeights weights, grads;
+  int64_t row_begin = 0, row_end = 0;
+  std::vector<int64_t> offsets;  // rebased to row_begin
+};
+
+ExpertSlice expert_slice(const ExpertWeights& weights, const ExpertWeights& grads, const RouteMap& map,
+                         ExpertWave wave) {
+  auto rows = [&](const Tensor& t) { return t.rows(wave.begin, wave.end); };
+  ExpertSlice s;
+  s.weights = {rows(weights.w1), rows(weights.w3), rows(weights.w2)};
+  s.grads = {rows(grads.w1), rows(grads.w3), rows(grads.w2)};
+  s.row_begin = map.expert_offsets[static_cast<size_t>(wave.begin)];
+  s.row_end = map.expert_offsets[static_cast<size_t>(wave.end)];
+  for (int l = wave.begin; l <= wave.end; ++l)
+    s.offsets.push_back(map.expert_offsets[static_cast<size_t>(l)] - s.row_begin);
+  return s;
 }
 
 }  // namespace
@@ -130,19 +160,15 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   state.recomputed = recompute_;
   state.microbatch = microbatch_;
   state.path.microbatch = microbatch_;
-  Tensor expert_in = path_->dispatch_forward(x, state.routes, state.path);
-  Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
-  PhaseScope gemm_phase(phase::kGroupedGemm);
-  expert_mlp_forward(expert_in, config_.precision.dispatch, state.routes.expert_offsets, params_.experts,
-                     expert_out, state.experts);
-  gemm_phase.stop();
-  Tensor y = path_->combine_forward(expert_out, routed.topk_weight, state.routes, state.path);
+  state.waves = config_.waves;
+  Tensor y = experts_forward(x, routed.topk_weight, state);
   if (recompute_) {
     // Backward rebuilds these; dropping them now frees the expert activations and the gathered expert
     // outputs (and, for rowwise, the reference to the dispatch scratch payload, which the next block's
     // dispatch overwrites).
     state.path = {};
     state.experts = {};
+    state.expert_waves.clear();
   }
 
   MoeMetrics& m = state.metrics;
@@ -163,13 +189,7 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
               config_.model_dim, shape_string(grad_y.shape()));
   if (state.recomputed) recompute_forward(state);
   Tensor grad_topk_weight;
-  Tensor grad_out =
-      path_->combine_backward(grad_y, state.router.topk_weight, state.routes, state.path, grad_topk_weight);
-  Tensor grad_in = path_->expert_grad_input_buffer(state.routes, config_.model_dim, state.path);
-  PhaseScope gemm_phase(phase::kGroupedGemm);
-  expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts);
-  gemm_phase.stop();
-  Tensor grad_x = path_->dispatch_backward(grad_in, state.routes, state.path);
+  Tensor grad_x = experts_backward(grad_y, state, grad_topk_weight);
   PhaseScope router_phase(phase::kRouter);
   router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x,
                   grads_.w_router);
@@ -188,15 +208,129 @@ void MoeLayer::recompute_forward(MoeState& state) {
   state.path = {};
   state.path.scratch_dispatch = true;
   state.path.microbatch = state.microbatch;
-  Tensor expert_in = path_->dispatch_forward(state.router.x, state.routes, state.path);
-  Tensor expert_out = path_->expert_output_buffer(state.routes, config_.model_dim, state.path);
-  PhaseScope gemm_phase(phase::kGroupedGemm);
-  expert_mlp_forward(expert_in, config_.precision.dispatch, state.routes.expert_offsets, params_.experts,
-                     expert_out, state.experts);
-  gemm_phase.stop();
   // Only for the gathered expert outputs it saves (the routing-weight gradient reads them); its merged
-  // output equals the forward's y and is dropped.
-  path_->combine_forward(expert_out, state.router.topk_weight, state.routes, state.path);
+  // output equals the forward's y and is dropped. The recomputation runs the forward's schedule.
+  const WaveTimes forward_times = state.forward_times;
+  experts_forward(state.router.x, state.router.topk_weight, state);
+  state.forward_times = forward_times;
+}
+
+Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, MoeState& state) {
+  const RouteMap& map = state.routes;
+  PathState& ps = state.path;
+  const int64_t d = config_.model_dim;
+  const WaveSchedule schedule = state.waves.schedule();
+  Tensor expert_in, expert_out, y;
+  auto gemm = [&](auto&& fn) {
+    PhaseScope gemm_phase(phase::kGroupedGemm);
+    fn();
+  };
+  if (schedule == WaveSchedule::NoWave) {
+    state.forward_times = run_wave_schedule(
+        schedule, 1,
+        [&](int) {
+          expert_in = path_->dispatch_forward(x, map, ps);
+          expert_out = path_->expert_output_buffer(map, d, ps);
+        },
+        [&](int) {
+          gemm([&] {
+            expert_mlp_forward(expert_in, config_.precision.dispatch, map.expert_offsets, params_.experts,
+                               expert_out, state.experts);
+          });
+        },
+        [&](int) { y = path_->combine_forward(expert_out, topk_weight, map, ps); });
+    return y;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  ps.waves = split_expert_waves(placement_.local_count(), state.waves.waves);
+  const int n = static_cast<int>(ps.waves.size());
+  expert_in = path_->dispatch_forward_begin(x, map, ps);
+  expert_out = path_->expert_output_buffer(map, d, ps);
+  state.expert_waves.assign(static_cast<size_t>(n), ExpertMlpState{});
+  const double set_up = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  WaveTimes t = run_wave_schedule(
+      schedule, n, [&](int w) { path_->dispatch_forward_wave(x, map, ps, w); },
+      [&](int w) {
+        const ExpertSlice s =
+            expert_slice(params_.experts, grads_.experts, map, ps.waves[static_cast<size_t>(w)]);
+        if (s.row_end == s.row_begin) return;  // no rows: its state stays empty and backward skips it too
+        Tensor out = expert_out.rows(s.row_begin, s.row_end);
+        gemm([&] {
+          expert_mlp_forward(expert_in.rows(s.row_begin, s.row_end), config_.precision.dispatch, s.offsets,
+                             s.weights, out, state.expert_waves[static_cast<size_t>(w)]);
+        });
+      },
+      [&](int w) { path_->combine_forward_wave(expert_out, map, ps, w); });
+  const auto merging = std::chrono::steady_clock::now();
+  y = path_->combine_forward_end(topk_weight, map, ps);
+  const double merge = std::chrono::duration<double>(std::chrono::steady_clock::now() - merging).count();
+  t.comm += set_up + merge;
+  t.wall += set_up + merge;
+  state.forward_times = t;
+  return y;
+}
+
+Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor& grad_topk_weight) {
+  const RouteMap& map = state.routes;
+  PathState& ps = state.path;
+  const Tensor& topk_weight = state.router.topk_weight;
+  const int64_t d = config_.model_dim;
+  const WaveSchedule schedule = state.waves.schedule();
+  Tensor grad_out, grad_in, grad_x;
+  auto gemm = [&](auto&& fn) {
+    PhaseScope gemm_phase(phase::kGroupedGemm);
+    fn();
+  };
+  if (schedule == WaveSchedule::NoWave) {
+    state.backward_times = run_wave_schedule(
+        schedule, 1,
+        [&](int) {
+          grad_out = path_->combine_backward(grad_y, topk_weight, map, ps, grad_topk_weight);
+          grad_in = path_->expert_grad_input_buffer(map, d, ps);
+        },
+        [&](int) {
+          gemm([&] {
+            expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts);
+          });
+        },
+        [&](int) { grad_x = path_->dispatch_backward(grad_in, map, ps); });
+    return grad_x;
+  }
+  const int n = static_cast<int>(ps.waves.size());
+  EXPAR_CHECK(n >= 1 && state.expert_waves.size() == static_cast<size_t>(n),
+              "MoE layer '{}' backward: the forward ran {} waves with {} expert states (was the schedule "
+              "changed between forward and backward?)",
+              name_, n, state.expert_waves.size());
+  const auto started = std::chrono::steady_clock::now();
+  grad_out = path_->combine_backward_begin(grad_y, topk_weight, map, ps, grad_topk_weight);
+  grad_in = path_->expert_grad_input_buffer(map, d, ps);
+  const double set_up = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  WaveTimes t = run_wave_schedule(
+      schedule, n, [&](int w) { path_->combine_backward_wave(grad_y, topk_weight, map, ps, w); },
+      [&](int w) {
+        ExpertSlice s = expert_slice(params_.experts, grads_.experts, map, ps.waves[static_cast<size_t>(w)]);
+        if (s.row_end == s.row_begin) return;
+        Tensor in = grad_in.rows(s.row_begin, s.row_end);
+        gemm([&] {
+          expert_mlp_backward(grad_out.rows(s.row_begin, s.row_end),
+                              state.expert_waves[static_cast<size_t>(w)], s.weights, in, s.grads);
+        });
+      },
+      [&](int w) { path_->dispatch_backward_wave(grad_in, map, ps, w); });
+  const auto summing = std::chrono::steady_clock::now();
+  grad_x = path_->dispatch_backward_end(map, ps);
+  const double sum = std::chrono::duration<double>(std::chrono::steady_clock::now() - summing).count();
+  t.comm += set_up + sum;
+  t.wall += set_up + sum;
+  state.backward_times = t;
+  return grad_x;
+}
+
+void MoeLayer::set_waves(WaveConfig waves) {
+  MoeConfig check = config_;
+  check.waves = waves;
+  check.validate(ep_group_.size());
+  config_.waves = waves;
 }
 
 void MoeLayer::update_score_bias(const MoeState& state, Comm& dp_group) {

@@ -19,6 +19,8 @@
 #include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
+#include "expar/moe/wave_schedule.hpp"
+#include "expar/moe/waves.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar {
@@ -43,6 +45,10 @@ struct MoeConfig {
   std::string path = "local";
   PayloadPrecision precision;  // of the four row movements (block and rowwise only; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
+  // The experts' schedule (moe/waves.hpp): waves of local experts, sequential or with the communication of
+  // neighbouring waves overlapped on its own thread (paths whose traits say `waves`: block, rowwise).
+  // Bit-identical results whatever it is; a run-time choice, not part of a checkpoint.
+  WaveConfig waves;
 
   RouterConfig router() const;
   // Throws expar::Error naming the offending value and the fix.
@@ -80,12 +86,17 @@ struct MoeState {
   RouterState router;  // keeps the layer input x (by reference): the recomputation redoes dispatch from it
   RouteMap routes;
   PathState path;
-  ExpertMlpState experts;
+  ExpertMlpState experts;                    // no-wave schedule
+  std::vector<ExpertMlpState> expert_waves;  // wave schedules: one per wave
   MoeMetrics metrics;
+  // This rank's seconds of the last forward's / backward's dispatch -> experts -> combine section
+  // (moe/wave_schedule.hpp), whatever the schedule: what `expar bench waves` reads for eq. 10.
+  WaveTimes forward_times, backward_times;
   // Set by a forward under activation recomputation: path and experts were dropped after the forward, and
   // backward rebuilds them first (MoeLayer::set_recompute).
   bool recomputed = false;
   int microbatch = -1;  // MoeLayer::set_microbatch at the forward (its recomputation reuses it)
+  WaveConfig waves;     // the forward's expert schedule (its backward and recomputation run the same)
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -132,6 +143,9 @@ class MoeLayer {
   bool recompute() const { return recompute_; }
   // The microbatch the following forwards belong to (-1: none), carried into lease tags and their messages.
   void set_microbatch(int microbatch) { microbatch_ = microbatch; }
+  // The expert schedule of the following forwards (and of their backwards, which follow their forward's);
+  // validated like MoeConfig::waves. Results are the same bits whatever it is.
+  void set_waves(WaveConfig waves);
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);
@@ -148,6 +162,12 @@ class MoeLayer {
   std::unique_ptr<ExpertPath> path_;
   // Rebuilds what a recomputing forward dropped: dispatch (into scratch), expert MLP, combine gather.
   void recompute_forward(MoeState& state);
+  // dispatch -> experts -> combine of x under the configured schedule (fills state.path, the expert
+  // states and forward_times); returns y.
+  Tensor experts_forward(const Tensor& x, const Tensor& topk_weight, MoeState& state);
+  // combine backward -> expert backward -> dispatch backward (adds the expert weight gradients); returns
+  // the layer input's gradient through the experts, and the routing weights' gradient.
+  Tensor experts_backward(const Tensor& grad_y, MoeState& state, Tensor& grad_topk_weight);
 
   MoeParams params_;
   MoeGrads grads_;

@@ -28,8 +28,9 @@ void check_config(const PlanConfig& c) {
   EXPAR_CHECK(c.tokens_per_rank >= 1, "tokens per rank T={} must be at least 1", c.tokens_per_rank);
   EXPAR_CHECK(c.microbatches >= 1, "microbatches={} must be at least 1", c.microbatches);
   EXPAR_CHECK(
-      std::isfinite(c.capacity_factor) && c.capacity_factor > 0,
-      "capacity factor {} must be a positive number (1.0 = exactly the balanced load; 1.25 is common)",
+      std::isfinite(c.capacity_factor) && c.capacity_factor >= 0,
+      "capacity factor {} must be a positive number (1.0 = exactly the balanced load; 1.25 is common) "
+      "or 0 for dropless",
       c.capacity_factor);
   EXPAR_CHECK(c.optimizer_states >= 0, "optimizer_states={} must not be negative (Adam keeps 2)",
               c.optimizer_states);
@@ -44,7 +45,8 @@ void check_config(const PlanConfig& c) {
   const ld experts = ld(m.num_experts) * (3 * d * m.expert_hidden + d);
   const ld params = ld(m.layers) * (attention + mlp + experts + 2 * d) + 2 * ld(m.vocab) * d;
   const ld bytes_per_param = 4 + 4 + ld(c.optimizer_states) * 8 + 4;
-  const ld rows = ld(c.capacity_factor) * c.world * ld(c.tokens_per_rank) * m.top_k + m.num_experts;
+  const ld rows =
+      std::max<ld>(1, c.capacity_factor) * c.world * ld(c.tokens_per_rank) * m.top_k + m.num_experts;
   const ld traffic = ld(c.tokens_per_rank) * m.top_k * d * 4 * 4 * m.layers * c.microbatches;
   const ld largest = std::max({params * bytes_per_param, rows * d * 8, traffic});
   EXPAR_CHECK(largest < 0x1p62L,
@@ -53,8 +55,7 @@ void check_config(const PlanConfig& c) {
               m.name, static_cast<double>(params), static_cast<double>(largest));
 }
 
-StagePlan plan_stage(const PlanConfig& c, const TrainingLayout& layout, int stage, int local_experts,
-                     int64_t capacity_per_expert) {
+StagePlan plan_stage(const PlanConfig& c, const TrainingLayout& layout, int stage, int local_experts) {
   const ModelShape& m = c.model;
   StagePlan s;
   s.stage = stage;
@@ -97,11 +98,8 @@ StagePlan plan_stage(const PlanConfig& c, const TrainingLayout& layout, int stag
   s.expert_optimizer_bytes = expert_opt_params * obytes;
 
   const int64_t row_bytes = int64_t{m.d_model} * abytes;
-  s.dispatch_buffer_bytes = int64_t{local_experts} * capacity_per_expert * row_bytes;
-  s.combine_buffer_bytes = s.dispatch_buffer_bytes;
   s.total_bytes = s.dense_weight_bytes + s.expert_weight_bytes + s.dense_grad_bytes + s.expert_grad_bytes +
-                  s.dense_optimizer_bytes + s.expert_optimizer_bytes + s.dispatch_buffer_bytes +
-                  s.combine_buffer_bytes;
+                  s.dense_optimizer_bytes + s.expert_optimizer_bytes;
   s.fits = c.device_memory_bytes == 0 || s.total_bytes <= c.device_memory_bytes;
 
   // Balanced routing: (M_E-1)/M_E of a rank's T*K routes leave the rank.
@@ -141,20 +139,14 @@ Plan make_plan(const PlanConfig& config) {
   TrainingLayout layout(config.world, config.ep_mp, config.cp, config.tp, config.pp);
   const ExpertPlacement placement = layout.expert_placement(m.num_experts, config.placement);
   const int local_experts = placement.local_count();
-  // Capacity per local expert: the M_E*T*K routes of one EP_MP group spread over N experts, times the factor.
-  const double balanced = static_cast<double>(layout.ep_mp) * static_cast<double>(config.tokens_per_rank) *
-                          m.top_k / m.num_experts;
-  const auto capacity = static_cast<int64_t>(std::ceil(config.capacity_factor * balanced));
 
   Plan plan(config, layout);
   plan.local_experts = local_experts;
-  plan.capacity_per_expert = capacity;
   plan.total_params = total_params(m);
   plan.active_params = active_params(m);
   plan.routed_expert_params = routed_expert_params(m);
   plan.reduction_algorithm = "ring all-reduce: each rank sends 2(n-1)/n x its gradient bytes";
-  for (int p = 0; p < config.pp; ++p)
-    plan.stages.push_back(plan_stage(config, layout, p, local_experts, capacity));
+  for (int p = 0; p < config.pp; ++p) plan.stages.push_back(plan_stage(config, layout, p, local_experts));
   return plan;
 }
 

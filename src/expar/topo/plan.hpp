@@ -13,11 +13,11 @@
 //    Adam) per parameter in optimizer_dtype, plus an f32 master copy when master_weights; with
 //    shard_optimizer the expert state is sharded over EP_DP and the dense state over the D*C dense replicas.
 //  - Tokens: tokens_per_rank is T, the tokens a rank feeds into each MoE layer per microbatch (after any CP
-//  or
-//    sequence-parallel split). Capacity per local expert is ceil(capacity_factor * M_E * T * K / N) rows: an
-//    EP_MP group sources M_E*T*K routes spread over N experts. A rank's dispatch buffer (expert inputs) and
-//    combine buffer (expert outputs) each hold E_L * capacity rows of d_model activations; one pair, reused
-//    across layers.
+//    or sequence-parallel split).
+//  - Symmetric buffers (the rowwise path's lease pool): NOT computed here (topo/ sits above moe/, whose
+//    capacity policy and lease rules size them): train/plan_buffers.hpp fills Plan::capacity_rows,
+//    slot_bytes and each stage's symmetric_* figures with the functions the trainer allocates with
+//    (moe/symmetric_budget.hpp) and adds them to total_bytes. make_plan alone leaves them 0.
 //  - Dispatch/combine traffic, balanced routing: of the T*K routes of a rank, (M_E-1)/M_E go to another
 //    rank; dispatch sends that many rows of d_model activations and combine returns as many. Backward moves
 //    the same volumes again (gradients, the adjoint movements of Table 8). Per step: x 2 (forward and
@@ -50,8 +50,9 @@ struct PlanConfig {
   bool shard_optimizer = false;
   int64_t tokens_per_rank = 4096;  // T per microbatch
   int microbatches = 1;
-  double capacity_factor = 1.25;
-  int64_t device_memory_bytes = 0;  // 0: no fit check
+  double capacity_factor = 1.25;           // 0: dropless
+  std::string capacity_policy = "source";  // the rule with a capacity factor: source | rank | expert
+  int64_t device_memory_bytes = 0;         // 0: no fit check
 };
 
 struct StagePlan {
@@ -68,7 +69,10 @@ struct StagePlan {
   int64_t dense_weight_bytes = 0, expert_weight_bytes = 0;
   int64_t dense_grad_bytes = 0, expert_grad_bytes = 0;
   int64_t dense_optimizer_bytes = 0, expert_optimizer_bytes = 0;
-  int64_t dispatch_buffer_bytes = 0, combine_buffer_bytes = 0;
+  // Symmetric buffers (train/plan_buffers.hpp): leased slots (a dispatch lease per MoE layer + the
+  // input-gradient lease) and scratch slots of the rowwise lease pool, and their bytes.
+  int symmetric_leased_slots = 0, symmetric_scratch_slots = 0;
+  int64_t symmetric_bytes = 0;
   int64_t total_bytes = 0;
   bool fits = true;  // total_bytes <= device_memory_bytes (true when no device memory was given)
 
@@ -84,8 +88,12 @@ struct Plan {
   Plan(PlanConfig config_, TrainingLayout layout_) : config(std::move(config_)), layout(layout_) {}
   PlanConfig config;
   TrainingLayout layout;
-  int local_experts = 0;            // E_L = N / M_E
-  int64_t capacity_per_expert = 0;  // rows per local expert and microbatch
+  int local_experts = 0;  // E_L = N / M_E
+  // The rowwise lease pool's slots (train/plan_buffers.hpp): rows the capacity policy lets any rank receive
+  // (dropless: the bound M_E*T*min(K, E_L)), bytes of one slot, and how that was decided.
+  int64_t capacity_rows = 0;
+  int64_t slot_bytes = 0;
+  std::string buffer_sizing;
   int64_t total_params = 0, active_params = 0;
   int64_t routed_expert_params = 0;  // P_E
   std::vector<StagePlan> stages;

@@ -47,9 +47,9 @@ nlohmann::json stage_json(const StagePlan& s) {
         {"expert_gradients", s.expert_grad_bytes},
         {"dense_optimizer_state", s.dense_optimizer_bytes},
         {"expert_optimizer_state", s.expert_optimizer_bytes},
-        {"dispatch_buffer", s.dispatch_buffer_bytes},
-        {"combine_buffer", s.combine_buffer_bytes},
+        {"symmetric_buffers", s.symmetric_bytes},
         {"total", s.total_bytes}}},
+      {"symmetric_slots", {{"leased", s.symmetric_leased_slots}, {"scratch", s.symmetric_scratch_slots}}},
       {"fits", s.fits},
       {"comm_bytes_per_rank",
        {{"dispatch_per_layer_microbatch", s.dispatch_bytes_per_layer},
@@ -109,7 +109,10 @@ nlohmann::json plan_to_json(const Plan& plan, int max_group_world) {
   j["tokens"] = {{"tokens_per_rank", c.tokens_per_rank},
                  {"microbatches", c.microbatches},
                  {"capacity_factor", c.capacity_factor},
-                 {"capacity_per_expert", plan.capacity_per_expert}};
+                 {"capacity_policy", c.capacity_factor > 0 ? c.capacity_policy : "dropless"},
+                 {"capacity_rows", plan.capacity_rows},
+                 {"slot_bytes", plan.slot_bytes},
+                 {"buffer_sizing", plan.buffer_sizing}};
   j["device_memory_bytes"] = c.device_memory_bytes;
   j["reduction_algorithm"] = plan.reduction_algorithm;
   j["stages"] = nlohmann::json::array();
@@ -138,11 +141,11 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
   }
   out += fmt::format(
       "precision: params {}, grads {}, optimizer {} x{}{}{}, activations {}; T={} tokens/rank/microbatch, "
-      "{} microbatch(es), capacity factor {} -> {} rows per local expert\n",
+      "{} microbatch(es)\n",
       dtype_name(c.param_dtype), dtype_name(c.grad_dtype), dtype_name(c.optimizer_dtype), c.optimizer_states,
       c.master_weights ? " + f32 master" : "", c.shard_optimizer ? " (sharded)" : "",
-      dtype_name(c.activation_dtype), c.tokens_per_rank, c.microbatches, c.capacity_factor,
-      plan.capacity_per_expert);
+      dtype_name(c.activation_dtype), c.tokens_per_rank, c.microbatches);
+  if (!plan.buffer_sizing.empty()) out += fmt::format("symmetric buffers: {}\n", plan.buffer_sizing);
 
   out += "\nmemory per rank";
   if (c.pp > 1) out += " (per pipeline stage)";
@@ -161,8 +164,7 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
   row("expert gradients", &StagePlan::expert_grad_bytes);
   row("dense optimizer state", &StagePlan::dense_optimizer_bytes);
   row("expert optimizer state", &StagePlan::expert_optimizer_bytes);
-  row("dispatch buffer", &StagePlan::dispatch_buffer_bytes);
-  row("combine buffer", &StagePlan::combine_buffer_bytes);
+  row("symmetric buffers", &StagePlan::symmetric_bytes);
   row("total", &StagePlan::total_bytes);
   if (c.device_memory_bytes > 0) {
     out += fmt::format("{:<28}", fmt::format("fits in {}", format_bytes(c.device_memory_bytes)));

@@ -15,7 +15,10 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
             const std::function<void(Comm& world)>& fn) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(argc, argv);
+  // Serialized: the MoE layer's overlapped wave schedule (moe/wave_schedule.hpp) calls MPI from its
+  // communication thread while the rank's main thread computes (never both at once).
+  int provided = 0;
+  if (!initialized) MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {

@@ -16,6 +16,7 @@
 // unpermute and decodes them in the local unpermute; backward likewise. The f32 rows move unchanged.
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "expar/comm/comm.hpp"
@@ -23,20 +24,22 @@
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/payload_precision.hpp"
 #include "expar/moe/phase_timer.hpp"
+#include "expar/moe/waves.hpp"
 
 namespace expar {
 
 namespace {
 
-// The layout plan of one step, derived from the route map once in dispatch_forward and reused by every
-// later pass of the step (the route map is saved for backward, so is this).
-struct BlockPlan {
-  // Routes (t*K + k) in send-buffer order: by destination rank, then dst_row.
+// One wave's part of a step's layout, derived from the route map once in dispatch_forward_begin and reused
+// by every later pass of the step (the route map is saved for backward, so is this). Without waves the step
+// has one part covering every local expert.
+struct WavePlan {
+  // Routes (t*K + k) of this wave in send-buffer order: by destination rank, then dst_row.
   std::vector<int64_t> send_order;
   // Split lists in rows, indexed by peer.
   std::vector<size_t> send_counts, recv_counts;
-  // Global permute as block copies: rows [recv_begin, recv_begin + rows) of the receive buffer are rows
-  // [expert_begin, expert_begin + rows) of the expert-side buffer (one run per (source, local expert)).
+  // Global permute as block copies: rows [recv_begin, recv_begin + rows) of this wave's receive buffer are
+  // rows [expert_begin, expert_begin + rows) of the expert-side buffer (one run per (source, local expert)).
   struct Run {
     int64_t recv_begin = 0, expert_begin = 0, rows = 0;
   };
@@ -44,40 +47,72 @@ struct BlockPlan {
   int64_t send_rows = 0, recv_rows = 0;
 };
 
-BlockPlan make_plan(const RouteMap& map, const ExpertPlacement& placement) {
-  BlockPlan plan;
+// What one step keeps between its passes.
+struct BlockStep {
+  std::vector<WavePlan> waves;
+  int64_t d = 0;
+  Tensor expert_in;  // dispatch forward's expert-side rows (encoded with a non-f32 dispatch)
+  Tensor encoded_x;  // a non-f32 dispatch: each token row encoded once, until the last wave is sent
+  Tensor gathered;   // combine forward: [T, K, d] expert outputs at each route's (t, k)
+  Tensor grad_out;   // combine backward: the expert-output gradient rows in expert order
+  std::vector<Tensor> grad_recv;  // dispatch backward: each wave's received f32 gradient rows
+};
+
+std::vector<WavePlan> make_plan(const RouteMap& map, const ExpertPlacement& placement,
+                                std::span<const ExpertWave> wave_split) {
   const int m = map.ep_size;
+  const WaveRoutes wr = make_wave_routes(map, placement, wave_split);
+  std::vector<int64_t> order;
   for (int64_t t = 0; t < map.tokens; ++t)
     for (int k = 0; k < map.top_k; ++k)
-      if (map.valid(t, k)) plan.send_order.push_back(t * map.top_k + k);
+      if (map.valid(t, k)) order.push_back(t * map.top_k + k);
   const int32_t* rank = map.dst_rank.data<int32_t>();
   const int32_t* row = map.dst_row.data<int32_t>();
-  std::sort(plan.send_order.begin(), plan.send_order.end(),
+  std::sort(order.begin(), order.end(),
             [&](int64_t a, int64_t b) { return rank[a] != rank[b] ? rank[a] < rank[b] : row[a] < row[b]; });
-  plan.send_rows = static_cast<int64_t>(plan.send_order.size());
-  plan.recv_rows = map.recv_rows;
-  for (int r = 0; r < m; ++r) {
-    plan.send_counts.push_back(static_cast<size_t>(map.send_counts[static_cast<size_t>(r)]));
-    plan.recv_counts.push_back(static_cast<size_t>(map.recv_counts[static_cast<size_t>(r)]));
+  std::vector<WavePlan> plans(static_cast<size_t>(wr.waves));
+  for (WavePlan& p : plans) {
+    p.send_counts.assign(static_cast<size_t>(m), 0);
+    p.recv_counts.assign(static_cast<size_t>(m), 0);
   }
-  // Source s's block holds its routes to this rank sorted by dst_row, i.e. for each local expert in order
-  // its accepted rows, which land after the rows of the sources before s (contract 3).
+  if (wr.waves == 1) {
+    plans[0].send_order = std::move(order);
+  } else {
+    for (int64_t route : order)
+      plans[static_cast<size_t>(wr.wave_of[static_cast<size_t>(route)])].send_order.push_back(route);
+  }
+  for (WavePlan& p : plans) {
+    p.send_rows = static_cast<int64_t>(p.send_order.size());
+    for (int64_t route : p.send_order) ++p.send_counts[static_cast<size_t>(rank[route])];
+  }
+  // Source s's block of a wave holds its routes to this rank sorted by dst_row, i.e. for each local expert
+  // of the wave in order its accepted rows, which land after the rows of the sources before s (contract 3).
   const std::vector<int> local = placement.local_experts(map.ep_rank);
-  int64_t recv_begin = 0;
-  for (int s = 0; s < m; ++s) {
-    for (size_t l = 0; l < local.size(); ++l) {
-      const int e = local[l];
-      int64_t before = 0;
-      for (int q = 0; q < s; ++q) before += map.accepted_of(q, e);
-      const int64_t rows = map.accepted_of(s, e);
-      if (rows > 0) plan.runs.push_back({recv_begin, map.expert_offsets[l] + before, rows});
-      recv_begin += rows;
+  const ExpertWave all[] = {{0, static_cast<int>(local.size())}};
+  if (wave_split.empty()) wave_split = all;
+  int64_t total = 0;
+  for (size_t w = 0; w < plans.size(); ++w) {
+    WavePlan& p = plans[w];
+    int64_t recv_begin = 0;
+    for (int s = 0; s < m; ++s) {
+      for (int l = wave_split[w].begin; l < wave_split[w].end; ++l) {
+        const int e = local[static_cast<size_t>(l)];
+        int64_t before = 0;
+        for (int q = 0; q < s; ++q) before += map.accepted_of(q, e);
+        const int64_t rows = map.accepted_of(s, e);
+        if (rows > 0)
+          p.runs.push_back({recv_begin, map.expert_offsets[static_cast<size_t>(l)] + before, rows});
+        recv_begin += rows;
+        p.recv_counts[static_cast<size_t>(s)] += static_cast<size_t>(rows);
+      }
     }
+    p.recv_rows = recv_begin;
+    total += recv_begin;
   }
-  EXPAR_CHECK(recv_begin == map.recv_rows,
+  EXPAR_CHECK(total == map.recv_rows,
               "block path: the accepted matrix gives rank {} {} rows but the route map says {}", map.ep_rank,
-              recv_begin, map.recv_rows);
-  return plan;
+              total, map.recv_rows);
+  return plans;
 }
 
 class BlockPath final : public ExpertPath {
@@ -86,64 +121,133 @@ class BlockPath final : public ExpertPath {
 
   std::string name() const override { return "block"; }
 
+  // The single-call passes are the wave passes over one wave of every expert.
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
-    check_map(map, x, "dispatch forward");
-    const int64_t d = x.dim(1);
-    const PayloadFormat format = options_.precision.dispatch;
-    const size_t rb = payload_row_bytes(format, d);
-    PhaseScope permute_phase(phase::kLocalPermute);  // the plan's sort is part of the local permute
-    auto plan = std::make_shared<BlockPlan>(make_plan(map, *options_.placement));
-    state.path_data = plan;
-    // Local permute: replicate each token row once per accepted route, packed by destination rank (a
-    // reduced-precision row is encoded once per token, then replicated).
-    const std::byte* src = static_cast<const std::byte*>(x.raw());
-    Tensor encoded;
-    if (format != PayloadFormat::F32) {
-      encoded = Tensor::empty({map.tokens, static_cast<int64_t>(rb)}, DType::U8, MemCategory::CommScratch);
-      encode_rows(format, x.data<float>(), map.tokens, d, static_cast<std::byte*>(encoded.raw()));
-      src = static_cast<const std::byte*>(encoded.raw());
-    }
-    Tensor send = byte_rows(plan->send_rows, rb);
-    auto* packed = static_cast<std::byte*>(send.raw());
-    for (int64_t i = 0; i < plan->send_rows; ++i)
-      std::memcpy(packed + i * rb, src + (plan->send_order[static_cast<size_t>(i)] / map.top_k) * rb, rb);
-    encoded = Tensor();
-    permute_phase.stop();
-    sync_before_comm(group_);
-    PhaseScope exchange_phase(phase::kAllToAllDispatch);
-    Tensor recv = exchange(send, plan->send_counts, plan->recv_rows, plan->recv_counts, rb);
-    exchange_phase.stop();
-    // Global permute: source-rank blocks -> local-expert order (the rows stay encoded: they are the
-    // expert MLP's saved input).
-    PhaseScope global_phase(phase::kGlobalPermute);
-    Tensor in = payload_tensor(format, map.capacity_rows, d);
-    const auto* from = static_cast<const std::byte*>(recv.raw());
-    auto* to = static_cast<std::byte*>(in.raw());
-    for (const auto& run : plan->runs)
-      std::memcpy(to + run.expert_begin * rb, from + run.recv_begin * rb, rb * run.rows);
+    state.waves.clear();
+    Tensor in = dispatch_forward_begin(x, map, state);
+    dispatch_forward_wave(x, map, state, 0);
     return in;
   }
 
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
                          PathState& state) override {
-    const BlockPlan& plan = plan_of(state, "combine forward");
-    const int64_t d = expert_out.dim(1);
-    Tensor gathered = return_to_sources(plan, expert_out, map, d, options_.precision.combine);
-    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
-    state.combine_rows = RouteRows::gathered(std::move(gathered), map);
-    return merge_routes(state.combine_rows, topk_weight, map);
+    combine_forward_wave(expert_out, map, state, 0);
+    return combine_forward_end(topk_weight, map, state);
   }
 
   Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
                           PathState& state, Tensor& grad_topk_weight) override {
-    const BlockPlan& plan = plan_of(state, "combine backward");
+    Tensor grad_out = combine_backward_begin(grad_y, topk_weight, map, state, grad_topk_weight);
+    combine_backward_wave(grad_y, topk_weight, map, state, 0);
+    return grad_out;
+  }
+
+  Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
+    dispatch_backward_wave(grad_expert_in, map, state, 0);
+    return dispatch_backward_end(map, state);
+  }
+
+  Tensor dispatch_forward_begin(const Tensor& x, const RouteMap& map, PathState& state) override {
+    check_map(map, x, "dispatch forward");
+    const int64_t d = x.dim(1);
+    const PayloadFormat format = options_.precision.dispatch;
+    PhaseScope permute_phase(phase::kLocalPermute);  // the plan's sort is part of the local permute
+    auto step = std::make_shared<BlockStep>();
+    step->waves = make_plan(map, *options_.placement, state.waves);
+    step->d = d;
+    state.path_data = step;
+    // A reduced-precision row is encoded once per token, then replicated into each wave's send buffer.
+    if (format != PayloadFormat::F32) {
+      step->encoded_x = Tensor::empty({map.tokens, static_cast<int64_t>(payload_row_bytes(format, d))},
+                                      DType::U8, MemCategory::CommScratch);
+      encode_rows(format, x.data<float>(), map.tokens, d, static_cast<std::byte*>(step->encoded_x.raw()));
+    }
+    step->expert_in = payload_tensor(format, map.capacity_rows, d);
+    return step->expert_in;
+  }
+
+  void dispatch_forward_wave(const Tensor& x, const RouteMap& map, PathState& state, int wave) override {
+    BlockStep& step = step_of(state, "dispatch forward");
+    const WavePlan& plan = wave_of(step, wave);
+    const int64_t d = x.dim(1);
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, d);
+    // Local permute: replicate each token row once per accepted route, packed by destination rank.
+    PhaseScope permute_phase(phase::kLocalPermute);
+    const std::byte* src = format == PayloadFormat::F32 ? static_cast<const std::byte*>(x.raw())
+                                                        : static_cast<const std::byte*>(step.encoded_x.raw());
+    Tensor send = byte_rows(plan.send_rows, rb);
+    auto* packed = static_cast<std::byte*>(send.raw());
+    for (int64_t i = 0; i < plan.send_rows; ++i)
+      std::memcpy(packed + i * rb, src + (plan.send_order[static_cast<size_t>(i)] / map.top_k) * rb, rb);
+    if (wave + 1 == static_cast<int>(step.waves.size())) step.encoded_x = Tensor();
+    permute_phase.stop();
+    sync_before_comm(group_);
+    PhaseScope exchange_phase(phase::kAllToAllDispatch);
+    Tensor recv = exchange(send, plan.send_counts, plan.recv_rows, plan.recv_counts, rb);
+    exchange_phase.stop();
+    // Global permute: source-rank blocks -> local-expert order (the rows stay encoded: they are the
+    // expert MLP's saved input).
+    PhaseScope global_phase(phase::kGlobalPermute);
+    const auto* from = static_cast<const std::byte*>(recv.raw());
+    auto* to = static_cast<std::byte*>(step.expert_in.raw());
+    for (const auto& run : plan.runs)
+      std::memcpy(to + run.expert_begin * rb, from + run.recv_begin * rb, rb * run.rows);
+  }
+
+  void combine_forward_wave(const Tensor& expert_out, const RouteMap& map, PathState& state,
+                            int wave) override {
+    BlockStep& step = step_of(state, "combine forward");
+    const WavePlan& plan = wave_of(step, wave);
+    const int64_t d = expert_out.dim(1);
+    const PayloadFormat format = options_.precision.combine;
+    Tensor recv =
+        exchange_back(plan, expert_out, d, format, phase::kGlobalUnpermute, phase::kAllToAllCombine);
+    // Local unpermute: each route's row to its (t, k); rows of dropped routes are left unwritten and never
+    // read.
+    PhaseScope scatter(phase::kLocalUnpermuteMerge);
+    if (!step.gathered.defined()) step.gathered = Tensor::empty({map.tokens, map.top_k, d});
+    const size_t rb = payload_row_bytes(format, d);
+    const auto* rows = static_cast<const std::byte*>(recv.raw());
+    float* out = step.gathered.data<float>();
+    for (int64_t i = 0; i < plan.send_rows; ++i) {
+      float* dst = out + plan.send_order[static_cast<size_t>(i)] * d;
+      if (format == PayloadFormat::F32)
+        std::memcpy(dst, rows + i * rb, rb);  // the hot f32 case without the codec's per-call checks
+      else
+        decode_payload_rows(format, rows + i * rb, 1, d, dst);
+    }
+  }
+
+  Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state) override {
+    BlockStep& step = step_of(state, "combine forward");
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
+    EXPAR_CHECK(step.gathered.defined(),
+                "block combine forward: combine_forward_end before any wave arrived");
+    state.combine_rows = RouteRows::gathered(std::move(step.gathered), map);
+    step.gathered = Tensor();
+    return merge_routes(state.combine_rows, topk_weight, map);
+  }
+
+  Tensor combine_backward_begin(const Tensor& grad_y, const Tensor& /*topk_weight*/, const RouteMap& map,
+                                PathState& state, Tensor& grad_topk_weight) override {
+    BlockStep& step = step_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "block combine backward called before combine forward");
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
+    step.grad_out = Tensor::empty({map.capacity_rows, grad_y.dim(1)});
+    return step.grad_out;
+  }
+
+  void combine_backward_wave(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                             PathState& state, int wave) override {
+    BlockStep& step = step_of(state, "combine backward");
+    const WavePlan& plan = wave_of(step, wave);
     const int64_t d = grad_y.dim(1);
     const PayloadFormat format = options_.precision.combine_grad;
     const size_t rb = payload_row_bytes(format, d);
     // Local unpermute backward: each route's w·grad_y row, packed by destination rank like dispatch.
+    PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     Tensor send = byte_rows(plan.send_rows, rb);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
@@ -166,23 +270,21 @@ class BlockPath final : public ExpertPath {
     exchange_phase.stop();
     // Global unpermute backward: received source-rank blocks into expert order, decoded for the experts.
     PhaseScope unpermute_phase(phase::kGlobalUnpermute);
-    Tensor grad_out = Tensor::empty({map.capacity_rows, d});
     const auto* from = static_cast<const std::byte*>(recv.raw());
-    float* to = grad_out.data<float>();
+    float* to = step.grad_out.data<float>();
     for (const auto& run : plan.runs)
       decode_rows(format, from + run.recv_begin * rb, run.rows, d, to + run.expert_begin * d);
-    return grad_out;
   }
 
-  Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
-    const BlockPlan& plan = plan_of(state, "dispatch backward");
+  void dispatch_backward_wave(const Tensor& grad_expert_in, const RouteMap& /*map*/, PathState& state,
+                              int wave) override {
+    BlockStep& step = step_of(state, "dispatch backward");
+    const WavePlan& plan = wave_of(step, wave);
     const int64_t d = grad_expert_in.dim(1);
     const PayloadFormat format = options_.precision.dispatch_grad;
     Tensor recv =
         exchange_back(plan, grad_expert_in, d, format, phase::kGlobalPermute, phase::kAllToAllDispatch);
-    // Local permute backward: each route's gradient row is summed where it arrived (row i of the receive
-    // buffer is route send_order[i]), in k order like sum_routes, without scattering it to [T, K, d] first
-    // (reduced-precision rows are decoded in place order first).
+    // Reduced-precision rows are decoded in place order; the sum reads them where they arrived.
     PhaseScope sum_phase(phase::kLocalPermute);
     if (format != PayloadFormat::F32) {
       Tensor decoded = Tensor::empty({plan.send_rows, d}, DType::F32, MemCategory::CommScratch);
@@ -190,11 +292,31 @@ class BlockPath final : public ExpertPath {
                   decoded.data<float>());
       recv = std::move(decoded);
     }
+    if (step.grad_recv.empty()) step.grad_recv.resize(step.waves.size());
+    step.grad_recv[static_cast<size_t>(wave)] = std::move(recv);
+  }
+
+  Tensor dispatch_backward_end(const RouteMap& map, PathState& state) override {
+    BlockStep& step = step_of(state, "dispatch backward");
+    EXPAR_CHECK(step.grad_recv.size() == step.waves.size(),
+                "block dispatch backward: {} of {} waves arrived before dispatch_backward_end",
+                step.grad_recv.size(), step.waves.size());
+    // Local permute backward: each route's gradient row is summed where it arrived (row i of wave w's
+    // receive buffer is route send_order[i] of that wave), in k order like sum_routes, without scattering it
+    // to [T, K, d] first.
+    PhaseScope sum_phase(phase::kLocalPermute);
     std::vector<const float*> rows(static_cast<size_t>(map.tokens * map.top_k), nullptr);
-    const float* received = static_cast<const float*>(recv.raw());
-    for (int64_t i = 0; i < plan.send_rows; ++i)
-      rows[static_cast<size_t>(plan.send_order[static_cast<size_t>(i)])] = received + i * d;
-    return sum_route_pointers(rows.data(), map, d);
+    const int64_t d = step.d;
+    for (size_t w = 0; w < step.waves.size(); ++w) {
+      const WavePlan& plan = step.waves[w];
+      const float* received = static_cast<const float*>(step.grad_recv[w].raw());
+      for (int64_t i = 0; i < plan.send_rows; ++i)
+        rows[static_cast<size_t>(plan.send_order[static_cast<size_t>(i)])] = received + i * d;
+    }
+    Tensor grad_x = sum_route_pointers(rows.data(), map, d);
+    step.grad_recv.clear();
+    step.grad_out = Tensor();  // every wave's expert backward read it
+    return grad_x;
   }
 
  private:
@@ -207,9 +329,15 @@ class BlockPath final : public ExpertPath {
                 shape_string(x.shape()));
   }
 
-  static const BlockPlan& plan_of(const PathState& state, const char* pass) {
+  static BlockStep& step_of(const PathState& state, const char* pass) {
     EXPAR_CHECK(state.path_data != nullptr, "block {} called before dispatch forward of the same step", pass);
-    return *static_cast<const BlockPlan*>(state.path_data.get());
+    return *static_cast<BlockStep*>(state.path_data.get());
+  }
+
+  static const WavePlan& wave_of(const BlockStep& step, int wave) {
+    EXPAR_CHECK(wave >= 0 && wave < static_cast<int>(step.waves.size()),
+                "block path: wave {} of a step planned with {} waves", wave, step.waves.size());
+    return step.waves[static_cast<size_t>(wave)];
   }
 
   // Packed byte rows: communication scratch.
@@ -217,7 +345,7 @@ class BlockPath final : public ExpertPath {
     return Tensor::empty({rows, static_cast<int64_t>(row_bytes)}, DType::U8, MemCategory::CommScratch);
   }
 
-  // all_to_all_v of packed byte rows: the host split lists are the route map's counts (times the row bytes).
+  // all_to_all_v of packed byte rows: the host split lists are the wave's counts (times the row bytes).
   Tensor exchange(const Tensor& send, const std::vector<size_t>& send_counts, int64_t recv_rows,
                   const std::vector<size_t>& recv_counts, size_t row_bytes) {
     Tensor recv = byte_rows(recv_rows, row_bytes);
@@ -228,32 +356,10 @@ class BlockPath final : public ExpertPath {
     return recv;
   }
 
-  // Global unpermute -> reverse all_to_all_v -> local unpermute: expert-side rows [recv_rows, d] become
-  // [T, K, d] at each route's (t, k), travelling in `format`; rows of dropped routes are left unwritten and
-  // never read. The phases are combine's (this is combine forward).
-  Tensor return_to_sources(const BlockPlan& plan, const Tensor& expert_side, const RouteMap& map, int64_t d,
-                           PayloadFormat format) {
-    Tensor recv =
-        exchange_back(plan, expert_side, d, format, phase::kGlobalUnpermute, phase::kAllToAllCombine);
-    PhaseScope scatter(phase::kLocalUnpermuteMerge);
-    const size_t rb = payload_row_bytes(format, d);
-    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
-    const auto* rows = static_cast<const std::byte*>(recv.raw());
-    float* out = gathered.data<float>();
-    for (int64_t i = 0; i < plan.send_rows; ++i) {
-      float* dst = out + plan.send_order[static_cast<size_t>(i)] * d;
-      if (format == PayloadFormat::F32)
-        std::memcpy(dst, rows + i * rb, rb);  // the hot f32 case without the codec's per-call checks
-      else
-        decode_payload_rows(format, rows + i * rb, 1, d, dst);
-    }
-    return gathered;
-  }
-
   // Global unpermute (encoding each row in `format`) -> reverse all_to_all_v: [send_rows, row bytes], row
-  // i holding route send_order[i]. The phase names are the forward phases these movements belong to
-  // (combine) or are the adjoint of (dispatch).
-  Tensor exchange_back(const BlockPlan& plan, const Tensor& expert_side, int64_t d, PayloadFormat format,
+  // i holding route send_order[i] of the wave. The phase names are the forward phases these movements
+  // belong to (combine) or are the adjoint of (dispatch).
+  Tensor exchange_back(const WavePlan& plan, const Tensor& expert_side, int64_t d, PayloadFormat format,
                        const char* unpermute_phase, const char* exchange_phase) {
     PhaseScope unpermute(unpermute_phase);
     const size_t rb = payload_row_bytes(format, d);

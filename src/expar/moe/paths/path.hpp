@@ -15,6 +15,23 @@
 // The two *_buffer hooks let a path hand out memory its peers can reach (symmetric buffers) so that the
 // combine/dispatch backward can GET rows straight from where the experts wrote them; the default allocates.
 //
+// Wave schedules (seed 000 §5.9, moe/waves.hpp): a path whose traits say `waves` also runs each pass one
+// wave at a time (a wave: the routes to a range of local experts, contiguous rows on every expert rank):
+//   forward:  in = dispatch_forward_begin(x)          the expert-side buffer, no row moved yet
+//             out = expert_output_buffer()
+//             dispatch_forward_wave(x, w)             for each wave w in order: its rows are in `in` on
+//             return combine_forward_wave(out, w)            after the experts of wave w wrote `out` y =
+//             combine_forward_end(topk_weight)    the k-order merge, once every wave arrived
+//   backward: g_out = combine_backward_begin(grad_y, topk_weight, &grad_topk_weight)
+//             g_in = expert_grad_input_buffer()
+//             combine_backward_wave(grad_y, topk_weight, w)   its rows are in g_out on return
+//             dispatch_backward_wave(g_in, w)         after the expert backward of wave w wrote g_in
+//             grad_x = dispatch_backward_end()        the k-order sum, once every wave arrived
+// with PathState::waves set before dispatch_forward_begin. Every rank runs the same calls in the same order;
+// the *_wave calls may run on another thread than the rest (the layer's communication thread), one at a
+// time, while the experts of another wave run, so a wave call touches only its own wave's rows. The sums
+// and merges over k are the same code as the single-call passes, so the results are bit-identical.
+//
 // A new path is one file under moe/paths/ plus one line in paths/registry.cpp.
 #include <memory>
 #include <string>
@@ -24,6 +41,7 @@
 #include "expar/moe/paths/route_rows.hpp"
 #include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
+#include "expar/moe/waves.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar {
@@ -47,6 +65,9 @@ struct PathState {
   // Set by the caller before dispatch_forward: the microbatch this step belongs to (-1: none, e.g. an
   // evaluation forward), carried by the step's lease tags into the pool's messages.
   int microbatch = -1;
+  // Set by the caller before dispatch_forward_begin: the waves of a wave schedule (empty: the single-call
+  // passes, no waves).
+  std::vector<ExpertWave> waves;
 };
 
 struct PathOptions {
@@ -95,6 +116,20 @@ class ExpertPath {
   // Where the expert MLP writes its output rows / its input-gradient rows ([capacity_rows, d]).
   virtual Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state);
   virtual Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state);
+
+  // The wave passes (see the top of this file). The defaults throw expar::Error: the path has no waves.
+  virtual Tensor dispatch_forward_begin(const Tensor& x, const RouteMap& map, PathState& state);
+  virtual void dispatch_forward_wave(const Tensor& x, const RouteMap& map, PathState& state, int wave);
+  virtual void combine_forward_wave(const Tensor& expert_out, const RouteMap& map, PathState& state,
+                                    int wave);
+  virtual Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state);
+  virtual Tensor combine_backward_begin(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                                        PathState& state, Tensor& grad_topk_weight);
+  virtual void combine_backward_wave(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                                     PathState& state, int wave);
+  virtual void dispatch_backward_wave(const Tensor& grad_expert_in, const RouteMap& map, PathState& state,
+                                      int wave);
+  virtual Tensor dispatch_backward_end(const RouteMap& map, PathState& state);
 };
 
 // What the parametrized tests and the benchmarks need to know about a path, registered with it, so that a
@@ -105,6 +140,7 @@ struct PathTraits {
   bool same_rows_as_block = false;  // moves the same rows into the same places: bit-identical to block
   bool reduced_precision = false;   // takes non-f32 payloads (PathOptions::precision)
   bool decode_form = false;         // every rank of the group holds the group's tokens (agrs-decode)
+  bool waves = false;               // runs the wave passes (MoeConfig::waves > 1)
 };
 
 // The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode".

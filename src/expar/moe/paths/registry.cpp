@@ -21,11 +21,11 @@ struct PathEntry {
 };
 
 const std::vector<PathEntry>& entries() {
-  //                     name          single  =block  reduced decode
+  //                     name          single  =block  reduced decode waves
   static const std::vector<PathEntry> paths = {
       {{"local", true, false, false, false}, make_local_path},
-      {{"block", false, true, true, false}, make_block_path},
-      {{"rowwise", false, true, true, false}, make_rowwise_path},
+      {{"block", false, true, true, false, true}, make_block_path},
+      {{"rowwise", false, true, true, false, true}, make_rowwise_path},
       {{"agrs", false, false, false, false}, make_agrs_path},
       {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
   };
@@ -40,6 +40,44 @@ Tensor ExpertPath::expert_output_buffer(const RouteMap& map, int64_t d, PathStat
 
 Tensor ExpertPath::expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState&) {
   return Tensor::empty({map.capacity_rows, d});
+}
+
+namespace {
+
+[[noreturn]] void no_waves(const ExpertPath& path) {
+  std::vector<std::string> with;
+  for (const PathEntry& p : entries())
+    if (p.traits.waves) with.push_back(p.traits.name);
+  fail("path '{}' has no wave schedule: pass --waves 1, or choose path {}", path.name(),
+       fmt::join(with, " or "));
+}
+
+}  // namespace
+
+Tensor ExpertPath::dispatch_forward_begin(const Tensor&, const RouteMap&, PathState&) {
+  no_waves(*this);
+}
+void ExpertPath::dispatch_forward_wave(const Tensor&, const RouteMap&, PathState&, int) {
+  no_waves(*this);
+}
+void ExpertPath::combine_forward_wave(const Tensor&, const RouteMap&, PathState&, int) {
+  no_waves(*this);
+}
+Tensor ExpertPath::combine_forward_end(const Tensor&, const RouteMap&, PathState&) {
+  no_waves(*this);
+}
+Tensor ExpertPath::combine_backward_begin(const Tensor&, const Tensor&, const RouteMap&, PathState&,
+                                          Tensor&) {
+  no_waves(*this);
+}
+void ExpertPath::combine_backward_wave(const Tensor&, const Tensor&, const RouteMap&, PathState&, int) {
+  no_waves(*this);
+}
+void ExpertPath::dispatch_backward_wave(const Tensor&, const RouteMap&, PathState&, int) {
+  no_waves(*this);
+}
+Tensor ExpertPath::dispatch_backward_end(const RouteMap&, PathState&) {
+  no_waves(*this);
 }
 
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {

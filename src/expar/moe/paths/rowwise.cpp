@@ -65,6 +65,13 @@ namespace {
 constexpr int kOutputScratch = 0;    // expert output (forward), expert-output gradient (backward)
 constexpr int kDispatchScratch = 1;  // dispatch payload under activation recomputation
 
+// Which routes a pass moves: every valid one, or those of one wave (moe/waves.hpp).
+struct RouteFilter {
+  const int32_t* wave_of = nullptr;  // [T*K] (null: every route)
+  int wave = 0;
+  bool take(int64_t route) const { return wave_of == nullptr || wave_of[route] == wave; }
+};
+
 // What one step keeps between its passes.
 struct RowwiseStep {
   std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while its leases are out
@@ -79,6 +86,11 @@ struct RowwiseStep {
   // combine forward / dispatch backward.
   Tensor expert_out;
   Tensor expert_grad_in;
+  // Wave passes: where each wave's rows are, the [T, K, d] rows gathered so far (combine forward, then
+  // dispatch backward), and the decoded expert-output gradient (a reduced-precision combine backward).
+  WaveRoutes waves;
+  Tensor gathered;
+  Tensor grad_out;
 
   RowwiseStep() = default;
   RowwiseStep(const RowwiseStep&) = delete;
@@ -112,6 +124,32 @@ class RowwisePath final : public ExpertPath {
   std::string name() const override { return "rowwise"; }
 
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    Tensor in = start_dispatch(x, map, state);
+    put_dispatch_rows(x, map, step_of(state, "dispatch forward"), {});
+    return in;
+  }
+
+  Tensor dispatch_forward_begin(const Tensor& x, const RouteMap& map, PathState& state) override {
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    Tensor in = start_dispatch(x, map, state);
+    RowwiseStep& step = step_of(state, "dispatch forward");
+    step.waves = make_wave_routes(map, *options_.placement, state.waves);
+    return in;
+  }
+
+  void dispatch_forward_wave(const Tensor& x, const RouteMap& map, PathState& state, int wave) override {
+    RowwiseStep& step = step_of(state, "dispatch forward");
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    put_dispatch_rows(x, map, step, filter_of(step, wave));
+  }
+
+ private:
+  // Dispatch forward's set-up: the step, its dispatch slot (leased, or scratch), the poison.
+  Tensor start_dispatch(const Tensor& x, const RouteMap& map, PathState& state) {
     EXPAR_CHECK(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
                 "rowwise dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank "
                 "{} of {}",
@@ -120,16 +158,22 @@ class RowwisePath final : public ExpertPath {
                 "rowwise dispatch: x must be f32 [{}, d], got {} {}", map.tokens, dtype_name(x.dtype()),
                 shape_string(x.shape()));
     const int64_t d = x.dim(1);
-    sync_before_comm(group_);
-    PhaseScope dispatch_phase(phase::kRowDispatch);
     auto step = std::make_shared<RowwiseStep>();
     step->tag = {options_.block_index, state.microbatch};
     step->pool = pool_for(map.capacity_rows, d, *step);
     step->dispatch = state.scratch_dispatch ? step->pool->acquire_scratch(step->tag, kDispatchScratch)
                                             : step->pool->acquire(step->tag);
     state.path_data = step;
-    const BufferId buffer = step->dispatch.buffer;
-    poison_then_barrier(buffer, map.capacity_rows, d);
+    poison_then_barrier(step->dispatch.buffer, map.capacity_rows, d);
+    return borrow_payload(step->pool->data(step->dispatch), options_.precision.dispatch, map.capacity_rows,
+                          d);
+  }
+
+  // PUT of the accepted rows of x that `filter` takes into their destinations' dispatch slots (a reduced
+  // precision row encoded once per token and pass), then the barrier after which they are in place.
+  void put_dispatch_rows(const Tensor& x, const RouteMap& map, RowwiseStep& step, RouteFilter filter) {
+    const int64_t d = x.dim(1);
+    const BufferId buffer = step.dispatch.buffer;
     const PayloadFormat format = options_.precision.dispatch;
     const size_t rb = payload_row_bytes(format, d);
     const float* src = x.data<float>();
@@ -138,7 +182,7 @@ class RowwisePath final : public ExpertPath {
       const std::byte* row = reinterpret_cast<const std::byte*>(src + t * d);
       bool encoded_row = false;
       for (int k = 0; k < map.top_k; ++k) {
-        if (!map.valid(t, k)) continue;
+        if (!map.valid(t, k) || !filter.take(t * map.top_k + k)) continue;
         if (format != PayloadFormat::F32 && !encoded_row) {
           encode_payload_rows(format, src + t * d, 1, d, encoded.data());
           row = encoded.data();
@@ -148,9 +192,15 @@ class RowwisePath final : public ExpertPath {
       }
     }
     heap_->barrier();
-    return borrow_payload(step->pool->data(step->dispatch), format, map.capacity_rows, d);
   }
 
+  static RouteFilter filter_of(const RowwiseStep& step, int wave) {
+    EXPAR_CHECK(wave >= 0 && wave < step.waves.waves, "rowwise path: wave {} of a step planned with {} waves",
+                wave, step.waves.waves);
+    return {step.waves.wave_of.data(), wave};
+  }
+
+ public:
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     RowwiseStep& step = step_of(state, "expert_output_buffer");
     step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
@@ -176,35 +226,183 @@ class RowwisePath final : public ExpertPath {
                     "combine forward", "expert_output_buffer()");
     heap_->barrier();
     step.pool->check(step.combine);
-    state.combine_rows = RouteRows::gathered(gather_routes(step.combine.buffer, map, d, format), map);
+    Tensor gathered;
+    gather_routes(step.combine.buffer, map, d, format, {}, gathered);
+    state.combine_rows = RouteRows::gathered(std::move(gathered), map);
+    return merge_routes(state.combine_rows, topk_weight, map);
+  }
+
+  void combine_forward_wave(const Tensor& expert_out, const RouteMap& map, PathState& state,
+                            int wave) override {
+    RowwiseStep& step = step_of(state, "combine forward");
+    const RouteFilter filter = filter_of(step, wave);
+    const int64_t d = expert_out.dim(1);
+    const PayloadFormat format = options_.precision.combine;
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    if (format != PayloadFormat::F32)
+      encode_wave(expert_out, step.expert_out, step.pool->data(step.combine), format, step.waves, map.ep_rank,
+                  wave, "combine forward", "expert_output_buffer()");
+    heap_->barrier();  // every expert rank wrote (and encoded) this wave's rows
+    step.pool->check(step.combine);
+    gather_routes(step.combine.buffer, map, d, format, filter, step.gathered);
+  }
+
+  Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state) override {
+    RowwiseStep& step = step_of(state, "combine forward");
+    EXPAR_CHECK(step.gathered.defined(), "rowwise combine_forward_end before any combine_forward_wave");
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    step.expert_out = Tensor();
+    state.combine_rows = RouteRows::gathered(std::move(step.gathered), map);
+    step.gathered = Tensor();
     return merge_routes(state.combine_rows, topk_weight, map);
   }
 
   Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
                           PathState& state, Tensor& grad_topk_weight) override {
+    RowwiseStep& step = start_combine_backward(grad_y, map, state, grad_topk_weight);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    put_route_grads(grad_y, topk_weight, map, step, {});
+    const int64_t d = grad_y.dim(1);
+    const PayloadFormat format = options_.precision.combine_grad;
+    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
+    return decode_payload(borrow_payload(step.pool->data(step.combine), format, map.capacity_rows, d), format,
+                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
+  }
+
+  Tensor combine_backward_begin(const Tensor& grad_y, const Tensor& /*topk_weight*/, const RouteMap& map,
+                                PathState& state, Tensor& grad_topk_weight) override {
+    RowwiseStep& step = start_combine_backward(grad_y, map, state, grad_topk_weight);
+    const int64_t d = grad_y.dim(1);
+    if (options_.precision.combine_grad == PayloadFormat::F32)
+      return Tensor::borrow(step.pool->data(step.combine), {map.capacity_rows, d}, DType::F32);
+    // Each wave's rows are decoded here as they arrive.
+    step.grad_out = Tensor::empty({map.capacity_rows, d});
+    return step.grad_out;
+  }
+
+  void combine_backward_wave(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                             PathState& state, int wave) override {
+    RowwiseStep& step = step_of(state, "combine backward");
+    const RouteFilter filter = filter_of(step, wave);
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    put_route_grads(grad_y, topk_weight, map, step, filter);
+    const PayloadFormat format = options_.precision.combine_grad;
+    if (format == PayloadFormat::F32) return;
+    const int64_t d = grad_y.dim(1), begin = step.waves.row_begin(map.ep_rank, wave);
+    const int64_t end = step.waves.row_end(map.ep_rank, wave);
+    const size_t rb = payload_row_bytes(format, d);
+    decode_rows(format, static_cast<const std::byte*>(step.pool->data(step.combine)) + begin * rb,
+                end - begin, d, step.grad_out.data<float>() + begin * d);
+  }
+
+  Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
+    RowwiseStep& step = step_of(state, "expert_grad_input_buffer");
+    // The expert backward about to run reads the saved dispatch payload for Wgrad.
+    step.pool->check(step.dispatch);
+    step.grad_in = step.pool->acquire(step.tag);
+    step.grad_in_held = true;
+    // A fresh lease: every peer's last access to this slot ended before a barrier we all passed.
+    if (poison_enabled()) fill_nan(step.pool->data(step.grad_in), step.pool->slot_bytes());
+    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
+      step.expert_grad_in = Tensor::empty({map.capacity_rows, d});
+      return step.expert_grad_in;
+    }
+    return Tensor::borrow(step.pool->data(step.grad_in), {map.capacity_rows, d}, DType::F32);
+  }
+
+  Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
+    RowwiseStep& step = step_of(state, "dispatch backward");
+    check_grad_in(step);
+    const int64_t d = grad_expert_in.dim(1);
+    const PayloadFormat format = options_.precision.dispatch_grad;
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    if (format != PayloadFormat::F32)
+      encode_staged(grad_expert_in, step.expert_grad_in, step.pool->data(step.grad_in), format, map.recv_rows,
+                    "dispatch backward", "expert_grad_input_buffer()");
+    heap_->barrier();  // every peer's expert backward wrote (and encoded) its rows
+    step.pool->check(step.grad_in);
+    // With every peer's f32 buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
+    // gather: one read of each row instead of a read, a write and a read); otherwise they are gathered
+    // (and decoded). Either way every read ends before the barrier below, after which peers may reuse their
+    // buffers.
+    std::vector<const float*> direct =
+        format == PayloadFormat::F32 ? mapped_rows(step.grad_in.buffer, map, d) : std::vector<const float*>{};
+    Tensor grad_x = direct.empty() ? Tensor() : sum_route_pointers(direct.data(), map, d);
+    Tensor gathered;
+    if (direct.empty()) gather_routes(step.grad_in.buffer, map, d, format, {}, gathered);
+    finish_dispatch_backward(step);
+    if (!direct.empty()) return grad_x;
+    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
+  }
+
+  // A wave's route gradients are gathered to [T, K, d] as they become ready (the sum over k needs every
+  // wave's rows, so it waits for dispatch_backward_end).
+  void dispatch_backward_wave(const Tensor& grad_expert_in, const RouteMap& map, PathState& state,
+                              int wave) override {
+    RowwiseStep& step = step_of(state, "dispatch backward");
+    check_grad_in(step);
+    const RouteFilter filter = filter_of(step, wave);
+    const int64_t d = grad_expert_in.dim(1);
+    const PayloadFormat format = options_.precision.dispatch_grad;
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    if (format != PayloadFormat::F32)
+      encode_wave(grad_expert_in, step.expert_grad_in, step.pool->data(step.grad_in), format, step.waves,
+                  map.ep_rank, wave, "dispatch backward", "expert_grad_input_buffer()");
+    heap_->barrier();  // every peer's expert backward of this wave wrote (and encoded) its rows
+    step.pool->check(step.grad_in);
+    gather_routes(step.grad_in.buffer, map, d, format, filter, step.gathered);
+  }
+
+  Tensor dispatch_backward_end(const RouteMap& map, PathState& state) override {
+    RowwiseStep& step = step_of(state, "dispatch backward");
+    check_grad_in(step);
+    EXPAR_CHECK(step.gathered.defined(), "rowwise dispatch_backward_end before any dispatch_backward_wave");
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    finish_dispatch_backward(step);
+    step.expert_grad_in = Tensor();
+    Tensor gathered = std::move(step.gathered);
+    step.gathered = Tensor();
+    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
+  }
+
+ private:
+  // Combine backward's set-up: the routing-weight gradient, then (once every peer finished gathering the
+  // expert outputs from the combine slot) the slot again, poisoned, for the w·grad_y rows.
+  RowwiseStep& start_combine_backward(const Tensor& grad_y, const RouteMap& map, PathState& state,
+                                      Tensor& grad_topk_weight) {
     RowwiseStep& step = step_of(state, "combine backward");
     EXPAR_CHECK(state.combine_rows.defined(), "rowwise combine backward called before combine forward");
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
     step.pool->check(step.dispatch);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
-    const int64_t d = grad_y.dim(1);
     heap_->barrier();  // every peer finished gathering expert outputs from the combine buffer
     step.combine = step.pool->acquire_scratch(step.tag, kOutputScratch);
+    poison_then_barrier(step.combine.buffer, map.capacity_rows, grad_y.dim(1));
+    return step;
+  }
+
+  // PUT of the w·grad_y rows of the routes `filter` takes into the expert-output-gradient rows, then the
+  // barrier after which they are in place. A peer whose buffer is mapped here gets its row written in
+  // place (one pass instead of a staging row and a copy; encoded straight into it for a reduced precision);
+  // others get the staged row by put.
+  void put_route_grads(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                       RowwiseStep& step, RouteFilter filter) {
     const BufferId buffer = step.combine.buffer;
-    poison_then_barrier(buffer, map.capacity_rows, d);
+    const int64_t d = grad_y.dim(1);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
     const PayloadFormat format = options_.precision.combine_grad;
     const size_t rb = payload_row_bytes(format, d);
-    // A peer whose buffer is mapped here gets its w·grad_y row written in place (one pass instead of a
-    // staging row and a copy; encoded straight into it for a reduced precision); others get the staged
-    // row by put.
     std::vector<float> row(static_cast<size_t>(d));
     std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : rb);
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
-        if (map.valid(t, k)) {
+        if (map.valid(t, k) && filter.take(t * map.top_k + k)) {
           const int peer = map.rank_of(t, k);
           const float wk = w[t * map.top_k + k];
           const size_t offset = static_cast<size_t>(map.row_of(t, k)) * rb;
@@ -225,57 +423,34 @@ class RowwisePath final : public ExpertPath {
           }
         }
     heap_->barrier();
-    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
-    return decode_payload(borrow_payload(step.pool->data(step.combine), format, map.capacity_rows, d), format,
-                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
   }
 
-  Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
-    RowwiseStep& step = step_of(state, "expert_grad_input_buffer");
-    // The expert backward about to run reads the saved dispatch payload for Wgrad.
-    step.pool->check(step.dispatch);
-    step.grad_in = step.pool->acquire(step.tag);
-    step.grad_in_held = true;
-    // A fresh lease: every peer's last access to this slot ended before a barrier we all passed.
-    if (poison_enabled()) fill_nan(step.pool->data(step.grad_in), step.pool->slot_bytes());
-    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
-      step.expert_grad_in = Tensor::empty({map.capacity_rows, d});
-      return step.expert_grad_in;
-    }
-    return Tensor::borrow(step.pool->data(step.grad_in), {map.capacity_rows, d}, DType::F32);
-  }
-
-  Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
-    RowwiseStep& step = step_of(state, "dispatch backward");
+  static void check_grad_in(const RowwiseStep& step) {
     EXPAR_CHECK(step.grad_in_held,
                 "rowwise dispatch backward: the expert input gradient must be written into "
                 "expert_grad_input_buffer() (peers GET the route gradients from it)");
-    const int64_t d = grad_expert_in.dim(1);
-    const PayloadFormat format = options_.precision.dispatch_grad;
-    sync_before_comm(group_);
-    PhaseScope dispatch_phase(phase::kRowDispatch);
-    if (format != PayloadFormat::F32)
-      encode_staged(grad_expert_in, step.expert_grad_in, step.pool->data(step.grad_in), format, map.recv_rows,
-                    "dispatch backward", "expert_grad_input_buffer()");
-    heap_->barrier();  // every peer's expert backward wrote (and encoded) its rows
-    step.pool->check(step.grad_in);
-    // With every peer's f32 buffer mapped here, the route gradients are summed where they lie (no [T, K, d]
-    // gather: one read of each row instead of a read, a write and a read); otherwise they are gathered
-    // (and decoded). Either way every read ends before the barrier below, after which peers may reuse their
-    // buffers.
-    std::vector<const float*> direct =
-        format == PayloadFormat::F32 ? mapped_rows(step.grad_in.buffer, map, d) : std::vector<const float*>{};
-    Tensor grad_x = direct.empty() ? Tensor() : sum_route_pointers(direct.data(), map, d);
-    Tensor gathered = direct.empty() ? gather_routes(step.grad_in.buffer, map, d, format) : Tensor();
-    heap_->barrier();  // nobody reads our gradient or dispatch rows any more
+  }
+
+  // Dispatch backward's end: once nobody reads our gradient or dispatch rows any more, both slots go back.
+  void finish_dispatch_backward(RowwiseStep& step) {
+    heap_->barrier();
     step.pool->release(step.grad_in);
     step.grad_in_held = false;
     if (step.dispatch.leased) step.pool->release(step.dispatch);  // a scratch payload holds no lease
-    if (!direct.empty()) return grad_x;
-    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
- private:
+  // encode_staged for one wave: this rank's expert-side rows of `wave` only (the staging tensor stays for
+  // the other waves).
+  static void encode_wave(const Tensor& written, const Tensor& staged, void* slot, PayloadFormat format,
+                          const WaveRoutes& waves, int rank, int wave, const char* pass, const char* hook) {
+    EXPAR_CHECK(written.raw() == staged.raw(),
+                "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
+                pass, payload_format_name(format), hook);
+    const int64_t d = written.dim(1), begin = waves.row_begin(rank, wave), end = waves.row_end(rank, wave);
+    encode_rows(format, written.data<float>() + begin * d, end - begin, d,
+                static_cast<std::byte*>(slot) + begin * static_cast<int64_t>(payload_row_bytes(format, d)));
+  }
+
   // A leg that travels encoded: the experts wrote f32 rows [0, rows) into `staged` (the tensor the buffer
   // hook handed out); they are encoded into the symmetric slot at `slot`, and the staging tensor is dropped.
   static void encode_staged(const Tensor& written, Tensor& staged, void* slot, PayloadFormat format,
@@ -354,8 +529,10 @@ class RowwisePath final : public ExpertPath {
   // [T, K, d]: the row of every valid route, from its expert rank's `buffer` at dst_row, where it lies
   // encoded in `format` (decoded on arrival: straight from a mapped peer's memory, or after quiet() from
   // the staged bytes a get brought).
-  Tensor gather_routes(BufferId buffer, const RouteMap& map, int64_t d, PayloadFormat format) {
-    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
+  // Only the routes `filter` takes, into `gathered` (allocated when undefined; other rows left as they are).
+  void gather_routes(BufferId buffer, const RouteMap& map, int64_t d, PayloadFormat format,
+                     RouteFilter filter, Tensor& gathered) {
+    if (!gathered.defined()) gathered = Tensor::empty({map.tokens, map.top_k, d});
     float* out = gathered.data<float>();
     const size_t rb = payload_row_bytes(format, d);
     const bool f32 = format == PayloadFormat::F32;
@@ -367,7 +544,7 @@ class RowwisePath final : public ExpertPath {
     std::vector<Remote> remote;
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k) {
-        if (!map.valid(t, k)) continue;
+        if (!map.valid(t, k) || !filter.take(t * map.top_k + k)) continue;
         const int peer = map.rank_of(t, k);
         const size_t offset = static_cast<size_t>(map.row_of(t, k)) * rb;
         float* dst = out + (t * map.top_k + k) * d;
@@ -384,10 +561,10 @@ class RowwisePath final : public ExpertPath {
           remote.push_back({t * map.top_k + k, peer, offset});
         }
       }
-    if (remote.empty()) return gathered;
+    if (remote.empty()) return;
     if (f32) {
       heap_->quiet();
-      return gathered;
+      return;
     }
     std::vector<std::byte> staged(remote.size() * rb);
     for (size_t i = 0; i < remote.size(); ++i)
@@ -395,7 +572,6 @@ class RowwisePath final : public ExpertPath {
     heap_->quiet();
     for (size_t i = 0; i < remote.size(); ++i)
       decode_payload_rows(format, staged.data() + i * rb, 1, d, out + remote[i].route * d);
-    return gathered;
   }
 
   Comm& group_;

@@ -1,0 +1,45 @@
+#include "expar/train/plan_buffers.hpp"
+
+#include <fmt/format.h>
+
+#include "expar/moe/capacity.hpp"
+#include "expar/moe/symmetric_budget.hpp"
+
+namespace expar {
+
+Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
+  Plan plan = make_plan(config);
+  const ModelShape& m = config.model;
+  buffers.precision.validate(m.d_model);
+  const CapacityPolicy policy =
+      config.capacity_factor > 0
+          ? CapacityPolicy::with(capacity_rule_from_name(config.capacity_policy), config.capacity_factor)
+          : CapacityPolicy::dropless();
+  const ExpertPlacement placement = plan.layout.expert_placement(m.num_experts, config.placement);
+  for (StagePlan& s : plan.stages) {
+    const RowwiseBudget b =
+        rowwise_budget(config.tokens_per_rank, m.top_k, placement, policy, m.d_model, buffers.precision,
+                       s.moe_layers, buffers.recompute_moe ? s.moe_layers : 0);
+    s.symmetric_leased_slots = b.leased_slots;
+    s.symmetric_scratch_slots = b.scratch_slots;
+    s.symmetric_bytes = b.resident_bytes();
+    s.total_bytes += s.symmetric_bytes;
+    s.fits = config.device_memory_bytes == 0 || s.total_bytes <= config.device_memory_bytes;
+    plan.capacity_rows = b.capacity_rows;
+    plan.slot_bytes = static_cast<int64_t>(b.slot_bytes);
+  }
+  const int64_t e_local = plan.local_experts, bound_rows = std::min<int64_t>(m.top_k, e_local);
+  const std::string rule =
+      policy.rule == CapacityRule::Dropless
+          ? fmt::format("dropless: the bound M_E*T*min(K, E_L) = {}*{}*{}", plan.layout.ep_mp,
+                        config.tokens_per_rank, bound_rows)
+          : fmt::format("capacity policy {} cf={}", capacity_rule_name(policy.rule), policy.capacity_factor);
+  plan.buffer_sizing = fmt::format(
+      "rowwise lease pool, slots of {} rows ({}) x {} bytes ({}); per stage one dispatch lease per MoE layer "
+      "{}+ 1 input-gradient lease + {} scratch slot(s), one microbatch in flight",
+      plan.capacity_rows, rule, buffers.precision.max_row_bytes(m.d_model), buffers.precision.describe(),
+      buffers.recompute_moe ? "(none: recomputed) " : "", buffers.recompute_moe ? 2 : 1);
+  return plan;
+}
+
+}  // namespace expar
