@@ -28,7 +28,8 @@ struct TrainArgs {
   std::string preset = "demo";
   std::string transport = "threads";
   int ranks = 4;
-  int threads = 0;  // compute threads per rank; 0 = cores / ranks (at least 1)
+  int ranks_per_node = 0;  // threads: emulated nodes (0: one node)
+  int threads = 0;         // compute threads per rank; 0 = cores / ranks (at least 1)
   std::string data = "data/kjv.txt";
   std::string log = "runs/train.jsonl";
   std::string capacity_policy = "source";
@@ -141,6 +142,12 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
 
   LaunchOptions launch;
   launch.ranks = a.ranks;
+  EXPAR_CHECK(
+      a.ranks_per_node == 0 || a.transport == "threads",
+      "--ranks-per-node {} with --transport {}: MPI finds the real nodes of its ranks; emulated nodes are "
+      "for the threads transport (run under scripts/mpirun-nodes for nodes of processes)",
+      a.ranks_per_node, a.transport);
+  launch.ranks_per_node = a.ranks_per_node;
   if (a.threads <= 0) {
     // Ranks x compute threads should not exceed the cores; under mpirun the ranks on this node are the
     // processes Open MPI started here.
@@ -223,6 +230,10 @@ void add_train(CLI::App& app, CommandTable& table) {
       ->check(one_of({"threads", "mpi"}));
   cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")
       ->capture_default_str()
+      ->check(integer_in(1, 1024));
+  cmd->add_option(
+         "--ranks-per-node", a->ranks_per_node,
+         "threads: emulate nodes of this many ranks (a divisor of --ranks; default: all on one node)")
       ->check(integer_in(1, 1024));
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")
       ->capture_default_str()
