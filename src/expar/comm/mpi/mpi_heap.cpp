@@ -222,6 +222,9 @@ void MpiHeap::get(int peer, BufferId buffer, size_t offset, void* dst, size_t by
 void MpiHeap::quiet() {
   for (auto& b : buffers_) {
     if (!b.window.pending) continue;
+    // A flush to another node waits for the target's progress engine (osc pt2pt): a stopped target would
+    // hold it forever, and MPI_Win_flush_all has no non-blocking form, so it runs under the watchdog.
+    BlockingDeadline deadline("quiet (MPI_Win_flush_all)", name_, timeout_seconds_);
     check(MPI_Win_flush_all(b.window.rma), "MPI_Win_flush_all");
     b.window.pending = false;
   }
@@ -265,6 +268,7 @@ void MpiHeap::signal(int peer, int slot, uint64_t value) {
   check(MPI_Accumulate(&value, 1, MPI_UINT64_T, peer, static_cast<MPI_Aint>(slot) * 8, 1, MPI_UINT64_T,
                        MPI_REPLACE, signals_.rma),
         "MPI_Accumulate");
+  BlockingDeadline deadline("signal (MPI_Win_flush)", name_, timeout_seconds_);
   check(MPI_Win_flush(peer, signals_.rma), "MPI_Win_flush");
 }
 
