@@ -61,6 +61,11 @@ TEST_F(CliErrors, OptionsOutOfRange) {
   expect_error(tiny_train({}), "EXPAR_COMM_TIMEOUT='inf' is not a finite positive number",
                {{"EXPAR_COMM_TIMEOUT", "inf"}});
   expect_error({EXPAR_BINARY, "bench", "comm", "--bytes", "18446744073709551615"}, "--bytes: ");
+  expect_error(tiny_train({"--ranks-per-node", "3"}), "--ranks-per-node 3 does not divide --ranks");
+  expect_error(tiny_train({"--transport", "mpi", "--ranks-per-node", "2"}),
+               "--ranks-per-node 2 with --transport mpi");
+  expect_error({EXPAR_BINARY, "bench", "paths", "--ranks", "4", "--ranks-per-node", "3"},
+               "--ranks-per-node 3 does not divide --ranks 4");
   expect_error(
       {EXPAR_BINARY, "layer", "x.safetensors", "--out", "x.safetensors", "--capacity-policy", "nope"},
       "--capacity-policy: 'nope' is unknown");

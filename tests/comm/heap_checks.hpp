@@ -21,9 +21,13 @@
 namespace expar::testing {
 
 // Every member puts one slot into every peer's inbox, then gets its own slot back from every peer; the
-// element past the end stays poisoned. `peers_mapped`: whether peer_ptr gives direct access (shared memory).
-inline void check_put_and_get_round_trip(Comm& world, SymmetricHeap& heap, bool peers_mapped) {
+// element past the end stays poisoned. `node_peers_mapped`: whether peer_ptr gives direct access to the
+// peers on my node (a shared window); peers on other nodes are never mapped. The heap's traffic statistics
+// count exactly one put and one get per peer, split by node.
+inline void check_put_and_get_round_trip(Comm& world, SymmetricHeap& heap, bool node_peers_mapped) {
   const int n = world.size(), me = world.rank();
+  ASSERT_EQ(heap.nodes().node_of, world.nodes().node_of);
+  heap.reset_stats();
   constexpr size_t kCount = 37;
   constexpr float kPoison = -1234.5f;
   // One slot of kCount per source rank, plus one poisoned element past the end.
@@ -52,12 +56,21 @@ inline void check_put_and_get_round_trip(Comm& world, SymmetricHeap& heap, bool 
     EXPECT_TRUE(std::equal(payload.begin(), payload.end(), back.begin()));
     EXPECT_EQ(back.back(), kPoison);
     const auto* peer_elems = static_cast<const float*>(heap.peer_ptr(peer, buf));
-    EXPECT_EQ(peer_elems != nullptr, peers_mapped) << "peer " << peer;
+    EXPECT_EQ(peer_elems != nullptr, node_peers_mapped && !world.nodes().across(me, peer)) << "peer " << peer;
     if (peer_elems != nullptr) {
       EXPECT_EQ(peer_elems[elems - 1], kPoison) << "peer " << peer;
     }
   }
   heap.barrier();
+  int64_t on_my_node = 0;
+  for (int peer = 0; peer < n; ++peer) on_my_node += world.nodes().across(me, peer) ? 0 : 1;
+  const auto slot = static_cast<int64_t>(kCount * sizeof(float));
+  for (const TrafficStats* t : {&heap.stats().puts, &heap.stats().gets}) {
+    EXPECT_EQ(t->intra_node_messages, on_my_node);
+    EXPECT_EQ(t->intra_node_bytes, on_my_node * slot);
+    EXPECT_EQ(t->inter_node_messages, n - on_my_node);
+    EXPECT_EQ(t->inter_node_bytes, (n - on_my_node) * slot);
+  }
 }
 
 // Source s writes its row j to row s*kRowsPerSource + perm_s(j) of every peer: a seeded permutation that

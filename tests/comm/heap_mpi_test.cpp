@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "comm/heap_checks.hpp"
 #include "comm/mpi_test_main.hpp"
@@ -21,7 +23,7 @@ class MpiHeapTest : public ::testing::TestWithParam<mpi::HeapMode> {
 };
 
 TEST_P(MpiHeapTest, PutAndGetRoundTripLeaveTheElementPastTheEndUntouched) {
-  check_put_and_get_round_trip(mpi_world(), *make(), /*peers_mapped=*/!remote());
+  check_put_and_get_round_trip(mpi_world(), *make(), /*node_peers_mapped=*/!remote());
 }
 
 TEST_P(MpiHeapTest, ManyRowPutsAtRandomOffsetsLandExactly) {
@@ -62,10 +64,40 @@ TEST(MpiHeapEnv, ForceRemoteVariableSelectsTheAcrossNodePath) {
   auto shared = world.make_heap();
   BufferId a = remote->allocate("x", 64);
   BufferId b = shared->allocate("x", 64);
-  EXPECT_EQ(remote->peer_ptr((world.rank() + 1) % world.size(), a), nullptr);
-  EXPECT_NE(shared->peer_ptr((world.rank() + 1) % world.size(), b), nullptr);
+  const int next = (world.rank() + 1) % world.size();
+  EXPECT_EQ(remote->peer_ptr(next, a), nullptr);
+  EXPECT_EQ(shared->peer_ptr(next, b) != nullptr, !world.nodes().across(world.rank(), next));
   shared.reset();
   remote.reset();
+}
+
+// The node of each rank comes from MPI (MPI_COMM_TYPE_SHARED). Under scripts/mpirun-local all ranks share one
+// node; under scripts/mpirun-nodes N K, rank r is on node r / K (Open MPI fills each node's slots in order),
+// which the script exports as EXPAR_NODES_RANKS_PER_NODE.
+TEST(MpiNodes, EveryRankKnowsTheNodeOfEveryMember) {
+  auto& world = mpi_world();
+  const char* per_node = std::getenv("EXPAR_NODES_RANKS_PER_NODE");
+  const int k = per_node != nullptr ? std::atoi(per_node) : world.size();
+  ASSERT_GT(k, 0);
+  ASSERT_EQ(world.nodes().node_of.size(), static_cast<size_t>(world.size()));
+  for (int r = 0; r < world.size(); ++r) EXPECT_EQ(world.nodes().node_of[static_cast<size_t>(r)], r / k) << r;
+  EXPECT_EQ(world.nodes().num_nodes, (world.size() + k - 1) / k);
+  // A split keeps the nodes: the odd ranks' group numbers its nodes in its own member order.
+  auto odd = world.split(world.rank() % 2, world.rank(), "parity");
+  for (int m = 0; m < odd->size(); ++m) {
+    const int w = odd->world_ranks()[static_cast<size_t>(m)];
+    const int first = odd->world_ranks()[0];
+    EXPECT_EQ(odd->nodes().across(0, m), w / k != first / k) << "member " << m;
+  }
+  // Collectives count one message per peer, split by node.
+  world.reset_stats();
+  std::vector<float> send(static_cast<size_t>(world.size()) * 3, 1.0f), recv(send.size());
+  world.all_to_all(send.data(), recv.data(), 3, DType::F32);
+  int64_t across = 0;
+  for (int r = 0; r < world.size(); ++r) across += world.nodes().across(world.rank(), r) ? 1 : 0;
+  EXPECT_EQ(world.stats().traffic.inter_node_messages, across);
+  EXPECT_EQ(world.stats().traffic.inter_node_bytes, across * 12);
+  EXPECT_EQ(world.stats().traffic.intra_node_messages, world.size() - 1 - across);
 }
 
 }  // namespace

@@ -17,8 +17,38 @@ class Heap : public ::testing::TestWithParam<int> {};
 TEST_P(Heap, PutAndGetRoundTripLeaveTheElementPastTheEndUntouched) {
   run_ranks(GetParam(), [](Comm& world) {
     auto heap = world.make_heap();
-    check_put_and_get_round_trip(world, *heap, /*peers_mapped=*/true);
+    check_put_and_get_round_trip(world, *heap, /*node_peers_mapped=*/true);
   });
+}
+
+// Emulated nodes (LaunchOptions::ranks_per_node): peers of another node are not mapped, their rows are
+// counted as messages across nodes; the same checks hold.
+TEST(HeapEmulatedNodes, PeersOfAnotherNodeAreReachedByCountedMessagesOnly) {
+  for (int per_node : {1, 2, 3}) {
+    LaunchOptions options;
+    options.ranks = 6;
+    options.ranks_per_node = per_node;
+    run_ranks(options, [&](Comm& world) {
+      EXPECT_EQ(world.nodes().num_nodes, 6 / per_node);
+      EXPECT_EQ(world.node(), world.rank() / per_node);
+      auto heap = world.make_heap();
+      check_put_and_get_round_trip(world, *heap, /*node_peers_mapped=*/true);
+      check_many_row_puts_land_exactly(world, *heap);
+      check_signals_order_puts_before_the_wake(world, *heap);
+    });
+  }
+}
+
+TEST(HeapEmulatedNodes, RanksPerNodeMustDivideTheRanks) {
+  LaunchOptions options;
+  options.ranks = 6;
+  options.ranks_per_node = 4;
+  try {
+    run_ranks(options, [](Comm&) {});
+    FAIL() << "ranks_per_node=4 with 6 ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks_per_node = 4 with 6 ranks"), std::string::npos) << e.what();
+  }
 }
 
 TEST_P(Heap, ManyRowPutsAtRandomOffsetsLandExactly) {

@@ -4,6 +4,7 @@
 //   mpi_failure_probe throw R     rank R throws after the heap exists; the others keep meeting
 //   mpi_failure_probe stop R      rank R stops itself (SIGSTOP) after the heap exists
 //   mpi_failure_probe stop-setup R  rank R stops itself before the heap is made (peers are in MPI_Comm_dup)
+//   mpi_failure_probe kill R      rank R dies (SIGKILL) after 20 rounds of heap traffic with every peer
 #include <signal.h>
 
 #include <cstdio>
@@ -32,7 +33,12 @@ int main(int argc, char** argv) {
       if (mode == "throw") expar::fail("probe: rank {} failed on purpose", victim);
       if (mode == "stop") raise(SIGSTOP);
     }
-    for (;;) {
+    for (int round = 0;; ++round) {
+      if (mode == "kill" && round == 20 && world.rank() == victim) raise(SIGKILL);
+      // A put to every peer each round (across nodes too, under scripts/mpirun-nodes), as a step would.
+      const char byte = static_cast<char>(round);
+      for (int peer = 0; peer < world.size(); ++peer)
+        heap->put(peer, 0, static_cast<size_t>(world.rank()), &byte, 1);
       heap->barrier();
       world.barrier();
     }

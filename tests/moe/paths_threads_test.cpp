@@ -77,12 +77,14 @@ struct Case {
   bool capacity = false;
   ScoreFunction score = ScoreFunction::Softmax;
   Precision precision = kPrecisions[0];
+  int ranks_per_node = 0;  // emulated nodes (0: one node): rows across nodes become put/get, not loads
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("W{}_EP{}_{}_{}_{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
-                     score_function_name(c.score), c.precision.name);
+  return fmt::format("W{}_EP{}_{}_{}_{}{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
+                     score_function_name(c.score), c.precision.name,
+                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "");
 }
 
 std::vector<Case> all_cases() {
@@ -94,6 +96,11 @@ std::vector<Case> all_cases() {
           for (bool cap : {false, true})
             for (ScoreFunction s : {ScoreFunction::Softmax, ScoreFunction::Sigmoid})
               cases.push_back({w, ep, cap, s, p});
+  // Emulated nodes (threads backend): EP groups that span nodes, with and without drops.
+  for (const Precision& p : {kPrecisions[0], kPrecisions[3]})
+    for (int ep : {2, 4})
+      for (int per_node : {1, 2})
+        for (bool cap : {false, true}) cases.push_back({4, ep, cap, ScoreFunction::Softmax, p, per_node});
   return cases;
 }
 
@@ -376,6 +383,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
 
   LaunchOptions launch;
   launch.ranks = c.ranks;
+  launch.ranks_per_node = c.ranks_per_node;
   launch.timeout_seconds = 120;
   run_ranks(launch, [&](Comm& world) {
     const int rank = world.rank();

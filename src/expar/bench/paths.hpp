@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expar/comm/comm.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/moe/payload_precision.hpp"
 
@@ -20,8 +21,9 @@ std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision);
 
 struct PathsBenchOptions {
   int ranks = 2;
-  int ep = 0;             // EP degree (0: = ranks)
-  int64_t tokens = 4096;  // per rank
+  int ep = 0;              // EP degree (0: = ranks)
+  int ranks_per_node = 0;  // emulated nodes (LaunchOptions::ranks_per_node; 0: one node)
+  int64_t tokens = 4096;   // per rank
   int64_t model_dim = 1024;
   int64_t hidden_dim = 2048;
   int experts = 32;
@@ -74,6 +76,10 @@ struct PathResult {
   // max over ranks; every rank at once), timed after each of this path's repeats, median.
   double matmul_flops = 0.0;
   int64_t matmul_rows = 0;
+  // Messages and bytes of one step (forward + backward), summed over all ranks, within and across nodes:
+  // the EP group's collectives (Comm::stats().traffic) and the one-sided puts and gets on its heap
+  // (SymmetricHeap::stats()). Deterministic for given routes, unlike the times.
+  TrafficStats collective_traffic, one_sided_traffic;
   double step() const { return forward.total + backward.total; }
 };
 
@@ -108,6 +114,8 @@ PhaseKind phase_kind(const std::string& name);
 
 std::string format_paths_table(const PathsReport& report);
 std::string format_memory_table(const std::vector<MemoryRow>& rows);
+// The MESSAGES table of format_paths_table (traffic within and across nodes per path).
+std::string format_traffic(const PathsReport& report);
 std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& memory);
 std::string paths_svg(const PathsReport& report);
 

@@ -14,6 +14,7 @@
 #include "expar/bench/paths.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
+#include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
@@ -162,10 +163,26 @@ class LimitMatmul {
   Tensor a_, w_, c_;
 };
 
+// (collectives, one-sided) traffic of one step, summed over the world's ranks.
+std::pair<TrafficStats, TrafficStats> step_traffic(Comm& world, const TrafficStats& collective,
+                                                   const SymmetricHeap::Stats& heap) {
+  TrafficStats one_sided = heap.puts;
+  one_sided += heap.gets;
+  std::vector<int64_t> v;
+  for (const TrafficStats* t : {&collective, static_cast<const TrafficStats*>(&one_sided)})
+    v.insert(v.end(),
+             {t->intra_node_messages, t->intra_node_bytes, t->inter_node_messages, t->inter_node_bytes});
+  world.all_reduce(v.data(), v.size(), DType::I64, ReduceOp::Sum);
+  auto at = [&](size_t i) { return TrafficStats{v[i], v[i + 1], v[i + 2], v[i + 3]}; };
+  return {at(0), at(4)};
+}
+
 PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, const std::string& path,
                        const Tensor& x, const Tensor& grad_y, int64_t& recv_rows_out,
                        int64_t& send_rows_out) {
-  MoeLayer layer(config_of(o, path), group, "bench");
+  // The layer's heap (the rowwise path's), made here so that its one-sided traffic can be read.
+  auto heap = group.make_heap();
+  MoeLayer layer(config_of(o, path), group, "bench", MoeSharedResources{heap.get(), nullptr, -1});
   layer.init_params(o.seed);
   const auto& order = phase_order();
   const size_t p = order.size();
@@ -176,11 +193,14 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   std::optional<LimitMatmul> limit;
   int64_t limit_rows = 0;
   std::vector<double> limit_samples;
+  std::pair<TrafficStats, TrafficStats> traffic;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     PhaseTimer forward_timer, backward_timer;
     forward_timer.set_sync_comm(o.sync_comm);
     backward_timer.set_sync_comm(o.sync_comm);
     std::vector<double> sample(2 + 2 * p, 0.0);
+    group.reset_stats();
+    heap->reset_stats();
     {
       MoeState state;
       world.barrier();
@@ -199,6 +219,7 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
       sample[1] = t.seconds();
       if (i == 0) last_map = state.routes;
     }
+    if (i == 0) traffic = step_traffic(world, group.stats().traffic, heap->stats());
     for (size_t j = 0; j < p; ++j) {
       sample[2 + j] = forward_timer.seconds(order[j]);
       sample[2 + p + j] = backward_timer.seconds(order[j]);
@@ -219,6 +240,8 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   }
   PathResult r;
   r.path = path;
+  r.collective_traffic = traffic.first;
+  r.one_sided_traffic = traffic.second;
   auto med = [&](size_t index) {
     std::vector<double> v;
     for (const auto& s : samples) v.push_back(s[index]);
@@ -363,6 +386,10 @@ void validate(const PathsBenchOptions& o) {
   EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0,
               "--ep {} does not divide --ranks {}: choose an EP degree that divides the ranks", ep, o.ranks);
   EXPAR_CHECK(o.threads >= 1, "--threads {}: use at least 1 compute thread per rank", o.threads);
+  EXPAR_CHECK(o.ranks_per_node >= 0 && (o.ranks_per_node == 0 || o.ranks % o.ranks_per_node == 0),
+              "--ranks-per-node {} does not divide --ranks {}: every emulated node holds the same number of "
+              "ranks; choose a divisor of {}",
+              o.ranks_per_node, o.ranks, o.ranks);
   EXPAR_CHECK(o.tokens >= 1 && o.model_dim >= 1 && o.hidden_dim >= 1,
               "--tokens {} --d {} --h {}: every size must be at least 1", o.tokens, o.model_dim,
               o.hidden_dim);
@@ -403,6 +430,7 @@ PathsReport measure_paths(const PathsBenchOptions& o) {
   std::mutex mutex;
   LaunchOptions launch;
   launch.ranks = o.ranks;
+  launch.ranks_per_node = o.ranks_per_node;
   launch.compute_threads = o.threads;
   launch.timeout_seconds = 3600;
   run_ranks(launch, [&](Comm& world) {

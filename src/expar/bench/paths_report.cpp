@@ -106,6 +106,42 @@ std::string format_paths_table(const PathsReport& report) {
       s += fmt::format("{:>18}", format_bytes(static_cast<int64_t>(r.payload_bytes[l])));
   }
   s += "\n";
+  s += format_traffic(report);
+  return s;
+}
+
+std::string format_traffic(const PathsReport& report) {
+  const auto& o = report.options;
+  const int per_node = o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node;
+  std::string s = fmt::format(
+      "\nMESSAGES per step (forward + backward), all ranks, {} node(s) of {} rank(s): collectives count one "
+      "message per peer with data, one-sided one per put/get\n",
+      o.ranks / per_node, per_node);
+  s += fmt::format("  {:<30}", "path");
+  for (const auto& r : report.results) s += fmt::format("{:>18}", r.path);
+  s += "\n";
+  struct Row {
+    const char* label;
+    bool one_sided, across, bytes;
+  };
+  for (const Row& row : {Row{"collective msgs across nodes", false, true, false},
+                         Row{"collective bytes across nodes", false, true, true},
+                         Row{"one-sided msgs across nodes", true, true, false},
+                         Row{"one-sided bytes across nodes", true, true, true},
+                         Row{"collective msgs within nodes", false, false, false},
+                         Row{"collective bytes within nodes", false, false, true},
+                         Row{"one-sided msgs within nodes", true, false, false},
+                         Row{"one-sided bytes within nodes", true, false, true}}) {
+    s += fmt::format("  {:<30}", row.label);
+    for (const auto& r : report.results) {
+      const TrafficStats& t = row.one_sided ? r.one_sided_traffic : r.collective_traffic;
+      const int64_t v = row.across ? (row.bytes ? t.inter_node_bytes : t.inter_node_messages)
+                                   : (row.bytes ? t.intra_node_bytes : t.intra_node_messages);
+      s += row.bytes ? fmt::format("{:>18}", format_bytes(v)) : fmt::format("{:>18}", v);
+    }
+    s += "\n";
+  }
+  s += "  (one-sided within nodes: puts/gets only; copies through a mapped peer pointer are not messages)\n";
   return s;
 }
 
@@ -135,6 +171,7 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
   const auto& o = report.options;
   json j;
   j["options"] = {{"ranks", o.ranks},
+                  {"ranks_per_node", o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node},
                   {"ep", o.ep},
                   {"tokens_per_rank", o.tokens},
                   {"d", o.model_dim},
@@ -176,6 +213,14 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
     p["gemm_flops"] = {{"forward", r.gemm_flops_forward}, {"backward", r.gemm_flops_backward}};
     p["gemm_limit"] = {{"matmul_flops_per_s", gemm_limit(report, r)}, {"matmul_rows", r.matmul_rows}};
     p["step_seconds"] = r.step();
+    auto traffic_json = [](const TrafficStats& t) {
+      return nlohmann::json{{"intra_node_messages", t.intra_node_messages},
+                            {"intra_node_bytes", t.intra_node_bytes},
+                            {"inter_node_messages", t.inter_node_messages},
+                            {"inter_node_bytes", t.inter_node_bytes}};
+    };
+    p["traffic_per_step"] = {{"collective", traffic_json(r.collective_traffic)},
+                             {"one_sided", traffic_json(r.one_sided_traffic)}};
     p["payload"] = {{"routes_moved", r.routes_moved},
                     {"dispatch_bytes", r.payload_bytes[0]},
                     {"combine_bytes", r.payload_bytes[1]},

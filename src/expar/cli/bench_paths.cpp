@@ -31,6 +31,10 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   auto precision = std::make_shared<PrecisionFlags>();
   cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
+  cmd->add_option("--ranks-per-node", o->ranks_per_node,
+                  "emulate nodes of this many ranks (a divisor of --ranks; default: all on one node): "
+                  "rows across nodes become counted messages")
+      ->check(integer_in(1, 256));
   cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
   cmd->add_option("--d", o->model_dim, "model dimension")->check(integer_in(1, 1 << 16));
   cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));

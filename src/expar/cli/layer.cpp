@@ -54,6 +54,9 @@ void add_layer(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ranks", opts->tool.ranks, "ranks (threads); x is split rank-major")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
+  cmd->add_option("--ranks-per-node", opts->tool.ranks_per_node,
+                  "emulate nodes of this many ranks (a divisor of --ranks; default: all on one node)")
+      ->check(integer_in(1, 1024));
   cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));

@@ -3,6 +3,7 @@
 // (train/plan_buffers.hpp: topo/plan.hpp's make_plan plus the symmetric buffers sized as the trainer sizes
 // them).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
+#include "expar/topo/message_model.hpp"
 #include "expar/topo/plan_format.hpp"
 #include "expar/train/plan_buffers.hpp"
 
@@ -39,6 +41,9 @@ struct PlanOptions {
   PrecisionFlags precision;
   double device_gib = 0;
   bool json = false;
+  // The message model (topo/message_model.hpp); bandwidths in GB/s on the command line.
+  MessageModelInputs messages;
+  double link_gbytes = 50, memory_gbytes = 2000, node_gbytes = 450;
 };
 
 ModelShape build_model(const PlanOptions& o) {
@@ -104,10 +109,27 @@ int run_plan(const PlanOptions& o) {
   buffers.precision = o.precision.parse();
   buffers.recompute_moe = o.recompute_moe;
   const Plan plan = plan_training(c, buffers);
+  // The message model for the stage with the most MoE layers (all stages' ranks run concurrently).
+  MessageModelInputs inputs = o.messages;
+  inputs.link_bytes_per_s = o.link_gbytes * 1e9;
+  inputs.memory_bytes_per_s = o.memory_gbytes * 1e9;
+  inputs.node_bytes_per_s = o.node_gbytes * 1e9;
+  MessageModelShape shape;
+  shape.tokens_per_rank = c.tokens_per_rank;
+  shape.top_k = c.model.top_k;
+  shape.row_bytes =
+      static_cast<int64_t>(c.model.d_model) * static_cast<int64_t>(dtype_size(c.activation_dtype));
+  shape.ep_mp = c.ep_mp;
+  shape.microbatches = c.microbatches;
+  for (const auto& stage : plan.stages) shape.moe_layers = std::max(shape.moe_layers, stage.moe_layers);
+  const MessageModel messages = model_messages(shape, inputs);
   if (o.json) {
-    std::puts(plan_to_json(plan).dump(2).c_str());
+    nlohmann::json j = plan_to_json(plan);
+    j["messages"] = message_model_json(messages);
+    std::puts(j.dump(2).c_str());
   } else {
     std::fputs(format_plan_table(plan).c_str(), stdout);
+    std::fputs(format_message_model(messages).c_str(), stdout);
   }
   return 0;
 }
@@ -192,6 +214,26 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_flag("--recompute-moe", opts->recompute_moe,
                 "every MoE block recomputed in backward (as expar train): no per-block dispatch lease");
   add_precision_flags(cmd, opts->precision);
+  cmd->add_option("--ranks-per-node", opts->messages.ranks_per_node,
+                  "ranks per node for the message model (EP groups fill whole nodes)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 20));
+  cmd->add_option("--link-gbytes-per-s", opts->link_gbytes,
+                  "network bandwidth per rank, GB/s (message model)")
+      ->capture_default_str()
+      ->check(finite_above(0, 1e9));
+  cmd->add_option("--nic-messages-per-s", opts->messages.nic_messages_per_s,
+                  "messages per second one rank's NIC issues (message model)")
+      ->capture_default_str()
+      ->check(finite_above(0, 1e15));
+  cmd->add_option("--memory-gbytes-per-s", opts->memory_gbytes,
+                  "local copy bandwidth per rank, GB/s: pack, unpack, forward (message model)")
+      ->capture_default_str()
+      ->check(finite_above(0, 1e9));
+  cmd->add_option("--node-gbytes-per-s", opts->node_gbytes,
+                  "rank-to-rank bandwidth inside a node, GB/s (message model)")
+      ->capture_default_str()
+      ->check(finite_above(0, 1e9));
   cmd->add_flag("--json", opts->json, "print JSON instead of the table");
   table[cmd] = [opts] { return run_plan(*opts); };
 }

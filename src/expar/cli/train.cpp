@@ -41,7 +41,8 @@ struct TrainArgs {
   std::filesystem::path model_dir;  // the directory of the model's config.json (tokenizer, weights)
   std::string transport = "threads";
   int ranks = 4;
-  int threads = 0;  // compute threads per rank; 0 = cores / ranks (at least 1)
+  int ranks_per_node = 0;  // threads: emulated nodes (0: one node)
+  int threads = 0;         // compute threads per rank; 0 = cores / ranks (at least 1)
   std::string data = "data/kjv.txt";
   std::string log = "runs/train.jsonl";
   std::string capacity_policy = "source";
@@ -207,6 +208,16 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
 
   LaunchOptions launch;
   launch.ranks = a.ranks;
+  EXPAR_CHECK(
+      a.ranks_per_node == 0 || a.transport == "threads",
+      "--ranks-per-node {} with --transport {}: MPI finds the real nodes of its ranks; emulated nodes are "
+      "for the threads transport (run under scripts/mpirun-nodes for nodes of processes)",
+      a.ranks_per_node, a.transport);
+  EXPAR_CHECK(a.ranks_per_node == 0 || a.ranks % a.ranks_per_node == 0,
+              "--ranks-per-node {} does not divide --ranks {}: every emulated node holds the same number of "
+              "ranks; choose a divisor of {}",
+              a.ranks_per_node, a.ranks, a.ranks);
+  launch.ranks_per_node = a.ranks_per_node;
   if (a.threads <= 0) {
     // Ranks x compute threads should not exceed the cores; under mpirun the ranks on this node are the
     // processes Open MPI started here.
@@ -295,6 +306,10 @@ void add_train(CLI::App& app, CommandTable& table) {
       ->check(one_of({"threads", "mpi"}));
   cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")
       ->capture_default_str()
+      ->check(integer_in(1, 1024));
+  cmd->add_option(
+         "--ranks-per-node", a->ranks_per_node,
+         "threads: emulate nodes of this many ranks (a divisor of --ranks; default: all on one node)")
       ->check(integer_in(1, 1024));
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")
       ->capture_default_str()

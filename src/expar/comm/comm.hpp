@@ -20,12 +20,45 @@ class SymmetricHeap;
 
 enum class ReduceOp : uint8_t { Sum, Max };
 
+// What one member sent, split by whether the receiver is on the sender's node (shared memory) or on another
+// node (the network). A message is one transfer to one peer: for a collective, one per peer that gets data
+// from this member (the logical exchange, whatever algorithm the backend runs underneath); for a
+// symmetric heap, one per put() or get().
+struct TrafficStats {
+  int64_t intra_node_messages = 0, intra_node_bytes = 0;
+  int64_t inter_node_messages = 0, inter_node_bytes = 0;
+  void add(bool across_nodes, size_t bytes) {
+    (across_nodes ? inter_node_messages : intra_node_messages) += 1;
+    (across_nodes ? inter_node_bytes : intra_node_bytes) += static_cast<int64_t>(bytes);
+  }
+  TrafficStats& operator+=(const TrafficStats& o) {
+    intra_node_messages += o.intra_node_messages;
+    intra_node_bytes += o.intra_node_bytes;
+    inter_node_messages += o.inter_node_messages;
+    inter_node_bytes += o.inter_node_bytes;
+    return *this;
+  }
+};
+
 // How many times each collective was called on this Comm object; used by tests to assert, e.g., that the
 // rowwise path makes no host split list (zero all_to_all_v calls).
 struct CommStats {
   int64_t barrier = 0, broadcast = 0, all_reduce = 0, all_gather = 0, all_gather_v = 0, reduce_scatter = 0,
           reduce_scatter_v = 0, all_to_all = 0, all_to_all_v = 0;
-  int64_t bytes_sent = 0;
+  int64_t bytes_sent = 0;  // to peers, whichever node they are on
+  TrafficStats traffic;
+};
+
+// Nodes of a group: node_of[member] in group-rank order, numbered 0, 1, ... in the order in which each
+// node's first member appears. Members of one node share memory; between nodes is the network.
+struct NodeMap {
+  std::vector<int> node_of;
+  int num_nodes = 1;
+  // Renumbers arbitrary node labels (one per member) into the form above.
+  static NodeMap from_labels(std::span<const int64_t> labels);
+  bool across(int a, int b) const {
+    return node_of[static_cast<size_t>(a)] != node_of[static_cast<size_t>(b)];
+  }
 };
 
 class Comm {
@@ -52,13 +85,14 @@ class Comm {
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
   // recv = concatenation of every member's send[recv_counts[r]] in rank order; send_count must equal
   // recv_counts[rank()].
-  virtual void all_gather_v(const void* send, size_t send_count, void* recv, std::span<const size_t> recv_counts,
-                            DType dtype) = 0;
+  virtual void all_gather_v(const void* send, size_t send_count, void* recv,
+                            std::span<const size_t> recv_counts, DType dtype) = 0;
   // send[size * count]: block r is summed over members and lands in member r's recv[count].
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype) = 0;
   // send holds size() blocks of lengths counts[0..size); member r receives the sum of block r in
   // recv[counts[r]].
-  virtual void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
+  virtual void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts,
+                                DType dtype) = 0;
   // send[size * count]: block r goes to member r; recv[size * count]: block r came from member r.
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
   // Host split lists: send_counts[r] elements to member r (contiguous, in rank order); recv_counts[r] from r.
@@ -67,6 +101,11 @@ class Comm {
 
   // A symmetric heap bound to this group (collective).
   virtual std::unique_ptr<SymmetricHeap> make_heap() = 0;
+
+  // The node of every member. Threads backend: LaunchOptions::ranks_per_node emulates nodes (default: one
+  // node); MPI: the ranks that share memory (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED).
+  const NodeMap& nodes() const { return nodes_; }
+  int node() const { return nodes_.node_of[static_cast<size_t>(rank())]; }
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -78,7 +117,13 @@ class Comm {
   }
 
  protected:
+  // What every collective records of this member's sends: bytes_sent, and one message per peer with data,
+  // within or across nodes. count_sends: counts[r] elements of esize bytes to member r.
+  void count_send_to_each_peer(size_t bytes);
+  void count_sends(std::span<const size_t> counts, size_t esize);
+
   CommStats stats_;
+  NodeMap nodes_;  // set by the backend's constructor
 };
 
 }  // namespace expar

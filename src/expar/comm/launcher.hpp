@@ -17,6 +17,10 @@ struct LaunchOptions {
   int ranks = 1;
   int compute_threads = 1;         // oneDNN/OpenMP threads per rank
   double timeout_seconds = 300.0;  // every wait ends the run with a message after this long
+  // Threads backend: world ranks [n*k, (n+1)*k) form emulated node n, so Comm::nodes() and the traffic
+  // statistics see nodes, and a heap maps no peer of another node (its rows become put/get messages).
+  // 0: every rank on one node. Must divide ranks. Ignored by run_mpi (MPI finds the real nodes).
+  int ranks_per_node = 0;
 };
 
 // Threads backend: runs fn(world) on `ranks` threads of this process, each with its own memory tracker

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "expar/comm/comm.hpp"
 #include "expar/core/memory.hpp"
 
 namespace expar {
@@ -42,6 +43,28 @@ class SymmetricHeap {
   static constexpr int kSignalSlots = 64;
   virtual void signal(int peer, int slot, uint64_t value) = 0;
   virtual void wait_signal(int slot, uint64_t value) = 0;
+
+  // The nodes of the members (the group's Comm::nodes()). A peer on another node is never load/store
+  // accessible (peer_ptr is null), so every row to it is a put() or get() and is counted below.
+  const NodeMap& nodes() const { return nodes_; }
+  // One message per put() and per get() of at least one byte this member issued, within or across nodes.
+  // Copies through peer_ptr are loads and stores, not messages, and are not counted.
+  struct Stats {
+    TrafficStats puts, gets;
+  };
+  const Stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  void count_put(int peer, size_t bytes) {
+    if (bytes > 0) stats_.puts.add(nodes_.across(rank(), peer), bytes);
+  }
+  void count_get(int peer, size_t bytes) {
+    if (bytes > 0) stats_.gets.add(nodes_.across(rank(), peer), bytes);
+  }
+
+  NodeMap nodes_;  // set by the backend's constructor
+  Stats stats_;
 };
 
 }  // namespace expar

@@ -138,6 +138,7 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   MemoryTracker& host = current_tracker();
   LaunchOptions launch;
   launch.ranks = options.ranks;
+  launch.ranks_per_node = options.ranks_per_node;
   run_ranks(launch, [&](Comm& world) {
     const int rank = world.rank();
     auto ep_group = world.subgroup(groups, "ep_mp");

@@ -30,7 +30,8 @@ namespace expar {
 
 struct LayerToolOptions {
   int ranks = 1;
-  int ep = 1;  // M_E; D_E = ranks / ep
+  int ep = 1;              // M_E; D_E = ranks / ep
+  int ranks_per_node = 0;  // emulated nodes (LaunchOptions::ranks_per_node; 0: one node)
   std::string path = "local";
   int top_k = 2;
   std::string score = "softmax";  // softmax | sigmoid

@@ -64,6 +64,16 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, double timeout_seconds)
         "MPI_Group_translate_ranks");
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
+  // My node is labelled by its lowest world rank: the members that share memory with me agree on it.
+  BlockingDeadline deadline("node discovery (MPI_Comm_split_type)", name_, timeout_seconds_);
+  MPI_Comm node;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int64_t me = world_ranks_[static_cast<size_t>(rank_)], label = 0;
+  check(MPI_Allreduce(&me, &label, 1, MPI_INT64_T, MPI_MIN, node), "MPI_Allreduce");
+  MPI_Comm_free(&node);
+  std::vector<int64_t> labels(static_cast<size_t>(size_));
+  check(MPI_Allgather(&label, 1, MPI_INT64_T, labels.data(), 1, MPI_INT64_T, comm_), "MPI_Allgather");
+  nodes_ = NodeMap::from_labels(labels);
 }
 
 MpiComm::~MpiComm() {
@@ -97,7 +107,7 @@ void MpiComm::broadcast(void* data, size_t count, DType dtype, int root) {
   EXPAR_CHECK(root >= 0 && root < size_, "broadcast on group '{}': root {} is outside [0, {})", name_, root,
               size_);
   const size_t bytes = count * dtype_size(dtype);
-  if (rank_ == root) stats_.bytes_sent += static_cast<int64_t>(bytes) * (size_ - 1);
+  if (rank_ == root) count_send_to_each_peer(bytes);
   MPI_Request r;
   check(MPI_Ibcast(nonnull(data), to_int(bytes, "broadcast"), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
   wait(r, "broadcast");
@@ -107,7 +117,7 @@ void MpiComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
   ++stats_.all_reduce;
   check_reducible(dtype, "all_reduce");
   const size_t bytes = count * dtype_size(dtype);
-  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size_ - 1);
+  count_send_to_each_peer(static_cast<size_t>(bytes));
   std::vector<std::byte> all(bytes * static_cast<size_t>(size_));
   MPI_Request r;
   check(MPI_Iallgather(nonnull(static_cast<const void*>(data)), to_int(bytes, "all_reduce"), MPI_BYTE,
@@ -124,7 +134,7 @@ void MpiComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
 void MpiComm::all_gather(const void* send, void* recv, size_t count, DType dtype) {
   ++stats_.all_gather;
   const int bytes = to_int(count * dtype_size(dtype), "all_gather");
-  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size_ - 1);
+  count_send_to_each_peer(static_cast<size_t>(bytes));
   MPI_Request r;
   check(MPI_Iallgather(nonnull(send), bytes, MPI_BYTE, nonnull(recv), bytes, MPI_BYTE, comm_, &r),
         "MPI_Iallgather");
@@ -141,7 +151,7 @@ void MpiComm::all_gather_v(const void* send, size_t send_count, void* recv,
               "all_gather_v on group '{}': send_count {} differs from recv_counts[{}]={}; they must be equal",
               name_, send_count, rank_, recv_counts[static_cast<size_t>(rank_)]);
   const size_t esize = dtype_size(dtype);
-  stats_.bytes_sent += static_cast<int64_t>(send_count * esize) * (size_ - 1);
+  count_send_to_each_peer(send_count * esize);
   auto counts = byte_counts(recv_counts, esize, "all_gather_v");
   auto displs = displacements(counts, "all_gather_v");
   MPI_Request r;
@@ -168,7 +178,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t count, DType d
   ++stats_.reduce_scatter;
   check_reducible(dtype, "reduce_scatter");
   const size_t bytes = count * dtype_size(dtype);
-  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size_ - 1);
+  count_send_to_each_peer(static_cast<size_t>(bytes));
   std::vector<std::byte> blocks(bytes * static_cast<size_t>(size_));
   MPI_Request r;
   check(MPI_Ialltoall(nonnull(send), to_int(bytes, "reduce_scatter"), MPI_BYTE,
@@ -190,8 +200,7 @@ void MpiComm::reduce_scatter_v(const void* send, void* recv, std::span<const siz
               counts.size(), size_);
   const size_t esize = dtype_size(dtype);
   const size_t mine = counts[static_cast<size_t>(rank_)];
-  for (int m = 0; m < size_; ++m)
-    if (m != rank_) stats_.bytes_sent += static_cast<int64_t>(counts[static_cast<size_t>(m)] * esize);
+  count_sends(counts, esize);
   // Member m's block r goes to r; I receive my block from everyone, then fold in rank order.
   std::vector<size_t> recv_counts(static_cast<size_t>(size_), mine);
   std::vector<std::byte> blocks(mine * esize * static_cast<size_t>(size_));
@@ -205,7 +214,7 @@ void MpiComm::reduce_scatter_v(const void* send, void* recv, std::span<const siz
 void MpiComm::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
   ++stats_.all_to_all;
   const int bytes = to_int(count * dtype_size(dtype), "all_to_all");
-  stats_.bytes_sent += static_cast<int64_t>(bytes) * (size_ - 1);
+  count_send_to_each_peer(static_cast<size_t>(bytes));
   MPI_Request r;
   check(MPI_Ialltoall(nonnull(send), bytes, MPI_BYTE, nonnull(recv), bytes, MPI_BYTE, comm_, &r),
         "MPI_Ialltoall");
@@ -246,8 +255,7 @@ void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts
       "names them)",
       name_);
   const size_t esize = dtype_size(dtype);
-  for (size_t m = 0; m < n; ++m)
-    if (static_cast<int>(m) != rank_) stats_.bytes_sent += static_cast<int64_t>(send_counts[m] * esize);
+  count_sends(send_counts, esize);
   alltoallv_bytes(send, send_counts, recv, recv_counts, esize, "all_to_all_v");
 }
 
@@ -256,7 +264,7 @@ std::unique_ptr<SymmetricHeap> MpiComm::make_heap() {
 }
 
 std::unique_ptr<SymmetricHeap> MpiComm::make_heap(HeapMode mode) {
-  return std::make_unique<MpiHeap>(comm_, name_ + ".heap", timeout_seconds_, mode);
+  return std::make_unique<MpiHeap>(comm_, name_ + ".heap", timeout_seconds_, mode, nodes_);
 }
 
 }  // namespace expar::mpi

@@ -43,8 +43,9 @@ uint64_t* slot_at(std::byte* base, int slot) {
 
 }  // namespace
 
-MpiHeap::MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMode mode)
+MpiHeap::MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMode mode, NodeMap nodes)
     : name_(std::move(name)), timeout_seconds_(timeout_seconds), mode_(mode) {
+  nodes_ = std::move(nodes);
   BlockingDeadline deadline("symmetric heap creation", name_, timeout_seconds_);
   check(MPI_Comm_dup(comm, &group_), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(group_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -194,6 +195,7 @@ void MpiHeap::put(int peer, BufferId buffer, size_t offset, const void* src, siz
   auto& b = const_cast<Buffer&>(buffer_at(buffer, "put"));
   check_range(peer, b, offset, bytes, "put");
   if (bytes == 0) return;
+  count_put(peer, bytes);
   if (std::byte* p = b.window.peers[static_cast<size_t>(peer)]) {
     std::memcpy(p + offset, src, bytes);
     return;
@@ -207,6 +209,7 @@ void MpiHeap::get(int peer, BufferId buffer, size_t offset, void* dst, size_t by
   auto& b = const_cast<Buffer&>(buffer_at(buffer, "get"));
   check_range(peer, b, offset, bytes, "get");
   if (bytes == 0) return;
+  count_get(peer, bytes);
   if (std::byte* p = b.window.peers[static_cast<size_t>(peer)]) {
     std::memcpy(dst, p + offset, bytes);
     return;
@@ -219,6 +222,9 @@ void MpiHeap::get(int peer, BufferId buffer, size_t offset, void* dst, size_t by
 void MpiHeap::quiet() {
   for (auto& b : buffers_) {
     if (!b.window.pending) continue;
+    // A flush to another node waits for the target's progress engine (osc pt2pt): a stopped target would
+    // hold it forever, and MPI_Win_flush_all has no non-blocking form, so it runs under the watchdog.
+    BlockingDeadline deadline("quiet (MPI_Win_flush_all)", name_, timeout_seconds_);
     check(MPI_Win_flush_all(b.window.rma), "MPI_Win_flush_all");
     b.window.pending = false;
   }
@@ -262,6 +268,7 @@ void MpiHeap::signal(int peer, int slot, uint64_t value) {
   check(MPI_Accumulate(&value, 1, MPI_UINT64_T, peer, static_cast<MPI_Aint>(slot) * 8, 1, MPI_UINT64_T,
                        MPI_REPLACE, signals_.rma),
         "MPI_Accumulate");
+  BlockingDeadline deadline("signal (MPI_Win_flush)", name_, timeout_seconds_);
   check(MPI_Win_flush(peer, signals_.rma), "MPI_Win_flush");
 }
 
@@ -271,6 +278,12 @@ void MpiHeap::wait_signal(int slot, uint64_t value) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds_);
   for (;;) {
     uint64_t seen = 0;
+    if (spans_nodes_) {
+      // Across nodes the one-sided component is osc pt2pt: a peer's MPI_Put/MPI_Accumulate to me lands only
+      // when MY process drives MPI's progress engine, and the peer's signal() waits for that in its flush.
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, group_, &flag, MPI_STATUS_IGNORE);
+    }
     if (std::byte* p = signals_.peers[static_cast<size_t>(rank_)]) {
       seen = std::atomic_ref<uint64_t>(*slot_at(p, slot)).load(std::memory_order_acquire);
     } else {

@@ -22,7 +22,8 @@ namespace expar::mpi {
 class MpiHeap final : public SymmetricHeap {
  public:
   // Collective over `comm` (duplicated, so heap traffic never matches the group's collectives).
-  MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMode mode);
+  // `nodes`: the group's nodes (MpiComm::nodes()), for the traffic statistics.
+  MpiHeap(MPI_Comm comm, std::string name, double timeout_seconds, HeapMode mode, NodeMap nodes);
   ~MpiHeap() override;
   MpiHeap(const MpiHeap&) = delete;
   MpiHeap& operator=(const MpiHeap&) = delete;

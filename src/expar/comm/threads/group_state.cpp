@@ -9,9 +9,10 @@
 
 namespace expar::threads {
 
-ThreadsWorld::ThreadsWorld(int ranks, double timeout_seconds)
+ThreadsWorld::ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node)
     : ranks_(ranks),
       timeout_seconds_(timeout_seconds),
+      ranks_per_node_(ranks_per_node),
       finished_(new std::atomic<bool>[static_cast<size_t>(ranks)]) {
   for (int r = 0; r < ranks; ++r) finished_[static_cast<size_t>(r)].store(false);
 }

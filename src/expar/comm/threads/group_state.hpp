@@ -30,8 +30,10 @@ class GroupState;
 // waiters must be woken when the run aborts or a rank returns.
 class ThreadsWorld {
  public:
-  ThreadsWorld(int ranks, double timeout_seconds);
+  // ranks_per_node: world ranks [n*k, (n+1)*k) form emulated node n (ranks: one node).
+  ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node);
   int ranks() const { return ranks_; }
+  int ranks_per_node() const { return ranks_per_node_; }
   double timeout_seconds() const { return timeout_seconds_; }
 
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
@@ -52,6 +54,7 @@ class ThreadsWorld {
 
   int ranks_;
   double timeout_seconds_;
+  int ranks_per_node_;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<std::atomic<bool>[]> finished_;
   mutable std::mutex mutex_;

@@ -25,8 +25,15 @@ std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
               kMaxComputeThreads);
   EXPAR_CHECK(options.timeout_seconds > 0, "timeout_seconds = {}: the wait timeout must be positive",
               options.timeout_seconds);
+  EXPAR_CHECK(options.ranks_per_node >= 0 &&
+                  (options.ranks_per_node == 0 || options.ranks % options.ranks_per_node == 0),
+              "ranks_per_node = {} with {} ranks: the emulated nodes must all hold the same number of ranks; "
+              "choose a divisor of {} (or 0: all ranks on one node)",
+              options.ranks_per_node, options.ranks, options.ranks);
   const int n = options.ranks;
-  auto world = std::make_shared<threads::ThreadsWorld>(n, comm_timeout_seconds(options.timeout_seconds));
+  auto world =
+      std::make_shared<threads::ThreadsWorld>(n, comm_timeout_seconds(options.timeout_seconds),
+                                              options.ranks_per_node == 0 ? n : options.ranks_per_node);
   std::vector<int> members(static_cast<size_t>(n));
   std::iota(members.begin(), members.end(), 0);
   auto group = threads::GroupState::create(world, members, "world");

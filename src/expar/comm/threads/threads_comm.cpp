@@ -25,13 +25,6 @@ std::vector<size_t> offsets_of(std::span<const size_t> counts) {
   return offsets;
 }
 
-size_t sum_except(std::span<const size_t> counts, int skip) {
-  size_t total = 0;
-  for (size_t r = 0; r < counts.size(); ++r)
-    if (static_cast<int>(r) != skip) total += counts[r];
-  return total;
-}
-
 }  // namespace
 
 // What differs between the data collectives' rendezvous. The names are string literals because a published
@@ -67,8 +60,20 @@ constexpr CollectiveSpec kAllToAllV{"all_to_all_v", "all_to_all_v (closing)", &C
 
 }  // namespace
 
+namespace {
+
+NodeMap emulated_nodes(const GroupState& group) {
+  std::vector<int64_t> labels;
+  for (int w : group.world_ranks()) labels.push_back(w / group.world_ptr()->ranks_per_node());
+  return NodeMap::from_labels(labels);
+}
+
+}  // namespace
+
 ThreadsComm::ThreadsComm(std::shared_ptr<GroupState> group, int rank)
-    : group_(std::move(group)), rank_(rank) {}
+    : group_(std::move(group)), rank_(rank) {
+  nodes_ = emulated_nodes(*group_);
+}
 
 void ThreadsComm::check_uniform(std::span<const Slot> slots, const char* op, bool check_count) const {
   for (size_t m = 1; m < slots.size(); ++m) {
@@ -138,7 +143,7 @@ void ThreadsComm::broadcast(void* data, size_t count, DType dtype, int root) {
                      name(), root, slots[0].a, m, slots[m].a, size());
                const size_t bytes = count * dtype_size(dtype);
                if (rank_ == root) {
-                 stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+                 count_send_to_each_peer(bytes);
                } else {
                  copy_bytes(data, slots[static_cast<size_t>(root)].send, bytes);
                }
@@ -154,7 +159,7 @@ void ThreadsComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op)
                  EXPAR_ASSERT(slots[m].a == slots[0].a,
                               "all_reduce on group '{}': members pass different reduce operations", name());
                const size_t bytes = count * dtype_size(dtype);
-               stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+               count_send_to_each_peer(bytes);
                acc.resize(bytes);
                copy_bytes(acc.data(), slots[0].send, bytes);
                for (size_t m = 1; m < slots.size(); ++m)
@@ -166,7 +171,7 @@ void ThreadsComm::all_reduce(void* data, size_t count, DType dtype, ReduceOp op)
 void ThreadsComm::all_gather(const void* send, void* recv, size_t count, DType dtype) {
   rendezvous(kAllGather, {.send = send, .count = count, .dtype = dtype}, [&](std::span<const Slot> slots) {
     const size_t bytes = count * dtype_size(dtype);
-    stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+    count_send_to_each_peer(bytes);
     for (size_t m = 0; m < slots.size(); ++m)
       copy_bytes(static_cast<std::byte*>(recv) + m * bytes, slots[m].send, bytes);
   });
@@ -192,7 +197,7 @@ void ThreadsComm::all_gather_v(const void* send, size_t send_count, void* recv,
                 "recv_counts[{}]={}; recv_counts must hold every member's send_count",
                 name(), m, slots[m].count, q, m, slots[q].counts[m]);
         const size_t esize = dtype_size(dtype);
-        stats_.bytes_sent += static_cast<int64_t>(send_count * esize) * (size() - 1);
+        count_send_to_each_peer(send_count * esize);
         auto offsets = offsets_of(recv_counts);
         for (size_t m = 0; m < n; ++m)
           copy_bytes(static_cast<std::byte*>(recv) + offsets[m] * esize, slots[m].send,
@@ -205,7 +210,7 @@ void ThreadsComm::reduce_scatter(const void* send, void* recv, size_t count, DTy
   rendezvous(kReduceScatter, {.send = send, .count = count, .dtype = dtype},
              [&](std::span<const Slot> slots) {
                const size_t bytes = count * dtype_size(dtype);
-               stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+               count_send_to_each_peer(bytes);
                const size_t my_offset = static_cast<size_t>(rank_) * bytes;
                acc.resize(bytes);
                copy_bytes(acc.data(), static_cast<const std::byte*>(slots[0].send) + my_offset, bytes);
@@ -230,7 +235,7 @@ void ThreadsComm::reduce_scatter_v(const void* send, void* recv, std::span<const
                        name(), q, slots[q].counts, slots[0].counts, n);
         const size_t esize = dtype_size(dtype);
         auto offsets = offsets_of(counts);
-        stats_.bytes_sent += static_cast<int64_t>(sum_except(counts, rank_) * esize);
+        count_sends(counts, esize);
         const size_t my_offset = offsets[static_cast<size_t>(rank_)] * esize;
         const size_t my_count = counts[static_cast<size_t>(rank_)];
         acc.resize(my_count * esize);
@@ -245,7 +250,7 @@ void ThreadsComm::reduce_scatter_v(const void* send, void* recv, std::span<const
 void ThreadsComm::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
   rendezvous(kAllToAll, {.send = send, .count = count, .dtype = dtype}, [&](std::span<const Slot> slots) {
     const size_t bytes = count * dtype_size(dtype);
-    stats_.bytes_sent += static_cast<int64_t>(bytes) * (size() - 1);
+    count_send_to_each_peer(bytes);
     const size_t my_offset = static_cast<size_t>(rank_) * bytes;
     for (size_t m = 0; m < slots.size(); ++m)
       copy_bytes(static_cast<std::byte*>(recv) + m * bytes,
@@ -273,7 +278,7 @@ void ThreadsComm::all_to_all_v(const void* send, std::span<const size_t> send_co
                 "{} (its recv_counts[{}]); the split lists must agree",
                 name(), s, slots[s].counts[r], r, slots[r].counts2[s], s);
         const size_t esize = dtype_size(dtype);
-        stats_.bytes_sent += static_cast<int64_t>(sum_except(send_counts, rank_) * esize);
+        count_sends(send_counts, esize);
         auto recv_offsets = offsets_of(recv_counts);
         for (size_t s = 0; s < n; ++s) {
           auto send_offsets = offsets_of(slots[s].counts);
@@ -290,7 +295,7 @@ std::unique_ptr<SymmetricHeap> ThreadsComm::make_heap() {
   offer.op = "make_heap";
   if (rank_ == 0) offer.object = std::make_shared<HeapShared>(group_);
   auto offers = exchange(std::move(offer));
-  return std::make_unique<ThreadsHeap>(std::static_pointer_cast<HeapShared>(offers[0].object), rank_);
+  return std::make_unique<ThreadsHeap>(std::static_pointer_cast<HeapShared>(offers[0].object), rank_, nodes_);
 }
 
 }  // namespace expar::threads

@@ -26,8 +26,10 @@ HeapShared::HeapShared(const std::shared_ptr<GroupState>& parent)
   for (auto& s : signals) s.fill(0);
 }
 
-ThreadsHeap::ThreadsHeap(std::shared_ptr<HeapShared> shared, int rank)
-    : shared_(std::move(shared)), rank_(rank) {}
+ThreadsHeap::ThreadsHeap(std::shared_ptr<HeapShared> shared, int rank, NodeMap nodes)
+    : shared_(std::move(shared)), rank_(rank) {
+  nodes_ = std::move(nodes);
+}
 
 ThreadsHeap::~ThreadsHeap() {
   for (auto& b : buffers_) b.tracker->sub(b.category, static_cast<int64_t>(b.bytes));
@@ -100,11 +102,13 @@ size_t ThreadsHeap::bytes(BufferId buffer) const {
 
 void ThreadsHeap::put(int peer, BufferId buffer, size_t offset, const void* src, size_t bytes) {
   std::byte* dst = remote(peer, buffer, offset, bytes, "put");
+  count_put(peer, bytes);
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
 void ThreadsHeap::get(int peer, BufferId buffer, size_t offset, void* dst, size_t bytes) {
   const std::byte* src = remote(peer, buffer, offset, bytes, "get");
+  count_get(peer, bytes);
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
@@ -113,7 +117,8 @@ void ThreadsHeap::barrier() {
 }
 
 void* ThreadsHeap::peer_ptr(int peer, BufferId buffer) {
-  return remote(peer, buffer, 0, 0, "peer_ptr");
+  std::byte* p = remote(peer, buffer, 0, 0, "peer_ptr");
+  return nodes_.across(rank_, peer) ? nullptr : p;
 }
 
 void ThreadsHeap::signal(int peer, int slot, uint64_t value) {

@@ -1,8 +1,10 @@
 #pragma once
 // SymmetricHeap for the threads backend. Every member allocates its own buffers (charged to its own
 // tracker); put/get are plain copies into or out of the peer's memory, so they are complete when they
-// return and quiet() has nothing to wait for; peer_ptr always works. The memory itself is owned by the
-// state all members share, so a member that destroys its heap early never frees memory a peer still uses.
+// return and quiet() has nothing to wait for; peer_ptr works for every peer on this member's emulated node
+// (LaunchOptions::ranks_per_node) and is null across nodes, as it would be between machines. The memory
+// itself is owned by the state all members share, so a member that destroys its heap early never frees memory
+// a peer still uses.
 #include <array>
 #include <cstddef>
 #include <memory>
@@ -32,7 +34,7 @@ struct HeapShared {
 
 class ThreadsHeap final : public SymmetricHeap {
  public:
-  ThreadsHeap(std::shared_ptr<HeapShared> shared, int rank);
+  ThreadsHeap(std::shared_ptr<HeapShared> shared, int rank, NodeMap nodes);
   ~ThreadsHeap() override;
 
   int rank() const override { return rank_; }
