@@ -184,19 +184,21 @@ TEST(Engine, CollectivePatternPerPhase) {
       engine.dp_group().reset_stats();
       engine.prefill(std::vector<int>{id}, {ref.prompts[engine.dp_rank()][0]});
       // Per layer: attention all-gather + reduce-scatter over TP; MoE all-gather + reduce-scatter over TP;
-      // plus the final all-gather. Cross-DP EP adds a count exchange, an all-gather and a reduce-scatter
+      // plus the vocabulary-parallel embedding's reduce-scatter, the final all-gather and the LM head's
+      // all-gather of logits slices. Cross-DP EP adds a count exchange, an all-gather and a reduce-scatter
       // over DP per layer.
-      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 2 * layers + 1);
-      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 2 * layers);
+      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 2 * layers + 2);
+      EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 2 * layers + 1);
       EXPECT_EQ(engine.tp_group().stats().all_reduce, 0);
       EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
       EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);
       engine.tp_group().reset_stats();
       engine.dp_group().reset_stats();
       engine.decode(std::vector<int>{id}, std::vector<int32_t>{1});
-      // Decode: attention all-reduce and one MoE all-reduce over TP per layer, no SP.
-      EXPECT_EQ(engine.tp_group().stats().all_reduce, 2 * layers);
-      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 0);
+      // Decode: attention all-reduce and one MoE all-reduce over TP per layer, no SP; plus the embedding's
+      // all-reduce and the LM head's all-gather.
+      EXPECT_EQ(engine.tp_group().stats().all_reduce, 2 * layers + 1);
+      EXPECT_EQ(engine.tp_group().stats().all_gather_v, 1);
       EXPECT_EQ(engine.tp_group().stats().reduce_scatter_v, 0);
       EXPECT_EQ(engine.dp_group().stats().all_gather_v, cross ? layers : 0);
       EXPECT_EQ(engine.dp_group().stats().reduce_scatter_v, cross ? layers : 0);

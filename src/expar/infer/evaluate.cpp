@@ -56,7 +56,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
       const int64_t first = w * window, n = std::min(window, predicted - first);
       const std::vector<int32_t> input(tokens.begin() + first, tokens.begin() + first + n);
       const int id = engine.add_sequence(n);
-      const Tensor logits = engine.prefill(std::vector<int>{id}, {input});
+      const Tensor logits = engine.prefill(std::vector<int>{id}, {input}, PrefillLogits::AllRows);
       engine.remove_sequence(id);
       for (int64_t t = 0; t < n; ++t)
         loss += token_loss(logits.data<float>() + t * config.vocab, config.vocab,

@@ -26,7 +26,7 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
     ids.push_back(engine.add_sequence(static_cast<int64_t>(prompt.size()) + max_new));
     tokens.push_back(prompt);
   }
-  Tensor logits = engine.prefill(ids, tokens);
+  Tensor logits = engine.prefill(ids, tokens, PrefillLogits::LastRow);
   std::vector<int32_t> out;
   for (int step = 0; step < max_new; ++step) {
     std::vector<int32_t> next;

@@ -196,24 +196,28 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   const int64_t d = config.model_dim;
 
   expect_shape(store, names.embed, {config.vocab, d});
-  w.embed = load_dense(store, names.embed);
+  // The vocabulary slice of this TP rank (the engine's embed/lm_head split it the same way).
+  const int64_t v0 = config.vocab * info.tp_rank / layout.tp(),
+                v1 = config.vocab * (info.tp_rank + 1) / layout.tp();
+  w.vocab_begin = v0;
+  w.embed = load_rows(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
     if (store.contains(names.lm_head)) {
       // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
-      // pick one.
-      const Tensor head = load_dense(store, names.lm_head);
+      // pick one (each rank compares its slice; a difference anywhere fails on the rank holding it).
+      expect_shape(store, names.lm_head, {config.vocab, d});
+      const Tensor head = load_rows(store, names.lm_head, v0, v1);
       EXPAR_CHECK(
-          head.shape() == w.embed.shape() &&
-              std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
+          std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
           "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
           "tie_word_embeddings false to use the LM head, or remove '{}'",
           store.label(), names.lm_head, names.embed, names.lm_head);
     }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
-    w.lm_head = load_dense(store, names.lm_head);
+    w.lm_head = load_rows(store, names.lm_head, v0, v1);
   }
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;
