@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "expar/bench/paths.hpp"
+#include "expar/bench/timing.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
@@ -43,12 +44,6 @@ const std::vector<std::string>& phase_order() {
                                                  phase::kPartialMerge,
                                                  phase::kReduceScatter};
   return order;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int ep_of(const PathsBenchOptions& o) {
@@ -123,17 +118,6 @@ std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool f
     bytes[name] = count * static_cast<double>(payload_row_bytes(leg, d));
   }
   return bytes;
-}
-
-// Seconds of the slowest rank for fn, from a world barrier.
-template <typename Fn>
-double timed_max(Comm& world, Fn&& fn) {
-  world.barrier();
-  Timer t;
-  fn();
-  double s = t.seconds();
-  world.all_reduce(&s, 1, DType::F64, ReduceOp::Max);
-  return s;
 }
 
 PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, const std::string& path,

@@ -102,6 +102,10 @@ int run_engine(const GenerateArgs& a) {
                infer::model_format_name(r.format).c_str(), a.layout.tp, a.layout.dp,
                ep_label(a.layout).c_str(), o.compute_threads, r.prefill_tokens_per_s,
                a.layout.decode_moe.c_str(), r.decode_tokens_per_s);
+  for (size_t rank = 0; rank < r.memory.size(); ++rank)
+    std::fprintf(stderr, "rank %zu memory (current at the end, peak):\n%s", rank,
+                 format_memory(r.memory[rank]).c_str());
+  std::fprintf(stderr, "peak resident set of the process: %s\n", format_bytes(r.peak_rss_bytes).c_str());
   return 0;
 }
 

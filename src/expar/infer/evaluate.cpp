@@ -43,7 +43,9 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
   launch.compute_threads = options.engine.compute_threads;
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    RankWeights weights = load_rank_weights(*store, spec, layout, world.rank());
+    store.reset();  // the weights used in place keep their mapping; the rest is released
+    Engine engine(layout, world, std::move(weights));
     const int r = engine.dp_rank();
     double loss = 0.0;
     // Every replica runs the same number of rounds; one without a window in a round pads (no sequences).

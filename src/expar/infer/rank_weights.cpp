@@ -281,6 +281,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       expect_shape(store, p + "down_proj", {e, h, d});
       expect_shape(store, p + "down_proj_bias", {e, d});
       GptOssExperts g = load_gpt_oss_experts(store, l, info.local_experts, i0, i1, i0 == 0);
+      for (int e : info.local_experts)  // copied: their mapped pages go back
+        for (const char* key : {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"})
+          store.release_rows(p + key, e, e + 1);
       lw.experts = std::move(g.weights);
       lw.expert_b1 = std::move(g.b1);
       lw.expert_b3 = std::move(g.b3);
@@ -301,6 +304,13 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.experts.w1 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w1"), i0, i1));
       lw.experts.w3 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w3"), i0, i1));
       lw.experts.w2 = expert_parallel_weight_loader(info.local_experts, columns_loader(view("w2"), i0, i1));
+      // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
+      // the copy do not both stay resident.
+      for (int e : info.local_experts)
+        for (const char* key : {"w1", "w3", "w2"}) {
+          const std::string n = names.expert(l, e, key);
+          store.release_rows(n, 0, store.info(n).shape[0]);
+        }
     }
     lw.experts.validate();
     if (config.shared_expert_hidden > 0) {

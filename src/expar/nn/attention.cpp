@@ -287,8 +287,8 @@ KvCache KvCache::create(int64_t capacity, const AttentionShape& shape) {
   shape.validate();
   EXPAR_CHECK(capacity >= 0, "KvCache::create: capacity={} must not be negative", capacity);
   KvCache cache;
-  cache.k = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim});
-  cache.v = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim});
+  cache.k = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
+  cache.v = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
   return cache;
 }
 
