@@ -162,9 +162,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
           return infer::load_rank_weights(*store, spec, layout, world.rank());
         }(),
         infer::EngineOptions{o.engine.decode_moe});
-    // The run: every replica prefills the same prompt and decodes greedily.
-    std::vector<double> prefill, decode;
-    for (int i = 0; i < o.warmup + o.repeats; ++i) {
+    // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
+    // the decode steps (slowest rank).
+    auto run = [&] {
       const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
       Tensor logits;
       const double tp = timed_max(world, [&] {
@@ -176,12 +176,10 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
           next = infer::argmax_row(engine.decode(std::vector<int>{id}, std::vector<int32_t>{next}), 0);
       });
       engine.remove_sequence(id);
-      if (i >= o.warmup) {
-        prefill.push_back(tp);
-        decode.push_back(td / static_cast<double>(o.tokens - 1));
-      }
-    }
-    {  // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
+      return std::pair{tp, td};
+    };
+    run();  // untimed: the memory figures below include a whole run
+    {       // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
       std::lock_guard lock(mutex);
       r.memory[static_cast<size_t>(world.rank())] = current_tracker().snapshot();
     }
@@ -202,30 +200,31 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     fill_normal(a, o.seed, 9101, 1.0f);
     fill_normal(b, o.seed, 9102, 1.0f);
     const Gemm head{1, w.lm_head.dim(0), config.model_dim, w.lm_head.data<float>(), 1.0};
-    std::vector<double> limit;
+    const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
+    // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
+    const double step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
+    const int64_t floats = int64_t{256} * 1024 * 1024 / static_cast<int64_t>(sizeof(float));
+    Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
+    buffer.fill(1.0f);
+    volatile float sink = 0.0f;
+    // Each repeat measures the run and both limits back to back, so a change in the machine's load
+    // between repeats moves them together (the fractions are their medians' ratios).
+    std::vector<double> prefill, decode, limit, read;
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      const double t = timed_max(world, [&] {
+      const auto [tp, td] = run();
+      const double tl = timed_max(world, [&] {
         for (int l = 0; l < config.layers; ++l)
           for (const Gemm& g : gemms)
             matmul(a.data<float>(), g.b ? g.b : b.data<float>(), c.data<float>(), g.m, g.n, g.k, false, true,
                    false);
         matmul(a.data<float>(), head.b, c.data<float>(), head.m, head.n, head.k, false, true, false);
       });
-      if (i >= o.warmup) limit.push_back(t);
-    }
-    const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
-    // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
-    const double step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
-    const int64_t floats = int64_t{256} * 1024 * 1024 / static_cast<int64_t>(sizeof(float));
-    std::vector<double> read;
-    {
-      Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
-      buffer.fill(1.0f);
-      volatile float sink = 0.0f;
-      for (int i = 0; i < o.warmup + o.repeats; ++i) {
-        const double t = timed_max(world, [&] { sink = sink + read_all(buffer.data<float>(), floats); });
-        if (i >= o.warmup) read.push_back(t);
-      }
+      const double tr = timed_max(world, [&] { sink = sink + read_all(buffer.data<float>(), floats); });
+      if (i < o.warmup) continue;
+      prefill.push_back(tp);
+      decode.push_back(td / static_cast<double>(o.tokens - 1));
+      limit.push_back(tl);
+      read.push_back(tr);
     }
     double maxima[2] = {flops, step_bytes};
     world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
