@@ -7,6 +7,17 @@ writes OUT/config.json, OUT/model.safetensors (F32, the family's tensor names) a
 sidecar OUT/tokens.bin.json ({"dtype": "uint16", "vocab_size": V}): what `expar eval` and `expar generate`
 read. Families: mixtral, qwen2_moe, qwen3_moe, olmoe. The weights are random (seeded): the model predicts
 nothing, but every layout of expar gives it the same loss.
+
+The sizes default to a tiny model; --vocab, --hidden, --layers, --heads, --kv-heads, --head-dim,
+--experts, --top-k, --intermediate, --shared and --max-pos set them, e.g. the Mixtral-architecture model
+`expar bench generate` is measured on (docs/performance.md):
+
+    python3 scripts/make_tiny_hf_model.py --family mixtral --out /tmp/mixtral-1024 --vocab 32000 \
+        --hidden 1024 --layers 8 --heads 16 --kv-heads 8 --head-dim 64 --experts 8 --top-k 2 \
+        --intermediate 2048 --max-pos 2048
+
+Tensors of more than 65536 values are filled from a pool of seeded normal values (random offsets into it,
+scaled per tensor), so a model of gigabytes is written in seconds; small tensors are drawn one by one.
 """
 import argparse
 import json
@@ -17,6 +28,7 @@ import struct
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 32, 2, 4, 2, 8
 EXPERTS, TOP_K, INTER, SHARED, MAX_POS = 8, 2, 16, 24, 64
+POOL = 1 << 20  # values in the pool large tensors are filled from
 
 
 def config(family):
@@ -51,7 +63,8 @@ def tensors(family, rng):
 
     def normal(name, shape, std, mean=0.0):
         n = math.prod(shape)
-        t[name] = (shape, [mean + rng.gauss(0.0, std) for _ in range(n)])
+        # Small tensors drawn now, in this order (the tiny model's values do not depend on the large path).
+        t[name] = (shape, [mean + rng.gauss(0.0, std) for _ in range(n)] if n <= 65536 else (std, mean))
 
     s = 1.0 / math.sqrt(HIDDEN)
     normal("model.embed_tokens.weight", [VOCAB, HIDDEN], 1.0)
@@ -90,20 +103,40 @@ def tensors(family, rng):
     return t
 
 
-def write_safetensors(path, t):
-    header, blobs, offset = {}, [], 0
+def tensor_bytes(shape, values, rng, pool):
+    if isinstance(values, list):
+        return struct.pack(f"<{len(values)}f", *values)
+    # Large: runs of the pool from random offsets, scaled (array arithmetic on bytes would need numpy).
+    n = math.prod(shape)
+    if values not in pool:
+        if "base" not in pool:
+            pool["base"] = [rng.gauss(0.0, 1.0) for _ in range(POOL)]
+        std, mean = values
+        scaled = struct.pack(f"<{POOL}f", *(mean + std * v for v in pool["base"]))
+        pool[values] = scaled + scaled  # doubled, so any offset has POOL values after it
+    src, out, left = pool[values], [], n
+    while left > 0:
+        take = min(left, POOL)
+        at = rng.randrange(POOL) * 4
+        out.append(src[at:at + take * 4])
+        left -= take
+    return b"".join(out)
+
+
+def write_safetensors(path, t, rng):
+    header, offset = {}, 0
     for name in sorted(t):
-        shape, values = t[name]
-        blob = struct.pack(f"<{len(values)}f", *values)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
+        shape = t[name][0]
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
+    pool = {}
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
+        for name in sorted(t):
+            f.write(tensor_bytes(*t[name], rng, pool))
 
 
 def main():
@@ -112,12 +145,28 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=1000, help="tokens in OUT/tokens.bin")
     ap.add_argument("--seed", type=int, default=1)
+    sizes = {"vocab": VOCAB, "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "experts": EXPERTS, "top_k": TOP_K, "intermediate": INTER,
+             "shared": SHARED, "max_pos": MAX_POS}
+    for key, default in sizes.items():
+        ap.add_argument("--" + key.replace("_", "-"), type=int, default=default)
     a = ap.parse_args()
+    g = globals()
+    for key, name in (("vocab", "VOCAB"), ("hidden", "HIDDEN"), ("layers", "LAYERS"), ("heads", "HEADS"),
+                      ("kv_heads", "KV_HEADS"), ("head_dim", "HEAD_DIM"), ("experts", "EXPERTS"),
+                      ("top_k", "TOP_K"), ("intermediate", "INTER"), ("shared", "SHARED"),
+                      ("max_pos", "MAX_POS")):
+        value = getattr(a, key)
+        if value < 1:
+            raise SystemExit(f"--{key.replace('_', '-')} {value} must be at least 1")
+        g[name] = value
+    if a.vocab > 65536:
+        raise SystemExit(f"--vocab {a.vocab}: tokens.bin holds uint16 tokens, so at most 65536")
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config(a.family), f, indent=2)
-    write_safetensors(os.path.join(a.out, "model.safetensors"), tensors(a.family, rng))
+    write_safetensors(os.path.join(a.out, "model.safetensors"), tensors(a.family, rng), rng)
     with open(os.path.join(a.out, "tokens.bin"), "wb") as f:
         f.write(struct.pack(f"<{a.tokens}H", *(rng.randrange(VOCAB) for _ in range(a.tokens))))
     with open(os.path.join(a.out, "tokens.bin.json"), "w") as f:

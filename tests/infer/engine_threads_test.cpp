@@ -175,10 +175,12 @@ TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
 // EP a count exchange and all-gather over DP, the experts, a reduce-scatter over DP, then the reduce-scatter
 // over TP back to SP; and a final all-gather before the LM head. Decode: attention all-reduce over TP; MoE
 // with cross-DP EP an all-gather over DP first, the all-reduce over TP, with cross-DP EP a reduce-scatter
-// over DP last. Variable EP (ep_degree < TP) keeps the same single full-TP collectives: summing over the
+// over DP last. The vocabulary-parallel embedding and LM head add, around the layers, the embedding's sum
+// (a reduce-scatter onto the SP rows in prefill, an all-reduce in decode) and the all-gather of the logits'
+// vocabulary slices. Variable EP (ep_degree < TP) keeps the same single full-TP collectives: summing over the
 // whole TP group adds the TP partial products and the EP contributions in one go.
 std::vector<std::string> seed_002_steps(bool prefill, bool cross_dp, int layers) {
-  std::vector<std::string> steps;
+  std::vector<std::string> steps{prefill ? "tp reduce_scatter_v" : "tp all_reduce"};
   for (int l = 0; l < layers; ++l) {
     if (prefill) {
       steps.insert(steps.end(), {"tp all_gather_v", "tp reduce_scatter_v", "tp all_gather_v"});
@@ -192,6 +194,7 @@ std::vector<std::string> seed_002_steps(bool prefill, bool cross_dp, int layers)
     }
   }
   if (prefill) steps.push_back("tp all_gather_v");
+  steps.push_back("tp all_gather_v");  // the logits' vocabulary slices
   return steps;
 }
 

@@ -191,7 +191,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RowwiseDecode, ::testing::ValuesIn(rowwise_cas
 
 // Per decode step and layer the rowwise engine's TP group runs the attention all-reduce, the shared
 // expert's reduce-scatter and the all-gather of the slices, and nothing runs on the DP group; the all-reduce
-// engine runs two all-reduces (attention, MoE) per layer.
+// engine runs two all-reduces (attention, MoE) per layer. Both add, once per step, the all-reduce of the
+// vocabulary-parallel embedding and the all-gather of the LM head's logits slices.
 TEST(RowwiseDecodeCollectives, PerDecodeStep) {
   const Checkpoint& ck = expar_checkpoint();
   const ModelConfig& config = ck.spec.config;
@@ -209,13 +210,13 @@ TEST(RowwiseDecodeCollectives, PerDecodeStep) {
       engine.decode(std::vector<int>{id}, std::vector<int32_t>{4});
       const CommStats tp = engine.tp_group().stats(), dp = engine.dp_group().stats();
       if (mode == DecodeMoe::Rowwise) {
-        EXPECT_EQ(tp.all_reduce, layers);
-        EXPECT_EQ(tp.all_gather_v, layers);
+        EXPECT_EQ(tp.all_reduce, layers + 1);
+        EXPECT_EQ(tp.all_gather_v, layers + 1);
         EXPECT_EQ(tp.reduce_scatter_v, layers);  // the shared expert (test_config has one)
         EXPECT_EQ(dp.all_gather_v + dp.reduce_scatter_v, 0);
       } else {
-        EXPECT_EQ(tp.all_reduce, 2 * layers);
-        EXPECT_EQ(tp.all_gather_v, 0);
+        EXPECT_EQ(tp.all_reduce, 2 * layers + 1);
+        EXPECT_EQ(tp.all_gather_v, 1);
         EXPECT_EQ(dp.all_gather_v, layers);
         EXPECT_EQ(dp.reduce_scatter_v, layers);
       }

@@ -4,9 +4,8 @@
 #include <string>
 #include <vector>
 
-namespace expar {
-class Comm;
-}
+#include "expar/comm/comm.hpp"
+#include "expar/core/timer.hpp"
 
 namespace expar::bench {
 
@@ -22,6 +21,17 @@ void check_cores(int ranks, int threads, bool oversubscribe);
 
 // Element-wise max over the ranks of `world` (collective).
 void max_over_ranks(Comm& world, std::vector<double>& values);
+
+// Seconds of the slowest rank for fn, from a world barrier (collective).
+template <typename Fn>
+double timed_max(Comm& world, Fn&& fn) {
+  world.barrier();
+  Timer t;
+  fn();
+  double s = t.seconds();
+  world.all_reduce(&s, 1, DType::F64, ReduceOp::Max);
+  return s;
+}
 
 // Writes `text` to `path`; throws expar::Error naming the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text);

@@ -122,17 +122,6 @@ std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool f
   return bytes;
 }
 
-// Seconds of the slowest rank for fn, from a world barrier.
-template <typename Fn>
-double timed_max(Comm& world, Fn&& fn) {
-  world.barrier();
-  Timer t;
-  fn();
-  double s = t.seconds();
-  world.all_reduce(&s, 1, DType::F64, ReduceOp::Max);
-  return s;
-}
-
 // The limit's matmul, in the expert MLP's orientation: x [rows, d] times w1ᵀ ([h, d] stored).
 class LimitMatmul {
  public:

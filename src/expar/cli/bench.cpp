@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "expar/bench/measure.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/comm/launcher.hpp"
@@ -29,21 +30,8 @@ struct BenchOptions {
   size_t bytes_per_rank = size_t{4} << 20;
 };
 
-// Seconds of the slowest rank for fn, after a barrier: what a step that waits for everyone would see.
-template <typename Fn>
-double timed(Comm& world, Fn&& fn) {
-  world.barrier();
-  Timer t;
-  fn();
-  double s = t.seconds();
-  world.all_reduce(std::span<double>(&s, 1), ReduceOp::Max);
-  return s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
+using bench::timed_max;
 
 double gbps(size_t bytes, double seconds) {
   return static_cast<double>(bytes) / seconds / 1e9;
@@ -70,16 +58,16 @@ void bench_comm(Comm& world, const BenchOptions& o, const std::string& label) {
     for (size_t i = rows - 1; i > 0; --i) std::swap(order[i], order[random_u32(7, 1, i) % (i + 1)]);
     std::vector<double> put_s, get_s, copy_s;
     for (int rep = 0; rep < o.repeats; ++rep) {
-      put_s.push_back(timed(world, [&] {
+      put_s.push_back(timed_max(world, [&] {
         for (size_t i = 0; i < rows; ++i) heap->put(peer, buf, order[i] * row, src.data() + i * row, row);
         heap->quiet();
         heap->barrier();
       }));
-      get_s.push_back(timed(world, [&] {
+      get_s.push_back(timed_max(world, [&] {
         for (size_t i = 0; i < rows; ++i) heap->get(peer, buf, order[i] * row, dst.data() + i * row, row);
         heap->quiet();
       }));
-      copy_s.push_back(timed(world, [&] {
+      copy_s.push_back(timed_max(world, [&] {
         auto* local = static_cast<std::byte*>(heap->local(buf));
         for (size_t i = 0; i < rows; ++i) std::memcpy(local + order[i] * row, src.data() + i * row, row);
       }));
@@ -95,9 +83,9 @@ void bench_comm(Comm& world, const BenchOptions& o, const std::string& label) {
   std::vector<double> a2a_s, copy_s;
   for (int rep = 0; rep < o.repeats; ++rep) {
     a2a_s.push_back(
-        timed(world, [&] { world.all_to_all_v(send.data(), counts, recv.data(), counts, DType::F32); }));
+        timed_max(world, [&] { world.all_to_all_v(send.data(), counts, recv.data(), counts, DType::F32); }));
     copy_s.push_back(
-        timed(world, [&] { std::memcpy(recv.data(), send.data(), send.size() * sizeof(float)); }));
+        timed_max(world, [&] { std::memcpy(recv.data(), send.data(), send.size() * sizeof(float)); }));
   }
   const size_t moved = send.size() * sizeof(float);
   if (me == 0)
@@ -135,6 +123,7 @@ void add_bench_payload(CLI::App* bench, CommandTable& table);
 void add_bench_waves(CLI::App* bench, CommandTable& table);
 void add_bench_tokenize(CLI::App* bench, CommandTable& table);
 void add_bench_serve(CLI::App* bench, CommandTable& table);
+void add_bench_generate(CLI::App* bench, CommandTable& table);
 
 void add_bench(CLI::App& app, CommandTable& table) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -157,6 +146,7 @@ void add_bench(CLI::App& app, CommandTable& table) {
   add_bench_waves(bench, table);
   add_bench_tokenize(bench, table);
   add_bench_serve(bench, table);
+  add_bench_generate(bench, table);
 }
 
 }  // namespace expar::cli

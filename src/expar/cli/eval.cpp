@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/layout_options.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/evaluate.hpp"
 #include "expar/io/token_file.hpp"
@@ -19,11 +20,7 @@ struct EvalArgs {
   std::string format = "auto";
   int64_t tokens = 0;  // 0: the whole file
   int64_t window = 0;  // 0: the model's max_position_embeddings
-  int tp = 1;
-  int dp = 1;
-  int ep = 0;  // 0: TP*DP (full EP)
-  bool no_ep = false;
-  std::string placement = "contiguous";
+  LayoutArgs layout;
 };
 
 int run_eval(const EvalArgs& a) {
@@ -42,21 +39,16 @@ int run_eval(const EvalArgs& a) {
               file.tokens.size(), a.data, file.tokens.size());
   if (a.tokens > 0) file.tokens.resize(static_cast<size_t>(a.tokens));
   infer::EvaluateOptions o;
-  o.engine.tp = a.tp;
-  o.engine.dp = a.dp;
-  o.engine.enable_expert_parallel = !a.no_ep;
-  if (a.ep > 0) o.engine.ep_degree = a.ep;
-  o.engine.placement = placement_from_name(a.placement);
+  o.engine = engine_options(a.layout);
   if (a.format != "auto") o.engine.format = infer::model_format_from_name(a.format);
   o.window = a.window;
   const infer::EvaluateResult r = infer::evaluate(o, a.path, file.tokens);
   std::printf("loss %.6f nats/token, perplexity %.4f over %lld predicted tokens (%lld windows)\n",
               r.mean_loss, r.perplexity, static_cast<long long>(r.predicted),
               static_cast<long long>(r.windows));
-  const std::string ep = a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
   std::fprintf(stderr, "[%s, %s data, TP %d x DP %d, EP %s: %.1f tokens/s]\n",
-               infer::model_format_name(r.format).c_str(), file.kind.c_str(), a.tp, a.dp, ep.c_str(),
-               r.tokens_per_s);
+               infer::model_format_name(r.format).c_str(), file.kind.c_str(), a.layout.tp, a.layout.dp,
+               ep_label(a.layout).c_str(), r.tokens_per_s);
   return 0;
 }
 
@@ -77,13 +69,7 @@ void add_eval(CLI::App& app, CommandTable& table) {
   cmd->add_option("--tokens", a->tokens, "Evaluate the first N tokens (0: all)")->capture_default_str();
   cmd->add_option("--window", a->window, "Context tokens per window (0: max_position_embeddings)")
       ->capture_default_str();
-  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")->capture_default_str();
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas (windows are dealt out in turn)")
-      ->capture_default_str();
-  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")->capture_default_str();
-  cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
-  cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
-      ->capture_default_str();
+  add_layout_options(cmd, a->layout, false);
   table[cmd] = [a] { return run_eval(*a); };
 }
 

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/layout_options.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/tokenize.hpp"
 #include "expar/comm/launcher.hpp"
@@ -45,13 +46,8 @@ struct GenerateArgs {
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;             // 0: all
   uint64_t seed = 7;
-  int tp = 1;
-  int dp = 1;
-  int ep = 0;  // 0: TP*DP (full EP)
-  bool no_ep = false;
-  std::string placement = "contiguous";
+  LayoutArgs layout;
   std::string expert_path = "rowwise";
-  std::string decode_moe = "allreduce";  // allreduce | rowwise (greedy engine only)
 };
 
 // The checkpoint of --path / --checkpoint (one of them, or both naming the same path).
@@ -80,14 +76,8 @@ int run_engine(const GenerateArgs& a) {
               "--tokens {} or less, or sample with --temperature > 0 (it slides the context window)",
               prompt_tokens, a.tokens, prompt_tokens + a.tokens, max_seq,
               std::max<int64_t>(0, max_seq - prompt_tokens));
-  infer::GenerateOptions o;
-  o.tp = a.tp;
-  o.dp = a.dp;
-  o.enable_expert_parallel = !a.no_ep;
-  if (a.ep > 0) o.ep_degree = a.ep;
-  o.placement = placement_from_name(a.placement);
+  infer::GenerateOptions o = engine_options(a.layout);
   if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
-  o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   std::vector<int32_t> prompt = a.prompt_ids;
   std::optional<TextPrompt> tokenized;  // the checkpoint's own tokenizer: text in, text out
   if (prompt.empty()) tokenized = encode_prompt(checkpoint_of(a), a.prompt, a.chat);
@@ -106,10 +96,16 @@ int run_engine(const GenerateArgs& a) {
     for (int32_t t : r.tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
     std::printf("%s\n", ids.c_str());
   }
-  const std::string ep = a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
-  std::fprintf(stderr, "[%s, TP %d x DP %d, EP %s: prefill %.1f tokens/s, decode (%s) %.1f tokens/s]\n",
-               infer::model_format_name(r.format).c_str(), a.tp, a.dp, ep.c_str(), r.prefill_tokens_per_s,
-               a.decode_moe.c_str(), r.decode_tokens_per_s);
+  std::fprintf(stderr,
+               "[%s, TP %d x DP %d, EP %s, %d thread(s) per rank: prefill %.1f tokens/s, decode (%s) %.1f "
+               "tokens/s]\n",
+               infer::model_format_name(r.format).c_str(), a.layout.tp, a.layout.dp,
+               ep_label(a.layout).c_str(), o.compute_threads, r.prefill_tokens_per_s,
+               a.layout.decode_moe.c_str(), r.decode_tokens_per_s);
+  for (size_t rank = 0; rank < r.memory.size(); ++rank)
+    std::fprintf(stderr, "rank %zu memory (current at the end, peak):\n%s", rank,
+                 format_memory(r.memory[rank]).c_str());
+  std::fprintf(stderr, "peak resident set of the process: %s\n", format_bytes(r.peak_rss_bytes).c_str());
   return 0;
 }
 
@@ -143,14 +139,15 @@ int run_generate(const GenerateArgs& a) {
   const std::string checkpoint = spec.dir.string();
   CheckpointInfo info = read_checkpoint_info(checkpoint);
   ModelConfig config = info.model;
-  const int ranks = a.tp * a.dp, ep = a.no_ep ? 1 : (a.ep > 0 ? a.ep : ranks);
+  const LayoutArgs& lay = a.layout;
+  const int ranks = lay.tp * lay.dp, ep = lay.no_ep ? 1 : (lay.ep > 0 ? lay.ep : ranks);
   config.moe.path = ep == 1 ? "local" : a.expert_path;
-  config.moe.placement = placement_from_name(a.placement);
+  config.moe.placement = placement_from_name(lay.placement);
   EXPAR_CHECK(
-      a.decode_moe == "allreduce",
+      lay.decode_moe == "allreduce",
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
       "runs the training model: drop --decode-moe",
-      a.decode_moe, a.temperature);
+      lay.decode_moe, a.temperature);
   std::vector<int32_t> prompt = a.prompt_ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
@@ -169,6 +166,7 @@ int run_generate(const GenerateArgs& a) {
   double seconds = 0;
   LaunchOptions launch;
   launch.ranks = ranks;
+  launch.compute_threads = threads_per_rank(lay.threads, ranks, lay.oversubscribe);
   run_ranks(launch, [&](Comm& world) {
     TrainingLayout layout(world.size(), ep);
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
@@ -225,21 +223,7 @@ void add_generate(CLI::App& app, CommandTable& table) {
       ->capture_default_str()
       ->check(integer_in(0, 1 << 24));
   cmd->add_option("--seed", a->seed)->capture_default_str();
-  cmd->add_option("--tp", a->tp, "Tensor-parallel degree (ranks per DP replica)")
-      ->capture_default_str()
-      ->check(integer_in(1, 256));
-  cmd->add_option("--dp", a->dp, "Data-parallel replicas")->capture_default_str()->check(integer_in(1, 256));
-  cmd->add_option("--ep", a->ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")
-      ->capture_default_str()
-      ->check(integer_in(0, 65536));
-  cmd->add_flag("--no-ep", a->no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
-  cmd->add_option("--placement", a->placement, "Expert placement: contiguous | round-robin")
-      ->capture_default_str()
-      ->check(one_of({"contiguous", "round-robin"}));
-  cmd->add_option("--decode-moe", a->decode_moe,
-                  "Decode MoE pattern: allreduce (seed 002) | rowwise (rows to expert owners; full EP only)")
-      ->capture_default_str()
-      ->check(one_of({"allreduce", "rowwise"}));
+  add_layout_options(cmd, a->layout, true);
   cmd->add_option("--expert-path", a->expert_path, "Expert path of the sampling mode (--temperature > 0)")
       ->capture_default_str();
   table[cmd] = [a] { return run_generate(*a); };

@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
+
+#include "expar/core/error.hpp"
 
 namespace expar::cli {
 namespace {
@@ -71,6 +75,18 @@ CLI::Validator one_of(std::vector<std::string> names) {
         return fmt::format("'{}' is unknown: pass {}", text, rule);
       },
       rule);
+}
+
+int threads_per_rank(int threads, int ranks, bool oversubscribe) {
+  EXPAR_CHECK(threads >= 0 && threads <= 1024, "--threads {} must be in [0, 1024] (0: cores / ranks)",
+              threads);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int per_rank = threads > 0 ? threads : std::max(1, cores / ranks);
+  EXPAR_CHECK(
+      oversubscribe || static_cast<int64_t>(ranks) * per_rank <= cores,
+      "{} ranks x {} threads = {} exceed the {} cores: lower --threads/--tp/--dp, or pass --oversubscribe",
+      ranks, per_rank, static_cast<int64_t>(ranks) * per_rank, cores);
+  return per_rank;
 }
 
 }  // namespace expar::cli

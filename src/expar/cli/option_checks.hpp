@@ -18,4 +18,8 @@ CLI::Validator integer_in(int64_t lo, int64_t hi);
 // One of `names` (the message lists them).
 CLI::Validator one_of(std::vector<std::string> names);
 
+// Compute threads per rank for `--threads` (0: cores / ranks, at least 1). Throws expar::Error when
+// threads is outside [0, 1024] or ranks x threads exceed the cores without `--oversubscribe`.
+int threads_per_rank(int threads, int ranks, bool oversubscribe);
+
 }  // namespace expar::cli

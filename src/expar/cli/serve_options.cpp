@@ -1,8 +1,6 @@
 #include "expar/cli/serve_options.hpp"
 
-#include <algorithm>
-#include <thread>
-
+#include "expar/cli/option_checks.hpp"
 #include "expar/core/error.hpp"
 #include "expar/topo/placement.hpp"
 
@@ -42,15 +40,7 @@ serve::RuntimeOptions runtime_options(const RuntimeArgs& a) {
   EXPAR_CHECK(!a.path.empty(), "a model is needed: pass --path <checkpoint dir or file>");
   EXPAR_CHECK(a.tp >= 1 && a.tp <= 1024 && a.dp >= 1 && a.dp <= 1024,
               "--tp {} and --dp {} must be in [1, 1024]", a.tp, a.dp);
-  EXPAR_CHECK(a.threads >= 0 && a.threads <= 1024, "--threads {} must be in [0, 1024] (0: cores / ranks)",
-              a.threads);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int ranks = a.tp * a.dp;
-  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / ranks);
-  EXPAR_CHECK(
-      a.oversubscribe || ranks * threads <= cores,
-      "{} ranks x {} threads = {} exceed the {} cores: lower --threads/--tp/--dp, or pass --oversubscribe",
-      ranks, threads, ranks * threads, cores);
+  const int threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
   serve::RuntimeOptions o;
   o.path = a.path;
   o.model.tp = a.tp;

@@ -1,6 +1,7 @@
 #include "expar/core/memory.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 namespace expar {
 
@@ -10,12 +11,16 @@ std::string_view mem_category_name(MemCategory category) {
       return "dense weights";
     case MemCategory::ExpertWeights:
       return "expert weights";
+    case MemCategory::MappedWeights:
+      return "weights (mapped file)";
     case MemCategory::Gradients:
       return "gradients";
     case MemCategory::OptimizerState:
       return "optimizer state";
     case MemCategory::Activations:
       return "activations";
+    case MemCategory::KvCache:
+      return "KV cache";
     case MemCategory::SymmetricBuffers:
       return "symmetric buffers";
     case MemCategory::CommScratch:
@@ -87,6 +92,12 @@ std::string format_bytes(int64_t bytes) {
   if (b >= 0x1p20) return fmt::format("{:.2f} MiB", b / 0x1p20);
   if (b >= 0x1p10) return fmt::format("{:.2f} KiB", b / 0x1p10);
   return fmt::format("{} B", bytes);
+}
+
+int64_t peak_resident_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 std::string format_memory(const MemorySnapshot& s) {

@@ -15,14 +15,16 @@ namespace expar {
 enum class MemCategory : uint8_t {
   DenseWeights,
   ExpertWeights,
+  MappedWeights,  // weights used in place from a mapped checkpoint file (file pages, no heap copy)
   Gradients,
   OptimizerState,
   Activations,
+  KvCache,  // inference: keys and values of every sequence's past positions
   SymmetricBuffers,
   CommScratch,
   Other,
 };
-constexpr size_t kNumMemCategories = 8;
+constexpr size_t kNumMemCategories = 10;
 std::string_view mem_category_name(MemCategory category);
 
 struct MemorySnapshot {
@@ -64,6 +66,8 @@ class TrackerBinding {
 
 // Human-readable table of a snapshot ("category  current  peak"), one line per non-empty category.
 std::string format_memory(const MemorySnapshot& snapshot);
+// This process's peak resident set so far (getrusage ru_maxrss), in bytes.
+int64_t peak_resident_bytes();
 std::string format_bytes(int64_t bytes);
 
 }  // namespace expar

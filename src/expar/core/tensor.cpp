@@ -85,6 +85,24 @@ Tensor Tensor::borrow(void* data, Shape shape, DType dtype) {
   return t;
 }
 
+Tensor Tensor::borrow_shared(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype) {
+  Tensor t = borrow(data, std::move(shape), dtype);
+  t.storage_ = std::move(owner);
+  return t;
+}
+
+Tensor Tensor::charged(MemCategory category) const {
+  Tensor t = *this;
+  MemoryTracker* tracker = &current_tracker();
+  const auto bytes = static_cast<int64_t>(nbytes());
+  tracker->add(category, bytes);
+  // The deleter keeps the original storage (the file) alive and credits the bytes back.
+  t.storage_ = std::shared_ptr<void>(
+      data_, [keep = storage_, tracker, category, bytes](void*) { tracker->sub(category, bytes); });
+  t.category_ = category;
+  return t;
+}
+
 int64_t Tensor::dim(int i) const {
   EXPAR_ASSERT(i >= 0 && i < ndim(), "dimension {} requested of a tensor of shape {}", i,
                shape_string(shape_));

@@ -27,6 +27,11 @@ class Tensor {
   static Tensor zeros(Shape shape, DType dtype = DType::F32, MemCategory category = MemCategory::Activations);
   // Non-owning view of foreign memory; the caller keeps it alive.
   static Tensor borrow(void* data, Shape shape, DType dtype);
+  // A view of memory that `owner` keeps alive (a mapped file): the view holds a reference to it. Uncharged.
+  static Tensor borrow_shared(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype);
+  // The same view, charging its bytes to `category` of the calling thread's tracker for as long as this
+  // view (or a view of it) lives: how weights used in place from a mapped file show in the memory table.
+  Tensor charged(MemCategory category) const;
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }

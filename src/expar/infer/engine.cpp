@@ -12,7 +12,6 @@
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/nn/attention.hpp"
-#include "expar/nn/embedding.hpp"
 #include "expar/nn/linear.hpp"
 #include "expar/nn/rmsnorm.hpp"
 
@@ -191,8 +190,9 @@ int64_t Engine::length(int id) const {
   return sequences_[static_cast<size_t>(id)]->length();
 }
 
-Tensor Engine::prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens) {
-  return step(ids, tokens, true);
+Tensor Engine::prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens,
+                       PrefillLogits which) {
+  return step(ids, tokens, true, which);
 }
 
 Tensor Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens) {
@@ -200,10 +200,58 @@ Tensor Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens)
               tokens.size(), ids.size());
   std::vector<std::vector<int32_t>> per(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) per[i] = {tokens[i]};
-  return step(ids, per, false);
+  return step(ids, per, false, PrefillLogits::AllRows);
 }
 
-Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill) {
+Tensor Engine::embed(const std::vector<int32_t>& flat, int64_t first, int64_t rows, bool prefill) {
+  const int64_t d = weights_.config.model_dim, v0 = weights_.vocab_begin, vr = weights_.embed.dim(0);
+  const float* table = weights_.embed.data<float>();
+  auto lookup = [&](int64_t begin, int64_t n) {
+    Tensor out = Tensor::empty({n, d});
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = flat[static_cast<size_t>(begin + i)] - v0;
+      float* o = out.data<float>() + i * d;
+      if (row >= 0 && row < vr)
+        std::memcpy(o, table + row * d, sizeof(float) * static_cast<size_t>(d));
+      else
+        std::fill(o, o + d, 0.0f);
+    }
+    return out;
+  };
+  if (tp_->size() == 1) return lookup(first, rows);
+  const auto total = static_cast<int64_t>(flat.size());
+  Tensor partial = lookup(0, total);
+  if (prefill) return reduce_scatter_rows(*tp_, partial, even_rows(total, tp_->size()), d);
+  tp_->all_reduce(partial.raw(), static_cast<size_t>(partial.numel()), DType::F32, ReduceOp::Sum);
+  return partial;
+}
+
+Tensor Engine::lm_head(const Tensor& x) {
+  const int64_t n = x.dim(0), vocab = weights_.config.vocab;
+  const int tp = tp_->size();
+  Tensor mine = n > 0 ? nn::linear_forward(x, weights_.lm_head, nullptr, nullptr)
+                      : Tensor::empty({0, weights_.lm_head.dim(0)});
+  if (tp == 1) return mine;
+  // The slices arrive rank after rank ([n, V_0] then [n, V_1] ...); each row of the result interleaves them.
+  const std::vector<int64_t> slice = even_rows(vocab, tp);
+  std::vector<int64_t> counts(slice.size());
+  for (size_t r = 0; r < slice.size(); ++r) counts[r] = n * slice[r];
+  Tensor parts = gather_rows(*tp_, mine.reshape({mine.numel(), 1}), counts, 1);
+  Tensor out = Tensor::empty({n, vocab});
+  int64_t offset = 0, col = 0;
+  for (int r = 0; r < tp; ++r) {
+    const int64_t w = slice[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out.data<float>() + i * vocab + col, parts.data<float>() + offset + i * w,
+                  sizeof(float) * static_cast<size_t>(w));
+    offset += n * w;
+    col += w;
+  }
+  return out;
+}
+
+Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill,
+                    PrefillLogits which) {
   Timer timer;
   const ModelConfig& c = weights_.config;
   const int64_t d = c.model_dim;
@@ -222,6 +270,15 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
                 "sequence {} holds {} tokens and adds {}, beyond its capacity {}: add it with a larger "
                 "capacity",
                 id, s.length(), n, s.capacity);
+    EXPAR_CHECK(n > 0 || which == PrefillLogits::AllRows,
+                "sequence {} adds no tokens but its last row's logits are asked for: pass at least one token "
+                "per sequence, or ask for all rows",
+                id);
+    for (int32_t t : tokens[i])
+      EXPAR_CHECK(t >= 0 && t < c.vocab,
+                  "sequence {}: token {} is outside the vocabulary [0, {}): check the tokenizer and the "
+                  "model's vocab_size",
+                  id, t, c.vocab);
     new_tokens.push_back(n);
     flat.insert(flat.end(), tokens[i].begin(), tokens[i].end());
     for (int l = 0; l < c.layers; ++l)
@@ -235,9 +292,7 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
   const int64_t rows = prefill ? sp_rows[static_cast<size_t>(tp_rank_)] : total;
   const int64_t first = prefill ? row0 : 0;
 
-  Tensor ids_tensor = Tensor::empty({rows}, DType::I32);
-  std::copy(flat.begin() + first, flat.begin() + first + rows, ids_tensor.data<int32_t>());
-  Tensor h = rows > 0 ? nn::embedding_forward(weights_.embed, ids_tensor, nullptr) : Tensor::empty({0, d});
+  Tensor h = embed(flat, first, rows, prefill);
 
   for (int l = 0; l < c.layers; ++l) {
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
@@ -261,8 +316,17 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
   }
   Tensor hf = rmsnorm(h, weights_.final_norm, c.norm_eps);
   if (prefill) hf = gather_rows(*tp_, hf, sp_rows, d);
-  Tensor logits = total > 0 ? nn::linear_forward(hf, weights_.lm_head, nullptr, nullptr)
-                            : Tensor::empty({0, static_cast<int64_t>(c.vocab)});
+  if (which == PrefillLogits::LastRow) {  // the last new row of each sequence
+    Tensor last = Tensor::empty({static_cast<int64_t>(ids.size()), d});
+    int64_t end = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      end += new_tokens[i];
+      std::memcpy(last.data<float>() + static_cast<int64_t>(i) * d, hf.data<float>() + (end - 1) * d,
+                  sizeof(float) * static_cast<size_t>(d));
+    }
+    hf = std::move(last);
+  }
+  Tensor logits = lm_head(hf);
   (prefill ? stats_.prefill_tokens : stats_.decode_tokens) += total;
   (prefill ? stats_.prefill_seconds : stats_.decode_seconds) += timer.seconds();
   return logits;

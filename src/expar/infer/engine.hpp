@@ -49,6 +49,12 @@ enum class DecodeMoe : uint8_t { AllReduce, Rowwise };
 DecodeMoe decode_moe_from_name(const std::string& name);  // "allreduce" | "rowwise"
 std::string decode_moe_name(DecodeMoe mode);
 
+// Which rows of a prefill's logits are computed (the LM head is about a fifth of a prefill's FLOPs at
+// hidden 1024, half at hidden 512, so a caller that samples computes only what it samples from).
+//  LastRow  the last new token of each sequence: logits [ids.size(), V] (generation, serving).
+//  AllRows  every new token: logits [Σ tokens, V] (evaluation, tests against a reference).
+enum class PrefillLogits : uint8_t { LastRow, AllRows };
+
 struct EngineOptions {
   DecodeMoe decode_moe = DecodeMoe::AllReduce;
 };
@@ -83,9 +89,11 @@ class Engine {
   void remove_sequence(int id);
   int64_t length(int id) const;
 
-  // Runs tokens[i] (one or more) of sequence ids[i] through the model; returns the logits [Σ tokens, V] of
-  // every new token, in order, on every rank of the replica. Collective over the world.
-  Tensor prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens);
+  // Runs tokens[i] (one or more) of sequence ids[i] through the model; returns the logits `which` asks for,
+  // in order, on every rank of the replica (full rows [., V] although each TP rank computes only its
+  // vocabulary slice). Collective over the world; every rank of a replica passes the same `which`.
+  Tensor prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens,
+                 PrefillLogits which = PrefillLogits::AllRows);
   // One new token per sequence; returns logits [ids.size(), V]. Collective over the world.
   Tensor decode(std::span<const int> ids, std::span<const int32_t> tokens);
 
@@ -97,7 +105,16 @@ class Engine {
 
  private:
   struct Sequence;
-  Tensor step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill);
+  Tensor step(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens, bool prefill,
+              PrefillLogits which);
+  // The embeddings [rows, d] of flat[first, first + rows), from this rank's vocabulary rows: under TP every
+  // rank looks up all `flat` tokens in its slice (zero rows for the others) and the sum over the TP group
+  // (reduce-scatter to the SP rows in prefill, all-reduce in decode) completes them. Exact: one addend is
+  // the row, the others +0.
+  Tensor embed(const std::vector<int32_t>& flat, int64_t first, int64_t rows, bool prefill);
+  // Logits [N, V] of hidden rows x [N, d] (the same on every TP rank): this rank's vocabulary slice, then an
+  // all-gather over TP.
+  Tensor lm_head(const Tensor& x);
   Tensor moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows);
   Tensor moe_decode(int layer, const Tensor& x);
   Tensor moe_decode_rowwise(int layer, const Tensor& x);

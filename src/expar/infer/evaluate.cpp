@@ -43,7 +43,9 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
   launch.compute_threads = options.engine.compute_threads;
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    RankWeights weights = load_rank_weights(*store, spec, layout, world.rank());
+    store.reset();  // the weights used in place keep their mapping; the rest is released
+    Engine engine(layout, world, std::move(weights));
     const int r = engine.dp_rank();
     double loss = 0.0;
     // Every replica runs the same number of rounds; one without a window in a round pads (no sequences).
@@ -56,7 +58,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
       const int64_t first = w * window, n = std::min(window, predicted - first);
       const std::vector<int32_t> input(tokens.begin() + first, tokens.begin() + first + n);
       const int id = engine.add_sequence(n);
-      const Tensor logits = engine.prefill(std::vector<int>{id}, {input});
+      const Tensor logits = engine.prefill(std::vector<int>{id}, {input}, PrefillLogits::AllRows);
       engine.remove_sequence(id);
       for (int64_t t = 0; t < n; ++t)
         loss += token_loss(logits.data<float>() + t * config.vocab, config.vocab,

@@ -26,7 +26,7 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
     ids.push_back(engine.add_sequence(static_cast<int64_t>(prompt.size()) + max_new));
     tokens.push_back(prompt);
   }
-  Tensor logits = engine.prefill(ids, tokens);
+  Tensor logits = engine.prefill(ids, tokens, PrefillLogits::LastRow);
   std::vector<int32_t> out;
   for (int step = 0; step < max_new; ++step) {
     std::vector<int32_t> next;
@@ -68,12 +68,18 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   LaunchOptions launch;
   launch.ranks = layout.world();
   launch.compute_threads = options.compute_threads;
+  result.memory.resize(static_cast<size_t>(layout.world()));
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
     RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
+    store.reset();  // the weights used in place keep their mapping; the rest is released
     Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe});
     const bool serving = engine.dp_rank() == 0;
     auto tokens = greedy_generate(engine, serving ? prompt : std::vector<int32_t>{}, max_new);
+    {
+      std::lock_guard lock(mutex);
+      result.memory[static_cast<size_t>(world.rank())] = current_tracker().snapshot();
+    }
     if (world.rank() == 0) {
       std::lock_guard lock(mutex);
       const EngineStats& s = engine.stats();
@@ -84,6 +90,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
           s.decode_seconds > 0 ? static_cast<double>(s.decode_tokens) / s.decode_seconds : 0.0;
     }
   });
+  result.peak_rss_bytes = peak_resident_bytes();
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "expar/core/memory.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/hf_config.hpp"
 #include "expar/topo/placement.hpp"
@@ -38,6 +39,11 @@ struct GenerateResult {
   std::vector<int32_t> tokens;              // the generated tokens (DP replica 0's)
   double prefill_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;
+  // Per rank at the end of the run, before the engine is destroyed: current = what the rank holds (its
+  // weights by category: copies, or MappedWeights used in place from the file), peak = the high-water mark
+  // of loading and generation (KV cache included).
+  std::vector<MemorySnapshot> memory;
+  int64_t peak_rss_bytes = 0;  // the process's peak resident set (peak_resident_bytes)
 };
 
 // Starts TP*DP ranks (threads), loads `checkpoint` (a directory or a file in one, see open_model_spec: ours,

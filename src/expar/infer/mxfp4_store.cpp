@@ -48,6 +48,16 @@ const TensorInfo& Mxfp4Store::info(const std::string& name) const {
   return infos_.emplace(name, i).first->second;
 }
 
+bool Mxfp4Store::mapped(const std::string& name) const {
+  return !quantised(name) && base_->mapped(name);
+}
+
+void Mxfp4Store::release_rows(const std::string& name, int64_t begin, int64_t end) const {
+  if (!quantised(name)) return base_->release_rows(name, begin, end);
+  base_->release_rows(name + "_blocks", begin, end);
+  base_->release_rows(name + "_scales", begin, end);
+}
+
 Tensor Mxfp4Store::view_rows(const std::string& name, int64_t begin, int64_t end) const {
   if (!quantised(name)) return base_->view_rows(name, begin, end);
   const TensorInfo& i = info(name);

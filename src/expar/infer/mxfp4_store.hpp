@@ -21,6 +21,9 @@ class Mxfp4Store final : public TensorStore {
   bool contains(const std::string& name) const override;
   const TensorInfo& info(const std::string& name) const override;
   Tensor view_rows(const std::string& name, int64_t begin, int64_t end) const override;
+  // A quantised tensor is a decoded copy (not mapped); releasing it releases the blocks and scales read.
+  bool mapped(const std::string& name) const override;
+  void release_rows(const std::string& name, int64_t begin, int64_t end) const override;
 
  private:
   bool quantised(const std::string& name) const;

@@ -69,24 +69,28 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   const int64_t d = config.model_dim;
 
   expect_shape(store, names.embed, {config.vocab, d});
-  w.embed = load_dense(store, names.embed);
+  // The vocabulary slice of this TP rank (the engine's embed/lm_head split it the same way).
+  const int64_t v0 = config.vocab * info.tp_rank / layout.tp(),
+                v1 = config.vocab * (info.tp_rank + 1) / layout.tp();
+  w.vocab_begin = v0;
+  w.embed = load_rows(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
     if (store.contains(names.lm_head)) {
       // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
-      // pick one.
-      const Tensor head = load_dense(store, names.lm_head);
+      // pick one (each rank compares its slice; a difference anywhere fails on the rank holding it).
+      expect_shape(store, names.lm_head, {config.vocab, d});
+      const Tensor head = load_rows(store, names.lm_head, v0, v1);
       EXPAR_CHECK(
-          head.shape() == w.embed.shape() &&
-              std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
+          std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
           "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
           "tie_word_embeddings false to use the LM head, or remove '{}'",
           store.label(), names.lm_head, names.embed, names.lm_head);
     }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
-    w.lm_head = load_dense(store, names.lm_head);
+    w.lm_head = load_rows(store, names.lm_head, v0, v1);
   }
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;
@@ -150,6 +154,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       expect_shape(store, p + "down_proj", {e, h, d});
       expect_shape(store, p + "down_proj_bias", {e, d});
       GptOssExperts g = load_gpt_oss_experts(store, l, info.local_experts, i0, i1, i0 == 0);
+      for (int e : info.local_experts)  // copied: their mapped pages go back
+        for (const char* key : {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"})
+          store.release_rows(p + key, e, e + 1);
       lw.experts = std::move(g.weights);
       lw.expert_b1 = std::move(g.b1);
       lw.expert_b3 = std::move(g.b3);
@@ -170,6 +177,13 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.experts.w1 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w1"), i0, i1));
       lw.experts.w3 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w3"), i0, i1));
       lw.experts.w2 = expert_parallel_weight_loader(info.local_experts, columns_loader(view("w2"), i0, i1));
+      // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
+      // the copy do not both stay resident.
+      for (int e : info.local_experts)
+        for (const char* key : {"w1", "w3", "w2"}) {
+          const std::string n = names.expert(l, e, key);
+          store.release_rows(n, 0, store.info(n).shape[0]);
+        }
     }
     lw.experts.validate();
     if (config.shared_expert_hidden > 0) {

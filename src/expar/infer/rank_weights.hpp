@@ -5,7 +5,8 @@
 //  - the router (replicated) and optional score bias;
 //  - its local experts, sharded on the intermediate dimension over its EP_TP group (w1/w3 rows, w2 columns);
 //  - the shared expert TP-sharded over the TP group (or whole on TP rank 0 when TP does not divide it);
-//  - embedding, final norm and LM head (replicated).
+//  - embedding and LM head vocabulary-parallel over TP (rows [V·t/TP, V·(t+1)/TP) on TP rank t, as Megatron
+//    and vLLM shard them), the final norm replicated.
 // WeightNames maps these to a checkpoint's tensor names, so our checkpoints and Hugging Face Mixtral,
 // Qwen-MoE and gpt-oss load through the same code. ModelFeatures says which extra tensors a format has:
 // attention biases (q/k/v rows of the local heads like the weights; the o bias on TP rank 0 only, so the sum
@@ -51,7 +52,8 @@ struct RankWeights {
   ModelFeatures features;
   nn::AttentionShape local_attn;  // heads held here
   std::vector<int> local_experts;
-  Tensor embed, final_norm, lm_head;
+  Tensor embed, final_norm, lm_head;  // embed, lm_head: vocabulary rows [vocab_begin, + embed.dim(0))
+  int64_t vocab_begin = 0;
   std::vector<LayerWeights> layers;
 };
 

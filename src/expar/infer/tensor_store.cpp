@@ -122,6 +122,14 @@ Tensor ExparCheckpointStore::view_rows(const std::string& name, int64_t begin, i
   return state_->file_for(name).view_rows(name, begin, end);
 }
 
+bool ExparCheckpointStore::mapped(const std::string& name) const {
+  return state_->file_for(name).mapped();
+}
+
+void ExparCheckpointStore::release_rows(const std::string& name, int64_t begin, int64_t end) const {
+  state_->file_for(name).release_rows(name, begin, end);
+}
+
 size_t ExparCheckpointStore::files_opened() const {
   std::lock_guard lock(state_->mutex);
   return state_->files.size();
@@ -171,6 +179,19 @@ Tensor ShardedStore::view_rows(const std::string& name, int64_t begin, int64_t e
   info(name);
   return state_->checkpoint ? state_->checkpoint->view_rows(name, begin, end)
                             : state_->single->view_rows(name, begin, end);
+}
+
+bool ShardedStore::mapped(const std::string& name) const {
+  info(name);
+  return state_->checkpoint ? state_->checkpoint->file_of(name).mapped() : state_->single->mapped();
+}
+
+void ShardedStore::release_rows(const std::string& name, int64_t begin, int64_t end) const {
+  info(name);
+  if (state_->checkpoint)
+    state_->checkpoint->file_of(name).release_rows(name, begin, end);
+  else
+    state_->single->release_rows(name, begin, end);
 }
 
 size_t ShardedStore::shards_opened() const {

@@ -23,9 +23,16 @@ class TensorStore {
   virtual bool contains(const std::string& name) const = 0;
   // Throws expar::Error naming the tensor and the store when it is missing.
   virtual const TensorInfo& info(const std::string& name) const = 0;
-  // Zero-copy view of rows [begin, end) of the first dimension (the file's dtype).
+  // Zero-copy view of rows [begin, end) of the first dimension (the file's dtype). A view of a mapped
+  // file keeps the mapping alive, so it may be kept as a weight after the store is gone.
   virtual Tensor view_rows(const std::string& name, int64_t begin, int64_t end) const = 0;
   Tensor view(const std::string& name) const;
+  // Whether view_rows(name, ...) returns the bytes of a mapped file (not a decoded copy): what a loader may
+  // use in place.
+  virtual bool mapped(const std::string& name) const = 0;
+  // After copying rows [begin, end) of `name`, gives their mapped pages back (SafetensorsFile::release_rows),
+  // so the file's pages and the copy do not both stay resident. A no-op where nothing is mapped.
+  virtual void release_rows(const std::string& name, int64_t begin, int64_t end) const = 0;
 };
 
 // Our checkpoint directory (train/checkpoint.hpp's format): manifest.json names the dense file and which
@@ -38,6 +45,8 @@ class ExparCheckpointStore final : public TensorStore {
   bool contains(const std::string& name) const override;
   const TensorInfo& info(const std::string& name) const override;
   Tensor view_rows(const std::string& name, int64_t begin, int64_t end) const override;
+  bool mapped(const std::string& name) const override;
+  void release_rows(const std::string& name, int64_t begin, int64_t end) const override;
 
   const ModelConfig& model() const { return model_; }
   // How many files have been mapped so far (tests check that a rank maps only its experts' files).
@@ -60,6 +69,8 @@ class ShardedStore final : public TensorStore {
   bool contains(const std::string& name) const override;
   const TensorInfo& info(const std::string& name) const override;
   Tensor view_rows(const std::string& name, int64_t begin, int64_t end) const override;
+  bool mapped(const std::string& name) const override;
+  void release_rows(const std::string& name, int64_t begin, int64_t end) const override;
   size_t shards_opened() const;
 
  private:

@@ -130,15 +130,23 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
 }
 
 Tensor load_dense(const TensorStore& store, const std::string& name) {
-  return to_f32(store.view(name), MemCategory::DenseWeights);
+  const TensorInfo& i = store.info(name);
+  if (i.shape.empty()) return to_f32(store.view(name), MemCategory::DenseWeights);  // a scalar: one value
+  return load_rows(store, name, 0, i.shape[0]);
 }
 
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
-  return to_f32(store.view_rows(name, begin, end), MemCategory::DenseWeights);
+  Tensor v = store.view_rows(name, begin, end);
+  // F32 rows of a mapped file are used where they lie: the view keeps the mapping alive.
+  if (v.dtype() == DType::F32 && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
+  Tensor copy = to_f32(v, MemCategory::DenseWeights);
+  store.release_rows(name, begin, end);
+  return copy;
 }
 
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   Tensor v = store.view(name);
+  if (v.ndim() == 2 && begin == 0 && end == v.dim(1)) return load_dense(store, name);  // every column
   EXPAR_CHECK(v.ndim() == 2 && 0 <= begin && begin <= end && end <= v.dim(1),
               "tensor '{}' has shape {}: cannot take columns [{}, {})", name, shape_string(v.shape()), begin,
               end);
@@ -148,6 +156,7 @@ Tensor load_columns(const TensorStore& store, const std::string& name, int64_t b
   float* o = out.data<float>();
   for (int64_t a = 0; a < rows; ++a)
     for (int64_t j = 0; j < n; ++j) o[a * n + j] = r.at(a, begin + j);
+  store.release_rows(name, 0, rows);
   return out;
 }
 

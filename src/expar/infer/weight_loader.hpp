@@ -38,8 +38,10 @@ ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t
 // MemCategory::ExpertWeights. Every piece must have the same shape.
 Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base);
 
-// Dense helpers: f32 copies of a whole tensor, of rows [begin, end) of the first dimension, or of columns
-// [begin, end) of a 2-D tensor.
+// Dense helpers: a whole tensor, rows [begin, end) of the first dimension, or columns [begin, end) of a 2-D
+// tensor, as f32. Whole tensors and row ranges stored as F32 in a mapped file are views onto the mapping
+// (charged to MemCategory::MappedWeights; no copy); anything else is one f32 copy (DenseWeights) after
+// which the mapped pages read are given back (TensorStore::release_rows).
 Tensor load_dense(const TensorStore& store, const std::string& name);
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);

@@ -133,7 +133,7 @@ Tensor SafetensorsFile::view_of(const TensorInfo& t, std::span<const std::byte> 
       label_, text_excerpt(t.name), dtype_name(t.dtype), file_offset, align);
   // Tensor::borrow takes a mutable pointer; mapped pages are PROT_READ so a write faults instead of silently
   // diverging from the file.
-  return Tensor::borrow(const_cast<std::byte*>(bytes.data()), std::move(shape), t.dtype);
+  return Tensor::borrow_shared(storage_, const_cast<std::byte*>(bytes.data()), std::move(shape), t.dtype);
 }
 
 Tensor SafetensorsFile::view(std::string_view name) const {
@@ -147,6 +147,20 @@ Tensor SafetensorsFile::view_rows(std::string_view name, int64_t begin_row, int6
   Shape shape = t.shape;
   shape[0] = end_row - begin_row;
   return view_of(t, span, std::move(shape));
+}
+
+bool SafetensorsFile::mapped() const {
+  return storage_->mapped;
+}
+
+void SafetensorsFile::release_rows(std::string_view name, int64_t begin_row, int64_t end_row) const {
+  const auto span = row_bytes(info(name), begin_row, end_row);
+  if (!storage_->mapped || span.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(span.data()), end = begin + span.size();
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  // Whole pages only: a page shared with a neighbouring tensor stays (it may be a weight used in place).
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Tensor SafetensorsFile::read(std::string_view name, MemCategory category) const {

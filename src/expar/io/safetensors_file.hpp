@@ -41,10 +41,11 @@ class SafetensorsFile {
 
   // The tensor's bytes in the file.
   std::span<const std::byte> bytes(std::string_view name) const;
-  // Zero-copy views: borrow the file's bytes, which live as long as this SafetensorsFile (moving it keeps
-  // them valid). Views of a mapped file are read-only memory: writing through them faults. A tensor that is
-  // not aligned to its element size in the file (a header length that is not a multiple of 8, or a writer
-  // that did not order tensors by alignment) cannot be viewed; read() copies it instead.
+  // Zero-copy views: they share the file's bytes and keep them alive (the mapping is released when the
+  // SafetensorsFile and every view of it are gone; moving the file keeps views valid). Views of a mapped file
+  // are read-only memory: writing through them faults. A tensor that is not aligned to its element size in
+  // the file (a header length that is not a multiple of 8, or a writer that did not order tensors by
+  // alignment) cannot be viewed; read() copies it instead.
   Tensor view(std::string_view name) const;
   // Rows [begin_row, end_row) of the first dimension (an expert range of a stacked expert tensor).
   Tensor view_rows(std::string_view name, int64_t begin_row, int64_t end_row) const;
@@ -53,6 +54,12 @@ class SafetensorsFile {
   Tensor read(std::string_view name, MemCategory category = MemCategory::Other) const;
   Tensor read_rows(std::string_view name, int64_t begin_row, int64_t end_row,
                    MemCategory category = MemCategory::Other) const;
+  // Drops the resident pages wholly inside rows [begin_row, end_row) from this process (madvise
+  // MADV_DONTNEED on the read-only private mapping; a later access reads them from the file again): a
+  // loader that copied those rows gives their pages back, so file pages and copies do not both count. A
+  // no-op for a file held in memory (from_bytes).
+  void release_rows(std::string_view name, int64_t begin_row, int64_t end_row) const;
+  bool mapped() const;
 
  private:
   struct Storage;
@@ -60,7 +67,7 @@ class SafetensorsFile {
   std::span<const std::byte> row_bytes(const TensorInfo& info, int64_t begin_row, int64_t end_row) const;
   Tensor view_of(const TensorInfo& info, std::span<const std::byte> bytes, Shape shape) const;
 
-  std::unique_ptr<Storage> storage_;
+  std::shared_ptr<Storage> storage_;  // shared with every view
   std::string label_;
   SafetensorsHeader header_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in header_.tensors

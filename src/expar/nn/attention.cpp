@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/nn/check.hpp"
 #include "expar/nn/qk_norm.hpp"
@@ -79,10 +80,11 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
     for (int64_t j = lo + 1; j < visible; ++j) max = std::fmax(max, row[j] * scale);
     if (sink) max = std::fmax(max, *sink);
     double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
-    for (int64_t j = lo; j < visible; ++j) {
-      row[j] = std::exp(row[j] * scale - max);
-      sum += row[j];
-    }
+    // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
+    // layer of a 512-token prefill on one thread. The sum stays in double, in order.
+#pragma omp simd
+    for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
+    for (int64_t j = lo; j < visible; ++j) sum += row[j];
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
     for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
@@ -379,8 +381,8 @@ KvCache KvCache::create(int64_t capacity, const AttentionShape& shape) {
   shape.validate();
   EXPAR_CHECK(capacity >= 0, "KvCache::create: capacity={} must not be negative", capacity);
   KvCache cache;
-  cache.k = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim});
-  cache.v = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim});
+  cache.k = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
+  cache.v = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
   return cache;
 }
 

@@ -160,14 +160,19 @@ void Runtime::rank_main(Comm& world) {
         std::vector<int32_t> flat;
         if (!prefill_phase(*plan))
           for (const auto& t : tokens) flat.push_back(t.at(0));
-        const Tensor logits = prefill_phase(*plan) ? engine.prefill(ids, tokens) : engine.decode(ids, flat);
+        // One row of logits per sequence: its last new token's (the only one sampled from).
+        const Tensor logits = prefill_phase(*plan)
+                                  ? engine.prefill(ids, tokens, infer::PrefillLogits::LastRow)
+                                  : engine.decode(ids, flat);
         if (samples) {
           const int64_t vocab = logits.dim(1);
           int64_t row = 0;
           for (const SequenceStep& s : mine.sequences) {
-            row += static_cast<int64_t>(s.tokens.size());
-            if (!s.sample) continue;
-            const float* p = logits.data<float>() + (row - 1) * vocab;
+            if (!s.sample) {
+              ++row;
+              continue;
+            }
+            const float* p = logits.data<float>() + row++ * vocab;
             sampled.tokens.push_back(infer::sample_token(p, vocab, s.sampling, s.seed, s.index));
             if (s.trace_logits) sampled.logits_hashes.push_back(hash_floats(p, vocab));
           }

@@ -1,0 +1,285 @@
+#include "expar/bench/generate.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "expar/bench/measure.hpp"
+#include "expar/comm/launcher.hpp"
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/infer/engine.hpp"
+
+namespace expar::bench {
+
+namespace {
+
+struct Gemm {
+  int64_t m, n, k;
+  const float* b;      // [n, k] (trans_b), or nullptr: a scratch operand
+  double flops_scale;  // 0.5 for the causal attention products
+};
+
+// This rank's matrix products of one layer of a P-token prefill, at the shapes the engine runs them.
+std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout& layout, int64_t p) {
+  const ModelConfig& c = w.config;
+  const infer::LayerWeights& lw = w.layers[0];
+  const int64_t d = c.model_dim, hd = c.head_dim, heads = w.local_attn.n_heads, kv = w.local_attn.n_kv_heads;
+  std::vector<Gemm> g;
+  g.push_back({p, heads * hd, d, lw.attn.wq.data<float>(), 1.0});
+  g.push_back({p, kv * hd, d, lw.attn.wk.data<float>(), 1.0});
+  g.push_back({p, kv * hd, d, lw.attn.wv.data<float>(), 1.0});
+  for (int64_t h = 0; h < heads; ++h) {
+    g.push_back({p, p, hd, nullptr, 0.5});  // scores q·kᵀ, causal
+    g.push_back({p, hd, p, nullptr, 0.5});  // probabilities · v, causal
+  }
+  g.push_back({p, d, heads * hd, lw.attn.wo.data<float>(), 1.0});
+  g.push_back({(p + layout.tp() - 1) / layout.tp(), c.moe.num_experts, d, lw.router.data<float>(), 1.0});
+  // Each local expert at the mean rows the replica's P tokens give it (P·K/E; the replicas' tokens meet
+  // at the experts with cross-DP EP).
+  const int64_t replicas = layout.cross_dp_ep() ? layout.dp() : 1;
+  const int64_t rows = std::max<int64_t>(1, p * replicas * c.moe.top_k / c.moe.num_experts);
+  const ExpertWeights& e = lw.experts;
+  const int64_t h = e.hidden();
+  for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
+    g.push_back({rows, h, d, e.w1.data<float>() + l * h * d, 1.0});
+    g.push_back({rows, h, d, e.w3.data<float>() + l * h * d, 1.0});
+    g.push_back({rows, d, h, e.w2.data<float>() + l * d * h, 1.0});
+  }
+  if (infer::present(lw.shared_w1)) {
+    const int64_t hs = lw.shared_w1.dim(0);
+    g.push_back({p, hs, d, lw.shared_w1.data<float>(), 1.0});
+    g.push_back({p, hs, d, lw.shared_w3.data<float>(), 1.0});
+    g.push_back({p, d, hs, lw.shared_w2.data<float>(), 1.0});
+  }
+  return g;
+}
+
+double gemm_flops(const std::vector<Gemm>& g) {
+  double f = 0;
+  for (const Gemm& x : g)
+    f += 2.0 * static_cast<double>(x.m) * static_cast<double>(x.n) * static_cast<double>(x.k) * x.flops_scale;
+  return f;
+}
+
+// Bytes a batch-1 decode step at position `length` reads on this rank: every dense weight it holds (the
+// embedding only one row), its expected share of the K active experts, its LM head slice and its KV cache.
+double decode_bytes(const infer::RankWeights& w, int64_t length) {
+  const ModelConfig& c = w.config;
+  auto b = [](const Tensor& t) { return infer::present(t) ? static_cast<double>(t.nbytes()) : 0.0; };
+  double bytes = b(w.final_norm) + b(w.lm_head) + static_cast<double>(c.model_dim) * sizeof(float);
+  for (const infer::LayerWeights& lw : w.layers) {
+    bytes += b(lw.attn_norm) + b(lw.mlp_norm) + b(lw.attn.wq) + b(lw.attn.wk) + b(lw.attn.wv) + b(lw.attn.wo);
+    bytes += b(lw.attn_options.bq) + b(lw.attn_options.bk) + b(lw.attn_options.bv) + b(lw.attn_options.bo);
+    bytes += b(lw.router) + b(lw.score_bias) + b(lw.router_bias);
+    bytes += b(lw.shared_w1) + b(lw.shared_w3) + b(lw.shared_w2) + b(lw.shared_gate);
+    const double experts = b(lw.experts.w1) + b(lw.experts.w3) + b(lw.experts.w2) + b(lw.expert_b1) +
+                           b(lw.expert_b3) + b(lw.expert_b2);
+    // E_L local experts, each active with probability K/E for one token.
+    bytes += experts * static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.num_experts);
+    bytes +=
+        2.0 * static_cast<double>(length * w.local_attn.n_kv_heads * w.local_attn.head_dim) * sizeof(float);
+  }
+  return bytes;
+}
+
+int64_t held_bytes(const infer::RankWeights& w) {
+  auto b = [](const Tensor& t) { return infer::present(t) ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; };
+  int64_t bytes = b(w.embed) + b(w.final_norm) + (w.lm_head.raw() == w.embed.raw() ? 0 : b(w.lm_head));
+  for (const infer::LayerWeights& lw : w.layers)
+    for (const Tensor* t : {&lw.attn_norm,
+                            &lw.mlp_norm,
+                            &lw.attn.wq,
+                            &lw.attn.wk,
+                            &lw.attn.wv,
+                            &lw.attn.wo,
+                            &lw.attn_options.bq,
+                            &lw.attn_options.bk,
+                            &lw.attn_options.bv,
+                            &lw.attn_options.bo,
+                            &lw.attn_options.sinks,
+                            &lw.attn_options.q_norm,
+                            &lw.attn_options.k_norm,
+                            &lw.router,
+                            &lw.score_bias,
+                            &lw.router_bias,
+                            &lw.experts.w1,
+                            &lw.experts.w3,
+                            &lw.experts.w2,
+                            &lw.expert_b1,
+                            &lw.expert_b3,
+                            &lw.expert_b2,
+                            &lw.shared_w1,
+                            &lw.shared_w3,
+                            &lw.shared_w2,
+                            &lw.shared_gate})
+      bytes += b(*t);
+  return bytes;
+}
+
+// Streaming read of `n` floats with this rank's compute threads; returns their sum so nothing is elided.
+float read_all(const float* p, int64_t n) {
+  float total = 0.0f;
+#pragma omp parallel for simd reduction(+ : total) schedule(static)
+  for (int64_t i = 0; i < n; ++i) total += p[i];
+  return total;
+}
+
+}  // namespace
+
+GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
+  EXPAR_CHECK(!o.path.empty(), "a model is needed: pass --path <checkpoint dir or file>");
+  EXPAR_CHECK(o.prompt_tokens >= 1, "--prompt-tokens {} must be at least 1", o.prompt_tokens);
+  EXPAR_CHECK(o.tokens >= 2, "--tokens {} must be at least 2 (one from the prefill, then decode steps)",
+              o.tokens);
+  EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} must be >= 1 and --warmup {} >= 0", o.repeats,
+              o.warmup);
+  const infer::ModelSpec spec = infer::open_model_spec(o.path, o.engine.format);
+  const ModelConfig& config = spec.config;
+  EXPAR_CHECK(o.prompt_tokens + o.tokens <= config.max_seq,
+              "--prompt-tokens {} + --tokens {} exceed the model's max_seq {}: shorten them", o.prompt_tokens,
+              o.tokens, config.max_seq);
+  const InferenceLayout layout = infer::inference_layout(o.engine, config);
+  infer::check_decode_moe(layout, o.engine.decode_moe);
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>(random_u32(o.seed, 0x6E4, i) % static_cast<uint32_t>(config.vocab));
+
+  GenerateBenchReport r;
+  r.ranks = layout.world();
+  r.threads = o.engine.compute_threads;
+  std::mutex mutex;
+  LaunchOptions launch;
+  launch.ranks = layout.world();
+  launch.compute_threads = o.engine.compute_threads;
+  r.memory.resize(static_cast<size_t>(layout.world()));
+  run_ranks(launch, [&](Comm& world) {
+    infer::Engine engine(
+        layout, world,
+        [&] {
+          std::unique_ptr<infer::TensorStore> store = infer::open_store(spec);
+          return infer::load_rank_weights(*store, spec, layout, world.rank());
+        }(),
+        infer::EngineOptions{o.engine.decode_moe});
+    // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
+    // the decode steps (slowest rank).
+    auto run = [&] {
+      const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
+      Tensor logits;
+      const double tp = timed_max(world, [&] {
+        logits = engine.prefill(std::vector<int>{id}, {prompt}, infer::PrefillLogits::LastRow);
+      });
+      int32_t next = infer::argmax_row(logits, 0);
+      const double td = timed_max(world, [&] {
+        for (int s = 1; s < o.tokens; ++s)
+          next = infer::argmax_row(engine.decode(std::vector<int>{id}, std::vector<int32_t>{next}), 0);
+      });
+      engine.remove_sequence(id);
+      return std::pair{tp, td};
+    };
+    run();  // untimed: the memory figures below include a whole run
+    {       // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
+      std::lock_guard lock(mutex);
+      r.memory[static_cast<size_t>(world.rank())] = current_tracker().snapshot();
+    }
+    world.barrier();
+    if (world.rank() == 0) r.peak_rss_bytes = peak_resident_bytes();  // before the limits' buffers too
+    // The limits, on the same ranks with the same threads, all ranks at once.
+    const infer::RankWeights& w = engine.weights();
+    const std::vector<Gemm> gemms = layer_gemms(w, layout, o.prompt_tokens);
+    int64_t a_size = 0, c_size = 0, b_size = 0;
+    for (const Gemm& g : gemms) {
+      a_size = std::max(a_size, g.m * g.k);
+      c_size = std::max(c_size, g.m * g.n);
+      if (!g.b) b_size = std::max(b_size, g.n * g.k);
+    }
+    Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
+    Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
+    Tensor c = Tensor::empty({c_size}, DType::F32, MemCategory::Other);
+    fill_normal(a, o.seed, 9101, 1.0f);
+    fill_normal(b, o.seed, 9102, 1.0f);
+    const Gemm head{1, w.lm_head.dim(0), config.model_dim, w.lm_head.data<float>(), 1.0};
+    const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
+    // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
+    const double step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
+    const int64_t floats = int64_t{256} * 1024 * 1024 / static_cast<int64_t>(sizeof(float));
+    Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
+    buffer.fill(1.0f);
+    volatile float sink = 0.0f;
+    // Each repeat measures the run and both limits back to back, so a change in the machine's load
+    // between repeats moves them together (the fractions are their medians' ratios).
+    std::vector<double> prefill, decode, limit, read;
+    for (int i = 0; i < o.warmup + o.repeats; ++i) {
+      const auto [tp, td] = run();
+      const double tl = timed_max(world, [&] {
+        for (int l = 0; l < config.layers; ++l)
+          for (const Gemm& g : gemms)
+            matmul(a.data<float>(), g.b ? g.b : b.data<float>(), c.data<float>(), g.m, g.n, g.k, false, true,
+                   false);
+        matmul(a.data<float>(), head.b, c.data<float>(), head.m, head.n, head.k, false, true, false);
+      });
+      const double tr = timed_max(world, [&] { sink = sink + read_all(buffer.data<float>(), floats); });
+      if (i < o.warmup) continue;
+      prefill.push_back(tp);
+      decode.push_back(td / static_cast<double>(o.tokens - 1));
+      limit.push_back(tl);
+      read.push_back(tr);
+    }
+    double maxima[2] = {flops, step_bytes};
+    world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
+    double held_total = static_cast<double>(held_bytes(w));
+    world.all_reduce(&held_total, 1, DType::F64, ReduceOp::Sum);
+    if (world.rank() == 0) {
+      std::lock_guard lock(mutex);
+      r.prefill_seconds = median(prefill);
+      r.decode_seconds_per_token = median(decode);
+      r.prefill_limit_seconds = median(limit);
+      r.prefill_flops = maxima[0];
+      r.decode_bytes_per_token = maxima[1];
+      r.read_bandwidth = static_cast<double>(floats) * sizeof(float) / median(read);
+      r.weight_bytes = static_cast<int64_t>(held_total);
+    }
+  });
+  r.prefill_tokens_per_s = static_cast<double>(o.prompt_tokens) / r.prefill_seconds;
+  r.decode_tokens_per_s = 1.0 / r.decode_seconds_per_token;
+  r.matmul_flops = r.prefill_flops / r.prefill_limit_seconds;
+  r.prefill_matmul_fraction = r.prefill_limit_seconds / r.prefill_seconds;
+  r.decode_bandwidth_fraction = r.decode_tokens_per_s / (r.read_bandwidth / r.decode_bytes_per_token);
+  return r;
+}
+
+std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBenchReport& r) {
+  nlohmann::json memory = nlohmann::json::array();
+  for (const MemorySnapshot& s : r.memory) {
+    nlohmann::json rank = nlohmann::json::object();
+    for (size_t c = 0; c < kNumMemCategories; ++c)
+      if (s.peak[c] != 0)
+        rank[std::string(mem_category_name(static_cast<MemCategory>(c)))] = {{"current", s.current[c]},
+                                                                             {"peak", s.peak[c]}};
+    rank["total"] = {{"current", s.total_current}, {"peak", s.total_peak}};
+    memory.push_back(rank);
+  }
+  const nlohmann::json j{{"path", o.path},
+                         {"tp", o.engine.tp},
+                         {"dp", o.engine.dp},
+                         {"threads", r.threads},
+                         {"prompt_tokens", o.prompt_tokens},
+                         {"tokens", o.tokens},
+                         {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+                         {"decode_tokens_per_s", r.decode_tokens_per_s},
+                         {"prefill_matmul_fraction", r.prefill_matmul_fraction},
+                         {"decode_bandwidth_fraction", r.decode_bandwidth_fraction},
+                         {"prefill_seconds", r.prefill_seconds},
+                         {"prefill_limit_seconds", r.prefill_limit_seconds},
+                         {"prefill_flops_busiest_rank", r.prefill_flops},
+                         {"matmul_flops_per_s", r.matmul_flops},
+                         {"read_bandwidth_bytes_per_s", r.read_bandwidth},
+                         {"decode_bytes_per_token_busiest_rank", r.decode_bytes_per_token},
+                         {"weight_bytes_all_ranks", r.weight_bytes},
+                         {"peak_rss_bytes", r.peak_rss_bytes},
+                         {"memory_per_rank", memory}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace expar::bench

@@ -1,0 +1,53 @@
+#pragma once
+// expar bench generate: prefill and decode tokens/s of the inference engine at a given prompt length,
+// generation length and layout, each beside the limit measured in the same run on the same ranks:
+//  - prefill: the time this rank's matrix products of the prompt take alone in oneDNN sgemm at their own
+//    shapes (q/k/v/o with the local heads, the router, each local expert at its mean rows P·K/E, attention
+//    scores at the q projection's rate, the last row's LM head slice), all ranks at once;
+//  - decode: streaming read bandwidth (every rank reading its own buffer with its compute threads, all at
+//    once) divided into the bytes a decode step must read per rank: its dense weights, its expected share
+//    of the K active experts (K·E_L/E local experts at batch 1), its LM head slice and its KV cache.
+// Fractions are ideal time / measured time (1 = at the limit). Medians over repeats of the slowest rank.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "expar/core/memory.hpp"
+#include "expar/infer/generate.hpp"
+
+namespace expar::bench {
+
+struct GenerateBenchOptions {
+  std::string path;
+  infer::GenerateOptions engine;  // layout, format, threads, decode_moe
+  int64_t prompt_tokens = 512;
+  int tokens = 32;  // generated tokens: one from the prefill, tokens - 1 decode steps
+  int warmup = 1;
+  int repeats = 3;
+  uint64_t seed = 1;
+};
+
+struct GenerateBenchReport {
+  int ranks = 1, threads = 1;
+  double prefill_seconds = 0.0, decode_seconds_per_token = 0.0;  // medians, slowest rank
+  double prefill_tokens_per_s = 0.0, decode_tokens_per_s = 0.0;  // per DP replica
+  double prefill_limit_seconds = 0.0;   // the prompt's matrix products alone (max over ranks)
+  double prefill_flops = 0.0;           // the prompt's matrix-product FLOPs on the busiest rank
+  double matmul_flops = 0.0;            // prefill_flops / prefill_limit_seconds: sgemm FLOP/s at these shapes
+  double read_bandwidth = 0.0;          // bytes/s per rank, all ranks reading at once
+  double decode_bytes_per_token = 0.0;  // max over ranks of the bytes a decode step reads
+  double prefill_matmul_fraction = 0.0, decode_bandwidth_fraction = 0.0;
+  // Per rank, after the timed runs (before the limits): current = what the engine holds (its weights),
+  // peak = the high-water mark of loading and the runs (KV cache included).
+  std::vector<MemorySnapshot> memory;
+  int64_t weight_bytes = 0;    // weight bytes held, summed over ranks (TP 1: the model's)
+  int64_t peak_rss_bytes = 0;  // this process's peak resident set after the runs, before the limits
+};
+
+// Throws expar::Error for a bad option (the message names it) or a prompt + generation above max_seq.
+GenerateBenchReport run_generate_bench(const GenerateBenchOptions& options);
+
+std::string generate_bench_json(const GenerateBenchOptions& options, const GenerateBenchReport& report);
+
+}  // namespace expar::bench

@@ -1,0 +1,47 @@
+#include "expar/cli/layout_options.hpp"
+
+#include "expar/cli/option_checks.hpp"
+
+namespace expar::cli {
+
+void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
+  cmd->add_option("--tp", a.tp, "Tensor-parallel degree (ranks per DP replica)")
+      ->capture_default_str()
+      ->check(integer_in(1, 256));
+  cmd->add_option("--dp", a.dp, "Data-parallel replicas")->capture_default_str()->check(integer_in(1, 256));
+  cmd->add_option("--ep", a.ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")
+      ->capture_default_str()
+      ->check(integer_in(0, 65536));
+  cmd->add_flag("--no-ep", a.no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
+  cmd->add_option("--placement", a.placement, "Expert placement: contiguous | round-robin")
+      ->capture_default_str()
+      ->check(one_of({"contiguous", "round-robin"}));
+  if (with_decode_moe)
+    cmd->add_option(
+           "--decode-moe", a.decode_moe,
+           "Decode MoE pattern: allreduce (seed 002) | rowwise (rows to expert owners; full EP only)")
+        ->capture_default_str()
+        ->check(one_of({"allreduce", "rowwise"}));
+  cmd->add_option("--threads", a.threads, "Compute threads per rank (0: cores / ranks)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1024));
+  cmd->add_flag("--oversubscribe", a.oversubscribe, "Allow ranks x threads above the cores");
+}
+
+infer::GenerateOptions engine_options(const LayoutArgs& a) {
+  infer::GenerateOptions o;
+  o.tp = a.tp;
+  o.dp = a.dp;
+  o.enable_expert_parallel = !a.no_ep;
+  if (a.ep > 0) o.ep_degree = a.ep;
+  o.placement = placement_from_name(a.placement);
+  o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
+  o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
+  return o;
+}
+
+std::string ep_label(const LayoutArgs& a) {
+  return a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
+}
+
+}  // namespace expar::cli
