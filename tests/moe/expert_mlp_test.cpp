@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 
 namespace expar {
@@ -120,6 +122,64 @@ TEST(ExpertMlp, GradientsMatchFiniteDifferences) {
   for (int64_t i = kH * kD; i < 2 * kH * kD; ++i) {
     EXPECT_EQ(grads.w1.data<float>()[i], 1.0f);
     EXPECT_EQ(grads.w3.data<float>()[i], 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace expar
+
+namespace expar {
+namespace {
+
+// gpt-oss's experts: gate/up biases before the clamped SwiGLU, the down bias after the down product, against
+// a per-row double computation, with inputs large enough that both clamps bite; their backward is refused.
+TEST(ExpertMlp, GptOssClampedExpertsWithBiasesMatchPerRowComputation) {
+  ExpertWeights w = random_weights(21);
+  w.b1 = Tensor::empty({kLocal, kH});
+  w.b3 = Tensor::empty({kLocal, kH});
+  w.b2 = Tensor::empty({kLocal, kD});
+  fill_normal(w.b1, 21, 4, 2.0f);
+  fill_normal(w.b3, 21, 5, 2.0f);
+  fill_normal(w.b2, 21, 6, 1.0f);
+  w.activation = ExpertMlpActivation::GptOssClamped;
+  Tensor x = random_input(22);
+  Tensor live = x.rows(0, kOffsets.back());
+  for (float& v : live.span<float>()) v *= 6.0f;  // pre-activations beyond ±7
+  Tensor y = poisoned({kCapacity, kD});
+  ExpertMlpState state;
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
+  int clamped = 0;
+  for (int64_t r = 0; r < kOffsets.back(); ++r) {
+    const int l = expert_of_row(r);
+    const float* xr = x.data<float>() + r * kD;
+    std::vector<double> m(static_cast<size_t>(kH));
+    for (int64_t j = 0; j < kH; ++j) {
+      double g = w.b1.data<float>()[l * kH + j], u = w.b3.data<float>()[l * kH + j];
+      for (int64_t c = 0; c < kD; ++c) {
+        g += static_cast<double>(w.w1.data<float>()[(l * kH + j) * kD + c]) * xr[c];
+        u += static_cast<double>(w.w3.data<float>()[(l * kH + j) * kD + c]) * xr[c];
+      }
+      clamped += (g > 7.0) + (std::fabs(u) > 7.0);
+      g = std::min(g, 7.0);
+      u = std::clamp(u, -7.0, 7.0);
+      m[static_cast<size_t>(j)] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+    }
+    for (int64_t c = 0; c < kD; ++c) {
+      double want = w.b2.data<float>()[l * kD + c];
+      for (int64_t j = 0; j < kH; ++j)
+        want += static_cast<double>(w.w2.data<float>()[(l * kD + c) * kH + j]) * m[static_cast<size_t>(j)];
+      EXPECT_NEAR(y.data<float>()[r * kD + c], want, 1e-4 * (1.0 + std::fabs(want))) << "row " << r;
+    }
+  }
+  EXPECT_GT(clamped, 0) << "the inputs never reached a clamp";
+  for (int64_t i = kOffsets.back() * kD; i < y.numel(); ++i) EXPECT_TRUE(std::isnan(y.data<float>()[i]));
+  ExpertWeights grads = zero_like(w);
+  Tensor grad_in = Tensor::empty({kCapacity, kD});
+  try {
+    expert_mlp_backward(Tensor::zeros({kCapacity, kD}), state, w, grad_in, grads);
+    FAIL() << "the backward of gpt-oss's experts ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("forward only"), std::string::npos) << e.what();
   }
 }
 

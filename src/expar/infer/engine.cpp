@@ -7,7 +7,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
-#include "expar/infer/hf_experts.hpp"
+#include "expar/moe/expert_mlp.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
@@ -70,10 +70,6 @@ void add_into(Tensor& acc, const Tensor& b) {
 Tensor rmsnorm(const Tensor& x, const Tensor& gain, float eps) {
   if (x.dim(0) == 0) return Tensor::empty(x.shape());
   return nn::rmsnorm_forward(x, gain, eps, nullptr);
-}
-
-float silu(float v) {
-  return v / (1.0f + std::exp(-v));
 }
 
 }  // namespace
@@ -432,12 +428,7 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
   state.scratch_dispatch = true;  // no backward: the payload may live in the path's scratch slot
   Tensor expert_in = rowwise_->dispatch_forward(xs, map, state);
   Tensor expert_out = rowwise_->expert_output_buffer(map, d, state);
-  for (int64_t l = 0; l + 1 < static_cast<int64_t>(map.expert_offsets.size()); ++l) {
-    const int64_t r0 = map.expert_offsets[static_cast<size_t>(l)],
-                  r1 = map.expert_offsets[static_cast<size_t>(l + 1)];
-    if (r1 > r0)
-      expert_rows(layer, l, expert_in.data<float>() + r0 * d, r1 - r0, expert_out.data<float>() + r0 * d);
-  }
+  run_experts(layer, expert_in, map.expert_offsets, expert_out);
   Tensor y = rowwise_->combine_forward(expert_out, topk_weight, map, state);
   // The shared expert is TP-sharded: its partial sums over all T tokens are reduce-scattered onto the slices
   // (the model decides, so every TP rank enters the collective even where it holds no shard).
@@ -465,96 +456,83 @@ void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::v
 
 void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,
                            Tensor& out) const {
-  const ExpertWeights& w = weights_.layers[static_cast<size_t>(layer)].experts;
-  const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k, h = w.hidden();
-  const int64_t el = w.local_count();
-  // Tokens of each local expert, with their weights, in token order.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(el));
+  const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k;
+  const auto el = static_cast<int64_t>(weights_.local_experts.size());
+  // The routes to this rank's experts in the expert-side layout of moe/ (contract 3): grouped by local
+  // expert, in token order inside each.
+  std::vector<int64_t> offsets(static_cast<size_t>(el + 1), 0);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int32_t e = idx[i];
+    EXPAR_CHECK(e >= 0 && e < static_cast<int32_t>(global_to_local_.size()), "routed to expert {} of {}", e,
+                global_to_local_.size());
+    const int l = global_to_local_[static_cast<size_t>(e)];
+    if (l >= 0) ++offsets[static_cast<size_t>(l) + 1];
+  }
+  for (int64_t l = 0; l < el; ++l) offsets[static_cast<size_t>(l + 1)] += offsets[static_cast<size_t>(l)];
+  const int64_t recv = offsets[static_cast<size_t>(el)];
+  if (recv == 0) return;
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  std::vector<std::pair<int64_t, float>> route(static_cast<size_t>(recv));  // (token, weight) of each row
+  Tensor rows = Tensor::empty({recv, d});
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = idx[t * k + j];
-      EXPAR_CHECK(e >= 0 && e < static_cast<int32_t>(global_to_local_.size()), "routed to expert {} of {}", e,
-                  global_to_local_.size());
-      const int l = global_to_local_[static_cast<size_t>(e)];
-      if (l >= 0) routed[static_cast<size_t>(l)].emplace_back(t, weight[t * k + j]);
-    }
-  for (int64_t l = 0; l < el; ++l) {
-    const auto& rt = routed[static_cast<size_t>(l)];
-    const auto m = static_cast<int64_t>(rt.size());
-    if (m == 0 || h == 0) continue;
-    Tensor xe = Tensor::empty({m, d}), y = Tensor::empty({m, d});
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(xe.data<float>() + i * d, x.data<float>() + rt[static_cast<size_t>(i)].first * d,
+      const int l = global_to_local_[static_cast<size_t>(idx[t * k + j])];
+      if (l < 0) continue;
+      const int64_t r = next[static_cast<size_t>(l)]++;
+      route[static_cast<size_t>(r)] = {t, weight[t * k + j]};
+      std::memcpy(rows.data<float>() + r * d, x.data<float>() + t * d,
                   sizeof(float) * static_cast<size_t>(d));
-    expert_rows(layer, l, xe.data<float>(), m, y.data<float>());
-    for (int64_t i = 0; i < m; ++i) {
-      const auto [t, wt] = rt[static_cast<size_t>(i)];
-      float* o = out.data<float>() + t * d;
-      const float* py = y.data<float>() + i * d;
-      for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
     }
+  Tensor y = Tensor::empty({recv, d});
+  run_experts(layer, rows, offsets, y);
+  for (int64_t r = 0; r < recv; ++r) {
+    const auto [t, wt] = route[static_cast<size_t>(r)];
+    float* o = out.data<float>() + t * d;
+    const float* py = y.data<float>() + r * d;
+    for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
   }
 }
 
-void Engine::expert_rows(int layer, int64_t l, const float* x, int64_t m, float* y) const {
-  stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[static_cast<size_t>(l)])] += m;
+void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  const ExpertWeights& w = lw.experts;
-  const int64_t d = weights_.config.model_dim, h = w.hidden();
-  const float* b2 = present(lw.expert_b2) ? lw.expert_b2.data<float>() + l * d : nullptr;
-  if (h == 0) {  // an empty intermediate shard: only the down bias (if held here)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < d; ++j) y[i * d + j] = b2 ? b2[j] : 0.0f;
-    return;
-  }
-  Tensor g = Tensor::empty({m, h}), u = Tensor::empty({m, h});
-  const float* w1 = w.w1.data<float>() + l * h * d;
-  const float* w3 = w.w3.data<float>() + l * h * d;
-  const float* w2 = w.w2.data<float>() + l * d * h;
-  matmul(x, w1, g.data<float>(), m, h, d, false, true, false);
-  matmul(x, w3, u.data<float>(), m, h, d, false, true, false);
-  float* pg = g.data<float>();
-  const float* pu = u.data<float>();
-  if (weights_.features.activation == ExpertActivation::GptOssClamped) {
-    // gpt-oss: biased gate/up, clamped SwiGLU; the down bias on the rank holding intermediate shard 0.
-    const float* b1 = lw.expert_b1.data<float>() + l * h;
-    const float* b3 = lw.expert_b3.data<float>() + l * h;
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < h; ++j)
-        pg[i * h + j] = gpt_oss_swiglu(pg[i * h + j] + b1[j], pu[i * h + j] + b3[j]);
-  } else {
-    for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * pu[i];
-  }
-  matmul(pg, w2, y, m, d, h, false, true, false);
-  if (b2)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < d; ++j) y[i * d + j] += b2[j];
+  for (size_t l = 0; l + 1 < offsets.size(); ++l)
+    stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
+  // moe/'s grouped expert MLP, with gpt-oss's biases (the down bias only where this rank holds it) and
+  // activation.
+  ExpertWeights w = lw.experts;
+  w.b1 = lw.expert_b1;
+  w.b3 = lw.expert_b3;
+  w.b2 = lw.expert_b2;
+  w.activation = weights_.features.activation;
+  ExpertMlpState state;
+  expert_mlp_forward(rows, PayloadFormat::F32, offsets, w, out, state);
 }
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   if (!present(lw.shared_w1) || x.dim(0) == 0) return;
   const int64_t m = x.dim(0), d = x.dim(1), h = lw.shared_w1.dim(0);
-  Tensor g = Tensor::empty({m, h}), u = Tensor::empty({m, h});
-  matmul(x.data<float>(), lw.shared_w1.data<float>(), g.data<float>(), m, h, d, false, true, false);
-  matmul(x.data<float>(), lw.shared_w3.data<float>(), u.data<float>(), m, h, d, false, true, false);
-  float* pg = g.data<float>();
-  for (int64_t i = 0; i < m * h; ++i) pg[i] = silu(pg[i]) * u.data<float>()[i];
+  // One SwiGLU expert (this rank's intermediate shard), through moe/'s expert MLP.
+  ExpertWeights w{lw.shared_w1.reshape({1, h, d}), lw.shared_w3.reshape({1, h, d}),
+                  lw.shared_w2.reshape({1, d, h})};
+  const std::vector<int64_t> offsets{0, m};
+  Tensor y = Tensor::empty({m, d});
+  ExpertMlpState state;
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, state);
+  const float* py = y.data<float>();
   if (!present(lw.shared_gate)) {
-    matmul(pg, lw.shared_w2.data<float>(), out, m, d, h, false, true, true);  // accumulate into out
+    for (int64_t i = 0; i < m * d; ++i) out[i] += py[i];
     return;
   }
   // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token; scaling this
   // rank's partial sum by it scales the sum over the TP group alike.
-  Tensor y = Tensor::empty({m, d});
-  matmul(pg, lw.shared_w2.data<float>(), y.data<float>(), m, d, h, false, true, false);
   const float* gate = lw.shared_gate.data<float>();
   for (int64_t i = 0; i < m; ++i) {
     const float* xi = x.data<float>() + i * d;
     float dot = 0;
     for (int64_t j = 0; j < d; ++j) dot += xi[j] * gate[j];
     const float s = 1.0f / (1.0f + std::exp(-dot));
-    for (int64_t j = 0; j < d; ++j) out[i * d + j] += s * y.data<float>()[i * d + j];
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] += s * py[i * d + j];
   }
 }
 

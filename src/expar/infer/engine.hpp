@@ -122,8 +122,9 @@ class Engine {
   void route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const;
   // Adds this rank's expert contribution for tokens x [N, d] routed by (idx, weight) [N, K] into out.
   void local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight, Tensor& out) const;
-  // y [m, d] = local expert l of `layer` on rows x [m, d] (down bias included, no routing weight).
-  void expert_rows(int layer, int64_t l, const float* x, int64_t m, float* y) const;
+  // out rows [0, offsets[E_L]) = the local experts of `layer` (moe/expert_mlp) on `rows` in the expert-side
+  // layout (local expert l's rows in [offsets[l], offsets[l+1])); counts them in stats_.expert_tokens.
+  void run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const;
   void shared_expert(int layer, const Tensor& x, float* out) const;
 
   InferenceLayout layout_;
@@ -136,7 +137,7 @@ class Engine {
   nn::Rope rope_;
   std::vector<int> global_to_local_;  // [E] local index of each expert here, -1 elsewhere
   std::vector<std::unique_ptr<Sequence>> sequences_;
-  mutable EngineStats stats_;  // expert_rows (const) counts its rows
+  mutable EngineStats stats_;  // run_experts (const) counts its rows
 };
 
 }  // namespace expar::infer

@@ -80,10 +80,4 @@ GptOssExperts load_gpt_oss_experts(const TensorStore& store, int layer, std::spa
   return g;
 }
 
-float gpt_oss_swiglu(float gate, float up) {
-  gate = std::min(gate, kGptOssLimit);
-  up = std::clamp(up, -kGptOssLimit, kGptOssLimit);
-  return gate / (1.0f + std::exp(-kGptOssAlpha * gate)) * (up + 1.0f);
-}
-
 }  // namespace expar::infer

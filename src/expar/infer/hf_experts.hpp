@@ -39,8 +39,6 @@ struct GptOssExperts {
 GptOssExperts load_gpt_oss_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1, bool owns_down_bias);
 
-inline constexpr float kGptOssAlpha = 1.702f, kGptOssLimit = 7.0f;
-// gpt-oss's activation: gate clamped to <= 7, up to [-7, 7]; gate·sigmoid(1.702·gate)·(up + 1).
-float gpt_oss_swiglu(float gate, float up);
+// gpt-oss's clamped SwiGLU is moe/expert_mlp.hpp's gpt_oss_swiglu (the experts run there).
 
 }  // namespace expar::infer

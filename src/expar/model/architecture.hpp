@@ -43,10 +43,9 @@ enum class RouterKind : uint8_t {
   BiasedTopkSoftmax  // gpt-oss: a router bias (loaded as router_bias); moe/router computes it with
                      // MoeConfig::softmax_over_topk: top-k of the biased logits, softmax over those k
 };
-enum class ExpertActivation : uint8_t {
-  Swiglu,        // silu(gate)·up
-  GptOssClamped  // gpt_oss_swiglu (infer/hf_experts.hpp), with gate/up/down biases
-};
+// The experts' activation (moe/expert_mlp.hpp, where they run): SwiGLU, or gpt-oss's clamped SwiGLU with
+// gate/up/down biases.
+using ExpertActivation = ExpertMlpActivation;
 // q/k RMSNorm: none, per head (Qwen3) or over the whole projection (OLMoE); see nn/attention.hpp.
 using QkNorm = nn::QkNorm;
 

@@ -10,6 +10,12 @@
 
 namespace expar {
 
+float gpt_oss_swiglu(float gate, float up) {
+  gate = std::min(gate, kGptOssLimit);
+  up = std::clamp(up, -kGptOssLimit, kGptOssLimit);
+  return gate / (1.0f + std::exp(-kGptOssAlpha * gate)) * (up + 1.0f);
+}
+
 void ExpertWeights::validate() const {
   EXPAR_CHECK(w1.ndim() == 3 && w3.ndim() == 3 && w2.ndim() == 3,
               "expert weights must be 3-d [E_L, h, d] / [E_L, d, h], got w1 {} w3 {} w2 {}",
@@ -18,6 +24,15 @@ void ExpertWeights::validate() const {
       w3.shape() == w1.shape() && w2.dim(0) == w1.dim(0) && w2.dim(1) == w1.dim(2) && w2.dim(2) == w1.dim(1),
       "expert weight shapes disagree: w1 {} (gate [E_L,h,d]), w3 {} (up [E_L,h,d]), w2 {} (down [E_L,d,h])",
       shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));
+  auto check_bias = [&](const Tensor& b, int64_t cols, const char* what) {
+    if (b.defined() && b.numel() > 0)
+      EXPAR_CHECK(b.dtype() == DType::F32 && b.ndim() == 2 && b.dim(0) == w1.dim(0) && b.dim(1) == cols,
+                  "expert bias {} has shape {}, expected [{}, {}] f32", what, shape_string(b.shape()),
+                  w1.dim(0), cols);
+  };
+  check_bias(b1, w1.dim(1), "b1 (gate)");
+  check_bias(b3, w1.dim(1), "b3 (up)");
+  check_bias(b2, w1.dim(2), "b2 (down)");
 }
 
 namespace {
@@ -44,6 +59,16 @@ void swiglu_grad(const float* a, const float* b, const float* gm, float* ga, flo
     gb[i] = g * (a[i] * s);
     ga[i] = g * b[i] * s * (1.0f + a[i] * (1.0f - s));
   }
+}
+
+bool has(const Tensor& t) {
+  return t.defined() && t.numel() > 0;
+}
+
+// rows [n, cols] += bias (one row of it) on every row.
+void add_row_bias(float* rows, int64_t n, int64_t cols, const float* bias) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] += bias[c];
 }
 
 int64_t max_expert_rows(std::span<const int64_t> offsets) {
@@ -94,10 +119,24 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
-    matmul(x + begin * d, w1, a + begin * h, n, h, d, false, true, false);
-    matmul(x + begin * d, w3, b + begin * h, n, h, d, false, true, false);
-    swiglu(a + begin * h, b + begin * h, m, n * h);
-    matmul(m, w2, y + begin * d, n, d, h, false, true, false);
+    float* yl = y + begin * d;
+    if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
+      std::fill(yl, yl + n * d, 0.0f);
+    } else {
+      float* al = a + begin * h;
+      float* bl = b + begin * h;
+      matmul(x + begin * d, w1, al, n, h, d, false, true, false);
+      matmul(x + begin * d, w3, bl, n, h, d, false, true, false);
+      if (has(weights.b1)) add_row_bias(al, n, h, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_row_bias(bl, n, h, weights.b3.data<float>() + l * h);
+      if (weights.activation == ExpertMlpActivation::GptOssClamped) {
+        for (int64_t i = 0; i < n * h; ++i) m[i] = gpt_oss_swiglu(al[i], bl[i]);
+      } else {
+        swiglu(al, bl, m, n * h);
+      }
+      matmul(m, w2, yl, n, d, h, false, true, false);
+    }
+    if (has(weights.b2)) add_row_bias(yl, n, d, weights.b2.data<float>() + l * d);
   }
 }
 
@@ -105,6 +144,10 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
                          Tensor& grad_in, ExpertWeights& grads) {
   weights.validate();
   grads.validate();
+  EXPAR_CHECK(weights.activation == ExpertMlpActivation::Swiglu && !has(weights.b1) && !has(weights.b3) &&
+                  !has(weights.b2),
+              "the expert MLP's backward covers SwiGLU experts without biases: gpt-oss's clamped SwiGLU and "
+              "expert biases run forward only (training gpt-oss is not built)");
   EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
               shape_string(grads.w1.shape()), shape_string(weights.w1.shape()));
   const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
