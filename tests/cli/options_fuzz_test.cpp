@@ -109,13 +109,15 @@ std::vector<Command> commands(const fs::path& scratch) {
       {{"generate"}, {"--checkpoint", (scratch / "ckpt").string(), "--tokens", "2", "--prompt", "A"}},
       {{"plan"}, {"--preset", "olmoe-1b-7b", "--world", "8", "--ep", "8"}},
       {{"layer"}, {"missing.safetensors", "--out", "out.safetensors"}},
-      {{"bench", "comm"}, {"--backend", "threads", "--ranks", "2", "--repeats", "1", "--bytes", "65536"}},
-      {{"bench", "paths"}, with({"--ranks", "2", "--d", "32", "--h", "32", "--no-memory"}, tiny_moe)},
-      {{"bench", "payload"}, with({"--ranks", "2", "--d", "32"}, tiny_moe)},
-      {{"bench", "waves"}, with({"--ranks", "2", "--d", "32", "--h", "32", "--waves", "2"}, tiny_moe)},
-      {{"bench", "bar"}, with({"--d", "32", "--h", "32"}, tiny_moe)},
+      {{"bench", "comm"}, {"--transport", "threads", "--ranks", "2", "--repeats", "1", "--bytes", "65536"}},
+      {{"bench", "paths"},
+       with({"--ranks", "2", "--d-model", "32", "--expert-hidden", "32", "--no-memory"}, tiny_moe)},
+      {{"bench", "payload"}, with({"--ranks", "2", "--d-model", "32"}, tiny_moe)},
+      {{"bench", "waves"},
+       with({"--ranks", "2", "--d-model", "32", "--expert-hidden", "32", "--waves", "2"}, tiny_moe)},
+      {{"bench", "bar"}, with({"--d-model", "32", "--expert-hidden", "32"}, tiny_moe)},
       {{"bench", "scaling"},
-       with({"--d", "32", "--h", "32", "--ep-list", "2", "--tokens-list", "16"}, tiny_moe)},
+       with({"--d-model", "32", "--expert-hidden", "32", "--ep-list", "2", "--tokens-list", "16"}, tiny_moe)},
   };
 }
 

@@ -2,8 +2,8 @@
 // order, stopping at the first failure), scaled down where it trains or measures. New blocks are picked up
 // without editing this test; what the test changes or leaves out is listed below, each with its reason, so a
 // README command that needs a new exception shows up as a failing test.
-// The scripts run in a scratch directory that mirrors the repository's relative paths (data/, scripts/, tests/,
-// build/release/expar), so runs/ and logs land there, not in the source tree.
+// The scripts run in a scratch directory that mirrors the repository's relative paths (data/, scripts/,
+// tests/, build/release/expar), so runs/ and logs land there, not in the source tree.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -52,10 +52,10 @@ const std::vector<Substitution>& scale_down() {
        },
        "train lines without --steps (default 300) also run two"},
       {[](const std::string& l) {
-         const std::string big = "--tokens 1024 --d 512 --h 1024";
+         const std::string big = "--tokens 1024 --d-model 512 --expert-hidden 1024";
          const size_t at = l.find(big);
          if (at == std::string::npos) return l;
-         return l.substr(0, at) + "--tokens 64 --d 64 --h 64 --repeats 1 --warmup 0" +
+         return l.substr(0, at) + "--tokens 64 --d-model 64 --expert-hidden 64 --repeats 1 --warmup 0" +
                 l.substr(at + big.size());
        },
        "bench paths at a small shape, one repeat"},
@@ -79,7 +79,8 @@ const std::vector<Exclusion>& not_run() {
       {"./scripts/test", "sets up and builds the whole project (scripts/test runs this very test)"},
       {"--path hf/", "needs a Hugging Face checkpoint downloaded by the user (tests have no network)"},
       {" layer layer.safetensors", "needs the user's own layer.safetensors"},
-      {"./scripts/build release expar", "the test runs the expar binary CTest built (the scratch folder has no sources)"},
+      {"./scripts/build release expar",
+       "the test runs the expar binary CTest built (the scratch folder has no sources)"},
   };
   return rules;
 }

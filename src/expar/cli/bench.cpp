@@ -13,6 +13,7 @@
 #include "expar/bench/measure.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/shape_flags.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
@@ -111,7 +112,7 @@ int run_bench_comm(const BenchOptions& o) {
         force && std::string(force) == "1" ? "mpi (EXPAR_MPI_FORCE_REMOTE=1: MPI_Put/MPI_Get)" : "mpi";
     return run_mpi(nullptr, nullptr, launch, [&](Comm& world) { bench_comm(world, o, label); });
   }
-  fail("--backend {}: unknown backend; use threads or mpi", o.backend);
+  fail("--transport {}: unknown transport; use threads or mpi", o.backend);
 }
 
 }  // namespace
@@ -130,8 +131,12 @@ void add_bench(CLI::App& app, CommandTable& table) {
   bench->require_subcommand(1);
   auto* comm = bench->add_subcommand("comm", "Put/get and all_to_all_v bandwidth of a communication backend");
   auto o = std::make_shared<BenchOptions>();
-  comm->add_option("--backend", o->backend,
+  // --transport, as on expar train and serve; --backend is its old spelling (for one release).
+  comm->add_option("--transport", o->backend,
                    "threads (ranks are threads) or mpi (run under scripts/mpirun-local)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  comm->add_option("--backend", o->backend, "old spelling of --transport")
+      ->group(kOldSpellings)
       ->check(CLI::IsMember({"threads", "mpi"}));
   comm->add_option("--ranks", o->ranks, "ranks for the threads backend (mpi: the mpirun -n)")
       ->check(integer_in(1, 256));

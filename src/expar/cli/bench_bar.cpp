@@ -7,6 +7,7 @@
 #include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/shape_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
@@ -20,10 +21,7 @@ using namespace expar::bench;
 void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
   cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)")
       ->check(integer_in(1, 1 << 20));
-  cmd->add_option("--d", o.model_dim, "model dimension")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--h", o.hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--experts", o.experts, "routed experts E")->check(integer_in(1, 4096));
-  cmd->add_option("--top-k", o.top_k, "routes per token K")->check(integer_in(1, 4096));
+  add_layer_shape_flags(cmd, o.model_dim, o.hidden_dim, o.experts, o.top_k);
   cmd->add_option("--repeats", o.repeats, "measured repeats (the median is used)")
       ->check(integer_in(1, 1000));
   cmd->add_option("--warmup", o.warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));

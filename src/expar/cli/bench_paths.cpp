@@ -10,6 +10,7 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/cli/shape_flags.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::cli {
@@ -36,10 +37,7 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
                   "rows across nodes become counted messages")
       ->check(integer_in(1, 256));
   cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  cmd->add_option("--d", o->model_dim, "model dimension")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--experts", o->experts, "routed experts E")->check(integer_in(1, 4096));
-  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
   cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank")->check(integer_in(1, 256));
   cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
       ->check(integer_in(1, 1000));

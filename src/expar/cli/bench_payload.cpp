@@ -6,6 +6,7 @@
 #include "expar/bench/payload.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/shape_flags.hpp"
 
 namespace expar::cli {
 
@@ -20,12 +21,9 @@ void add_bench_payload(CLI::App* bench, CommandTable& table) {
       ->check(integer_in(1, 256));
   cmd->add_option("--threads", o->threads, "compute threads per rank")->check(integer_in(1, 256));
   cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  cmd->add_option("--dim,--d", o->model_dim, "row width d (a multiple of 32 for the MX formats)")
-      ->check(integer_in(1, 1 << 16));
-  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension (the GEMM is not measured here)")
-      ->check(integer_in(1, 1 << 16));
-  cmd->add_option("--experts", o->experts, "routed experts E")->check(integer_in(1, 4096));
-  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k,
+                        "row width d (a multiple of 32 for the MX formats)",
+                        "expert hidden dimension (the GEMM is not measured here)");
   cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
       ->check(integer_in(1, 1000));
   cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));

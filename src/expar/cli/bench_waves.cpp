@@ -6,6 +6,7 @@
 #include "expar/bench/waves.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/shape_flags.hpp"
 
 namespace expar::cli {
 
@@ -21,10 +22,7 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
   cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra")
       ->check(integer_in(1, 256));
   cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  cmd->add_option("--dim,--d", o->model_dim, "model dimension d")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--h", o->hidden_dim, "expert hidden dimension")->check(integer_in(1, 1 << 16));
-  cmd->add_option("--experts", o->experts, "routed experts E")->check(integer_in(1, 4096));
-  cmd->add_option("--top-k", o->top_k, "routes per token K")->check(integer_in(1, 4096));
+  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
   cmd->add_option("--path", o->path, "execution path (one that runs waves: block | rowwise)");
   cmd->add_option("--waves", o->waves, "wave counts, each in [2, E / ranks] (no-wave always runs)")
       ->delimiter(',')

@@ -1,0 +1,23 @@
+#include "expar/cli/shape_flags.hpp"
+
+#include "expar/cli/option_checks.hpp"
+
+namespace expar::cli {
+
+void add_layer_shape_flags(CLI::App* cmd, int64_t& model_dim, int64_t& hidden_dim, int& experts, int& top_k,
+                           const std::string& d_help, const std::string& h_help) {
+  cmd->add_option("--d-model", model_dim, d_help)->check(integer_in(1, 1 << 16));
+  cmd->add_option("--expert-hidden", hidden_dim, h_help)->check(integer_in(1, 1 << 16));
+  cmd->add_option("--experts", experts, "routed experts E")->check(integer_in(1, 4096));
+  cmd->add_option("--top-k", top_k, "routes per token K")->check(integer_in(1, 4096));
+  // Listed under their own heading in --help (CLI11 drops a hidden option's name from its error messages).
+  for (const char* old : {"--d", "--dim"})
+    cmd->add_option(old, model_dim, "old spelling of --d-model")
+        ->group(kOldSpellings)
+        ->check(integer_in(1, 1 << 16));
+  cmd->add_option("--h", hidden_dim, "old spelling of --expert-hidden")
+      ->group(kOldSpellings)
+      ->check(integer_in(1, 1 << 16));
+}
+
+}  // namespace expar::cli
