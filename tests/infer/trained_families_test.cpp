@@ -199,13 +199,14 @@ TEST(TrainedFamilies, SavesAreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
   // Training changed the weights; the engine (TP 2, EP) and a training model loaded from the save agree.
   const std::vector<int32_t> prompt = vocab_tokens(7, 10, m.vocab);
   Tensor trained;
+  MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
   run_ranks(1, [&](Comm& world) {
     Architecture a = hf_architecture(m.config(), "test config.json");
     a.config.moe.path = "local";
     auto group = world.split(0, 0, "ep");
     MoeTransformer model(a.config, *group, 0, a.features);
     load_checkpoint(straight.string(), model, nullptr);
-    trained = export_to(current_tracker(), model.logits(prompt, 1, 10));
+    trained = export_to(host, model.logits(prompt, 1, 10));
   });
   EXPECT_FALSE(close(trained, m.dense_logits(prompt), 1e-3)) << "three steps did not change the model";
   const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
