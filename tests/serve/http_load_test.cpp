@@ -25,7 +25,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kClients = 48, kRequestsPerClient = 4, kMaxConcurrent = 8, kPrompts = 6, kRetries = 400;
+constexpr int kClients = 48, kRequestsPerClient = 4, kMaxConcurrent = 8, kPrompts = 6, kRetries = 4000;
 
 json request(int prompt) {
   return {{"prompt", "load " + std::to_string(prompt)}, {"max_tokens", 4}, {"temperature", 0}};
