@@ -94,7 +94,6 @@ TEST(HttpLoad, ManyClientsBeyondTheBoundEndWith200Or503AndMetricsAddUp) {
     EXPECT_TRUE(status == 200 || status == 503) << "status " << status << " x" << n;
   EXPECT_EQ(statuses[200], kClients * kRequestsPerClient) << "requests that never completed";
   std::printf("statuses: 200 x%d, 503 x%d\n", statuses[200], statuses.count(503) ? statuses[503] : 0);
-  EXPECT_GT(statuses[200], 0);
 
   const std::string m = s.metrics();
   EXPECT_EQ(metric(m, "expar_requests_total{status=\"200\"}"), statuses[200] + kPrompts) << m;

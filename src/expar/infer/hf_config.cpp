@@ -3,8 +3,6 @@
 #include "expar/core/error.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/io/checkpoint_dir.hpp"
-#include "expar/io/strict_json.hpp"
-#include "expar/io/text_file.hpp"
 
 namespace expar::infer {
 
@@ -22,9 +20,8 @@ std::string model_type_in(const fs::path& dir) {
 // A save of expar train holds manifest.json and, for a Hugging Face family, config.json and that family's
 // tensor names too: the manifest's "architecture" says which (absent: ours).
 bool manifest_names_a_family(const fs::path& dir) {
-  const fs::path path = dir / "manifest.json";
-  const nlohmann::json j = parse_strict_json(read_text_file(path, "checkpoint manifest"), path.string(), 8);
-  return j.is_object() && j.contains("architecture") && j.at("architecture") != "ours";
+  const nlohmann::json j = read_manifest_json(dir);
+  return j.contains("architecture") && j.at("architecture") != "ours";
 }
 
 }  // namespace

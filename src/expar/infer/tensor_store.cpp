@@ -28,9 +28,6 @@ Tensor TensorStore::view(const std::string& name) const {
   return view_rows(name, 0, rows);
 }
 
-namespace {
-
-// manifest.json parsed strictly; errors name the file (and the key).
 json read_manifest_json(const fs::path& dir) {
   const fs::path path = dir / "manifest.json";
   EXPAR_CHECK(fs::exists(path),
@@ -41,8 +38,6 @@ json read_manifest_json(const fs::path& dir) {
                 "{}: \"{}\" is missing: not a complete expar checkpoint manifest", path.string(), key);
   return j;
 }
-
-}  // namespace
 
 ModelConfig model_config_from_manifest(const fs::path& dir) {
   const json j = read_manifest_json(dir);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,9 @@ class ShardedStore final : public TensorStore {
   explicit ShardedStore(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// dir/manifest.json parsed strictly, with the keys every save has; errors name the file and the key.
+nlohmann::json read_manifest_json(const std::filesystem::path& dir);
 
 // Parses the "model" object of our manifest.json (the inverse of the trainer's writer).
 ModelConfig model_config_from_manifest(const std::filesystem::path& dir);

@@ -318,21 +318,23 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
       // Softmax backward, in place in dP: dS = P ⊙ (dP - Σ_j P·dP) · scale (the scores were scaled). A sink
       // is one more softmax entry with no value (its dP is 0): the keys' formula is unchanged, and the sink
       // logit's gradient is p_sink·(0 - Σ_j P·dP) with p_sink = 1 - Σ_j P.
+      const bool sink = has(options.sinks);
       double sink_grad = 0.0;
       for (int64_t i = 0; i < seq; ++i) {
         const float* pr = p + i * seq;
         float* dr = dp + i * seq;
-        double dot = 0.0, mass = 0.0;
-        for (int64_t j = 0; j <= i; ++j) {
-          dot += static_cast<double>(pr[j]) * dr[j];
-          mass += pr[j];
+        double dot = 0.0;
+        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+        if (sink) {
+          double mass = 0.0;
+          for (int64_t j = 0; j <= i; ++j) mass += pr[j];
+          sink_grad -= (1.0 - mass) * dot;
         }
-        sink_grad -= (1.0 - mass) * dot;
         const float fdot = static_cast<float>(dot);
         for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - fdot) * scale;
         for (int64_t j = i + 1; j < seq; ++j) dr[j] = 0.0f;
       }
-      if (has(options.sinks)) option_grads->sinks.data<float>()[h] += static_cast<float>(sink_grad);
+      if (sink) option_grads->sinks.data<float>()[h] += static_cast<float>(sink_grad);
       // dq = dS·k
       MatmulArgs cq;
       cq.a = dp;

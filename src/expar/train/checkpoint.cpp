@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/tensor_convert.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/durable_file.hpp"
@@ -69,7 +70,7 @@ class CheckpointNames {
   const std::string& weight(const std::string& ours) const {
     if (!hf_) return ours;
     auto it = names_.find(ours);
-    EXPAR_CHECK(it != names_.end(), "internal error: parameter '{}' has no Hugging Face name", ours);
+    EXPAR_ASSERT(it != names_.end(), "parameter '{}' has no Hugging Face name", ours);
     return it->second;
   }
   // The file holding the optimizer moments of the weights in `file`.
