@@ -170,21 +170,26 @@ TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
     EXPECT_EQ(got[static_cast<size_t>(r)], r < 2 ? ref.greedy[0][0] : std::vector<int32_t>{}) << "rank " << r;
 }
 
-// Seed 002's step lists, as the sequence of one rank's collectives over its TP and DP groups. Per layer,
-// prefill: attention all-gather (undo SP) and reduce-scatter over TP; MoE all-gather over TP, with cross-DP
-// EP a count exchange and all-gather over DP, the experts, a reduce-scatter over DP, then the reduce-scatter
-// over TP back to SP; and a final all-gather before the LM head. Decode: attention all-reduce over TP; MoE
-// with cross-DP EP an all-gather over DP first, the all-reduce over TP, with cross-DP EP a reduce-scatter
-// over DP last. The vocabulary-parallel embedding and LM head add, around the layers, the embedding's sum
-// (a reduce-scatter onto the SP rows in prefill, an all-reduce in decode) and the all-gather of the logits'
+// Seed 002's step lists, as the sequence of one rank's collectives over its TP and DP groups (and, with
+// cross-DP EP, the world as the EP group). Per layer, prefill: attention all-gather (undo SP) and
+// reduce-scatter over TP; the MoE block on moe/'s agrs path: the route counts exchanged over the map's
+// sources (TP, or the whole EP group with cross-DP EP), the packed rows all-gathered over TP and with
+// cross-DP EP over DP, the experts, a reduce-scatter over DP, then the reduce-scatter over TP back to SP; and
+// a final all-gather before the LM head. Decode: attention all-reduce over TP; MoE with cross-DP EP the
+// route counts and an all-gather over DP first, the all-reduce over TP, with cross-DP EP a reduce-scatter
+// over DP last (without it the replica's tokens are one source: nothing is exchanged before the experts).
+// The vocabulary-parallel embedding and LM head add, around the layers, the embedding's sum (a
+// reduce-scatter onto the SP rows in prefill, an all-reduce in decode) and the all-gather of the logits'
 // vocabulary slices. Variable EP (ep_degree < TP) keeps the same single full-TP collectives: summing over the
 // whole TP group adds the TP partial products and the EP contributions in one go.
 std::vector<std::string> seed_002_steps(bool prefill, bool cross_dp, int layers) {
   std::vector<std::string> steps{prefill ? "tp reduce_scatter_v" : "tp all_reduce"};
   for (int l = 0; l < layers; ++l) {
     if (prefill) {
-      steps.insert(steps.end(), {"tp all_gather_v", "tp reduce_scatter_v", "tp all_gather_v"});
-      if (cross_dp) steps.insert(steps.end(), {"dp all_gather", "dp all_gather_v", "dp reduce_scatter_v"});
+      steps.insert(steps.end(), {"tp all_gather_v", "tp reduce_scatter_v"});
+      steps.push_back(cross_dp ? "ep all_gather" : "tp all_gather");
+      steps.push_back("tp all_gather_v");
+      if (cross_dp) steps.insert(steps.end(), {"dp all_gather_v", "dp reduce_scatter_v"});
       steps.push_back("tp reduce_scatter_v");
     } else {
       steps.push_back("tp all_reduce");

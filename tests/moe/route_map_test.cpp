@@ -143,6 +143,81 @@ TEST(RouteMapFigure16, DroplessAcceptsEverything) {
 
 // Every accepted route has a distinct (rank, row), rows are packed from 0 on each rank, and the layout is
 // expert-major, then source rank, then (token, k): checked on random routes for every rule and placement.
+// Sources other than the partitions (inference's agrs path, route_map.hpp). One partition holding all four
+// experts, worked out by hand: expert-major, then source, then token, then k; every destination is 0.
+TEST(RouteMapPartitions, OnePartitionForTwoSourcesByHand) {
+  ExpertPlacement one(4, 1);
+  std::vector<int64_t> requests, tokens;
+  std::vector<Tensor> idx;
+  for (const Routes& r : kFigure) {
+    idx.push_back(make_idx(r, 2));
+    auto c = count_requests(idx.back(), 4);
+    requests.insert(requests.end(), c.begin(), c.end());
+    tokens.push_back(5);
+  }
+  for (int s = 0; s < 2; ++s) {
+    RouteMap m =
+        build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, one, CapacityPolicy::dropless(),
+                        /*partition=*/0);
+    EXPECT_EQ(m.ep_size, 2);
+    EXPECT_EQ(m.partitions, 1);
+    EXPECT_FALSE(m.sources_are_partitions());
+    EXPECT_EQ(m.expert_offsets, (std::vector<int64_t>{0, 5, 13, 17, 20}));
+    EXPECT_EQ(m.recv_rows, 20);
+    EXPECT_EQ(m.send_counts, (std::vector<int64_t>{10}));
+    EXPECT_EQ(m.recv_counts, (std::vector<int64_t>{10, 10}));
+    const Expected want = s == 0 ? Expected{{{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}},
+                                            {{5, 13}, {0, 6}, {17, 7}, {1, 8}, {9, 14}}}
+                                 : Expected{{{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}},
+                                            {{15, 2}, {3, 10}, {18, 4}, {11, 19}, {12, 16}}};
+    expect_map(m, want, "one partition");
+  }
+}
+
+// Splitting each source in two (four sources, two partitions, as variable EP's TP ranks are) moves no row:
+// the same tokens in the same order land where the two-source map puts them, and each source's partition
+// sees its partition's offsets.
+TEST(RouteMapPartitions, SplitSourcesKeepEveryRow) {
+  ExpertPlacement two(4, 2);
+  const auto whole = build_all(kFigure, 2, two, CapacityPolicy::dropless());
+  std::vector<Routes> split;
+  for (const Routes& r : kFigure) {
+    split.emplace_back(r.begin(), r.begin() + 2);
+    split.emplace_back(r.begin() + 2, r.end());
+  }
+  std::vector<int64_t> requests, tokens;
+  std::vector<Tensor> idx;
+  for (const Routes& r : split) {
+    idx.push_back(make_idx(r, 2));
+    auto c = count_requests(idx.back(), 4);
+    requests.insert(requests.end(), c.begin(), c.end());
+    tokens.push_back(static_cast<int64_t>(r.size()));
+  }
+  for (int s = 0; s < 4; ++s) {
+    const int partition = s / 2;
+    RouteMap m = build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, two,
+                                 CapacityPolicy::dropless(), partition);
+    const RouteMap& w = whole[static_cast<size_t>(s / 2)];
+    const int64_t first = s % 2 == 0 ? 0 : 2;
+    for (int64_t t = 0; t < m.tokens; ++t)
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_EQ(m.rank_of(t, k), w.rank_of(first + t, k)) << "source " << s << " token " << t;
+        EXPECT_EQ(m.row_of(t, k), w.row_of(first + t, k)) << "source " << s << " token " << t;
+      }
+    EXPECT_EQ(m.expert_offsets, whole[static_cast<size_t>(partition)].expert_offsets);
+    EXPECT_EQ(m.capacity_rows, w.capacity_rows);
+    EXPECT_EQ(m.send_counts.size(), 2u);
+    EXPECT_EQ(m.recv_counts.size(), 4u);
+  }
+  // Only the dropless policy is defined when sources and partitions differ; a partition must exist; and
+  // without one the sources must be the placement's ranks.
+  EXPECT_THROW(
+      build_route_map(idx[0], 0, requests, tokens, two, CapacityPolicy::with(CapacityRule::Source, 1.2), 0),
+      Error);
+  EXPECT_THROW(build_route_map(idx[0], 0, requests, tokens, two, CapacityPolicy::dropless(), 2), Error);
+  EXPECT_THROW(build_route_map(idx[0], 0, requests, tokens, two, CapacityPolicy::dropless()), Error);
+}
+
 TEST(RouteMap, LayoutInvariantsOnRandomRoutes) {
   for (PlacementKind kind : {PlacementKind::Contiguous, PlacementKind::RoundRobin}) {
     for (CapacityRule rule :

@@ -54,13 +54,6 @@ Tensor reduce_scatter_rows(Comm& group, const Tensor& full, const std::vector<in
   return out;
 }
 
-// Rows of each member of `group` when every member holds `mine` rows (a collective).
-std::vector<int64_t> rows_of_members(Comm& group, int64_t mine) {
-  std::vector<int64_t> all(static_cast<size_t>(group.size()));
-  group.all_gather(&mine, all.data(), 1, DType::I64);
-  return all;
-}
-
 void add_into(Tensor& acc, const Tensor& b) {
   float* pa = acc.data<float>();
   const float* pb = b.data<float>();
@@ -110,6 +103,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       rank_(world.rank()),
       tp_rank_(layout.rank_info(world.rank()).tp_rank),
       dp_rank_(layout.rank_info(world.rank()).dp_rank),
+      partition_(layout.rank_info(world.rank()).ep_rank),
       rope_(weights_.config.head_dim, weights_.config.max_seq,
             rope_scaling(weights_.config, weights_.features)) {
   check_decode_moe(layout_, options_.decode_moe);  // before any collective: every rank refuses alike
@@ -140,22 +134,31 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
         for (int64_t r = 0; r < rows; ++r) k_ss[r] = both[static_cast<size_t>(rows + r)] * k_share;
       };
   }
-  global_to_local_.assign(static_cast<size_t>(weights_.config.moe.num_experts), -1);
   stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.num_experts), 0);
-  for (size_t l = 0; l < weights_.local_experts.size(); ++l)
-    global_to_local_[static_cast<size_t>(weights_.local_experts[l])] = static_cast<int>(l);
-  if (options_.decode_moe == DecodeMoe::Rowwise) {
-    // With ep_tp_size 1 the layout's EP group is the whole world and a rank's EP rank is its world rank; the
-    // route map places rows by layout_.placement(), so this rank's weights must be that placement's experts.
+  // The route map places rows by layout_.placement(), so this rank's weights must hold its partition's
+  // experts in the placement's local order.
+  EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(partition_),
+              "rank {}: the layout's {} placement gives expert partition {} other experts than the weights "
+              "hold: load the weights with the same layout",
+              rank_, placement_name(layout_.placement().kind()), partition_);
+  // With cross-DP EP (ep_tp_size 1) and for rowwise decode the layout's EP group is the whole world, in world
+  // rank order, and a rank's partition is its world rank.
+  if (layout_.cross_dp_ep() || options_.decode_moe == DecodeMoe::Rowwise)
     ep_ = world.subgroup(layout.groups(InferenceGroup::Ep), "ep");
-    EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(ep_->rank()),
-                "rank {}: rowwise decode places experts by the layout's {} placement, but the weights hold "
-                "other experts: load the weights with the same layout",
-                rank_, placement_name(layout_.placement().kind()));
-    PathOptions po;
-    po.model_dim = weights_.config.model_dim;
-    po.top_k = weights_.config.moe.top_k;
-    po.placement = &layout_.placement();
+  PathOptions po;
+  po.model_dim = weights_.config.model_dim;
+  po.top_k = weights_.config.moe.top_k;
+  po.placement = &layout_.placement();
+  // Seed 002's collective levels, inner first: prefill gathers over TP (SP rows), then DP with cross-DP EP;
+  // decode's TP ranks hold the same tokens (all-reduce), DP replicas are gathered with cross-DP EP.
+  po.agrs_levels = {{tp_.get(), false}};
+  if (layout_.cross_dp_ep()) po.agrs_levels.push_back({dp_.get(), false});
+  prefill_path_ = make_path("agrs", *tp_, po);
+  po.agrs_levels = {{tp_.get(), true}};
+  if (layout_.cross_dp_ep()) po.agrs_levels.push_back({dp_.get(), false});
+  decode_path_ = make_path("agrs", *tp_, po);
+  if (options_.decode_moe == DecodeMoe::Rowwise) {
+    po.agrs_levels.clear();
     rowwise_ = make_path("rowwise", *ep_, po);
   }
 }
@@ -305,9 +308,8 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
     }
     add_into(h, att);
     Tensor n2 = rmsnorm(h, lw.mlp_norm, c.norm_eps);
-    Tensor m = prefill                                     ? moe_prefill(l, n2, total)
-               : options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
-                                                           : moe_decode(l, n2);
+    Tensor m = !prefill && options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
+                                                                     : moe_agrs(l, n2, prefill);
     add_into(h, m);
   }
   Tensor hf = rmsnorm(h, weights_.final_norm, c.norm_eps);
@@ -328,82 +330,49 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
   return logits;
 }
 
-Tensor Engine::moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows) {
+Tensor Engine::moe_agrs(int layer, const Tensor& x, bool prefill) {
   const ModelConfig& c = weights_.config;
-  const int64_t d = c.model_dim, k = c.moe.top_k, width = d + 2 * k, rows = x_sp.dim(0);
-  // Step 1 (seed 002): the router on this rank's SP rows; hidden rows and their routes travel together.
-  Tensor packed = Tensor::empty({rows, width}, DType::F32, MemCategory::CommScratch);
-  if (rows > 0) {
-    std::vector<int32_t> ridx;
-    std::vector<float> rweight;
-    route(layer, x_sp, ridx, rweight);
-    for (int64_t t = 0; t < rows; ++t) {
-      float* p = packed.data<float>() + t * width;
-      std::memcpy(p, x_sp.data<float>() + t * d, sizeof(float) * static_cast<size_t>(d));
-      for (int64_t j = 0; j < k; ++j) {
-        p[d + j] = rweight[static_cast<size_t>(t * k + j)];
-        p[d + k + j] = static_cast<float>(ridx[static_cast<size_t>(t * k + j)]);  // exact: E < 2^24
-      }
-    }
+  const int64_t d = c.model_dim, k = c.moe.top_k, rows = x.dim(0);
+  // Step 1 (seed 002): the router on this rank's rows (prefill: its SP rows; decode: the replica's tokens,
+  // which every TP rank holds and routes alike).
+  Tensor topk_idx = Tensor::empty({rows, k}, DType::I32), topk_weight = Tensor::empty({rows, k});
+  if (rows > 0) route(layer, x, topk_idx, topk_weight);
+  // The route map over the path's sources (dropless: inference has no capacity policy); this rank's
+  // destination is its expert partition, which variable EP shares among ep_tp_size intermediate shards.
+  const CapacityPolicy dropless = CapacityPolicy::dropless();
+  RouteMap map;
+  if (prefill)
+    map = build_route_map(topk_idx, layout_.cross_dp_ep() ? *ep_ : *tp_, layout_.placement(), dropless,
+                          partition_);
+  else if (layout_.cross_dp_ep())
+    map = build_route_map(topk_idx, *dp_, layout_.placement(), dropless, partition_);
+  else  // the replica's tokens are the one source: nothing to exchange
+    map = build_route_map(topk_idx, 0, count_requests(topk_idx, c.moe.num_experts),
+                          std::vector<int64_t>{rows}, layout_.placement(), dropless, partition_);
+  // Steps 2-6: moe/'s agrs path (all-gather, the experts of this rank's partition, reduce-scatter or
+  // all-reduce, in seed 002's order per phase: path.hpp AgrsLevel).
+  ExpertPath& path = prefill ? *prefill_path_ : *decode_path_;
+  PathState state;
+  state.agrs.topk_weight = &topk_weight;
+  Tensor expert_in = path.dispatch_forward(x, map, state);
+  Tensor expert_out = path.expert_output_buffer(map, d, state);
+  run_experts(layer, expert_in, map.expert_offsets, expert_out);
+  if (c.shared_expert_hidden > 0) {
+    // The shared expert is TP-sharded: its partial sums over this replica's tokens (the sources of this
+    // rank's TP group among the gathered rows) join the path's reduction over TP (level 0): in prefill
+    // after the DP reduce-scatter, so a token's sums do not depend on its replica; in decode the TP
+    // all-reduce comes first (seed 002), on every gathered row.
+    const int64_t per_replica = prefill ? tp_->size() : 1, first = map.ep_rank / per_replica * per_replica;
+    int64_t offset = 0, count = 0;
+    for (int64_t s = 0; s < first + per_replica; ++s)
+      (s < first ? offset : count) += map.tokens_per_source[static_cast<size_t>(s)];
+    state.agrs.combine_addend = Tensor::zeros({count, d});
+    shared_expert(layer, state.agrs.gathered_tokens.rows(offset, offset + count),
+                  state.agrs.combine_addend.data<float>());
+    state.agrs.addend_row = prefill ? 0 : offset;
+    state.agrs.addend_level = 0;
   }
-  // Step 2: all-gather over TP (every rank sees the replica's whole sequence), and over DP with cross-DP EP.
-  const std::vector<int64_t> sp_rows = even_rows(total_rows, tp_->size());
-  Tensor all = gather_rows(*tp_, packed, sp_rows, width);
-  std::vector<int64_t> dp_rows;
-  int64_t my_offset = 0;
-  if (layout_.cross_dp_ep()) {
-    dp_rows = rows_of_members(*dp_, total_rows);
-    for (int r = 0; r < dp_->rank(); ++r) my_offset += dp_rows[static_cast<size_t>(r)];
-    all = gather_rows(*dp_, all, dp_rows, width);
-  }
-  // Steps 3-5: local experts on every gathered token; tokens routed elsewhere contribute zero.
-  const int64_t n = all.dim(0);
-  Tensor x = Tensor::empty({n, d});
-  std::vector<int32_t> idx(static_cast<size_t>(n * k));
-  std::vector<float> weight(static_cast<size_t>(n * k));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* p = all.data<float>() + t * width;
-    std::memcpy(x.data<float>() + t * d, p, sizeof(float) * static_cast<size_t>(d));
-    for (int64_t j = 0; j < k; ++j) {
-      weight[static_cast<size_t>(t * k + j)] = p[d + j];
-      idx[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(p[d + k + j]);
-    }
-  }
-  Tensor out = Tensor::zeros({n, d});
-  local_experts(layer, x, idx.data(), weight.data(), out);
-  // Step 6: reduce-scatter over DP (cross-DP EP), then over TP back to SP. The shared expert's TP partial
-  // sums for this replica's tokens join the TP reduce-scatter.
-  if (layout_.cross_dp_ep()) out = reduce_scatter_rows(*dp_, out, dp_rows, d);
-  shared_expert(layer, x.rows(my_offset, my_offset + total_rows), out.data<float>());
-  return reduce_scatter_rows(*tp_, out, sp_rows, d);
-}
-
-Tensor Engine::moe_decode(int layer, const Tensor& x_mine) {
-  const ModelConfig& c = weights_.config;
-  const int64_t d = c.model_dim, mine = x_mine.dim(0);
-  Tensor x = x_mine;
-  std::vector<int64_t> dp_rows;
-  int64_t my_offset = 0;
-  // Step 1 (cross-DP EP): all-gather over DP, so each rank sees both replicas' tokens.
-  if (layout_.cross_dp_ep()) {
-    dp_rows = rows_of_members(*dp_, mine);
-    for (int r = 0; r < dp_->rank(); ++r) my_offset += dp_rows[static_cast<size_t>(r)];
-    x = gather_rows(*dp_, x_mine, dp_rows, d);
-  }
-  // Step 2: router + local experts on every token (the router is replicated, so every rank routes alike).
-  const int64_t n = x.dim(0);
-  Tensor out = Tensor::zeros({n, d});
-  if (n > 0) {
-    std::vector<int32_t> idx;
-    std::vector<float> weight;
-    route(layer, x, idx, weight);
-    local_experts(layer, x, idx.data(), weight.data(), out);
-  }
-  shared_expert(layer, x_mine, out.data<float>() + my_offset * d);
-  // Step 3: all-reduce over TP; step 4 (cross-DP EP): reduce-scatter over DP.
-  tp_->all_reduce(out.raw(), static_cast<size_t>(out.numel()), DType::F32, ReduceOp::Sum);
-  if (layout_.cross_dp_ep()) out = reduce_scatter_rows(*dp_, out, dp_rows, d);
-  return out;
+  return path.combine_forward(expert_out, topk_weight, map, state);
 }
 
 Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
@@ -414,13 +383,7 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
   const int64_t first = total * tp_rank_ / tp_->size(), mine = slice_rows[static_cast<size_t>(tp_rank_)];
   Tensor xs = x.rows(first, first + mine);
   Tensor topk_idx = Tensor::empty({mine, k}, DType::I32), topk_weight = Tensor::empty({mine, k});
-  if (mine > 0) {
-    std::vector<int32_t> idx;
-    std::vector<float> weight;
-    route(layer, xs, idx, weight);
-    std::copy(idx.begin(), idx.end(), topk_idx.data<int32_t>());
-    std::copy(weight.begin(), weight.end(), topk_weight.data<float>());
-  }
+  if (mine > 0) route(layer, xs, topk_idx, topk_weight);
   // Route map over the world (dropless: inference has no capacity policy), then the rowwise path: PUT each
   // routed row into its owner's dispatch buffer, experts on their contiguous rows, GET + merge in k order.
   const RouteMap map = build_route_map(topk_idx, *ep_, layout_.placement(), CapacityPolicy::dropless());
@@ -440,57 +403,17 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
   return gather_rows(*tp_, y, slice_rows, d);
 }
 
-void Engine::route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const {
+void Engine::route(int layer, const Tensor& x, Tensor& topk_idx, Tensor& topk_weight) const {
   // moe/router for every family: softmax or sigmoid scores, top-k, renormalisation, gpt-oss's logit bias and
   // softmax over the top-k logits (MoeConfig::softmax_over_topk).
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   const ModelConfig& c = weights_.config;
-  const int64_t n = x.dim(0), k = c.moe.top_k;
   RouterState state;
   RouterOutput r =
       router_forward(c.moe.router(), x, lw.router, present(lw.score_bias) ? &lw.score_bias : nullptr, state,
                      present(lw.router_bias) ? &lw.router_bias : nullptr);
-  idx.assign(r.topk_idx.data<int32_t>(), r.topk_idx.data<int32_t>() + n * k);
-  weight.assign(r.topk_weight.data<float>(), r.topk_weight.data<float>() + n * k);
-}
-
-void Engine::local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight,
-                           Tensor& out) const {
-  const int64_t n = x.dim(0), d = x.dim(1), k = weights_.config.moe.top_k;
-  const auto el = static_cast<int64_t>(weights_.local_experts.size());
-  // The routes to this rank's experts in the expert-side layout of moe/ (contract 3): grouped by local
-  // expert, in token order inside each.
-  std::vector<int64_t> offsets(static_cast<size_t>(el + 1), 0);
-  for (int64_t i = 0; i < n * k; ++i) {
-    const int32_t e = idx[i];
-    EXPAR_CHECK(e >= 0 && e < static_cast<int32_t>(global_to_local_.size()), "routed to expert {} of {}", e,
-                global_to_local_.size());
-    const int l = global_to_local_[static_cast<size_t>(e)];
-    if (l >= 0) ++offsets[static_cast<size_t>(l) + 1];
-  }
-  for (int64_t l = 0; l < el; ++l) offsets[static_cast<size_t>(l + 1)] += offsets[static_cast<size_t>(l)];
-  const int64_t recv = offsets[static_cast<size_t>(el)];
-  if (recv == 0) return;
-  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-  std::vector<std::pair<int64_t, float>> route(static_cast<size_t>(recv));  // (token, weight) of each row
-  Tensor rows = Tensor::empty({recv, d});
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int l = global_to_local_[static_cast<size_t>(idx[t * k + j])];
-      if (l < 0) continue;
-      const int64_t r = next[static_cast<size_t>(l)]++;
-      route[static_cast<size_t>(r)] = {t, weight[t * k + j]};
-      std::memcpy(rows.data<float>() + r * d, x.data<float>() + t * d,
-                  sizeof(float) * static_cast<size_t>(d));
-    }
-  Tensor y = Tensor::empty({recv, d});
-  run_experts(layer, rows, offsets, y);
-  for (int64_t r = 0; r < recv; ++r) {
-    const auto [t, wt] = route[static_cast<size_t>(r)];
-    float* o = out.data<float>() + t * d;
-    const float* py = y.data<float>() + r * d;
-    for (int64_t j = 0; j < d; ++j) o[j] += wt * py[j];
-  }
+  topk_idx = std::move(r.topk_idx);
+  topk_weight = std::move(r.topk_weight);
 }
 
 void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const {

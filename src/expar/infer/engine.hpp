@@ -2,14 +2,17 @@
 // The inference engine (seed 002): one object per rank of a TP x DP world; attention uses TP heads inside a
 // DP replica, MoE layers use expert parallelism over the layout's ep_degree partitions.
 //
-// Collective patterns per MoE layer (T = this replica's new tokens; see docs/inference.md):
+// Collective patterns per MoE layer (T = this replica's new tokens; see docs/inference.md), all run by
+// moe/'s agrs path with the route map of moe/route_map (sources: the ranks whose tokens are gathered;
+// destinations: the layout's expert partitions, each of ep_tp_size ranks holding intermediate shards):
 //  prefill  input in sequence-parallel (SP) layout [T/TP, d] (attention ends in a reduce-scatter over TP)
-//           router on the local rows -> all-gather [hidden | affinities] over TP (-> and over DP with
-//           cross-DP EP) -> local experts on every token (zero for tokens routed elsewhere)
-//           -> (reduce-scatter over DP) -> reduce-scatter over TP back to SP.
-//  decode   input [T, d] on every TP rank (attention ends in an all-reduce over TP)
-//           (all-gather over DP) -> router + local experts on every token -> all-reduce over TP
-//           (-> reduce-scatter over DP).
+//           router on the local rows -> route counts exchanged over TP (the whole world with cross-DP EP)
+//           -> all-gather [hidden | routes | weights] over TP (-> and over DP with cross-DP EP) -> the
+//           experts of this rank's partition on their rows -> (reduce-scatter over DP) -> reduce-scatter
+//           over TP back to SP.
+//  decode   input [T, d] on every TP rank (attention ends in an all-reduce over TP), routed alike on each
+//           (with cross-DP EP: route counts exchanged and an all-gather over DP) -> the experts of this
+//           rank's partition -> all-reduce over TP (-> reduce-scatter over DP).
 //  decode with EngineOptions::decode_moe = Rowwise (full EP only: whole experts on every rank): each TP rank
 //           takes its contiguous slice of the replica's T tokens (some ranks may get none), routes it, PUTs
 //           each routed row into its expert owner's symmetric dispatch buffer (moe/paths/rowwise), runs its
@@ -115,13 +118,12 @@ class Engine {
   // Logits [N, V] of hidden rows x [N, d] (the same on every TP rank): this rank's vocabulary slice, then an
   // all-gather over TP.
   Tensor lm_head(const Tensor& x);
-  Tensor moe_prefill(int layer, const Tensor& x_sp, int64_t total_rows);
-  Tensor moe_decode(int layer, const Tensor& x);
+  // The MoE block of `layer` on moe/'s agrs path (seed 002's collectives per phase). Prefill: x is this
+  // rank's SP rows and the result its SP rows; decode: x is the replica's tokens, on every TP rank.
+  Tensor moe_agrs(int layer, const Tensor& x, bool prefill);
   Tensor moe_decode_rowwise(int layer, const Tensor& x);
-  // Routes tokens x [N, d] of `layer`: idx and weight [N, K] (the format's router).
-  void route(int layer, const Tensor& x, std::vector<int32_t>& idx, std::vector<float>& weight) const;
-  // Adds this rank's expert contribution for tokens x [N, d] routed by (idx, weight) [N, K] into out.
-  void local_experts(int layer, const Tensor& x, const int32_t* idx, const float* weight, Tensor& out) const;
+  // Routes tokens x [N, d] of `layer`: topk_idx (int32) and topk_weight [N, K] (the format's router).
+  void route(int layer, const Tensor& x, Tensor& topk_idx, Tensor& topk_weight) const;
   // out rows [0, offsets[E_L]) = the local experts of `layer` (moe/expert_mlp) on `rows` in the expert-side
   // layout (local expert l's rows in [offsets[l], offsets[l+1])); counts them in stats_.expert_tokens.
   void run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const;
@@ -131,11 +133,12 @@ class Engine {
   EngineOptions options_;
   RankWeights weights_;
   std::shared_ptr<Comm> tp_, dp_;
-  std::shared_ptr<Comm> ep_;             // decode_moe Rowwise: the whole world as the EP group
-  std::unique_ptr<ExpertPath> rowwise_;  // decode_moe Rowwise: the rowwise path over ep_
+  std::shared_ptr<Comm> ep_;  // cross-DP EP or decode_moe Rowwise: the whole world as the EP group
+  std::unique_ptr<ExpertPath> prefill_path_, decode_path_;  // agrs over TP (and DP), see moe_agrs
+  std::unique_ptr<ExpertPath> rowwise_;                     // decode_moe Rowwise: the rowwise path over ep_
   int rank_, tp_rank_, dp_rank_;
+  int partition_;  // this rank's expert partition (the layout's ep_rank)
   nn::Rope rope_;
-  std::vector<int> global_to_local_;  // [E] local index of each expert here, -1 elsewhere
   std::vector<std::unique_ptr<Sequence>> sequences_;
   mutable EngineStats stats_;  // run_experts (const) counts its rows
 };

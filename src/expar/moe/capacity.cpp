@@ -46,11 +46,16 @@ int64_t ceil_rows(double x) {
 CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const int64_t> tokens, int top_k,
                            const ExpertPlacement& placement, const CapacityPolicy& policy) {
   policy.validate();
-  const int m = placement.ep_size();
+  // m sources; the placement's partitions are the destinations. Only the dropless rule is defined when they
+  // differ (route_map.hpp: inference's agrs path with variable EP); the rules below size per-destination
+  // budgets from the sources' tokens with one destination per source.
+  const auto m = static_cast<int>(tokens.size());
   const int e_count = placement.num_experts();
   const int e_local = placement.local_count();
-  EXPAR_CHECK(tokens.size() == static_cast<size_t>(m), "capacity plan: {} token counts for an EP group of {}",
-              tokens.size(), m);
+  EXPAR_CHECK(m == placement.ep_size() || policy.rule == CapacityRule::Dropless,
+              "capacity plan: {} token counts for an EP group of {} (a group of sources other than the EP "
+              "group takes only the dropless policy)",
+              tokens.size(), placement.ep_size());
   EXPAR_CHECK(requests.size() == static_cast<size_t>(m) * static_cast<size_t>(e_count),
               "capacity plan: request matrix has {} entries, expected {} ranks x {} experts", requests.size(),
               m, e_count);

@@ -25,22 +25,22 @@ double RouteMap::group_drop_rate() const {
   return sum / ep_size;
 }
 
-int64_t RouteMap::rows_received_by(int rank) const {
+int64_t RouteMap::rows_received_by(int destination) const {
   int64_t rows = 0;
   for (int e = 0; e < num_experts; ++e)
-    if (expert_owner[static_cast<size_t>(e)] == rank)
+    if (expert_owner[static_cast<size_t>(e)] == destination)
       for (int s = 0; s < ep_size; ++s) rows += accepted_of(s, e);
   return rows;
 }
 
-double RouteMap::utilisation_of(int rank) const {
+double RouteMap::utilisation_of(int destination) const {
   if (capacity_rows == 0) return 0.0;
-  return static_cast<double>(rows_received_by(rank)) / static_cast<double>(capacity_rows);
+  return static_cast<double>(rows_received_by(destination)) / static_cast<double>(capacity_rows);
 }
 
 double RouteMap::max_utilisation() const {
   double best = 0.0;
-  for (int r = 0; r < ep_size; ++r) best = std::max(best, utilisation_of(r));
+  for (int p = 0; p < partitions; ++p) best = std::max(best, utilisation_of(p));
   return best;
 }
 
@@ -72,17 +72,27 @@ std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts) {
 
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy) {
-  const int m = placement.ep_size();
+                         const CapacityPolicy& policy, int partition) {
+  const auto m = static_cast<int>(tokens.size());
+  const int p_count = placement.ep_size();
   const int e_count = placement.num_experts();
   const int e_local = placement.local_count();
   EXPAR_CHECK(ep_rank >= 0 && ep_rank < m, "EP rank {} is outside the group of {}", ep_rank, m);
+  if (partition < 0) {
+    EXPAR_CHECK(m == p_count,
+                "route map: {} source ranks but the expert placement is for {} ranks: the sources are the "
+                "EP group unless a partition is given",
+                m, p_count);
+    partition = ep_rank;
+  }
+  EXPAR_CHECK(partition < p_count, "route map: partition {} is outside the placement's {} partitions",
+              partition, p_count);
   const std::vector<int64_t> mine = count_requests(topk_idx, e_count);
   const int64_t t_count = topk_idx.dim(0);
   const int k_count = static_cast<int>(topk_idx.dim(1));
-  EXPAR_CHECK(tokens.size() == static_cast<size_t>(m) && tokens[static_cast<size_t>(ep_rank)] == t_count,
+  EXPAR_CHECK(tokens[static_cast<size_t>(ep_rank)] == t_count,
               "route map: rank {} has {} tokens but the gathered token counts say {}", ep_rank, t_count,
-              tokens.size() == static_cast<size_t>(m) ? tokens[static_cast<size_t>(ep_rank)] : -1);
+              tokens[static_cast<size_t>(ep_rank)]);
   EXPAR_CHECK(requests.size() == static_cast<size_t>(m) * e_count,
               "route map: request matrix has {} entries, expected {} x {}", requests.size(), m, e_count);
   for (int e = 0; e < e_count; ++e)
@@ -97,6 +107,8 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   map.num_experts = e_count;
   map.ep_size = m;
   map.ep_rank = ep_rank;
+  map.partitions = p_count;
+  map.partition = partition;
   map.tokens_per_source.assign(tokens.begin(), tokens.end());
   map.requested.assign(requests.begin(), requests.end());
   CapacityPlan plan = plan_capacity(requests, tokens, k_count, placement, policy);
@@ -112,7 +124,7 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
 
   // base[e]: the row where this rank's first route to expert e lands on its owner.
   std::vector<int64_t> base(static_cast<size_t>(e_count), 0);
-  for (int r = 0; r < m; ++r) {
+  for (int r = 0; r < p_count; ++r) {
     int64_t offset = 0;
     for (int l = 0; l < e_local; ++l) {
       const int e = placement.global_expert(r, l);
@@ -121,18 +133,18 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
       base[static_cast<size_t>(e)] = offset + before_me;
       int64_t all = 0;
       for (int s = 0; s < m; ++s) all += map.accepted_of(s, e);
-      if (r == ep_rank) map.expert_offsets.push_back(offset);
+      if (r == partition) map.expert_offsets.push_back(offset);
       offset += all;
     }
-    if (r == ep_rank) {
+    if (r == partition) {
       map.expert_offsets.push_back(offset);
       map.recv_rows = offset;
     }
   }
   map.recv_counts.assign(static_cast<size_t>(m), 0);
-  map.send_counts.assign(static_cast<size_t>(m), 0);
+  map.send_counts.assign(static_cast<size_t>(p_count), 0);
   for (int s = 0; s < m; ++s)
-    for (int e : placement.local_experts(ep_rank))
+    for (int e : placement.local_experts(partition))
       map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, e);
 
   map.dst_rank = Tensor::empty({t_count, k_count}, DType::I32);
@@ -166,17 +178,17 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   return map;
 }
 
-RouteMap build_route_map(const Tensor& topk_idx, Comm& ep_group, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy) {
-  const int m = placement.ep_size();
+RouteMap build_route_map(const Tensor& topk_idx, Comm& source_group, const ExpertPlacement& placement,
+                         const CapacityPolicy& policy, int partition) {
+  const int m = source_group.size();
   const int e_count = placement.num_experts();
-  EXPAR_CHECK(ep_group.size() == m,
-              "route map: EP group '{}' has {} ranks but the expert placement is for {}", ep_group.name(),
-              ep_group.size(), m);
+  EXPAR_CHECK(partition >= 0 || m == placement.ep_size(),
+              "route map: EP group '{}' has {} ranks but the expert placement is for {}", source_group.name(),
+              m, placement.ep_size());
   std::vector<int64_t> mine = count_requests(topk_idx, e_count);
   mine.push_back(topk_idx.dim(0));
   std::vector<int64_t> gathered(static_cast<size_t>(m) * (e_count + 1));
-  ep_group.all_gather(mine.data(), gathered.data(), mine.size(), DType::I64);
+  source_group.all_gather(mine.data(), gathered.data(), mine.size(), DType::I64);
   std::vector<int64_t> requests, tokens;
   requests.reserve(static_cast<size_t>(m) * e_count);
   for (int s = 0; s < m; ++s) {
@@ -184,7 +196,7 @@ RouteMap build_route_map(const Tensor& topk_idx, Comm& ep_group, const ExpertPla
     requests.insert(requests.end(), row, row + e_count);
     tokens.push_back(row[e_count]);
   }
-  return build_route_map(topk_idx, ep_group.rank(), requests, tokens, placement, policy);
+  return build_route_map(topk_idx, source_group.rank(), requests, tokens, placement, policy, partition);
 }
 
 }  // namespace expar

@@ -8,6 +8,13 @@
 //         + earlier accepted routes of this rank for that expert in (token, k) order.
 // Everything else here follows from the accepted matrix, which every rank of the EP group knows identically
 // (one all-gather of the [ranks x E] request counts and each source's token count; no per-row host lists).
+//
+// Sources and destinations. The M ranks that contribute tokens are the sources (ep_size, ep_rank); the P
+// expert partitions of the placement are the destinations (partitions, partition; dst_rank holds a
+// partition). In the MoE layer both are the EP group (P = M, partition = ep_rank). Inference's agrs path
+// (seed 002) gathers tokens over a TP (or the whole) group of M ranks while variable EP places experts on
+// P < M partitions, each held by M/P ranks with intermediate-dimension shards: every rank of a partition
+// receives the partition's rows. Only the agrs path takes maps with P != M; block and rowwise refuse them.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -24,8 +31,10 @@ struct RouteMap {
   int64_t tokens = 0;  // T of this source rank
   int top_k = 0;       // K
   int num_experts = 0;
-  int ep_size = 1;
-  int ep_rank = 0;
+  int ep_size = 1;     // M: source ranks
+  int ep_rank = 0;     // this rank as a source
+  int partitions = 1;  // P: destinations (expert partitions of the placement)
+  int partition = 0;   // this rank as a destination
 
   Tensor dst_rank;  // [T, K] int32, -1 = dropped or invalid
   Tensor dst_row;   // [T, K] int32, -1 = dropped or invalid
@@ -34,15 +43,15 @@ struct RouteMap {
   std::vector<int64_t> tokens_per_source;  // [M]
   std::vector<int64_t> requested;          // [M x E], source-major
   std::vector<int64_t> accepted;           // [M x E], source-major
-  std::vector<int> expert_owner;           // [E]: EP rank that owns each expert (from the placement)
-  int64_t capacity_rows = 0;               // rows of every rank's expert-side buffer
+  std::vector<int> expert_owner;           // [E]: partition that owns each expert (from the placement)
+  int64_t capacity_rows = 0;               // rows of every partition's expert-side buffer
 
-  // This rank as the expert rank.
+  // This rank as the expert rank (of its partition).
   std::vector<int64_t> expert_offsets;  // [E_L + 1]: local expert l owns rows [offsets[l], offsets[l+1])
   int64_t recv_rows = 0;             // = expert_offsets[E_L]; rows [recv_rows, capacity_rows) stay unwritten
   std::vector<int64_t> recv_counts;  // [M] rows received from each source rank (block path)
   // This rank as the source.
-  std::vector<int64_t> send_counts;  // [M] accepted rows sent to each destination rank (block path)
+  std::vector<int64_t> send_counts;  // [P] accepted rows sent to each destination (block path)
   int64_t dropped = 0;               // routes of this rank dropped by the capacity policy
   int64_t invalid = 0;               // routes of this rank with expert index -1 on input (never requested)
 
@@ -59,11 +68,13 @@ struct RouteMap {
   double drop_rate_of(int source) const;
   // Mean over the ranks of the group of their drop rates.
   double group_drop_rate() const;
-  // Rows received by rank r / capacity_rows (0 when the capacity is 0).
-  double utilisation_of(int rank) const;
-  // Max over the ranks of the group of their utilisation.
+  // Rows received by partition p / capacity_rows (0 when the capacity is 0).
+  double utilisation_of(int partition) const;
+  // Max over the partitions of their utilisation.
   double max_utilisation() const;
-  int64_t rows_received_by(int rank) const;
+  int64_t rows_received_by(int partition) const;
+  // Sources and destinations are the same ranks (every path but agrs needs this).
+  bool sources_are_partitions() const { return partitions == ep_size && partition == ep_rank; }
 };
 
 // Routes to each expert from this rank: [E]. topk_idx is [T, K] int32; -1 entries are invalid routes
@@ -71,14 +82,17 @@ struct RouteMap {
 std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts);
 
 // The pure builder: this rank's map from its own topk_idx and the group's gathered requests [M x E] and
-// token counts [M]. Every rank calling it with its own topk_idx gets a consistent set of maps.
+// token counts [M] (M = tokens.size() sources; this rank is source `ep_rank`). Every rank calling it with
+// its own topk_idx gets a consistent set of maps. `partition` is this rank's destination among the
+// placement's P partitions; -1 means the sources are the partitions (M = P, partition = ep_rank). P != M
+// needs the dropless policy.
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy);
+                         const CapacityPolicy& policy, int partition = -1);
 
-// Collective over the EP group (size M = placement.ep_size()): one all_gather of [E + 1] int64 per rank
-// (request counts and T), then the pure builder.
-RouteMap build_route_map(const Tensor& topk_idx, Comm& ep_group, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy);
+// Collective over the source group (size M): one all_gather of [E + 1] int64 per rank (request counts and
+// T), then the pure builder. With partition = -1 the group is the EP group (M = placement.ep_size()).
+RouteMap build_route_map(const Tensor& topk_idx, Comm& source_group, const ExpertPlacement& placement,
+                         const CapacityPolicy& policy, int partition = -1);
 
 }  // namespace expar

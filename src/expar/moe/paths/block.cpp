@@ -321,6 +321,11 @@ class BlockPath final : public ExpertPath {
 
  private:
   void check_map(const RouteMap& map, const Tensor& x, const char* pass) const {
+    EXPAR_CHECK(
+        map.sources_are_partitions(),
+        "block {}: the route map sends its {} sources' rows to {} expert partitions; this path needs one "
+        "partition per source rank (only agrs takes partitions of several ranks)",
+        pass, map.ep_size, map.partitions);
     EXPAR_CHECK(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
                 "block {}: the route map is for EP rank {} of {} but the path's group '{}' has rank {} of {}",
                 pass, map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());

@@ -68,6 +68,32 @@ struct PathState {
   // Set by the caller before dispatch_forward_begin: the waves of a wave schedule (empty: the single-call
   // passes, no waves).
   std::vector<ExpertWave> waves;
+  // agrs only (inference, seed 002), all optional.
+  struct Agrs {
+    // Set before dispatch_forward: the router weights [T, K]; they then travel in dispatch's gather with
+    // the rows and routes, and combine_forward uses that copy (its topk_weight argument must be the same).
+    const Tensor* topk_weight = nullptr;
+    // Set by dispatch_forward: the gathered tokens [N, d] of every source, source-major.
+    Tensor gathered_tokens;
+    // Set before combine_forward: this rank's own partial output rows, added to the partial sum right
+    // before its reduction over level `addend_level` (AgrsLevel index), at row `addend_row` of the partial
+    // as it stands then (a TP-sharded shared expert rides the TP reduction; joining it after the DP
+    // reduce-scatter keeps a token's sums the same on either DP replica).
+    Tensor combine_addend;
+    int64_t addend_row = 0;
+    int addend_level = 0;
+  } agrs;
+};
+
+// One level of the agrs path's collectives (inner first). A gathering level's ranks hold different tokens:
+// dispatch all-gathers over it and combine reduce-scatters. A replicated level's ranks hold the same tokens:
+// nothing is gathered and combine all-reduces. Seed 002's cross-DP EP prefill is {TP gathering, DP
+// gathering} (all-gather TP then DP; reduce-scatter DP then TP), its decode {TP replicated, DP gathering}
+// (all-gather DP; all-reduce TP, then reduce-scatter DP). The route map's sources are the gathering levels'
+// ranks, ordered outer-major (source = Σ index_j · size of the gathering levels inside j).
+struct AgrsLevel {
+  Comm* group = nullptr;
+  bool replicated = false;
 };
 
 struct PathOptions {
@@ -83,6 +109,8 @@ struct PathOptions {
   // agrs: the decode form (every rank of the EP group already holds the same tokens; one all_reduce sums
   // the ranks' partial outputs). The registry name "agrs-decode" sets it.
   bool agrs_decode = false;
+  // agrs: the collective levels, inner first (empty: the one level {ep_group, agrs_decode}).
+  std::vector<AgrsLevel> agrs_levels;
   // The format of each row movement (moe/payload_precision.hpp). block and rowwise take any; local and agrs
   // refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED expert-side rows
   // (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its f32 interface.

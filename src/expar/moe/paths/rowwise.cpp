@@ -150,6 +150,11 @@ class RowwisePath final : public ExpertPath {
  private:
   // Dispatch forward's set-up: the step, its dispatch slot (leased, or scratch), the poison.
   Tensor start_dispatch(const Tensor& x, const RouteMap& map, PathState& state) {
+    EXPAR_CHECK(map.sources_are_partitions(),
+                "rowwise dispatch: the route map sends its {} sources' rows to {} expert partitions; this "
+                "path needs one "
+                "partition per source rank (only agrs takes partitions of several ranks)",
+                map.ep_size, map.partitions);
     EXPAR_CHECK(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
                 "rowwise dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank "
                 "{} of {}",
