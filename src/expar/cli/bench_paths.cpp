@@ -31,23 +31,15 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   auto svg_path = std::make_shared<std::string>();
   auto no_memory = std::make_shared<bool>(false);
   auto precision = std::make_shared<PrecisionFlags>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
+  add_layer_bench_flags(cmd, *o);
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
   cmd->add_option("--ranks-per-node", o->ranks_per_node,
                   "emulate nodes of this many ranks (a divisor of --ranks; default: all on one node): "
                   "rows across nodes become counted messages")
       ->check(integer_in(1, 256));
-  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank")->check(integer_in(1, 256));
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
-      ->check(integer_in(1, 1000));
-  cmd->add_option("--warmup", o->warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));
   auto* paths = cmd->add_option("--paths", o->paths,
                                 "paths to run (default: every registered path that takes the precision)")
                     ->delimiter(',');
-  cmd->add_option("--seed", o->seed, "seed of inputs and weights");
-  cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   cmd->add_flag("--no-memory", *no_memory, "skip the memory table");
   cmd->add_flag("--sync-comm", o->sync_comm,
                 "barrier before each communication phase, shown as 'wait for peers' (phases then measure "

@@ -18,21 +18,14 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
       "eq. 10, forward and backward");
   auto o = std::make_shared<bench::WavesBenchOptions>();
   auto json = std::make_shared<JsonOutput>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process; EP over all of them)")
-      ->check(integer_in(1, 256));
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra")
-      ->check(integer_in(1, 256));
-  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
+  LayerBenchHelp help;
+  help.ranks = "ranks (threads of this process; EP over all of them)";
+  help.threads = "compute (oneDNN) threads per rank; the comm thread is extra";
+  add_layer_bench_flags(cmd, *o, help);
   cmd->add_option("--path", o->path, "execution path (one that runs waves: block | rowwise)");
   cmd->add_option("--waves", o->waves, "wave counts, each in [2, E / ranks] (no-wave always runs)")
       ->delimiter(',')
       ->check(integer_in(2, 4096));
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
-      ->check(integer_in(1, 1000));
-  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));
-  cmd->add_option("--seed", o->seed, "seed of inputs and weights");
-  cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   add_json_option(cmd, *json, "the figures");
   table[cmd] = [o, json] {
     const bench::WavesReport report = bench::measure_waves(*o);
