@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 
@@ -71,19 +72,19 @@ struct ByScore {
 void check_router_inputs(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
                          const Tensor* score_bias, const Tensor* logit_bias) {
   const int e_count = config.num_experts;
-  EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2, "router input must be f32 [T, d], got {} {}",
-              dtype_name(x.dtype()), shape_string(x.shape()));
+  EXPAR_ASSERT(x.dtype() == DType::F32 && x.ndim() == 2, "router input must be f32 [T, d], got {} {}",
+               dtype_name(x.dtype()), shape_string(x.shape()));
   const int64_t d = x.dim(1);
-  EXPAR_CHECK(w_router.ndim() == 2 && w_router.dim(0) == e_count && w_router.dim(1) == d,
-              "router weight has shape {}, expected [{}, {}] (num_experts, model dim)",
-              shape_string(w_router.shape()), e_count, d);
+  EXPAR_ASSERT(w_router.ndim() == 2 && w_router.dim(0) == e_count && w_router.dim(1) == d,
+               "router weight has shape {}, expected [{}, {}] (num_experts, model dim)",
+               shape_string(w_router.shape()), e_count, d);
   if (score_bias)
-    EXPAR_CHECK(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
-                score_bias->numel(), e_count);
+    EXPAR_ASSERT(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
+                 score_bias->numel(), e_count);
   if (logit_bias)
-    EXPAR_CHECK(logit_bias->dtype() == DType::F32 && logit_bias->numel() == e_count,
-                "router logit bias has {} {} entries, expected num_experts={} f32", logit_bias->numel(),
-                dtype_name(logit_bias->dtype()), e_count);
+    EXPAR_ASSERT(logit_bias->dtype() == DType::F32 && logit_bias->numel() == e_count,
+                 "router logit bias has {} {} entries, expected num_experts={} f32", logit_bias->numel(),
+                 dtype_name(logit_bias->dtype()), e_count);
 }
 
 // logits [T, E] = x · W_rᵀ (+ the logit bias).
@@ -264,20 +265,20 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   const int k_count = config.top_k;
   const int64_t t_count = state.logits.dim(0);
   const int64_t d = state.x.dim(1);
-  EXPAR_CHECK(grad_topk_weight.ndim() == 2 && grad_topk_weight.dim(0) == t_count &&
-                  grad_topk_weight.dim(1) == k_count,
-              "router backward: grad_topk_weight has shape {}, expected [{}, {}]",
-              shape_string(grad_topk_weight.shape()), t_count, k_count);
-  EXPAR_CHECK(grad_x.ndim() == 2 && grad_x.dim(0) == t_count && grad_x.dim(1) == d,
-              "router backward: grad_x has shape {}, expected [{}, {}]", shape_string(grad_x.shape()),
-              t_count, d);
-  EXPAR_CHECK(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
-              "router backward: grad_w_router has shape {}, expected [{}, {}]",
-              shape_string(grad_w_router.shape()), e_count, d);
+  EXPAR_ASSERT(grad_topk_weight.ndim() == 2 && grad_topk_weight.dim(0) == t_count &&
+                   grad_topk_weight.dim(1) == k_count,
+               "router backward: grad_topk_weight has shape {}, expected [{}, {}]",
+               shape_string(grad_topk_weight.shape()), t_count, k_count);
+  EXPAR_ASSERT(grad_x.ndim() == 2 && grad_x.dim(0) == t_count && grad_x.dim(1) == d,
+               "router backward: grad_x has shape {}, expected [{}, {}]", shape_string(grad_x.shape()),
+               t_count, d);
+  EXPAR_ASSERT(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
+               "router backward: grad_w_router has shape {}, expected [{}, {}]",
+               shape_string(grad_w_router.shape()), e_count, d);
   if (grad_logit_bias)
-    EXPAR_CHECK(grad_logit_bias->numel() == e_count,
-                "router backward: grad_logit_bias has {} entries, expected {}", grad_logit_bias->numel(),
-                e_count);
+    EXPAR_ASSERT(grad_logit_bias->numel() == e_count,
+                 "router backward: grad_logit_bias has {} entries, expected {}", grad_logit_bias->numel(),
+                 e_count);
   if (t_count == 0) return;
 
   const float* logits = state.logits.data<float>();
