@@ -349,38 +349,44 @@ Tensor expert_slice(const Tensor& all, int64_t e) {
   return all.rows(e, e + 1);
 }
 
-class PathsTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
-  const Case c = GetParam();
-  const TrainingLayout layout(c.ranks, c.ep);
-  const auto groups = layout.groups(TrainingGroup::EpMp);
-  const bool f32 = c.precision.legs.all_f32();
-  // Every registered path this case can run (the registry is the single list): reduced precisions only on
-  // the paths that encode their rows (the others refuse, see below), single-rank paths at EP 1. block
-  // first: the others are compared with it.
+// Every registered path a case can run (the registry is the single list): reduced precisions only on the
+// paths that encode their rows (the others refuse, see below), single-rank paths at EP 1. block first: the
+// others are compared with it. The decode form runs apart (every rank holds its group's tokens), and only
+// without drops, where it agrees with the reference.
+struct PathsUnderTest {
   std::vector<std::string> paths;
   std::string decode_path;
+  bool decode = false;
+};
+
+PathsUnderTest paths_under_test(const Case& c) {
+  const bool f32 = c.precision.legs.all_f32();
+  PathsUnderTest u;
   for (const PathTraits& t : path_registry()) {
     if (!f32 && !t.reduced_precision) continue;
     if (t.single_rank && c.ep != 1) continue;
     if (t.decode_form) {
-      decode_path = t.name;
+      u.decode_path = t.name;
       continue;
     }
-    paths.push_back(t.name);
+    u.paths.push_back(t.name);
   }
-  std::stable_partition(paths.begin(), paths.end(), [](const std::string& p) { return p == "block"; });
-  ASSERT_EQ(paths.front(), "block");
-  // The decode form agrees with the reference only without drops.
-  const bool decode = !c.capacity && !decode_path.empty();
-  // results[path][world rank]
-  std::map<std::string, std::vector<RankResult>> results;
-  for (const auto& p : paths) results[p].resize(static_cast<size_t>(c.ranks));
-  if (decode) results[decode_path].resize(static_cast<size_t>(c.ranks));
+  std::stable_partition(u.paths.begin(), u.paths.end(), [](const std::string& p) { return p == "block"; });
+  u.decode = !c.capacity && !u.decode_path.empty();
+  return u;
+}
+
+// results[path][world rank]
+using PathResults = std::map<std::string, std::vector<RankResult>>;
+
+// Every path of `u` on every rank, two steps each, on the same inputs and weights.
+PathResults run_every_path(const Case& c, const TrainingLayout& layout, const PathsUnderTest& u) {
+  const auto groups = layout.groups(TrainingGroup::EpMp);
+  PathResults results;
+  for (const auto& p : u.paths) results[p].resize(static_cast<size_t>(c.ranks));
+  if (u.decode) results[u.decode_path].resize(static_cast<size_t>(c.ranks));
   std::mutex mutex;
   MemoryTracker& host = current_tracker();
-
   LaunchOptions launch;
   launch.ranks = c.ranks;
   launch.ranks_per_node = c.ranks_per_node;
@@ -390,125 +396,164 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
     auto ep_group = world.subgroup(groups, "ep_mp");
     const Tensor x = input_of(c.ranks, rank, 1);
     const Tensor grad_y = input_of(c.ranks, rank, 2);
-    for (const auto& p : paths) {
+    for (const auto& p : u.paths) {
       MoeLayer layer(config_of(c, p), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, x, grad_y);
       std::lock_guard lock(mutex);
       results[p][static_cast<size_t>(rank)] = exported(r, host);
     }
-    if (decode) {
+    if (u.decode) {
       // Decode form: every rank of the group holds the group's tokens.
       std::vector<Tensor> xs, gys;
       for (int member : layout.group_of(rank, TrainingGroup::EpMp)) {
         xs.push_back(input_of(c.ranks, member, 1));
         gys.push_back(input_of(c.ranks, member, 2));
       }
-      MoeLayer layer(config_of(c, decode_path), *ep_group);
+      MoeLayer layer(config_of(c, u.decode_path), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
-      results[decode_path][static_cast<size_t>(rank)] = exported(r, host);
+      results[u.decode_path][static_cast<size_t>(rank)] = exported(r, host);
     }
   });
+  return results;
+}
 
+// The reference of one EP group: its members' tokens concatenated, with the routes block dropped (each
+// member's drops counted into `world_dropped`).
+Reference group_reference(const Case& c, const std::vector<int>& group, const PathResults& results,
+                          int64_t& world_dropped) {
+  std::vector<Tensor> xs, gys;
+  std::vector<uint8_t> dropped;
+  for (int member : group) {
+    xs.push_back(input_of(c.ranks, member, 1));
+    gys.push_back(input_of(c.ranks, member, 2));
+    const RankResult& b = results.at("block")[static_cast<size_t>(member)];
+    for (int32_t row : b.dst_row.span<int32_t>()) dropped.push_back(row < 0 ? 1 : 0);
+    world_dropped += b.dropped;
+  }
+  return reference(c, concat_rows(xs, kD), concat_rows(gys, kD), dropped);
+}
+
+// What each path promises beyond matching the reference: contracts 3 and 4 (block and rowwise move the same
+// rows into the same places and sum in the same order, so their outputs and gradients are bit-identical),
+// and each path's own communication and memory.
+void expect_path_contract(const std::string& p, const RankResult& r, const RankResult& block) {
+  if (path_traits(p).same_rows_as_block) {
+    EXPECT_TRUE(same_bits(r.y, block.y));
+    EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
+    EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
+    EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
+    EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
+    EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
+  }
+  if (p == "rowwise") {
+    // No host split list: not one all_to_all_v on the EP group.
+    EXPECT_EQ(r.stats.all_to_all_v, 0);
+    EXPECT_EQ(r.comm_scratch_peak, 0) << "rowwise packs no peer buffers";
+    EXPECT_GT(r.symmetric_resident, 0) << "rowwise buffers must show under symmetric buffers";
+  }
+  if (p == "block") {
+    EXPECT_EQ(r.stats.all_to_all_v, 4) << "two exchanges forward, two backward";
+    EXPECT_EQ(r.symmetric_resident, 0);
+    const bool moves_rows =
+        std::accumulate(r.dst_row.span<int32_t>().begin(), r.dst_row.span<int32_t>().end(), 0,
+                        [](int n, int32_t v) { return n + (v >= 0); }) > 0 ||
+        r.recv_rows > 0;
+    if (moves_rows) {
+      EXPECT_GT(r.comm_scratch_peak, 0) << "block's packed peer buffers are comm scratch";
+    }
+  }
+  if (p == "agrs") {
+    EXPECT_EQ(r.stats.all_to_all_v, 0);
+  }
+}
+
+// One EP rank (position `pos` in its group, tokens from `offset` of the group's) of path `p` against the
+// group's reference: outputs, its local experts' gradients, its drops.
+void expect_rank_matches_reference(const Case& c, const RankResult& r, size_t pos, int64_t offset, int64_t t,
+                                   const Reference& ref, double loose) {
+  ASSERT_TRUE(all_finite(r.y) && all_finite(r.grad_x) && all_finite(r.grad_router));
+  EXPECT_TRUE(r.second_step_identical) << "a second step over reused buffers changed the results";
+  // The routes this path dropped are the ones its capacity plan refuses (the reference drops them too).
+  expect_drops_follow_the_plan(r, static_cast<int>(pos));
+  expect_close(r.y, ref.y.rows(offset, offset + t), "y", loose);
+  expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x", loose);
+  const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
+  for (size_t l = 0; l < experts.size(); ++l) {
+    const auto li = static_cast<int64_t>(l);
+    expect_close(expert_slice(r.grad_experts.w1, li), expert_slice(ref.grad_experts.w1, experts[l]), "w1",
+                 loose);
+    expect_close(expert_slice(r.grad_experts.w3, li), expert_slice(ref.grad_experts.w3, experts[l]), "w3",
+                 loose);
+    expect_close(expert_slice(r.grad_experts.w2, li), expert_slice(ref.grad_experts.w2, experts[l]), "w2",
+                 loose);
+  }
+}
+
+// Path `p` on every rank of one EP group: each rank against the reference and the path's contract, and the
+// router gradient summed over the group against the reference's.
+void expect_path_matches_reference(const Case& c, const std::string& p, const std::vector<int>& group,
+                                   const PathResults& results, const Reference& ref, double loose) {
+  SCOPED_TRACE("path " + p);
+  Tensor router_sum = Tensor::zeros({kExperts, kD});
+  int64_t offset = 0;
+  for (size_t pos = 0; pos < group.size(); ++pos) {
+    const int member = group[pos];
+    SCOPED_TRACE("world rank " + std::to_string(member));
+    const RankResult& r = results.at(p)[static_cast<size_t>(member)];
+    const int64_t t = tokens_of(c.ranks, member);
+    expect_rank_matches_reference(c, r, pos, offset, t, ref, loose);
+    if (::testing::Test::HasFatalFailure()) return;
+    for (int64_t i = 0; i < router_sum.numel(); ++i)
+      router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
+    expect_path_contract(p, r, results.at("block")[static_cast<size_t>(member)]);
+    // The last EP rank's experts are pushed out of every top-K: it receives nothing.
+    if (c.ep >= 2 && pos + 1 == group.size()) {
+      EXPECT_EQ(r.recv_rows, 0);
+    }
+    offset += t;
+  }
+  expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)", loose);
+}
+
+// The decode form on one EP group: every rank holds every token of the group, so its outputs and router
+// gradient are the reference's whole.
+void expect_decode_matches_reference(const Case& c, const std::string& decode_path,
+                                     const std::vector<int>& group, const PathResults& results,
+                                     const Reference& ref) {
+  SCOPED_TRACE("path " + decode_path);
+  for (size_t pos = 0; pos < group.size(); ++pos) {
+    const RankResult& r = results.at(decode_path)[static_cast<size_t>(group[pos])];
+    EXPECT_TRUE(r.second_step_identical);
+    expect_close(r.y, ref.y, "decode y");
+    expect_close(r.grad_x, ref.grad_x, "decode grad_x");
+    expect_close(r.grad_router, ref.grad_router, "decode router weight gradient");
+    const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
+    for (size_t l = 0; l < experts.size(); ++l)
+      expect_close(expert_slice(r.grad_experts.w2, static_cast<int64_t>(l)),
+                   expert_slice(ref.grad_experts.w2, experts[l]), "decode w2");
+  }
+}
+
+class PathsTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
+  const Case c = GetParam();
+  const TrainingLayout layout(c.ranks, c.ep);
+  const PathsUnderTest u = paths_under_test(c);
+  ASSERT_EQ(u.paths.front(), "block");
+  const PathResults results = run_every_path(c, layout, u);
   int64_t world_dropped = 0;
-  for (const auto& group : groups) {
-    std::vector<Tensor> xs, gys;
-    std::vector<uint8_t> dropped;
-    for (int member : group) {
-      xs.push_back(input_of(c.ranks, member, 1));
-      gys.push_back(input_of(c.ranks, member, 2));
-      const RankResult& b = results["block"][static_cast<size_t>(member)];
-      for (int32_t row : b.dst_row.span<int32_t>()) dropped.push_back(row < 0 ? 1 : 0);
-      world_dropped += b.dropped;
-    }
-    const Reference ref = reference(c, concat_rows(xs, kD), concat_rows(gys, kD), dropped);
-    const double loose = resolution_of(c.precision.legs);
+  for (const auto& group : layout.groups(TrainingGroup::EpMp)) {
+    const Reference ref = group_reference(c, group, results, world_dropped);
     ASSERT_TRUE(all_finite(ref.y) && all_finite(ref.grad_x));
-
-    for (const auto& p : paths) {
-      SCOPED_TRACE("path " + p);
-      Tensor router_sum = Tensor::zeros({kExperts, kD});
-      int64_t offset = 0;
-      for (size_t pos = 0; pos < group.size(); ++pos) {
-        const int member = group[pos];
-        SCOPED_TRACE("world rank " + std::to_string(member));
-        const RankResult& r = results[p][static_cast<size_t>(member)];
-        const RankResult& block = results["block"][static_cast<size_t>(member)];
-        const int64_t t = tokens_of(c.ranks, member);
-        ASSERT_TRUE(all_finite(r.y) && all_finite(r.grad_x) && all_finite(r.grad_router));
-        EXPECT_TRUE(r.second_step_identical) << "a second step over reused buffers changed the results";
-        // The routes this path dropped are the ones its capacity plan refuses (the reference drops them too).
-        expect_drops_follow_the_plan(r, static_cast<int>(pos));
-        expect_close(r.y, ref.y.rows(offset, offset + t), "y", loose);
-        expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x", loose);
-        const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
-        for (size_t l = 0; l < experts.size(); ++l) {
-          const auto li = static_cast<int64_t>(l);
-          expect_close(expert_slice(r.grad_experts.w1, li), expert_slice(ref.grad_experts.w1, experts[l]),
-                       "w1", loose);
-          expect_close(expert_slice(r.grad_experts.w3, li), expert_slice(ref.grad_experts.w3, experts[l]),
-                       "w3", loose);
-          expect_close(expert_slice(r.grad_experts.w2, li), expert_slice(ref.grad_experts.w2, experts[l]),
-                       "w2", loose);
-        }
-        for (int64_t i = 0; i < router_sum.numel(); ++i)
-          router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
-        // Contracts 3 and 4: block and rowwise move the same rows into the same places and sum in the same
-        // order, so their outputs and gradients are bit-identical.
-        if (path_traits(p).same_rows_as_block) {
-          EXPECT_TRUE(same_bits(r.y, block.y));
-          EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
-          EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
-          EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
-          EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
-          EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
-        }
-        if (p == "rowwise") {
-          // No host split list: not one all_to_all_v on the EP group.
-          EXPECT_EQ(r.stats.all_to_all_v, 0);
-          EXPECT_EQ(r.comm_scratch_peak, 0) << "rowwise packs no peer buffers";
-          EXPECT_GT(r.symmetric_resident, 0) << "rowwise buffers must show under symmetric buffers";
-        }
-        if (p == "block") {
-          EXPECT_EQ(r.stats.all_to_all_v, 4) << "two exchanges forward, two backward";
-          EXPECT_EQ(r.symmetric_resident, 0);
-          const bool moves_rows =
-              std::accumulate(r.dst_row.span<int32_t>().begin(), r.dst_row.span<int32_t>().end(), 0,
-                              [](int n, int32_t v) { return n + (v >= 0); }) > 0 ||
-              r.recv_rows > 0;
-          if (moves_rows) {
-            EXPECT_GT(r.comm_scratch_peak, 0) << "block's packed peer buffers are comm scratch";
-          }
-        }
-        if (p == "agrs") {
-          EXPECT_EQ(r.stats.all_to_all_v, 0);
-        }
-        // The last EP rank's experts are pushed out of every top-K: it receives nothing.
-        if (c.ep >= 2 && pos + 1 == group.size()) {
-          EXPECT_EQ(r.recv_rows, 0);
-        }
-        offset += t;
-      }
-      expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)", loose);
+    for (const auto& p : u.paths) {
+      expect_path_matches_reference(c, p, group, results, ref, resolution_of(c.precision.legs));
+      if (HasFatalFailure()) return;
     }
-
-    if (decode) {
-      SCOPED_TRACE("path " + decode_path);
-      for (size_t pos = 0; pos < group.size(); ++pos) {
-        const RankResult& r = results[decode_path][static_cast<size_t>(group[pos])];
-        EXPECT_TRUE(r.second_step_identical);
-        expect_close(r.y, ref.y, "decode y");
-        expect_close(r.grad_x, ref.grad_x, "decode grad_x");
-        // Every rank holds every token, so its router gradient is already the whole one.
-        expect_close(r.grad_router, ref.grad_router, "decode router weight gradient");
-        const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
-        for (size_t l = 0; l < experts.size(); ++l)
-          expect_close(expert_slice(r.grad_experts.w2, static_cast<int64_t>(l)),
-                       expert_slice(ref.grad_experts.w2, experts[l]), "decode w2");
-      }
-    }
+    if (u.decode) expect_decode_matches_reference(c, u.decode_path, group, results, ref);
   }
   if (c.capacity) {
     EXPECT_GT(world_dropped, 0) << "the capacity case must actually drop routes";

@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/score_bias.hpp"
@@ -229,6 +230,34 @@ TEST(RouterConfig, BadConfigurationsAreClearErrors) {
             std::string::npos);
   EXPECT_EQ(message({.num_experts = 8, .top_k = 2, .n_group = 4, .topk_group = 1}), "");
   EXPECT_THROW(score_function_from_name("relu"), Error);
+}
+
+// What a user can cause (non-finite weights or inputs) is an Error with the value; a router weight of
+// another shape than the layer built is a bug in the caller, an InternalError naming the condition.
+TEST(Router, UserErrorsAndBrokenInvariantsReadDifferently) {
+  const RouterConfig c{.num_experts = 4, .top_k = 2};
+  RouterState s;
+  const Tensor x = from({1, 4}, {1, 0, 0, 0});
+  Tensor w = identity(4);
+  w.data<float>()[0] = NAN;
+  try {
+    router_forward(c, x, w, nullptr, s);
+    ADD_FAILURE() << "a NaN logit went through";
+  } catch (const InternalError& e) {
+    ADD_FAILURE() << "a non-finite weight is the user's input, not a bug: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router logit of token 0 for expert 0 is nan"), std::string::npos)
+        << e.what();
+  }
+  try {
+    router_forward(c, x, identity(3), nullptr, s);
+    ADD_FAILURE() << "a [3, 3] router weight for 4 experts went through";
+  } catch (const InternalError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("internal error at"), std::string::npos) << m;
+    EXPECT_NE(m.find("router.cpp"), std::string::npos) << m;
+    EXPECT_NE(m.find("router weight has shape [3, 3], expected [4, 4]"), std::string::npos) << m;
+  }
 }
 
 }  // namespace

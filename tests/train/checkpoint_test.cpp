@@ -30,21 +30,13 @@
 #include "expar/train/adamw.hpp"
 #include "expar/train/trainer.hpp"
 #include "run_process.hpp"
+#include "train/verse_corpus.hpp"
 
 namespace expar {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-const TokenCorpus& corpus() {
-  static const TokenCorpus c = [] {
-    std::string text;
-    for (int i = 0; i < 100; ++i) text += "In the beginning God created the heaven and the earth. ";
-    return TokenCorpus::from_text(text);
-  }();
-  return c;
-}
 
 TrainConfig small_config(int steps) {
   TrainConfig c;
@@ -65,7 +57,7 @@ int train_ranks(int ranks, const TrainConfig& cfg) {
   int steps = 0;
   TrainObserver observer;
   observer.on_step = [&](const StepRecord&, const TrainConfig&) { ++steps; };
-  run_ranks(ranks, [&](Comm& world) { train(cfg, world, corpus(), &observer); });
+  run_ranks(ranks, [&](Comm& world) { train(cfg, world, testing::genesis_corpus(), &observer); });
   return steps;
 }
 
@@ -76,6 +68,38 @@ std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "(no error)";
+}
+
+// `expar train` of the tiny model on 2 ranks (EP 2) saving every step into `checkpoint`, keeping
+// `keep_last`; then `extra`.
+std::vector<std::string> checkpointing_train(const fs::path& checkpoint, const std::string& keep_last,
+                                             const std::string& log, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {EXPAR_BINARY,
+                                   "train",
+                                   "--preset",
+                                   "tiny",
+                                   "--ranks",
+                                   "2",
+                                   "--ep",
+                                   "2",
+                                   "--seq-len",
+                                   "16",
+                                   "--batch",
+                                   "4",
+                                   "--eval-every",
+                                   "0",
+                                   "--checkpoint",
+                                   checkpoint.string(),
+                                   "--checkpoint-every",
+                                   "1",
+                                   "--keep-last",
+                                   keep_last,
+                                   "--data",
+                                   EXPAR_SOURCE_DIR "/data/kjv.txt",
+                                   "--log",
+                                   log};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
 }
 
 // Loads `dir` into a one-rank model with its optimizer.
@@ -277,30 +301,7 @@ TEST_F(Checkpoints, UnwritableTargetIsFoundBeforeTheFirstStep) {
 // A real `expar train` killed with SIGKILL at random moments while it checkpoints every step: after every
 // kill, the checkpoint `latest` names is complete and loads, and the run resumes from it.
 TEST_F(Checkpoints, KillNineLoopLeavesALoadableCheckpoint) {
-  const std::vector<std::string> base = {EXPAR_BINARY,
-                                         "train",
-                                         "--preset",
-                                         "tiny",
-                                         "--ranks",
-                                         "2",
-                                         "--ep",
-                                         "2",
-                                         "--seq-len",
-                                         "16",
-                                         "--batch",
-                                         "4",
-                                         "--eval-every",
-                                         "0",
-                                         "--checkpoint",
-                                         dir_.string(),
-                                         "--checkpoint-every",
-                                         "1",
-                                         "--keep-last",
-                                         "2",
-                                         "--data",
-                                         EXPAR_SOURCE_DIR "/data/kjv.txt",
-                                         "--log",
-                                         (dir_.string() + ".jsonl")};
+  const std::vector<std::string> base = checkpointing_train(dir_, "2", dir_.string() + ".jsonl", {});
   std::mt19937 rng(12345);
   int loaded = 0;
   for (int round = 0; round < 8; ++round) {
@@ -347,32 +348,8 @@ TEST_F(Checkpoints, FullDiskIsAnErrorAndThePreviousSaveSurvives) {
   if (mount("tmpfs", dir_.c_str(), "tmpfs", 0, "size=1400k") != 0)
     GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); needs CAP_SYS_ADMIN";
   const fs::path run = dir_ / "run";
-  testing::ProcessResult r = testing::run_process({EXPAR_BINARY,
-                                                   "train",
-                                                   "--preset",
-                                                   "tiny",
-                                                   "--ranks",
-                                                   "2",
-                                                   "--ep",
-                                                   "2",
-                                                   "--seq-len",
-                                                   "16",
-                                                   "--batch",
-                                                   "4",
-                                                   "--eval-every",
-                                                   "0",
-                                                   "--steps",
-                                                   "3",
-                                                   "--checkpoint",
-                                                   run.string(),
-                                                   "--checkpoint-every",
-                                                   "1",
-                                                   "--keep-last",
-                                                   "0",
-                                                   "--data",
-                                                   EXPAR_SOURCE_DIR "/data/kjv.txt",
-                                                   "--log",
-                                                   "/dev/null"});
+  testing::ProcessResult r =
+      testing::run_process(checkpointing_train(run, "0", "/dev/null", {"--steps", "3"}));
   const std::string latest = fs::exists(run / "latest") ? read_text_file(run / "latest") : "(none)";
   std::string load_error = "(not loaded)";
   if (latest != "(none)") load_error = error_of([&] { load_one_rank(run.string(), small_config(1).model); });

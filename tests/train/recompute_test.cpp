@@ -12,18 +12,10 @@
 
 #include "expar/comm/launcher.hpp"
 #include "expar/train/trainer.hpp"
+#include "train/verse_corpus.hpp"
 
 namespace expar {
 namespace {
-
-const TokenCorpus& corpus() {
-  static const TokenCorpus c = [] {
-    std::string text;
-    for (int i = 0; i < 100; ++i) text += "In the beginning God created the heaven and the earth. ";
-    return TokenCorpus::from_text(text);
-  }();
-  return c;
-}
 
 TrainConfig config_of(bool recompute) {
   TrainConfig c;
@@ -57,7 +49,7 @@ TrainRun run(const TrainConfig& cfg) {
   o.ranks = 2;
   o.timeout_seconds = 120;
   run_ranks(o, [&](Comm& world) {
-    TrainSummary s = train(cfg, world, corpus());
+    TrainSummary s = train(cfg, world, testing::genesis_corpus());
     std::lock_guard lock(m);
     r.symmetric_bytes[static_cast<size_t>(world.rank())] = s.memory.current_of(MemCategory::SymmetricBuffers);
     if (world.rank() == 0) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expar/bench/layer_bench.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/moe/payload_precision.hpp"
@@ -19,23 +20,12 @@ namespace expar::bench {
 // with a reduced precision only those that take it).
 std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision);
 
-struct PathsBenchOptions {
-  int ranks = 2;
+struct PathsBenchOptions : LayerBenchSetup {
   int ep = 0;              // EP degree (0: = ranks)
   int ranks_per_node = 0;  // emulated nodes (LaunchOptions::ranks_per_node; 0: one node)
-  int64_t tokens = 4096;   // per rank
-  int64_t model_dim = 1024;
-  int64_t hidden_dim = 2048;
-  int experts = 32;
-  int top_k = 4;
-  int threads = 1;  // compute threads per rank
-  int warmup = 1;
-  int repeats = 3;
-  bool oversubscribe = false;
   // Barrier before every communication phase, booked as "wait for peers" (phase::kWait), so that the
   // communication phases measure moving rows and not the slowest peer.
   bool sync_comm = false;
-  uint64_t seed = 1;
   std::vector<std::string> paths = benchmarked_paths({});
   // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
   // no-EP column stays f32: the local path encodes nothing).

@@ -370,25 +370,17 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
 }
 
 void validate(const PathsBenchOptions& o) {
-  EXPAR_CHECK(o.ranks >= 1, "--ranks {}: use at least 1", o.ranks);
+  validate_setup(o);
   const int ep = ep_of(o);
   EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0,
               "--ep {} does not divide --ranks {}: choose an EP degree that divides the ranks", ep, o.ranks);
-  EXPAR_CHECK(o.threads >= 1, "--threads {}: use at least 1 compute thread per rank", o.threads);
   EXPAR_CHECK(o.ranks_per_node >= 0 && (o.ranks_per_node == 0 || o.ranks % o.ranks_per_node == 0),
               "--ranks-per-node {} does not divide --ranks {}: every emulated node holds the same number of "
               "ranks; choose a divisor of {}",
               o.ranks_per_node, o.ranks, o.ranks);
-  EXPAR_CHECK(o.tokens >= 1 && o.model_dim >= 1 && o.hidden_dim >= 1,
-              "--tokens {} --d {} --h {}: every size must be at least 1", o.tokens, o.model_dim,
-              o.hidden_dim);
-  EXPAR_CHECK(o.top_k >= 1 && o.top_k <= o.experts, "--top-k {} must be in [1, --experts {}]", o.top_k,
-              o.experts);
   EXPAR_CHECK(o.experts % ep == 0,
               "--experts {} is not divisible by the EP degree {}: choose E a multiple of {}", o.experts, ep,
               ep);
-  EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
-              o.repeats, o.warmup);
   o.precision.validate(o.model_dim);
   const std::vector<std::string> known = benchmarked_paths({});
   for (const auto& p : o.paths) {

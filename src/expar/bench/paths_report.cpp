@@ -170,23 +170,13 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
   using nlohmann::json;
   const auto& o = report.options;
   json j;
-  j["options"] = {{"ranks", o.ranks},
-                  {"ranks_per_node", o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node},
-                  {"ep", o.ep},
-                  {"tokens_per_rank", o.tokens},
-                  {"d", o.model_dim},
-                  {"h", o.hidden_dim},
-                  {"experts", o.experts},
-                  {"top_k", o.top_k},
-                  {"threads", o.threads},
-                  {"repeats", o.repeats},
-                  {"warmup", o.warmup},
-                  {"seed", o.seed},
-                  {"precision",
-                   {{"dispatch", payload_format_name(o.precision.dispatch)},
-                    {"combine", payload_format_name(o.precision.combine)},
-                    {"combine_grad", payload_format_name(o.precision.combine_grad)},
-                    {"dispatch_grad", payload_format_name(o.precision.dispatch_grad)}}}};
+  j["options"] = setup_json(o);
+  j["options"]["ranks_per_node"] = o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node;
+  j["options"]["ep"] = o.ep;
+  j["options"]["precision"] = {{"dispatch", payload_format_name(o.precision.dispatch)},
+                               {"combine", payload_format_name(o.precision.combine)},
+                               {"combine_grad", payload_format_name(o.precision.combine_grad)},
+                               {"dispatch_grad", payload_format_name(o.precision.dispatch_grad)}};
   j["limits"] = {{"matmul_flops_per_s", report.limits.matmul_flops},
                  {"matmul_rows", report.limits.matmul_rows},
                  {"memcpy_bytes_per_s", report.limits.memcpy_bandwidth},

@@ -22,17 +22,7 @@ PayloadReport measure_payload(const PayloadBenchOptions& o) {
   for (const std::string& name : formats) {
     const PayloadFormat format = payload_format_from_name(name);  // throws naming the known formats
     PathsBenchOptions p;
-    p.ranks = o.ranks;
-    p.threads = o.threads;
-    p.tokens = o.tokens;
-    p.model_dim = o.model_dim;
-    p.hidden_dim = o.hidden_dim;
-    p.experts = o.experts;
-    p.top_k = o.top_k;
-    p.warmup = o.warmup;
-    p.repeats = o.repeats;
-    p.seed = o.seed;
-    p.oversubscribe = o.oversubscribe;
+    static_cast<LayerBenchSetup&>(p) = o;
     p.sync_comm = true;
     p.precision = PayloadPrecision::uniform(format);
     p.paths.clear();
@@ -96,10 +86,8 @@ std::string payload_json(const PayloadReport& report) {
   using nlohmann::json;
   const PayloadBenchOptions& o = report.options;
   json j;
-  j["options"] = {{"ranks", o.ranks}, {"threads", o.threads}, {"tokens_per_rank", o.tokens},
-                  {"d", o.model_dim}, {"h", o.hidden_dim},    {"experts", o.experts},
-                  {"top_k", o.top_k}, {"repeats", o.repeats}, {"warmup", o.warmup},
-                  {"seed", o.seed},   {"formats", o.formats}};
+  j["options"] = setup_json(o);
+  j["options"]["formats"] = o.formats;
   json rows = json::array();
   for (const PayloadRow& row : report.rows) {
     const PathResult& r = row.result;

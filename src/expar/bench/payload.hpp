@@ -13,19 +13,12 @@
 
 namespace expar::bench {
 
-struct PayloadBenchOptions {
-  int ranks = 2;
-  int threads = 1;
-  int64_t tokens = 4096;  // per rank
-  int64_t model_dim = 1024;
-  int64_t hidden_dim = 256;  // the GEMM is not what this measures
-  int experts = 32;
-  int top_k = 4;
-  int warmup = 1;
-  int repeats = 5;
-  uint64_t seed = 1;
+struct PayloadBenchOptions : LayerBenchSetup {
+  PayloadBenchOptions() {
+    hidden_dim = 256;  // the GEMM is not what this measures
+    repeats = 5;
+  }
   std::vector<std::string> formats = {"f32", "bf16", "mxfp8", "mxfp8-floor"};
-  bool oversubscribe = false;
 };
 
 struct PayloadRow {

@@ -45,13 +45,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 void validate(const WavesBenchOptions& o) {
-  EXPAR_CHECK(o.ranks >= 1 && o.threads >= 1, "--ranks {} --threads {}: both must be at least 1", o.ranks,
-              o.threads);
-  EXPAR_CHECK(o.tokens >= 1 && o.model_dim >= 1 && o.hidden_dim >= 1,
-              "--tokens {} --d {} --h {}: every size must be at least 1", o.tokens, o.model_dim,
-              o.hidden_dim);
-  EXPAR_CHECK(o.top_k >= 1 && o.top_k <= o.experts, "--top-k {} must be in [1, --experts {}]", o.top_k,
-              o.experts);
+  validate_setup(o);
   EXPAR_CHECK(o.experts % o.ranks == 0,
               "--experts {} is not divisible by --ranks {}: choose E a multiple of the ranks", o.experts,
               o.ranks);
@@ -62,8 +56,6 @@ void validate(const WavesBenchOptions& o) {
                   if (t.waves) names += (names.empty() ? "" : ", ") + t.name;
                 return names;
               }());
-  EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
-              o.repeats, o.warmup);
   EXPAR_CHECK(!o.waves.empty(), "--waves is empty: list wave counts such as 2,4 (no-wave always runs)");
   const int local = o.experts / o.ranks;
   for (int w : o.waves)
@@ -261,10 +253,9 @@ std::string waves_json(const WavesReport& r) {
                 {"bit_identical_to_no_wave", w.identical}};
   };
   json j;
-  j["options"] = {{"ranks", o.ranks},   {"threads", o.threads}, {"tokens_per_rank", o.tokens},
-                  {"d", o.model_dim},   {"h", o.hidden_dim},    {"experts", o.experts},
-                  {"top_k", o.top_k},   {"path", o.path},       {"repeats", o.repeats},
-                  {"warmup", o.warmup}, {"seed", o.seed},       {"cores", r.cores}};
+  j["options"] = setup_json(o);
+  j["options"]["path"] = o.path;
+  j["options"]["cores"] = r.cores;
   j["core_budget"] = core_budget(r);
   j["no_wave"] = run(r.no_wave);
   json rows = json::array();

@@ -14,22 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "expar/bench/layer_bench.hpp"
+
 namespace expar::bench {
 
-struct WavesBenchOptions {
-  int ranks = 2;
-  int threads = 1;        // compute threads per rank (an overlapped schedule adds one thread per rank)
-  int64_t tokens = 4096;  // per rank
-  int64_t model_dim = 1024;
-  int64_t hidden_dim = 2048;
-  int experts = 32;
-  int top_k = 4;
+// `threads`: compute threads per rank; an overlapped schedule adds one thread per rank.
+struct WavesBenchOptions : LayerBenchSetup {
   std::string path = "rowwise";  // a path whose traits say `waves`
   std::vector<int> waves = {2, 4};
-  int warmup = 1;
-  int repeats = 3;
-  uint64_t seed = 1;
-  bool oversubscribe = false;
 };
 
 // Throws expar::Error naming the flag for a bad shape, a path without waves, a wave count outside

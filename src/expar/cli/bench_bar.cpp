@@ -18,15 +18,13 @@ namespace {
 
 using namespace expar::bench;
 
-void add_shape_options(CLI::App* cmd, PathsBenchOptions& o) {
-  cmd->add_option("--tokens", o.tokens, "tokens per rank (EP run; the no-EP run gets ranks x tokens)")
-      ->check(integer_in(1, 1 << 20));
-  add_layer_shape_flags(cmd, o.model_dim, o.hidden_dim, o.experts, o.top_k);
-  cmd->add_option("--repeats", o.repeats, "measured repeats (the median is used)")
-      ->check(integer_in(1, 1000));
-  cmd->add_option("--warmup", o.warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));
-  cmd->add_option("--seed", o.seed, "seed of inputs and weights");
-  cmd->add_flag("--oversubscribe", o.oversubscribe, "allow ranks x threads above the cores");
+// Fixed launches (bar) or a list of them (scaling): no --ranks; --threads where the subcommand says.
+void add_shape_options(CLI::App* cmd, PathsBenchOptions& o, const std::string& threads_help) {
+  LayerBenchHelp help;
+  help.ranks.clear();
+  help.threads = threads_help;
+  help.tokens = "tokens per rank (EP run; the no-EP run gets ranks x tokens)";
+  add_layer_bench_flags(cmd, o, help);
 }
 
 // Achieved fraction of the GEMM limit over forward + backward.
@@ -167,7 +165,7 @@ void add_bench_bar(CLI::App* bench, CommandTable& table) {
       "The performance bar: GEMM efficiency, rowwise vs block, bytes vs memcpy, EP vs no EP (PASS/MISS)");
   auto o = std::make_shared<PathsBenchOptions>();
   auto strict = std::make_shared<bool>(false);
-  add_shape_options(bar, *o);
+  add_shape_options(bar, *o, "");
   bar->add_flag("--strict", *strict, "exit with status 1 when a bar is missed");
   table[bar] = [o, strict] { return run_bar(*o, *strict); };
 
@@ -177,14 +175,13 @@ void add_bench_bar(CLI::App* bench, CommandTable& table) {
   auto eps = std::make_shared<std::vector<int>>(std::vector<int>{1, 2});
   auto tokens = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{256, 1024, 4096, 16384});
   s->paths = {"local", "block", "rowwise"};
-  add_shape_options(scaling, *s);
+  add_shape_options(scaling, *s, "compute threads per rank");
   scaling->add_option("--ep-list", *eps, "EP degrees (ranks = EP degree)")
       ->delimiter(',')
       ->check(integer_in(1, 256));
   scaling->add_option("--tokens-list", *tokens, "tokens per rank")
       ->delimiter(',')
       ->check(integer_in(1, 1 << 20));
-  scaling->add_option("--threads", s->threads, "compute threads per rank")->check(integer_in(1, 256));
   scaling->add_option("--paths", s->paths, "paths (local runs at EP 1 only)")->delimiter(',');
   table[scaling] = [s, eps, tokens] { return run_scaling(*s, *eps, *tokens); };
 }

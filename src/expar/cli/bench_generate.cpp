@@ -1,13 +1,12 @@
 // expar bench generate: prefill and decode tokens/s of the inference engine beside the matmul and
 // read-bandwidth limits measured in the same run (bench/generate.hpp).
 #include <cstdio>
-#include <fstream>
 
 #include "expar/bench/generate.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/cli/layout_options.hpp"
 #include "expar/cli/option_checks.hpp"
-#include "expar/core/error.hpp"
 
 namespace expar::cli {
 namespace {
@@ -16,13 +15,10 @@ struct BenchGenerateArgs {
   bench::GenerateBenchOptions bench;
   std::string format = "auto";
   LayoutArgs layout;
-  std::string json;
+  JsonOutput json;
 };
 
-int run_bench_generate(BenchGenerateArgs& a) {
-  a.bench.engine = engine_options(a.layout);
-  if (a.format != "auto") a.bench.engine.format = infer::model_format_from_name(a.format);
-  const bench::GenerateBenchReport r = bench::run_generate_bench(a.bench);
+void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBenchReport& r) {
   std::printf(
       "expar bench generate: %s, TP %d x DP %d, EP %s, decode %s, %d thread(s) per rank, %lld prompt + %d "
       "generated tokens, median of %d\n",
@@ -40,12 +36,14 @@ int run_bench_generate(BenchGenerateArgs& a) {
     std::printf("rank %zu memory (current, peak):\n%s", rank, format_memory(r.memory[rank]).c_str());
   std::printf("weights held (all ranks) %s, peak resident set of the process %s\n",
               format_bytes(r.weight_bytes).c_str(), format_bytes(r.peak_rss_bytes).c_str());
-  if (!a.json.empty()) {
-    std::ofstream out(a.json);
-    EXPAR_CHECK(out.good(), "--json '{}' cannot be written: pass a writable path", a.json);
-    out << bench::generate_bench_json(a.bench, r);
-    EXPAR_CHECK(out.good(), "writing --json '{}' failed (disk full?)", a.json);
-  }
+}
+
+int run_bench_generate(BenchGenerateArgs& a) {
+  a.bench.engine = engine_options(a.layout);
+  if (a.format != "auto") a.bench.engine.format = infer::model_format_from_name(a.format);
+  const bench::GenerateBenchReport r = bench::run_generate_bench(a.bench);
+  if (a.json.table_wanted()) print_generate_table(a, r);
+  a.json.write(bench::generate_bench_json(a.bench, r));
   return 0;
 }
 
@@ -73,7 +71,7 @@ void add_bench_generate(CLI::App* bench, CommandTable& table) {
       ->capture_default_str()
       ->check(integer_in(0, 1000));
   add_layout_options(cmd, a->layout, true);
-  cmd->add_option("--json", a->json, "Also write the results to this JSON file");
+  add_json_option(cmd, a->json, "the results");
   table[cmd] = [a] { return run_bench_generate(*a); };
 }
 

@@ -8,6 +8,7 @@
 #include "expar/bench/measure.hpp"
 #include "expar/bench/paths.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/cli/shape_flags.hpp"
@@ -26,45 +27,37 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
       "paths",
       "Every execution path on identical inputs and routes: phase table (Table 7), limits, memory (Table 6)");
   auto o = std::make_shared<PathsBenchOptions>();
-  auto json_path = std::make_shared<std::string>();
+  auto json = std::make_shared<JsonOutput>();
   auto svg_path = std::make_shared<std::string>();
   auto no_memory = std::make_shared<bool>(false);
   auto precision = std::make_shared<PrecisionFlags>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process)")->check(integer_in(1, 256));
+  add_layer_bench_flags(cmd, *o);
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
   cmd->add_option("--ranks-per-node", o->ranks_per_node,
                   "emulate nodes of this many ranks (a divisor of --ranks; default: all on one node): "
                   "rows across nodes become counted messages")
       ->check(integer_in(1, 256));
-  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank")->check(integer_in(1, 256));
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
-      ->check(integer_in(1, 1000));
-  cmd->add_option("--warmup", o->warmup, "warm-up steps before measuring")->check(integer_in(0, 1000));
   auto* paths = cmd->add_option("--paths", o->paths,
                                 "paths to run (default: every registered path that takes the precision)")
                     ->delimiter(',');
-  cmd->add_option("--seed", o->seed, "seed of inputs and weights");
-  cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
   cmd->add_flag("--no-memory", *no_memory, "skip the memory table");
   cmd->add_flag("--sync-comm", o->sync_comm,
                 "barrier before each communication phase, shown as 'wait for peers' (phases then measure "
                 "moving rows, not the slowest peer)");
   add_precision_flags(cmd, *precision);
-  cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");
+  add_json_option(cmd, *json, "the figures");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
-  table[cmd] = [o, json_path, svg_path, no_memory, precision, paths] {
+  table[cmd] = [o, json, svg_path, no_memory, precision, paths] {
     o->precision = precision->parse();
     if (paths->count() == 0) o->paths = benchmarked_paths(o->precision);
     const PathsReport report = measure_paths(*o);
-    fmt::print("{}", format_paths_table(report));
+    if (json->table_wanted()) fmt::print("{}", format_paths_table(report));
     std::vector<MemoryRow> memory;
     if (!*no_memory) {
       memory = measure_memory(*o);
-      fmt::print("{}", format_memory_table(memory));
+      if (json->table_wanted()) fmt::print("{}", format_memory_table(memory));
     }
-    if (!json_path->empty()) write_text_file(*json_path, paths_json(report, memory));
+    json->write(paths_json(report, memory));
     if (!svg_path->empty()) write_text_file(*svg_path, paths_svg(report));
     return 0;
   };

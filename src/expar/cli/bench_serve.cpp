@@ -1,13 +1,12 @@
 // expar bench serve: requests/s, output tokens/s and p50/p99 time to first token and per output token at
 // several concurrencies, each beside the single-request decode rate of the same run (bench/serve.hpp).
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "expar/bench/serve.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/cli/serve_options.hpp"
-#include "expar/core/error.hpp"
 
 namespace expar::cli {
 namespace {
@@ -15,13 +14,11 @@ namespace {
 struct BenchServeArgs {
   bench::ServeBenchOptions bench;
   RuntimeArgs runtime;
-  std::string json;
+  JsonOutput json;
 };
 
-int run_bench_serve(BenchServeArgs& a) {
-  a.bench.runtime = runtime_options(a.runtime);
+void print_serve_table(const BenchServeArgs& a, const bench::ServeBenchResult& res) {
   const serve::RuntimeOptions& r = a.bench.runtime;
-  const bench::ServeBenchResult res = bench::run_serve_bench(a.bench);
   std::printf(
       "expar bench serve: %s, TP %d x DP %d, %d thread(s) per rank, %lld prompt + %lld generated tokens "
       "per request, batch-invariant %s\n",
@@ -32,11 +29,15 @@ int run_bench_serve(BenchServeArgs& a) {
               res.single_request_decode_tokens_per_s);
   std::printf("%11s %9s %8s %10s %11s %10s %10s %10s %10s %9s\n", "concurrency", "requests", "req/s",
               "out tok/s", "x single", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "seconds");
-  nlohmann::json levels = nlohmann::json::array();
-  for (const bench::ServeLevel& l : res.levels) {
+  for (const bench::ServeLevel& l : res.levels)
     std::printf("%11d %9lld %8.2f %10.1f %10.2fx %8.1fms %8.1fms %8.2fms %8.2fms %9.2f\n", l.concurrency,
                 static_cast<long long>(l.requests), l.requests_per_s, l.output_tokens_per_s, l.speedup,
                 l.ttft_p50 * 1e3, l.ttft_p99 * 1e3, l.tpot_p50 * 1e3, l.tpot_p99 * 1e3, l.seconds);
+}
+
+std::string serve_bench_json(const bench::ServeBenchResult& res) {
+  nlohmann::json levels = nlohmann::json::array();
+  for (const bench::ServeLevel& l : res.levels)
     levels.push_back({{"concurrency", l.concurrency},
                       {"requests", l.requests},
                       {"requests_per_s", l.requests_per_s},
@@ -46,16 +47,17 @@ int run_bench_serve(BenchServeArgs& a) {
                       {"ttft_p99_s", l.ttft_p99},
                       {"tpot_p50_s", l.tpot_p50},
                       {"tpot_p99_s", l.tpot_p99}});
-  }
-  if (!a.json.empty()) {
-    std::ofstream out(a.json);
-    EXPAR_CHECK(out.good(), "--json '{}' cannot be written: pass a writable path", a.json);
-    out << nlohmann::json({{"single_request_decode_tokens_per_s", res.single_request_decode_tokens_per_s},
-                           {"levels", levels}})
-               .dump(2)
-        << "\n";
-    EXPAR_CHECK(out.good(), "writing --json '{}' failed (disk full?)", a.json);
-  }
+  return nlohmann::json({{"single_request_decode_tokens_per_s", res.single_request_decode_tokens_per_s},
+                         {"levels", levels}})
+             .dump(2) +
+         "\n";
+}
+
+int run_bench_serve(BenchServeArgs& a) {
+  a.bench.runtime = runtime_options(a.runtime);
+  const bench::ServeBenchResult res = bench::run_serve_bench(a.bench);
+  if (a.json.table_wanted()) print_serve_table(a, res);
+  a.json.write(serve_bench_json(res));
   return 0;
 }
 
@@ -76,7 +78,7 @@ void add_bench_serve(CLI::App* bench, CommandTable& table) {
       ->capture_default_str();
   cmd->add_option("--tokens", a->bench.generated_tokens, "Tokens generated per request")
       ->capture_default_str();
-  cmd->add_option("--json", a->json, "Also write the results to this JSON file");
+  add_json_option(cmd, a->json, "the results");
   table[cmd] = [a] { return run_bench_serve(*a); };
 }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "expar/bench/measure.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
@@ -84,11 +85,6 @@ std::string generated_text(size_t bytes) {
   return text;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int run_bench_tokenize(const BenchTokenizeArgs& a) {
   namespace fs = std::filesystem;
   EXPAR_CHECK(a.repeats >= 1, "--repeats {}: use at least 1", a.repeats);
@@ -145,8 +141,8 @@ int run_bench_tokenize(const BenchTokenizeArgs& a) {
       "speeds are not comparable",
       tokens, ref_tokens);
   const double mb = static_cast<double>(text.size()) / 1e6;
-  const double ours = mb / median(seconds),
-               theirs = mb / median(reference["seconds"].get<std::vector<double>>());
+  const double ours = mb / bench::median(seconds),
+               theirs = mb / bench::median(reference["seconds"].get<std::vector<double>>());
   fmt::print("{:<28} {:>10} {:>12}\n", "", "MB/s", "tokens");
   fmt::print("{:<28} {:>10.2f} {:>12}\n", "expar (1 thread)", ours, tokens);
   fmt::print("{:<28} {:>10.2f} {:>12}\n", "@huggingface/tokenizers", theirs, ref_tokens);

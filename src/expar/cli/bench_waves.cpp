@@ -5,6 +5,7 @@
 #include "expar/bench/measure.hpp"
 #include "expar/bench/waves.hpp"
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/shape_flags.hpp"
 
@@ -16,27 +17,20 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
       "The MoE layer under no-wave, wave-sequential and wave-overlapped schedules: T_comm, T_gemm, stretch, "
       "eq. 10, forward and backward");
   auto o = std::make_shared<bench::WavesBenchOptions>();
-  auto json_path = std::make_shared<std::string>();
-  cmd->add_option("--ranks", o->ranks, "ranks (threads of this process; EP over all of them)")
-      ->check(integer_in(1, 256));
-  cmd->add_option("--threads", o->threads, "compute (oneDNN) threads per rank; the comm thread is extra")
-      ->check(integer_in(1, 256));
-  cmd->add_option("--tokens", o->tokens, "tokens per rank")->check(integer_in(1, 1 << 20));
-  add_layer_shape_flags(cmd, o->model_dim, o->hidden_dim, o->experts, o->top_k);
+  auto json = std::make_shared<JsonOutput>();
+  LayerBenchHelp help;
+  help.ranks = "ranks (threads of this process; EP over all of them)";
+  help.threads = "compute (oneDNN) threads per rank; the comm thread is extra";
+  add_layer_bench_flags(cmd, *o, help);
   cmd->add_option("--path", o->path, "execution path (one that runs waves: block | rowwise)");
   cmd->add_option("--waves", o->waves, "wave counts, each in [2, E / ranks] (no-wave always runs)")
       ->delimiter(',')
       ->check(integer_in(2, 4096));
-  cmd->add_option("--repeats", o->repeats, "measured repeats (the median is shown)")
-      ->check(integer_in(1, 1000));
-  cmd->add_option("--warmup", o->warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));
-  cmd->add_option("--seed", o->seed, "seed of inputs and weights");
-  cmd->add_flag("--oversubscribe", o->oversubscribe, "allow ranks x threads above the cores");
-  cmd->add_option("--json", *json_path, "also write the figures as JSON to this file");
-  table[cmd] = [o, json_path] {
+  add_json_option(cmd, *json, "the figures");
+  table[cmd] = [o, json] {
     const bench::WavesReport report = bench::measure_waves(*o);
-    fmt::print("{}", bench::format_waves_table(report));
-    if (!json_path->empty()) bench::write_text_file(*json_path, bench::waves_json(report));
+    if (json->table_wanted()) fmt::print("{}", bench::format_waves_table(report));
+    json->write(bench::waves_json(report));
     return 0;
   };
 }

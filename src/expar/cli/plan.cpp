@@ -11,6 +11,7 @@
 #include <string>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
@@ -40,7 +41,7 @@ struct PlanOptions {
   bool recompute_moe = false;
   PrecisionFlags precision;
   double device_gib = 0;
-  bool json = false;
+  JsonOutput json;
   // The message model (topo/message_model.hpp); bandwidths in GB/s on the command line.
   MessageModelInputs messages;
   double link_gbytes = 50, memory_gbytes = 2000, node_gbytes = 450;
@@ -123,13 +124,14 @@ int run_plan(const PlanOptions& o) {
   shape.microbatches = c.microbatches;
   for (const auto& stage : plan.stages) shape.moe_layers = std::max(shape.moe_layers, stage.moe_layers);
   const MessageModel messages = model_messages(shape, inputs);
-  if (o.json) {
-    nlohmann::json j = plan_to_json(plan);
-    j["messages"] = message_model_json(messages);
-    std::puts(j.dump(2).c_str());
-  } else {
+  if (o.json.table_wanted()) {
     std::fputs(format_plan_table(plan).c_str(), stdout);
     std::fputs(format_message_model(messages).c_str(), stdout);
+  }
+  if (o.json.wanted()) {
+    nlohmann::json j = plan_to_json(plan);
+    j["messages"] = message_model_json(messages);
+    o.json.write(j.dump(2));
   }
   return 0;
 }
@@ -234,7 +236,7 @@ void add_plan(CLI::App& app, CommandTable& table) {
                   "rank-to-rank bandwidth inside a node, GB/s (message model)")
       ->capture_default_str()
       ->check(finite_above(0, 1e9));
-  cmd->add_flag("--json", opts->json, "print JSON instead of the table");
+  add_json_option(cmd, opts->json, "the plan");
   table[cmd] = [opts] { return run_plan(*opts); };
 }
 

@@ -20,4 +20,16 @@ void add_layer_shape_flags(CLI::App* cmd, int64_t& model_dim, int64_t& hidden_di
       ->check(integer_in(1, 1 << 16));
 }
 
+void add_layer_bench_flags(CLI::App* cmd, bench::LayerBenchSetup& s, const LayerBenchHelp& help) {
+  if (!help.ranks.empty()) cmd->add_option("--ranks", s.ranks, help.ranks)->check(integer_in(1, 256));
+  if (!help.threads.empty()) cmd->add_option("--threads", s.threads, help.threads)->check(integer_in(1, 256));
+  cmd->add_option("--tokens", s.tokens, help.tokens)->check(integer_in(1, 1 << 20));
+  add_layer_shape_flags(cmd, s.model_dim, s.hidden_dim, s.experts, s.top_k, help.d, help.h);
+  cmd->add_option("--repeats", s.repeats, "measured repeats (the median is reported)")
+      ->check(integer_in(1, 1000));
+  cmd->add_option("--warmup", s.warmup, "warm-up repeats before measuring")->check(integer_in(0, 1000));
+  cmd->add_option("--seed", s.seed, "seed of inputs and weights");
+  cmd->add_flag("--oversubscribe", s.oversubscribe, "allow ranks x threads above the cores");
+}
+
 }  // namespace expar::cli

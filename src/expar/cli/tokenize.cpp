@@ -1,6 +1,6 @@
 // `expar tokenize`: a model's tokenizer on the command line, for debugging prompts and vocabularies.
 //   expar tokenize --tokenizer DIR_OR_FILE --text "Hello world"     ids and pieces, one token a line
-//   expar tokenize --tokenizer ... --text-file notes.txt --json       {"ids": [...], "tokens": [...]}
+//   expar tokenize --tokenizer ... --text-file notes.txt --json -     {"ids": [...], "tokens": [...]}
 //   expar tokenize --tokenizer ... --decode 9906,4435                 the text of those ids
 // --no-special: encode without the post-processor's tokens (e.g. Llama-2's <s>); decode without special
 // tokens.
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/json_output.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/chat_template.hpp"
 #include "expar/io/text_file.hpp"
@@ -24,12 +25,17 @@ struct TokenizeArgs {
   std::optional<std::string> text;
   std::string text_file;
   std::vector<int32_t> decode;
-  bool json = false;
+  JsonOutput json;
   bool no_special = false;
 };
 
+// One line; bytes that are not UTF-8 (a lone byte-level piece) become U+FFFD instead of throwing.
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string quoted(const std::string& s) {
-  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return dump_json(nlohmann::json(s));
 }
 
 int run_tokenize(const TokenizeArgs& a) {
@@ -39,22 +45,18 @@ int run_tokenize(const TokenizeArgs& a) {
   const Tokenizer tokenizer = Tokenizer::from_path(a.tokenizer);
   if (!a.decode.empty()) {
     const std::string text = tokenizer.decode(a.decode, a.no_special);
-    if (a.json)
-      std::printf("%s\n", nlohmann::json{{"text", text}}
-                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                              .c_str());
-    else
-      std::printf("%s\n", text.c_str());
+    if (a.json.table_wanted()) std::printf("%s\n", text.c_str());
+    a.json.write(dump_json(nlohmann::json{{"text", text}}));
     return 0;
   }
   const std::string text = a.text ? *a.text : read_text_file(a.text_file, "--text-file");
   const std::vector<int32_t> ids = tokenizer.encode(text, !a.no_special);
-  if (a.json) {
+  if (a.json.wanted()) {
     nlohmann::json out{{"ids", ids}, {"tokens", nlohmann::json::array()}};
     for (int32_t id : ids) out["tokens"].push_back(tokenizer.id_to_token(id));
-    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return 0;
+    a.json.write(dump_json(out));
   }
+  if (!a.json.table_wanted()) return 0;
   // One token a line: id, the vocabulary's spelling, and the text that id alone decodes to.
   for (int32_t id : ids) {
     const int32_t one[] = {id};
@@ -108,7 +110,7 @@ void add_tokenize(CLI::App& app, CommandTable& table) {
   cmd->add_option("--text", a->text, "Text to encode");
   cmd->add_option("--text-file", a->text_file, "File whose text to encode");
   cmd->add_option("--decode", a->decode, "Token ids to decode (comma separated)")->delimiter(',');
-  cmd->add_flag("--json", a->json, "Print JSON: {\"ids\": [...], \"tokens\": [...]} or {\"text\": ...}");
+  add_json_option(cmd, a->json, "the result ({\"ids\": [...], \"tokens\": [...]} or {\"text\": ...})");
   cmd->add_flag("--no-special", a->no_special,
                 "Encode without the post-processor's special tokens; decode leaving special tokens out");
   table[cmd] = [a] { return run_tokenize(*a); };

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "expar/comm/launcher.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_config.hpp"
 
@@ -18,7 +19,7 @@ int32_t argmax_row(const Tensor& logits, int64_t row) {
 }
 
 std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>& prompt, int max_new) {
-  EXPAR_CHECK(max_new >= 0, "max_new={} must not be negative", max_new);
+  EXPAR_ASSERT(max_new >= 0, "max_new={} must not be negative", max_new);
   const bool idle = prompt.empty();
   std::vector<int> ids;
   std::vector<std::vector<int32_t>> tokens;

@@ -1,5 +1,6 @@
 #include "expar/infer/hf_config.hpp"
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/io/checkpoint_dir.hpp"
@@ -27,8 +28,8 @@ bool manifest_names_a_family(const fs::path& dir) {
 }  // namespace
 
 ModelSpec hf_model_spec(const fs::path& dir, ModelFormat format) {
-  EXPAR_CHECK(format != ModelFormat::Expar, "hf_model_spec: '{}' is a Hugging Face format only",
-              model_format_name(format));
+  EXPAR_ASSERT(format != ModelFormat::Expar, "hf_model_spec: '{}' is a Hugging Face format only",
+               model_format_name(format));
   const Architecture a = read_hf_architecture(dir, format);
   ModelSpec s;
   s.format = a.format;

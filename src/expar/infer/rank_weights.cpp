@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_experts.hpp"
 #include "expar/infer/mxfp4_store.hpp"
@@ -53,10 +54,10 @@ void expect_shape(const TensorStore& store, const std::string& name, const Shape
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
                               const InferenceLayout& layout, int rank, const ModelFeatures& features) {
   const InferenceRankInfo info = layout.rank_info(rank);
-  EXPAR_CHECK(layout.placement().num_experts() == config.moe.num_experts,
-              "the inference layout has {} experts but the model has {}: build the layout with "
-              "num_experts={}",
-              layout.placement().num_experts(), config.moe.num_experts, config.moe.num_experts);
+  EXPAR_ASSERT(layout.placement().num_experts() == config.moe.num_experts,
+               "the inference layout has {} experts but the model has {}: build the layout with "
+               "num_experts={}",
+               layout.placement().num_experts(), config.moe.num_experts, config.moe.num_experts);
   RankWeights w;
   w.config = config;
   w.config.moe.model_dim = config.model_dim;

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 
@@ -33,7 +34,7 @@ void validate(const SamplingParams& p) {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t seed,
                      uint64_t index) {
-  EXPAR_CHECK(vocab > 0, "sampling over an empty vocabulary");
+  EXPAR_ASSERT(vocab > 0, "sampling over an empty vocabulary");
   if (p.temperature == 0.0) return argmax(logits, vocab);
   // Candidates in decreasing logit order, ties to the lower id (a total order: the same on every run).
   std::vector<int32_t> order(static_cast<size_t>(vocab));

@@ -56,36 +56,23 @@ void copy_rows(Tensor& dst, int64_t at, const Tensor& src) {
               src.nbytes());
 }
 
-}  // namespace
+// The input tensors, checked: shapes agree with x [N, d], gate.weight [E, d] and expert 0's w1 [h, d].
+struct LayerInputs {
+  const Tensor* x = nullptr;
+  const Tensor* gate = nullptr;
+  int64_t n = 0, d = 0, h = 0;
+  int e_count = 0;
+  std::vector<int64_t> tokens;  // per rank
+  Tensor grad_y;
+};
 
-std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>& inputs,
-                                             const LayerToolOptions& options) {
-  auto x_it = inputs.find("x");
-  EXPAR_CHECK(x_it != inputs.end() && x_it->second.dtype() == DType::F32 && x_it->second.ndim() == 2,
-              "expar layer: the input needs 'x', f32 [N, d] (all ranks' tokens stacked rank-major)");
-  const Tensor& x = x_it->second;
-  const int64_t n = x.dim(0), d = x.dim(1);
-  auto gate_it = inputs.find("gate.weight");
-  EXPAR_CHECK(gate_it != inputs.end() && gate_it->second.ndim() == 2,
-              "expar layer: the input needs 'gate.weight', f32 [E, d] (the router)");
-  const int e_count = static_cast<int>(gate_it->second.dim(0));
-  const Tensor& gate = need(inputs, "gate.weight", DType::F32, {e_count, d});
-  auto w1_it = inputs.find(expert_name(0, "w1"));
-  EXPAR_CHECK(w1_it != inputs.end() && w1_it->second.ndim() == 2,
-              "expar layer: the input needs '{}', f32 [h, d] (expert 0's gate projection)",
-              expert_name(0, "w1"));
-  const int64_t h = w1_it->second.dim(0);
-  for (int e = 0; e < e_count; ++e) {
-    need(inputs, expert_name(e, "w1"), DType::F32, {h, d});
-    need(inputs, expert_name(e, "w3"), DType::F32, {h, d});
-    need(inputs, expert_name(e, "w2"), DType::F32, {d, h});
-  }
-  EXPAR_CHECK(options.ranks >= 1, "expar layer: --ranks {} must be at least 1", options.ranks);
-  std::vector<int64_t> tokens(static_cast<size_t>(options.ranks));
+// tokens_per_rank when given (each >= 0, summing to N), else N split evenly over the ranks.
+std::vector<int64_t> tokens_per_rank(const std::map<std::string, Tensor>& inputs, int ranks, int64_t n) {
+  std::vector<int64_t> tokens(static_cast<size_t>(ranks));
   if (auto it = inputs.find("tokens_per_rank"); it != inputs.end()) {
-    const Tensor& t = need(inputs, "tokens_per_rank", DType::I64, {options.ranks});
+    const Tensor& t = need(inputs, "tokens_per_rank", DType::I64, {ranks});
     int64_t sum = 0;
-    for (int r = 0; r < options.ranks; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       tokens[static_cast<size_t>(r)] = t.data<int64_t>()[r];
       EXPAR_CHECK(tokens[static_cast<size_t>(r)] >= 0, "expar layer: tokens_per_rank[{}] = {} is negative", r,
                   tokens[static_cast<size_t>(r)]);
@@ -95,25 +82,56 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
                 n);
   } else {
     EXPAR_CHECK(
-        n % options.ranks == 0,
+        n % ranks == 0,
         "expar layer: x has {} rows, not divisible by --ranks {}: add an I64 'tokens_per_rank' tensor "
         "for uneven token counts",
-        n, options.ranks);
-    for (auto& t : tokens) t = n / options.ranks;
+        n, ranks);
+    for (auto& t : tokens) t = n / ranks;
   }
-  Tensor grad_y;
-  if (inputs.count("grad_y")) {
-    grad_y = need(inputs, "grad_y", DType::F32, {n, d});
-  } else {
-    grad_y = Tensor::empty({n, d});
-    grad_y.fill(1.0f);
-  }
+  return tokens;
+}
 
+LayerInputs read_layer_inputs(const std::map<std::string, Tensor>& inputs, const LayerToolOptions& options) {
+  LayerInputs in;
+  auto x_it = inputs.find("x");
+  EXPAR_CHECK(x_it != inputs.end() && x_it->second.dtype() == DType::F32 && x_it->second.ndim() == 2,
+              "expar layer: the input needs 'x', f32 [N, d] (all ranks' tokens stacked rank-major)");
+  in.x = &x_it->second;
+  in.n = in.x->dim(0);
+  in.d = in.x->dim(1);
+  auto gate_it = inputs.find("gate.weight");
+  EXPAR_CHECK(gate_it != inputs.end() && gate_it->second.ndim() == 2,
+              "expar layer: the input needs 'gate.weight', f32 [E, d] (the router)");
+  in.e_count = static_cast<int>(gate_it->second.dim(0));
+  in.gate = &need(inputs, "gate.weight", DType::F32, {in.e_count, in.d});
+  auto w1_it = inputs.find(expert_name(0, "w1"));
+  EXPAR_CHECK(w1_it != inputs.end() && w1_it->second.ndim() == 2,
+              "expar layer: the input needs '{}', f32 [h, d] (expert 0's gate projection)",
+              expert_name(0, "w1"));
+  in.h = w1_it->second.dim(0);
+  for (int e = 0; e < in.e_count; ++e) {
+    need(inputs, expert_name(e, "w1"), DType::F32, {in.h, in.d});
+    need(inputs, expert_name(e, "w3"), DType::F32, {in.h, in.d});
+    need(inputs, expert_name(e, "w2"), DType::F32, {in.d, in.h});
+  }
+  EXPAR_CHECK(options.ranks >= 1, "expar layer: --ranks {} must be at least 1", options.ranks);
+  in.tokens = tokens_per_rank(inputs, options.ranks, in.n);
+  if (inputs.count("grad_y")) {
+    in.grad_y = need(inputs, "grad_y", DType::F32, {in.n, in.d});
+  } else {
+    in.grad_y = Tensor::empty({in.n, in.d});
+    in.grad_y.fill(1.0f);
+  }
+  return in;
+}
+
+// The layer the options describe, at the inputs' shape; validated against the EP degree.
+MoeConfig layer_config(const LayerToolOptions& options, const LayerInputs& in) {
   MoeConfig config;
-  config.num_experts = e_count;
+  config.num_experts = in.e_count;
   config.top_k = options.top_k;
-  config.model_dim = d;
-  config.hidden_dim = h;
+  config.model_dim = in.d;
+  config.hidden_dim = in.h;
   config.score = score_function_from_name(options.score);
   config.renormalize = options.renormalize;
   config.path = options.path;
@@ -125,13 +143,30 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   else
     EXPAR_CHECK(options.capacity_factor == 0.0,
                 "expar layer: --capacity-factor {} must be > 0 (or 0 for dropless)", options.capacity_factor);
+  return config;
+}
+
+// The router and this rank's local experts' weights from the inputs (expert-major rows).
+void load_weights(MoeLayer& layer, const LayerInputs& in, const std::map<std::string, Tensor>& inputs,
+                  const std::vector<int>& experts) {
+  std::memcpy(layer.params().w_router.raw(), in.gate->raw(), in.gate->nbytes());
+  ExpertWeights& w = layer.params().experts;
+  for (size_t l = 0; l < experts.size(); ++l) {
+    const int e = experts[l];
+    const auto li = static_cast<int64_t>(l);
+    copy_rows(w.w1, li * in.h, inputs.at(expert_name(e, "w1")));
+    copy_rows(w.w3, li * in.h, inputs.at(expert_name(e, "w3")));
+    copy_rows(w.w2, li * in.d, inputs.at(expert_name(e, "w2")));
+  }
+}
+
+// Every rank's forward and backward over its rows [offsets[r], offsets[r + 1]) of x and grad_y.
+std::vector<RankOutput> run_layer_on_ranks(const LayerToolOptions& options, const MoeConfig& config,
+                                           const LayerInputs& in, const std::map<std::string, Tensor>& inputs,
+                                           const std::vector<int64_t>& offsets) {
   const TrainingLayout layout(options.ranks, options.ep);  // throws unless ep divides ranks
   config.validate(options.ep);
   const auto groups = layout.groups(TrainingGroup::EpMp);
-  std::vector<int64_t> offsets(static_cast<size_t>(options.ranks) + 1, 0);
-  for (int r = 0; r < options.ranks; ++r)
-    offsets[static_cast<size_t>(r) + 1] = offsets[static_cast<size_t>(r)] + tokens[static_cast<size_t>(r)];
-
   std::vector<RankOutput> outs(static_cast<size_t>(options.ranks));
   // A rank's tensors are charged to its own tracker, which ends with run_ranks: what a rank hands back is
   // cloned under this thread's tracker.
@@ -143,21 +178,13 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     const int rank = world.rank();
     auto ep_group = world.subgroup(groups, "ep_mp");
     MoeLayer layer(config, *ep_group, "moe");
-    std::memcpy(layer.params().w_router.raw(), gate.raw(), gate.nbytes());
     RankOutput& out = outs[static_cast<size_t>(rank)];
     out.experts = layer.placement().local_experts(layer.ep_rank());
-    ExpertWeights& w = layer.params().experts;
-    for (size_t l = 0; l < out.experts.size(); ++l) {
-      const int e = out.experts[l];
-      const auto li = static_cast<int64_t>(l);
-      copy_rows(w.w1, li * h, inputs.at(expert_name(e, "w1")));
-      copy_rows(w.w3, li * h, inputs.at(expert_name(e, "w3")));
-      copy_rows(w.w2, li * d, inputs.at(expert_name(e, "w2")));
-    }
+    load_weights(layer, in, inputs, out.experts);
     const int64_t begin = offsets[static_cast<size_t>(rank)], end = offsets[static_cast<size_t>(rank) + 1];
     MoeState state;
-    const Tensor y = layer.forward(x.rows(begin, end), state);
-    const Tensor gx = layer.backward(grad_y.rows(begin, end), state);
+    const Tensor y = layer.forward(in.x->rows(begin, end), state);
+    const Tensor gx = layer.backward(in.grad_y.rows(begin, end), state);
     TrackerBinding bind(host);
     out.y = y.clone();
     out.grad_x = gx.clone();
@@ -170,9 +197,15 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     out.dropped = state.routes.dropped;
     out.utilisation = state.metrics.utilisation;
   });
+  return outs;
+}
 
-  // Assembled in rank order, so the sums are deterministic.
-  const int k = options.top_k;
+// The ranks' outputs as the tool's output tensors, assembled in rank order so the sums are deterministic.
+std::map<std::string, Tensor> assemble_outputs(const std::vector<RankOutput>& outs, const LayerInputs& in,
+                                               const std::vector<int64_t>& offsets, int top_k) {
+  const int64_t n = in.n, d = in.d, h = in.h;
+  const int e_count = in.e_count, k = top_k;
+  const int ranks = static_cast<int>(outs.size());
   std::map<std::string, Tensor> result;
   Tensor y = Tensor::empty({n, d}), grad_x = Tensor::empty({n, d});
   Tensor topk_idx = Tensor::empty({n, k}, DType::I32), topk_weight = Tensor::empty({n, k});
@@ -184,11 +217,11 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     g3.push_back(Tensor::zeros({h, d}));
     g2.push_back(Tensor::zeros({d, h}));
   }
-  Tensor dropped = Tensor::empty({options.ranks}, DType::I64);
+  Tensor dropped = Tensor::empty({ranks}, DType::I64);
   double drop_rate = 0.0, utilisation = 0.0;
-  for (int r = 0; r < options.ranks; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     const RankOutput& o = outs[static_cast<size_t>(r)];
-    const int64_t at = offsets[static_cast<size_t>(r)], t = tokens[static_cast<size_t>(r)];
+    const int64_t at = offsets[static_cast<size_t>(r)], t = in.tokens[static_cast<size_t>(r)];
     copy_rows(y, at, o.y);
     copy_rows(grad_x, at, o.grad_x);
     copy_rows(topk_idx, at, o.topk_idx);
@@ -209,7 +242,7 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
     utilisation = std::max(utilisation, o.utilisation);
   }
   Tensor drop_rate_t = Tensor::empty({1}, DType::F64), utilisation_t = Tensor::empty({1}, DType::F64);
-  drop_rate_t.data<double>()[0] = drop_rate / options.ranks;
+  drop_rate_t.data<double>()[0] = drop_rate / ranks;
   utilisation_t.data<double>()[0] = utilisation;
   result["y"] = y;
   result["grad_x"] = grad_x;
@@ -226,6 +259,19 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   result["metrics.drop_rate"] = drop_rate_t;
   result["metrics.utilisation"] = utilisation_t;
   return result;
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>& inputs,
+                                             const LayerToolOptions& options) {
+  const LayerInputs in = read_layer_inputs(inputs, options);
+  const MoeConfig config = layer_config(options, in);
+  std::vector<int64_t> offsets(static_cast<size_t>(options.ranks) + 1, 0);
+  for (int r = 0; r < options.ranks; ++r)
+    offsets[static_cast<size_t>(r) + 1] = offsets[static_cast<size_t>(r)] + in.tokens[static_cast<size_t>(r)];
+  const std::vector<RankOutput> outs = run_layer_on_ranks(options, config, in, inputs, offsets);
+  return assemble_outputs(outs, in, offsets, options.top_k);
 }
 
 void run_layer_tool_file(const std::filesystem::path& input, const std::filesystem::path& output,

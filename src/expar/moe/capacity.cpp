@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -56,14 +57,14 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
               "capacity plan: {} token counts for an EP group of {} (a group of sources other than the EP "
               "group takes only the dropless policy)",
               tokens.size(), placement.ep_size());
-  EXPAR_CHECK(requests.size() == static_cast<size_t>(m) * static_cast<size_t>(e_count),
-              "capacity plan: request matrix has {} entries, expected {} ranks x {} experts", requests.size(),
-              m, e_count);
-  EXPAR_CHECK(top_k >= 1 && top_k <= e_count, "top_k={} must be in [1, num_experts={}]", top_k, e_count);
+  EXPAR_ASSERT(requests.size() == static_cast<size_t>(m) * static_cast<size_t>(e_count),
+               "capacity plan: request matrix has {} entries, expected {} ranks x {} experts",
+               requests.size(), m, e_count);
+  EXPAR_ASSERT(top_k >= 1 && top_k <= e_count, "top_k={} must be in [1, num_experts={}]", top_k, e_count);
   int64_t t_max = 0, dropless_bound = 0;
   for (int s = 0; s < m; ++s) {
-    EXPAR_CHECK(tokens[static_cast<size_t>(s)] >= 0, "rank {} reports {} tokens", s,
-                tokens[static_cast<size_t>(s)]);
+    EXPAR_ASSERT(tokens[static_cast<size_t>(s)] >= 0, "rank {} reports {} tokens", s,
+                 tokens[static_cast<size_t>(s)]);
     t_max = std::max(t_max, tokens[static_cast<size_t>(s)]);
     dropless_bound += tokens[static_cast<size_t>(s)] * std::min(top_k, e_local);
   }
@@ -129,7 +130,7 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
 
 int64_t max_capacity_rows(int64_t max_tokens_per_rank, int top_k, const ExpertPlacement& placement,
                           const CapacityPolicy& policy) {
-  EXPAR_CHECK(max_tokens_per_rank >= 0, "max_tokens_per_rank={} must not be negative", max_tokens_per_rank);
+  EXPAR_ASSERT(max_tokens_per_rank >= 0, "max_tokens_per_rank={} must not be negative", max_tokens_per_rank);
   const auto m = static_cast<size_t>(placement.ep_size());
   const std::vector<int64_t> requests(m * static_cast<size_t>(placement.num_experts()), 0);
   const std::vector<int64_t> tokens(m, max_tokens_per_rank);

@@ -1,5 +1,6 @@
 #include "expar/moe/lease_pool.hpp"
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -38,9 +39,9 @@ LeasePool::Handle LeasePool::acquire(LeaseTag tag) {
 }
 
 LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag, int which) {
-  EXPAR_CHECK(which >= 0 && which < kScratchSlots,
-              "lease pool '{}': scratch slot {} requested by block {} does not exist: use 0 .. {}", name_,
-              which, tag.block, kScratchSlots - 1);
+  EXPAR_ASSERT(which >= 0 && which < kScratchSlots,
+               "lease pool '{}': scratch slot {} requested by block {} does not exist: use 0 .. {}", name_,
+               which, tag.block, kScratchSlots - 1);
   Slot& s = scratch_[which];
   if (s.buffer < 0) {
     EXPAR_CHECK(!frozen_,
@@ -57,11 +58,11 @@ LeasePool::Handle LeasePool::acquire_scratch(LeaseTag tag, int which) {
 }
 
 void LeasePool::release(Handle& handle) {
-  EXPAR_CHECK(handle.leased,
-              "lease pool '{}': release of a handle of block {} microbatch {} that holds no lease", name_,
-              handle.tag.block, handle.tag.microbatch);
+  EXPAR_ASSERT(handle.leased,
+               "lease pool '{}': release of a handle of block {} microbatch {} that holds no lease", name_,
+               handle.tag.block, handle.tag.microbatch);
   Slot& s = slots_.at(static_cast<size_t>(handle.slot));
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       s.leased && s.generation == handle.generation,
       "lease pool '{}': slot {} released twice (block {} microbatch {}): release each lease exactly once, "
       "after its last consumer",
@@ -73,7 +74,7 @@ void LeasePool::release(Handle& handle) {
 void LeasePool::check(const Handle& handle) const {
   if (!debug_) return;
   const Slot& s = handle.slot < 0 ? scratch_[-1 - handle.slot] : slots_.at(static_cast<size_t>(handle.slot));
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       s.generation == handle.generation,
       "lease pool '{}': the payload saved by block {} microbatch {} in {} was overwritten by block {} "
       "microbatch {} (generation {} -> {}) before its backward read it: lease the buffer "

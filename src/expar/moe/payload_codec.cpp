@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
 
@@ -89,9 +90,9 @@ const std::array<float, 256>& e4m3_table() {
 }
 
 void check_rows(const void* src, const void* dst, int64_t rows, int64_t d) {
-  EXPAR_CHECK(rows >= 0, "rows={}: a payload needs a non-negative row count", rows);
-  EXPAR_CHECK(rows == 0 || (src != nullptr && dst != nullptr),
-              "payload of {} rows x {} with a null source or destination: pass both buffers", rows, d);
+  EXPAR_ASSERT(rows >= 0, "rows={}: a payload needs a non-negative row count", rows);
+  EXPAR_ASSERT(rows == 0 || (src != nullptr && dst != nullptr),
+               "payload of {} rows x {} with a null source or destination: pass both buffers", rows, d);
 }
 
 }  // namespace
@@ -121,7 +122,7 @@ std::vector<PayloadFormat> payload_formats() {
 }
 
 size_t payload_row_bytes(PayloadFormat format, int64_t d) {
-  EXPAR_CHECK(d >= 1, "d={}: a payload row needs at least 1 element", d);
+  EXPAR_ASSERT(d >= 1, "d={}: a payload row needs at least 1 element", d);
   const auto n = static_cast<size_t>(d);
   switch (format) {
     case PayloadFormat::F32:
@@ -141,16 +142,16 @@ size_t payload_row_bytes(PayloadFormat format, int64_t d) {
 }
 
 uint8_t mx_block_scale(std::span<const float> block, MxScaleRule rule) {
-  EXPAR_CHECK(!block.empty(), "an MX block of 0 elements has no scale: pass at least one element");
+  EXPAR_ASSERT(!block.empty(), "an MX block of 0 elements has no scale: pass at least one element");
   const BlockMax m = block_max(block);
   if (m.non_finite) return kE8M0NaN;
   return static_cast<uint8_t>(scale_exponent(m.max_abs, rule) + 127);
 }
 
 uint8_t mx_encode_block(std::span<const float> block, MxScaleRule rule, std::span<uint8_t> elements) {
-  EXPAR_CHECK(elements.size() == block.size(),
-              "MX block of {} values but {} element slots: pass equal lengths", block.size(),
-              elements.size());
+  EXPAR_ASSERT(elements.size() == block.size(),
+               "MX block of {} values but {} element slots: pass equal lengths", block.size(),
+               elements.size());
   const uint8_t scale = mx_block_scale(block, rule);
   if (scale == kE8M0NaN) {
     for (size_t i = 0; i < block.size(); ++i)
@@ -167,8 +168,9 @@ uint8_t mx_encode_block(std::span<const float> block, MxScaleRule rule, std::spa
 }
 
 void mx_decode_block(std::span<const uint8_t> elements, uint8_t scale, std::span<float> out) {
-  EXPAR_CHECK(elements.size() == out.size(),
-              "MX block of {} elements but {} output slots: pass equal lengths", elements.size(), out.size());
+  EXPAR_ASSERT(elements.size() == out.size(),
+               "MX block of {} elements but {} output slots: pass equal lengths", elements.size(),
+               out.size());
   const auto& table = e4m3_table();
   // e8m0_to_f32 is NaN for 0xFF, so a NaN scale makes every element NaN. The product is exact: E4M3
   // values are multiples of 2^-9 with 4 significant bits and 2^-127 * 2^-9 is still above the f32

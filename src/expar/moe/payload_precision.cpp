@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -73,7 +74,7 @@ void decode_rows(PayloadFormat format, const std::byte* src, int64_t rows, int64
 Tensor decode_payload(const Tensor& payload, PayloadFormat format, int64_t rows, int64_t d) {
   const DType want = format == PayloadFormat::F32 ? DType::F32 : DType::U8;
   const int64_t width = format == PayloadFormat::F32 ? d : static_cast<int64_t>(payload_row_bytes(format, d));
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       payload.dtype() == want && payload.ndim() == 2 && payload.dim(0) >= rows && payload.dim(1) == width,
       "a {} payload of {} rows x d={} must be {} [>= {}, {}], got {} {}", payload_format_name(format), rows,
       d, dtype_name(want), rows, width, dtype_name(payload.dtype()), shape_string(payload.shape()));

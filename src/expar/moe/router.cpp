@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 
@@ -68,38 +69,164 @@ struct ByScore {
   bool operator()(int a, int b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
 
+void check_router_inputs(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
+                         const Tensor* score_bias, const Tensor* logit_bias) {
+  const int e_count = config.num_experts;
+  EXPAR_ASSERT(x.dtype() == DType::F32 && x.ndim() == 2, "router input must be f32 [T, d], got {} {}",
+               dtype_name(x.dtype()), shape_string(x.shape()));
+  const int64_t d = x.dim(1);
+  EXPAR_ASSERT(w_router.ndim() == 2 && w_router.dim(0) == e_count && w_router.dim(1) == d,
+               "router weight has shape {}, expected [{}, {}] (num_experts, model dim)",
+               shape_string(w_router.shape()), e_count, d);
+  if (score_bias)
+    EXPAR_ASSERT(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
+                 score_bias->numel(), e_count);
+  if (logit_bias)
+    EXPAR_ASSERT(logit_bias->dtype() == DType::F32 && logit_bias->numel() == e_count,
+                 "router logit bias has {} {} entries, expected num_experts={} f32", logit_bias->numel(),
+                 dtype_name(logit_bias->dtype()), e_count);
+}
+
+// logits [T, E] = x · W_rᵀ (+ the logit bias).
+Tensor router_logits(const Tensor& x, const Tensor& w_router, const Tensor* logit_bias, int e_count) {
+  const int64_t t_count = x.dim(0), d = x.dim(1);
+  Tensor logits = Tensor::empty({t_count, e_count});
+  matmul(x.data<float>(), w_router.data<float>(), logits.data<float>(), t_count, e_count, d, false, true,
+         false);
+  if (logit_bias) {
+    float* l = logits.data<float>();
+    const float* b = logit_bias->data<float>();
+    for (int64_t t = 0; t < t_count; ++t)
+      for (int e = 0; e < e_count; ++e) l[t * e_count + e] += b[e];
+  }
+  return logits;
+}
+
+// Per-token work buffers, sized once per call.
+struct RouterScratch {
+  std::vector<double> prob;        // softmax of the logits
+  std::vector<float> select;       // what top-k ranks: score (or logit) + score bias
+  std::vector<float> group_score;  // group-limited routing
+  std::vector<int> order, groups;  // eligible experts; the groups by score
+
+  RouterScratch(int e_count, int n_group)
+      : prob(static_cast<size_t>(e_count)),
+        select(static_cast<size_t>(e_count)),
+        group_score(static_cast<size_t>(n_group)),
+        order(static_cast<size_t>(e_count)),
+        groups(static_cast<size_t>(n_group)) {}
+};
+
+// One token's scores into `srow` and the selection values into scratch.select; adds the scores into
+// `score_sum` (aux loss). Returns the logits' logsumexp (z loss).
+double score_token(const RouterConfig& config, int64_t t, const float* lrow, const float* bias, float* srow,
+                   RouterScratch& s, std::vector<double>& score_sum) {
+  const int e_count = config.num_experts;
+  for (int e = 0; e < e_count; ++e)
+    EXPAR_CHECK(std::isfinite(lrow[e]),
+                "router logit of token {} for expert {} is {}: the input or router "
+                "weights are not finite",
+                t, e, lrow[e]);
+  const double lse = softmax_row(lrow, e_count, s.prob.data());
+  for (int e = 0; e < e_count; ++e) {
+    srow[e] = config.score == ScoreFunction::Softmax
+                  ? static_cast<float>(s.prob[static_cast<size_t>(e)])
+                  : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e]))));
+    score_sum[static_cast<size_t>(e)] += srow[e];
+    const float v = config.softmax_over_topk ? lrow[e] : srow[e];
+    s.select[static_cast<size_t>(e)] = bias ? v + bias[e] : v;
+  }
+  return lse;
+}
+
+// The experts one token may choose, in index order, into scratch.order: all of them, or (n_group > 1) those
+// of the topk_group best groups, a group scored by its best (softmax) or best two (sigmoid) values.
+void eligible_experts(const RouterConfig& config, RouterScratch& s) {
+  const int e_count = config.num_experts;
+  const int group_size = e_count / config.n_group;
+  s.order.clear();
+  if (config.n_group == 1) {
+    s.order.resize(static_cast<size_t>(e_count));
+    std::iota(s.order.begin(), s.order.end(), 0);
+    return;
+  }
+  for (int g = 0; g < config.n_group; ++g) {
+    const float* gs = s.select.data() + static_cast<ptrdiff_t>(g) * group_size;
+    if (config.score == ScoreFunction::Softmax) {
+      s.group_score[static_cast<size_t>(g)] = *std::max_element(gs, gs + group_size);
+    } else {
+      float first = -INFINITY, second = -INFINITY;
+      for (int i = 0; i < group_size; ++i) {
+        if (gs[i] > first) {
+          second = first;
+          first = gs[i];
+        } else if (gs[i] > second) {
+          second = gs[i];
+        }
+      }
+      s.group_score[static_cast<size_t>(g)] = group_size >= 2 ? first + second : first;
+    }
+  }
+  std::iota(s.groups.begin(), s.groups.end(), 0);
+  std::partial_sort(s.groups.begin(), s.groups.begin() + config.topk_group, s.groups.end(),
+                    ByScore{s.group_score.data()});
+  std::sort(s.groups.begin(), s.groups.begin() + config.topk_group);
+  for (int i = 0; i < config.topk_group; ++i)
+    for (int j = 0; j < group_size; ++j) s.order.push_back(s.groups[static_cast<size_t>(i)] * group_size + j);
+}
+
+// The first K of `order` (sorted best first) as one token's experts and weights: the scores, renormalised
+// over the K, or (gpt-oss) a softmax of the K logits; counted into `expert_counts`.
+void write_topk(const RouterConfig& config, const float* lrow, const float* srow,
+                const std::vector<int>& order, int32_t* idx_out, float* w_out,
+                std::vector<int64_t>& expert_counts) {
+  const int k_count = config.top_k;
+  double weight_sum = 0.0;
+  for (int k = 0; k < k_count; ++k) weight_sum += srow[order[static_cast<size_t>(k)]];
+  // softmax_over_topk: exp(l - max) over the K selected logits (the first is the largest).
+  double exp_sum = 0.0;
+  const double top_logit = lrow[order[0]];
+  if (config.softmax_over_topk)
+    for (int k = 0; k < k_count; ++k) exp_sum += std::exp(lrow[order[static_cast<size_t>(k)]] - top_logit);
+  for (int k = 0; k < k_count; ++k) {
+    const int e = order[static_cast<size_t>(k)];
+    idx_out[k] = e;
+    w_out[k] = config.softmax_over_topk ? static_cast<float>(std::exp(lrow[e] - top_logit) / exp_sum)
+               : config.renormalize     ? static_cast<float>(srow[e] / weight_sum)
+                                        : srow[e];
+    ++expert_counts[static_cast<size_t>(e)];
+  }
+}
+
+// The load-balancing aux loss (E/K · Σ_e f_e · mean score_e) and the z loss (mean squared logsumexp).
+void balance_losses(const RouterConfig& config, int64_t t_count, const std::vector<int64_t>& expert_counts,
+                    const std::vector<double>& score_sum, double z_sum, RouterOutput& out) {
+  if (t_count == 0) return;
+  const int e_count = config.num_experts;
+  const int k_count = config.top_k;
+  double aux = 0.0;
+  for (int e = 0; e < e_count; ++e) {
+    const double f =
+        static_cast<double>(expert_counts[static_cast<size_t>(e)]) / static_cast<double>(t_count * k_count);
+    aux += f * score_sum[static_cast<size_t>(e)] / static_cast<double>(t_count);
+  }
+  out.aux_loss = aux * e_count / k_count;
+  out.z_loss = z_sum / static_cast<double>(t_count);
+}
+
 }  // namespace
 
 RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
                             const Tensor* score_bias, RouterState& state, const Tensor* logit_bias) {
   config.validate();
+  check_router_inputs(config, x, w_router, score_bias, logit_bias);
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
-  EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2, "router input must be f32 [T, d], got {} {}",
-              dtype_name(x.dtype()), shape_string(x.shape()));
-  const int64_t t_count = x.dim(0), d = x.dim(1);
-  EXPAR_CHECK(w_router.ndim() == 2 && w_router.dim(0) == e_count && w_router.dim(1) == d,
-              "router weight has shape {}, expected [{}, {}] (num_experts, model dim)",
-              shape_string(w_router.shape()), e_count, d);
-  if (score_bias)
-    EXPAR_CHECK(score_bias->numel() == e_count, "score bias has {} entries, expected num_experts={}",
-                score_bias->numel(), e_count);
-  if (logit_bias)
-    EXPAR_CHECK(logit_bias->dtype() == DType::F32 && logit_bias->numel() == e_count,
-                "router logit bias has {} {} entries, expected num_experts={} f32", logit_bias->numel(),
-                dtype_name(logit_bias->dtype()), e_count);
+  const int64_t t_count = x.dim(0);
 
   state = {};
   state.x = x;
-  state.logits = Tensor::empty({t_count, e_count});
-  matmul(x.data<float>(), w_router.data<float>(), state.logits.data<float>(), t_count, e_count, d, false,
-         true, false);
-  if (logit_bias) {
-    float* l = state.logits.data<float>();
-    const float* b = logit_bias->data<float>();
-    for (int64_t t = 0; t < t_count; ++t)
-      for (int e = 0; e < e_count; ++e) l[t * e_count + e] += b[e];
-  }
+  state.logits = router_logits(x, w_router, logit_bias, e_count);
   state.scores = Tensor::empty({t_count, e_count});
   state.topk_idx = Tensor::empty({t_count, k_count}, DType::I32);
   state.topk_weight = Tensor::empty({t_count, k_count});
@@ -107,101 +234,27 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
 
   const float* logits = state.logits.data<float>();
   float* scores = state.scores.data<float>();
-  int32_t* idx_out = state.topk_idx.data<int32_t>();
-  float* w_out = state.topk_weight.data<float>();
   const float* bias = score_bias ? score_bias->data<float>() : nullptr;
-  const int group_size = e_count / config.n_group;
-
-  std::vector<double> prob(static_cast<size_t>(e_count));
-  std::vector<float> select(static_cast<size_t>(e_count));
-  std::vector<float> group_score(static_cast<size_t>(config.n_group));
-  std::vector<int> order(static_cast<size_t>(e_count)), groups(static_cast<size_t>(config.n_group));
+  RouterScratch scratch(e_count, config.n_group);
   std::vector<double> score_sum(static_cast<size_t>(e_count), 0.0);
   double z_sum = 0.0;
-
   for (int64_t t = 0; t < t_count; ++t) {
     const float* lrow = logits + t * e_count;
     float* srow = scores + t * e_count;
-    for (int e = 0; e < e_count; ++e)
-      EXPAR_CHECK(std::isfinite(lrow[e]),
-                  "router logit of token {} for expert {} is {}: the input or router "
-                  "weights are not finite",
-                  t, e, lrow[e]);
-    const double lse = softmax_row(lrow, e_count, prob.data());
+    const double lse = score_token(config, t, lrow, bias, srow, scratch, score_sum);
     z_sum += lse * lse;
-    for (int e = 0; e < e_count; ++e) {
-      srow[e] = config.score == ScoreFunction::Softmax
-                    ? static_cast<float>(prob[static_cast<size_t>(e)])
-                    : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e]))));
-      score_sum[static_cast<size_t>(e)] += srow[e];
-      const float s = config.softmax_over_topk ? lrow[e] : srow[e];
-      select[static_cast<size_t>(e)] = bias ? s + bias[e] : s;
-    }
-
-    // Eligible experts, in index order.
-    order.clear();
-    if (config.n_group > 1) {
-      for (int g = 0; g < config.n_group; ++g) {
-        const float* gs = select.data() + static_cast<ptrdiff_t>(g) * group_size;
-        if (config.score == ScoreFunction::Softmax) {
-          group_score[static_cast<size_t>(g)] = *std::max_element(gs, gs + group_size);
-        } else {
-          float first = -INFINITY, second = -INFINITY;
-          for (int i = 0; i < group_size; ++i) {
-            if (gs[i] > first) {
-              second = first;
-              first = gs[i];
-            } else if (gs[i] > second) {
-              second = gs[i];
-            }
-          }
-          group_score[static_cast<size_t>(g)] = group_size >= 2 ? first + second : first;
-        }
-      }
-      std::iota(groups.begin(), groups.end(), 0);
-      std::partial_sort(groups.begin(), groups.begin() + config.topk_group, groups.end(),
-                        ByScore{group_score.data()});
-      std::sort(groups.begin(), groups.begin() + config.topk_group);
-      for (int i = 0; i < config.topk_group; ++i)
-        for (int j = 0; j < group_size; ++j) order.push_back(groups[static_cast<size_t>(i)] * group_size + j);
-    } else {
-      order.resize(static_cast<size_t>(e_count));
-      std::iota(order.begin(), order.end(), 0);
-    }
-    std::partial_sort(order.begin(), order.begin() + k_count, order.end(), ByScore{select.data()});
-
-    double weight_sum = 0.0;
-    for (int k = 0; k < k_count; ++k) weight_sum += srow[order[static_cast<size_t>(k)]];
-    // softmax_over_topk: exp(l - max) over the K selected logits (the first is the largest).
-    double exp_sum = 0.0;
-    const double top_logit = lrow[order[0]];
-    if (config.softmax_over_topk)
-      for (int k = 0; k < k_count; ++k) exp_sum += std::exp(lrow[order[static_cast<size_t>(k)]] - top_logit);
-    for (int k = 0; k < k_count; ++k) {
-      const int e = order[static_cast<size_t>(k)];
-      idx_out[t * k_count + k] = e;
-      w_out[t * k_count + k] = config.softmax_over_topk
-                                   ? static_cast<float>(std::exp(lrow[e] - top_logit) / exp_sum)
-                               : config.renormalize ? static_cast<float>(srow[e] / weight_sum)
-                                                    : srow[e];
-      ++state.expert_counts[static_cast<size_t>(e)];
-    }
+    eligible_experts(config, scratch);
+    std::partial_sort(scratch.order.begin(), scratch.order.begin() + k_count, scratch.order.end(),
+                      ByScore{scratch.select.data()});
+    write_topk(config, lrow, srow, scratch.order, state.topk_idx.data<int32_t>() + t * k_count,
+               state.topk_weight.data<float>() + t * k_count, state.expert_counts);
   }
 
   RouterOutput out;
   out.topk_idx = state.topk_idx;
   out.topk_weight = state.topk_weight;
   out.expert_counts = state.expert_counts;
-  if (t_count > 0) {
-    double aux = 0.0;
-    for (int e = 0; e < e_count; ++e) {
-      const double f = static_cast<double>(state.expert_counts[static_cast<size_t>(e)]) /
-                       static_cast<double>(t_count * k_count);
-      aux += f * score_sum[static_cast<size_t>(e)] / static_cast<double>(t_count);
-    }
-    out.aux_loss = aux * e_count / k_count;
-    out.z_loss = z_sum / static_cast<double>(t_count);
-  }
+  balance_losses(config, t_count, state.expert_counts, score_sum, z_sum, out);
   return out;
 }
 
@@ -212,20 +265,20 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   const int k_count = config.top_k;
   const int64_t t_count = state.logits.dim(0);
   const int64_t d = state.x.dim(1);
-  EXPAR_CHECK(grad_topk_weight.ndim() == 2 && grad_topk_weight.dim(0) == t_count &&
-                  grad_topk_weight.dim(1) == k_count,
-              "router backward: grad_topk_weight has shape {}, expected [{}, {}]",
-              shape_string(grad_topk_weight.shape()), t_count, k_count);
-  EXPAR_CHECK(grad_x.ndim() == 2 && grad_x.dim(0) == t_count && grad_x.dim(1) == d,
-              "router backward: grad_x has shape {}, expected [{}, {}]", shape_string(grad_x.shape()),
-              t_count, d);
-  EXPAR_CHECK(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
-              "router backward: grad_w_router has shape {}, expected [{}, {}]",
-              shape_string(grad_w_router.shape()), e_count, d);
+  EXPAR_ASSERT(grad_topk_weight.ndim() == 2 && grad_topk_weight.dim(0) == t_count &&
+                   grad_topk_weight.dim(1) == k_count,
+               "router backward: grad_topk_weight has shape {}, expected [{}, {}]",
+               shape_string(grad_topk_weight.shape()), t_count, k_count);
+  EXPAR_ASSERT(grad_x.ndim() == 2 && grad_x.dim(0) == t_count && grad_x.dim(1) == d,
+               "router backward: grad_x has shape {}, expected [{}, {}]", shape_string(grad_x.shape()),
+               t_count, d);
+  EXPAR_ASSERT(grad_w_router.ndim() == 2 && grad_w_router.dim(0) == e_count && grad_w_router.dim(1) == d,
+               "router backward: grad_w_router has shape {}, expected [{}, {}]",
+               shape_string(grad_w_router.shape()), e_count, d);
   if (grad_logit_bias)
-    EXPAR_CHECK(grad_logit_bias->numel() == e_count,
-                "router backward: grad_logit_bias has {} entries, expected {}", grad_logit_bias->numel(),
-                e_count);
+    EXPAR_ASSERT(grad_logit_bias->numel() == e_count,
+                 "router backward: grad_logit_bias has {} entries, expected {}", grad_logit_bias->numel(),
+                 e_count);
   if (t_count == 0) return;
 
   const float* logits = state.logits.data<float>();

@@ -3,13 +3,14 @@
 #include <vector>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
 
 void update_score_bias(std::span<float> bias, std::span<const int64_t> counts, float rate) {
-  EXPAR_CHECK(bias.size() == counts.size(), "score bias has {} entries but {} expert counts were given",
-              bias.size(), counts.size());
+  EXPAR_ASSERT(bias.size() == counts.size(), "score bias has {} entries but {} expert counts were given",
+               bias.size(), counts.size());
   if (counts.empty()) return;
   int64_t total = 0;
   for (int64_t c : counts) total += c;

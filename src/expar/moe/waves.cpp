@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -34,9 +35,9 @@ void WaveConfig::validate(int local_experts) const {
 }
 
 std::vector<ExpertWave> split_expert_waves(int local_experts, int waves) {
-  EXPAR_CHECK(waves >= 1 && waves <= local_experts,
-              "{} waves over {} local experts: each wave needs at least one expert (waves in [1, {}])", waves,
-              local_experts, local_experts);
+  EXPAR_ASSERT(waves >= 1 && waves <= local_experts,
+               "{} waves over {} local experts: each wave needs at least one expert (waves in [1, {}])",
+               waves, local_experts, local_experts);
   std::vector<ExpertWave> out;
   int begin = 0;
   for (int w = 0; w < waves; ++w) {
@@ -54,9 +55,9 @@ WaveRoutes make_wave_routes(const RouteMap& map, const ExpertPlacement& placemen
   if (waves.empty()) waves = all;
   WaveRoutes wr;
   wr.waves = static_cast<int>(waves.size());
-  EXPAR_CHECK(waves.front().begin == 0 && waves.back().end == e_local,
-              "waves cover local experts [{}, {}) but the placement has {}", waves.front().begin,
-              waves.back().end, e_local);
+  EXPAR_ASSERT(waves.front().begin == 0 && waves.back().end == e_local,
+               "waves cover local experts [{}, {}) but the placement has {}", waves.front().begin,
+               waves.back().end, e_local);
   const int m = map.ep_size;
   wr.bounds.assign(static_cast<size_t>(m * (wr.waves + 1)), 0);
   // Rank r's expert-side rows: local experts in order, each holding every source's accepted routes.

@@ -9,6 +9,7 @@
 #include "expar/comm/mpi/mpi_heap.hpp"
 #include "expar/comm/mpi/mpi_util.hpp"
 #include "expar/comm/reduce.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::mpi {
@@ -86,7 +87,8 @@ void MpiComm::wait(MPI_Request& request, const char* op) const {
 }
 
 std::shared_ptr<Comm> MpiComm::split(int color, int key, const std::string& name) {
-  EXPAR_CHECK(color >= 0, "split of group '{}' into '{}': color {} must be non-negative", name_, name, color);
+  EXPAR_ASSERT(color >= 0, "split of group '{}' into '{}': color {} must be non-negative", name_, name,
+               color);
   MPI_Comm child;
   {
     BlockingDeadline deadline("split", name_, timeout_seconds_);
@@ -104,8 +106,8 @@ void MpiComm::barrier() {
 
 void MpiComm::broadcast(void* data, size_t count, DType dtype, int root) {
   ++stats_.broadcast;
-  EXPAR_CHECK(root >= 0 && root < size_, "broadcast on group '{}': root {} is outside [0, {})", name_, root,
-              size_);
+  EXPAR_ASSERT(root >= 0 && root < size_, "broadcast on group '{}': root {} is outside [0, {})", name_, root,
+               size_);
   const size_t bytes = count * dtype_size(dtype);
   if (rank_ == root) count_send_to_each_peer(bytes);
   MPI_Request r;
@@ -144,12 +146,13 @@ void MpiComm::all_gather(const void* send, void* recv, size_t count, DType dtype
 void MpiComm::all_gather_v(const void* send, size_t send_count, void* recv,
                            std::span<const size_t> recv_counts, DType dtype) {
   ++stats_.all_gather_v;
-  EXPAR_CHECK(recv_counts.size() == static_cast<size_t>(size_),
-              "all_gather_v on group '{}': {} recv_counts for {} members; pass one per member", name_,
-              recv_counts.size(), size_);
-  EXPAR_CHECK(send_count == recv_counts[static_cast<size_t>(rank_)],
-              "all_gather_v on group '{}': send_count {} differs from recv_counts[{}]={}; they must be equal",
-              name_, send_count, rank_, recv_counts[static_cast<size_t>(rank_)]);
+  EXPAR_ASSERT(recv_counts.size() == static_cast<size_t>(size_),
+               "all_gather_v on group '{}': {} recv_counts for {} members; pass one per member", name_,
+               recv_counts.size(), size_);
+  EXPAR_ASSERT(
+      send_count == recv_counts[static_cast<size_t>(rank_)],
+      "all_gather_v on group '{}': send_count {} differs from recv_counts[{}]={}; they must be equal", name_,
+      send_count, rank_, recv_counts[static_cast<size_t>(rank_)]);
   const size_t esize = dtype_size(dtype);
   count_send_to_each_peer(send_count * esize);
   auto counts = byte_counts(recv_counts, esize, "all_gather_v");
@@ -195,9 +198,9 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t count, DType d
 void MpiComm::reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
   ++stats_.reduce_scatter_v;
   check_reducible(dtype, "reduce_scatter_v");
-  EXPAR_CHECK(counts.size() == static_cast<size_t>(size_),
-              "reduce_scatter_v on group '{}': {} counts for {} members; pass one per member", name_,
-              counts.size(), size_);
+  EXPAR_ASSERT(counts.size() == static_cast<size_t>(size_),
+               "reduce_scatter_v on group '{}': {} counts for {} members; pass one per member", name_,
+               counts.size(), size_);
   const size_t esize = dtype_size(dtype);
   const size_t mine = counts[static_cast<size_t>(rank_)];
   count_sends(counts, esize);
@@ -225,7 +228,7 @@ void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts
                            std::span<const size_t> recv_counts, DType dtype) {
   ++stats_.all_to_all_v;
   const auto n = static_cast<size_t>(size_);
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       send_counts.size() == n && recv_counts.size() == n,
       "all_to_all_v on group '{}': {} send_counts and {} recv_counts for {} members; pass one per member",
       name_, send_counts.size(), recv_counts.size(), size_);
@@ -249,7 +252,7 @@ void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts
   check(MPI_Iallreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, comm_, &r), "MPI_Iallreduce");
   wait(r, "all_to_all_v (split lists)");
   if (!problem.empty()) throw Error(problem);
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       any_bad == 0,
       "all_to_all_v on group '{}': another member's split lists disagree with its peers' (its own message "
       "names them)",

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "expar/comm/mpi/mpi_util.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::mpi {
@@ -168,7 +169,7 @@ BufferId MpiHeap::allocate(const std::string& name, size_t bytes, MemCategory ca
 }
 
 const MpiHeap::Buffer& MpiHeap::buffer_at(BufferId buffer, const char* op) const {
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       buffer >= 0 && static_cast<size_t>(buffer) < buffers_.size(),
       "{}: buffer id {} does not exist on heap '{}' ({} buffers allocated); use an id allocate() returned",
       op, buffer, name_, buffers_.size());
@@ -176,11 +177,11 @@ const MpiHeap::Buffer& MpiHeap::buffer_at(BufferId buffer, const char* op) const
 }
 
 void MpiHeap::check_range(int peer, const Buffer& b, size_t offset, size_t bytes, const char* op) const {
-  EXPAR_CHECK(peer >= 0 && peer < size_, "{}: peer {} is outside heap '{}' of {} members", op, peer, name_,
-              size_);
-  EXPAR_CHECK(offset <= b.bytes && bytes <= b.bytes - offset,
-              "{}: bytes [{}, {}) are outside buffer '{}' of {} bytes", op, offset, offset + bytes, b.name,
-              b.bytes);
+  EXPAR_ASSERT(peer >= 0 && peer < size_, "{}: peer {} is outside heap '{}' of {} members", op, peer, name_,
+               size_);
+  EXPAR_ASSERT(offset <= b.bytes && bytes <= b.bytes - offset,
+               "{}: bytes [{}, {}) are outside buffer '{}' of {} bytes", op, offset, offset + bytes, b.name,
+               b.bytes);
 }
 
 void* MpiHeap::local(BufferId buffer) {
@@ -257,9 +258,9 @@ void* MpiHeap::peer_ptr(int peer, BufferId buffer) {
 }
 
 void MpiHeap::signal(int peer, int slot, uint64_t value) {
-  EXPAR_CHECK(peer >= 0 && peer < size_, "signal: peer {} is outside heap '{}' of {} members", peer, name_,
-              size_);
-  EXPAR_CHECK(slot >= 0 && slot < kSignalSlots, "signal: slot {} is outside [0, {})", slot, kSignalSlots);
+  EXPAR_ASSERT(peer >= 0 && peer < size_, "signal: peer {} is outside heap '{}' of {} members", peer, name_,
+               size_);
+  EXPAR_ASSERT(slot >= 0 && slot < kSignalSlots, "signal: slot {} is outside [0, {})", slot, kSignalSlots);
   quiet();  // my earlier puts are complete at their targets before the signal can be seen
   if (std::byte* p = signals_.peers[static_cast<size_t>(peer)]) {
     std::atomic_ref<uint64_t>(*slot_at(p, slot)).store(value, std::memory_order_release);
@@ -273,8 +274,8 @@ void MpiHeap::signal(int peer, int slot, uint64_t value) {
 }
 
 void MpiHeap::wait_signal(int slot, uint64_t value) {
-  EXPAR_CHECK(slot >= 0 && slot < kSignalSlots, "wait_signal: slot {} is outside [0, {})", slot,
-              kSignalSlots);
+  EXPAR_ASSERT(slot >= 0 && slot < kSignalSlots, "wait_signal: slot {} is outside [0, {})", slot,
+               kSignalSlots);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds_);
   for (;;) {
     uint64_t seen = 0;

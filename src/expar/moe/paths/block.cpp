@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/payload_precision.hpp"
@@ -109,9 +110,9 @@ std::vector<WavePlan> make_plan(const RouteMap& map, const ExpertPlacement& plac
     p.recv_rows = recv_begin;
     total += recv_begin;
   }
-  EXPAR_CHECK(total == map.recv_rows,
-              "block path: the accepted matrix gives rank {} {} rows but the route map says {}", map.ep_rank,
-              total, map.recv_rows);
+  EXPAR_ASSERT(total == map.recv_rows,
+               "block path: the accepted matrix gives rank {} {} rows but the route map says {}", map.ep_rank,
+               total, map.recv_rows);
   return plans;
 }
 
@@ -222,8 +223,8 @@ class BlockPath final : public ExpertPath {
   Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state) override {
     BlockStep& step = step_of(state, "combine forward");
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
-    EXPAR_CHECK(step.gathered.defined(),
-                "block combine forward: combine_forward_end before any wave arrived");
+    EXPAR_ASSERT(step.gathered.defined(),
+                 "block combine forward: combine_forward_end before any wave arrived");
     state.combine_rows = RouteRows::gathered(std::move(step.gathered), map);
     step.gathered = Tensor();
     return merge_routes(state.combine_rows, topk_weight, map);
@@ -232,7 +233,7 @@ class BlockPath final : public ExpertPath {
   Tensor combine_backward_begin(const Tensor& grad_y, const Tensor& /*topk_weight*/, const RouteMap& map,
                                 PathState& state, Tensor& grad_topk_weight) override {
     BlockStep& step = step_of(state, "combine backward");
-    EXPAR_CHECK(state.combine_rows.defined(), "block combine backward called before combine forward");
+    EXPAR_ASSERT(state.combine_rows.defined(), "block combine backward called before combine forward");
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     step.grad_out = Tensor::empty({map.capacity_rows, grad_y.dim(1)});
@@ -298,9 +299,9 @@ class BlockPath final : public ExpertPath {
 
   Tensor dispatch_backward_end(const RouteMap& map, PathState& state) override {
     BlockStep& step = step_of(state, "dispatch backward");
-    EXPAR_CHECK(step.grad_recv.size() == step.waves.size(),
-                "block dispatch backward: {} of {} waves arrived before dispatch_backward_end",
-                step.grad_recv.size(), step.waves.size());
+    EXPAR_ASSERT(step.grad_recv.size() == step.waves.size(),
+                 "block dispatch backward: {} of {} waves arrived before dispatch_backward_end",
+                 step.grad_recv.size(), step.waves.size());
     // Local permute backward: each route's gradient row is summed where it arrived (row i of wave w's
     // receive buffer is route send_order[i] of that wave), in k order like sum_routes, without scattering it
     // to [T, K, d] first.
@@ -321,27 +322,29 @@ class BlockPath final : public ExpertPath {
 
  private:
   void check_map(const RouteMap& map, const Tensor& x, const char* pass) const {
-    EXPAR_CHECK(
+    EXPAR_ASSERT(
         map.sources_are_partitions(),
         "block {}: the route map sends its {} sources' rows to {} expert partitions; this path needs one "
         "partition per source rank (only agrs takes partitions of several ranks)",
         pass, map.ep_size, map.partitions);
-    EXPAR_CHECK(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
-                "block {}: the route map is for EP rank {} of {} but the path's group '{}' has rank {} of {}",
-                pass, map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());
-    EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
-                "block {}: x must be f32 [{}, d], got {} {}", pass, map.tokens, dtype_name(x.dtype()),
-                shape_string(x.shape()));
+    EXPAR_ASSERT(
+        map.ep_size == group_.size() && map.ep_rank == group_.rank(),
+        "block {}: the route map is for EP rank {} of {} but the path's group '{}' has rank {} of {}", pass,
+        map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());
+    EXPAR_ASSERT(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
+                 "block {}: x must be f32 [{}, d], got {} {}", pass, map.tokens, dtype_name(x.dtype()),
+                 shape_string(x.shape()));
   }
 
   static BlockStep& step_of(const PathState& state, const char* pass) {
-    EXPAR_CHECK(state.path_data != nullptr, "block {} called before dispatch forward of the same step", pass);
+    EXPAR_ASSERT(state.path_data != nullptr, "block {} called before dispatch forward of the same step",
+                 pass);
     return *static_cast<BlockStep*>(state.path_data.get());
   }
 
   static const WavePlan& wave_of(const BlockStep& step, int wave) {
-    EXPAR_CHECK(wave >= 0 && wave < static_cast<int>(step.waves.size()),
-                "block path: wave {} of a step planned with {} waves", wave, step.waves.size());
+    EXPAR_ASSERT(wave >= 0 && wave < static_cast<int>(step.waves.size()),
+                 "block path: wave {} of a step planned with {} waves", wave, step.waves.size());
     return step.waves[static_cast<size_t>(wave)];
   }
 
@@ -387,9 +390,9 @@ class BlockPath final : public ExpertPath {
 }  // namespace
 
 std::unique_ptr<ExpertPath> make_block_path(Comm& ep_group, const PathOptions& options) {
-  EXPAR_CHECK(options.placement != nullptr && options.placement->ep_size() == ep_group.size(),
-              "path 'block' needs the expert placement of its EP group '{}' ({} ranks)", ep_group.name(),
-              ep_group.size());
+  EXPAR_ASSERT(options.placement != nullptr && options.placement->ep_size() == ep_group.size(),
+               "path 'block' needs the expert placement of its EP group '{}' ({} ranks)", ep_group.name(),
+               ep_group.size());
   return std::make_unique<BlockPath>(ep_group, options);
 }
 

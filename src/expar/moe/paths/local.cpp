@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
@@ -26,8 +27,8 @@ class LocalPath final : public ExpertPath {
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
     check_map(map);
     const int64_t d = x.dim(1);
-    EXPAR_CHECK(x.dim(0) == map.tokens, "local dispatch: x has {} rows, the route map {} tokens", x.dim(0),
-                map.tokens);
+    EXPAR_ASSERT(x.dim(0) == map.tokens, "local dispatch: x has {} rows, the route map {} tokens", x.dim(0),
+                 map.tokens);
     PhaseScope permute_phase(phase::kLocalPermute);
     Tensor in = Tensor::empty({map.capacity_rows, d});
     const float* src = x.data<float>();
@@ -52,7 +53,7 @@ class LocalPath final : public ExpertPath {
   Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
                           PathState& state, Tensor& grad_topk_weight) override {
     check_map(map);
-    EXPAR_CHECK(state.combine_rows.defined(), "local combine backward called before combine forward");
+    EXPAR_ASSERT(state.combine_rows.defined(), "local combine backward called before combine forward");
     PhaseScope merge_phase(phase::kLocalUnpermuteMerge);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     const int64_t d = grad_y.dim(1);

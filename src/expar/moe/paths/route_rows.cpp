@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -31,13 +32,13 @@ int valid_rows(const RouteRows& rows, const RouteMap& map, int64_t t, const floa
 }  // namespace
 
 RouteRows RouteRows::expert_side(Tensor rows, const RouteMap& map) {
-  EXPAR_CHECK(
+  EXPAR_ASSERT(
       map.ep_size == 1,
       "expert-side rows can be read directly by the source only with an EP group of 1, not {}: an EP path "
       "must bring rows back to the source (RouteRows::gathered)",
       map.ep_size);
-  EXPAR_CHECK(rows.ndim() == 2 && rows.dim(0) >= map.recv_rows, "expert-side rows {} hold fewer than {} rows",
-              shape_string(rows.shape()), map.recv_rows);
+  EXPAR_ASSERT(rows.ndim() == 2 && rows.dim(0) >= map.recv_rows,
+               "expert-side rows {} hold fewer than {} rows", shape_string(rows.shape()), map.recv_rows);
   RouteRows r;
   r.d_ = rows.dim(1);
   r.rows_ = std::move(rows);
@@ -47,9 +48,9 @@ RouteRows RouteRows::expert_side(Tensor rows, const RouteMap& map) {
 }
 
 RouteRows RouteRows::gathered(Tensor rows, const RouteMap& map) {
-  EXPAR_CHECK(rows.ndim() == 3 && rows.dim(0) == map.tokens && rows.dim(1) == map.top_k,
-              "gathered route rows have shape {}, expected [{}, {}, d]", shape_string(rows.shape()),
-              map.tokens, map.top_k);
+  EXPAR_ASSERT(rows.ndim() == 3 && rows.dim(0) == map.tokens && rows.dim(1) == map.top_k,
+               "gathered route rows have shape {}, expected [{}, {}, d]", shape_string(rows.shape()),
+               map.tokens, map.top_k);
   RouteRows r;
   r.d_ = rows.dim(2);
   r.rows_ = std::move(rows);
@@ -114,8 +115,8 @@ void sum_token(const float* const* rows, int n, float* out, int64_t d) {
 Tensor merge_routes(const RouteRows& rows, const Tensor& topk_weight, const RouteMap& map) {
   const int64_t t_count = map.tokens, d = rows.dim();
   const int k_count = map.top_k;
-  EXPAR_CHECK(topk_weight.numel() == t_count * k_count, "topk_weight has shape {}, expected [{}, {}]",
-              shape_string(topk_weight.shape()), t_count, k_count);
+  EXPAR_ASSERT(topk_weight.numel() == t_count * k_count, "topk_weight has shape {}, expected [{}, {}]",
+               shape_string(topk_weight.shape()), t_count, k_count);
   Tensor y = Tensor::empty({t_count, d});
   float* out = y.data<float>();
   const float* w = topk_weight.data<float>();
@@ -189,8 +190,8 @@ void dots(const float* const* g, const float* const* r, int64_t d, double* out) 
 Tensor route_weight_grads(const Tensor& grad_y, const RouteRows& rows, const RouteMap& map) {
   const int64_t t_count = map.tokens, d = rows.dim();
   const int k_count = map.top_k;
-  EXPAR_CHECK(grad_y.ndim() == 2 && grad_y.dim(0) == t_count && grad_y.dim(1) == d,
-              "grad_y has shape {}, expected [{}, {}]", shape_string(grad_y.shape()), t_count, d);
+  EXPAR_ASSERT(grad_y.ndim() == 2 && grad_y.dim(0) == t_count && grad_y.dim(1) == d,
+               "grad_y has shape {}, expected [{}, {}]", shape_string(grad_y.shape()), t_count, d);
   Tensor g = Tensor::empty({t_count, k_count});
   float* out = g.data<float>();
   const float* gy = grad_y.data<float>();

@@ -51,6 +51,7 @@
 
 #include "expar/comm/comm.hpp"
 #include "expar/comm/symmetric_heap.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/lease_pool.hpp"
 #include "expar/moe/paths/path.hpp"
@@ -114,7 +115,7 @@ class RowwisePath final : public ExpertPath {
       own_heap_ = ep_group.make_heap();
       heap_ = own_heap_.get();
     }
-    EXPAR_CHECK(
+    EXPAR_ASSERT(
         heap_->size() == ep_group.size() && heap_->rank() == ep_group.rank(),
         "rowwise path: the shared symmetric heap has rank {} of {} but EP group '{}' has rank {} of {}: "
         "pass a heap made by this EP group's make_heap()",
@@ -150,18 +151,17 @@ class RowwisePath final : public ExpertPath {
  private:
   // Dispatch forward's set-up: the step, its dispatch slot (leased, or scratch), the poison.
   Tensor start_dispatch(const Tensor& x, const RouteMap& map, PathState& state) {
-    EXPAR_CHECK(map.sources_are_partitions(),
-                "rowwise dispatch: the route map sends its {} sources' rows to {} expert partitions; this "
-                "path needs one "
-                "partition per source rank (only agrs takes partitions of several ranks)",
-                map.ep_size, map.partitions);
-    EXPAR_CHECK(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
-                "rowwise dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank "
-                "{} of {}",
-                map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());
-    EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
-                "rowwise dispatch: x must be f32 [{}, d], got {} {}", map.tokens, dtype_name(x.dtype()),
-                shape_string(x.shape()));
+    EXPAR_ASSERT(map.sources_are_partitions(),
+                 "rowwise dispatch: the route map sends its {} sources' rows to {} expert partitions; this "
+                 "path needs one partition per source rank (only agrs takes partitions of several ranks)",
+                 map.ep_size, map.partitions);
+    EXPAR_ASSERT(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
+                 "rowwise dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank "
+                 "{} of {}",
+                 map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());
+    EXPAR_ASSERT(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
+                 "rowwise dispatch: x must be f32 [{}, d], got {} {}", map.tokens, dtype_name(x.dtype()),
+                 shape_string(x.shape()));
     const int64_t d = x.dim(1);
     auto step = std::make_shared<RowwiseStep>();
     step->tag = {options_.block_index, state.microbatch};
@@ -200,8 +200,8 @@ class RowwisePath final : public ExpertPath {
   }
 
   static RouteFilter filter_of(const RowwiseStep& step, int wave) {
-    EXPAR_CHECK(wave >= 0 && wave < step.waves.waves, "rowwise path: wave {} of a step planned with {} waves",
-                wave, step.waves.waves);
+    EXPAR_ASSERT(wave >= 0 && wave < step.waves.waves,
+                 "rowwise path: wave {} of a step planned with {} waves", wave, step.waves.waves);
     return {step.waves.wave_of.data(), wave};
   }
 
@@ -255,7 +255,7 @@ class RowwisePath final : public ExpertPath {
 
   Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state) override {
     RowwiseStep& step = step_of(state, "combine forward");
-    EXPAR_CHECK(step.gathered.defined(), "rowwise combine_forward_end before any combine_forward_wave");
+    EXPAR_ASSERT(step.gathered.defined(), "rowwise combine_forward_end before any combine_forward_wave");
     PhaseScope combine_phase(phase::kRowGatherReduce);
     step.expert_out = Tensor();
     state.combine_rows = RouteRows::gathered(std::move(step.gathered), map);
@@ -365,7 +365,7 @@ class RowwisePath final : public ExpertPath {
   Tensor dispatch_backward_end(const RouteMap& map, PathState& state) override {
     RowwiseStep& step = step_of(state, "dispatch backward");
     check_grad_in(step);
-    EXPAR_CHECK(step.gathered.defined(), "rowwise dispatch_backward_end before any dispatch_backward_wave");
+    EXPAR_ASSERT(step.gathered.defined(), "rowwise dispatch_backward_end before any dispatch_backward_wave");
     PhaseScope dispatch_phase(phase::kRowDispatch);
     finish_dispatch_backward(step);
     step.expert_grad_in = Tensor();
@@ -380,7 +380,7 @@ class RowwisePath final : public ExpertPath {
   RowwiseStep& start_combine_backward(const Tensor& grad_y, const RouteMap& map, PathState& state,
                                       Tensor& grad_topk_weight) {
     RowwiseStep& step = step_of(state, "combine backward");
-    EXPAR_CHECK(state.combine_rows.defined(), "rowwise combine backward called before combine forward");
+    EXPAR_ASSERT(state.combine_rows.defined(), "rowwise combine backward called before combine forward");
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
     step.pool->check(step.dispatch);
@@ -431,9 +431,9 @@ class RowwisePath final : public ExpertPath {
   }
 
   static void check_grad_in(const RowwiseStep& step) {
-    EXPAR_CHECK(step.grad_in_held,
-                "rowwise dispatch backward: the expert input gradient must be written into "
-                "expert_grad_input_buffer() (peers GET the route gradients from it)");
+    EXPAR_ASSERT(step.grad_in_held,
+                 "rowwise dispatch backward: the expert input gradient must be written into "
+                 "expert_grad_input_buffer() (peers GET the route gradients from it)");
   }
 
   // Dispatch backward's end: once nobody reads our gradient or dispatch rows any more, both slots go back.
@@ -448,9 +448,9 @@ class RowwisePath final : public ExpertPath {
   // the other waves).
   static void encode_wave(const Tensor& written, const Tensor& staged, void* slot, PayloadFormat format,
                           const WaveRoutes& waves, int rank, int wave, const char* pass, const char* hook) {
-    EXPAR_CHECK(written.raw() == staged.raw(),
-                "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
-                pass, payload_format_name(format), hook);
+    EXPAR_ASSERT(written.raw() == staged.raw(),
+                 "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
+                 pass, payload_format_name(format), hook);
     const int64_t d = written.dim(1), begin = waves.row_begin(rank, wave), end = waves.row_end(rank, wave);
     encode_rows(format, written.data<float>() + begin * d, end - begin, d,
                 static_cast<std::byte*>(slot) + begin * static_cast<int64_t>(payload_row_bytes(format, d)));
@@ -460,16 +460,16 @@ class RowwisePath final : public ExpertPath {
   // hook handed out); they are encoded into the symmetric slot at `slot`, and the staging tensor is dropped.
   static void encode_staged(const Tensor& written, Tensor& staged, void* slot, PayloadFormat format,
                             int64_t rows, const char* pass, const char* hook) {
-    EXPAR_CHECK(written.raw() == staged.raw(),
-                "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
-                pass, payload_format_name(format), hook);
+    EXPAR_ASSERT(written.raw() == staged.raw(),
+                 "rowwise {}: with a {} payload the experts must write into {} (it is encoded from there)",
+                 pass, payload_format_name(format), hook);
     encode_rows(format, written.data<float>(), rows, written.dim(1), static_cast<std::byte*>(slot));
     staged = Tensor();
   }
 
   static RowwiseStep& step_of(PathState& state, const char* pass) {
-    EXPAR_CHECK(state.path_data != nullptr, "rowwise {} called before dispatch forward of the same step",
-                pass);
+    EXPAR_ASSERT(state.path_data != nullptr, "rowwise {} called before dispatch forward of the same step",
+                 pass);
     return *static_cast<RowwiseStep*>(state.path_data.get());
   }
 
@@ -478,7 +478,7 @@ class RowwisePath final : public ExpertPath {
   LeasePool* pool_for(int64_t capacity_rows, int64_t d, RowwiseStep& step) {
     const size_t needed = rowwise_slot_bytes(capacity_rows, d, options_.precision);
     if (options_.lease_pool != nullptr) {
-      EXPAR_CHECK(
+      EXPAR_ASSERT(
           options_.lease_pool->slot_bytes() >= needed,
           "rowwise path: capacity_rows={} x d={} ({}) needs {} bytes per symmetric slot but the shared "
           "lease pool has slots of {} bytes: make the pool with rowwise_slot_bytes() >= {} (the capacity is "
