@@ -70,13 +70,14 @@ std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts) {
   return counts;
 }
 
-RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
-                         std::span<const int64_t> tokens, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy, int partition) {
+namespace {
+
+// The builder's inputs agree with each other; returns this rank's partition (-1 resolved to ep_rank).
+int check_builder_inputs(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
+                         std::span<const int64_t> tokens, const ExpertPlacement& placement, int partition) {
   const auto m = static_cast<int>(tokens.size());
   const int p_count = placement.ep_size();
   const int e_count = placement.num_experts();
-  const int e_local = placement.local_count();
   EXPAR_CHECK(ep_rank >= 0 && ep_rank < m, "EP rank {} is outside the group of {}", ep_rank, m);
   if (partition < 0) {
     EXPAR_CHECK(m == p_count,
@@ -88,11 +89,9 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   EXPAR_CHECK(partition < p_count, "route map: partition {} is outside the placement's {} partitions",
               partition, p_count);
   const std::vector<int64_t> mine = count_requests(topk_idx, e_count);
-  const int64_t t_count = topk_idx.dim(0);
-  const int k_count = static_cast<int>(topk_idx.dim(1));
-  EXPAR_CHECK(tokens[static_cast<size_t>(ep_rank)] == t_count,
-              "route map: rank {} has {} tokens but the gathered token counts say {}", ep_rank, t_count,
-              tokens[static_cast<size_t>(ep_rank)]);
+  EXPAR_CHECK(tokens[static_cast<size_t>(ep_rank)] == topk_idx.dim(0),
+              "route map: rank {} has {} tokens but the gathered token counts say {}", ep_rank,
+              topk_idx.dim(0), tokens[static_cast<size_t>(ep_rank)]);
   EXPAR_CHECK(requests.size() == static_cast<size_t>(m) * e_count,
               "route map: request matrix has {} entries, expected {} x {}", requests.size(), m, e_count);
   for (int e = 0; e < e_count; ++e)
@@ -100,18 +99,80 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
                 "route map: rank {} routes {} tokens to expert {} but the gathered request matrix says {}",
                 ep_rank, mine[static_cast<size_t>(e)], e,
                 requests[static_cast<size_t>(ep_rank) * e_count + e]);
+  return partition;
+}
 
+// Contract 3's row arithmetic from the accepted matrix: returns base[e], the row where this source's first
+// route to expert e lands on its partition, and sets this partition's expert_offsets and recv_rows.
+std::vector<int64_t> row_bases(RouteMap& map, const ExpertPlacement& placement) {
+  std::vector<int64_t> base(static_cast<size_t>(map.num_experts), 0);
+  for (int r = 0; r < map.partitions; ++r) {
+    int64_t offset = 0;
+    for (int l = 0; l < placement.local_count(); ++l) {
+      const int e = placement.global_expert(r, l);
+      int64_t before_me = 0;
+      for (int s = 0; s < map.ep_rank; ++s) before_me += map.accepted_of(s, e);
+      base[static_cast<size_t>(e)] = offset + before_me;
+      int64_t all = 0;
+      for (int s = 0; s < map.ep_size; ++s) all += map.accepted_of(s, e);
+      if (r == map.partition) map.expert_offsets.push_back(offset);
+      offset += all;
+    }
+    if (r == map.partition) {
+      map.expert_offsets.push_back(offset);
+      map.recv_rows = offset;
+    }
+  }
+  return base;
+}
+
+// dst_rank / dst_row of each route in (token, k) order: the first accepted_of(me, e) routes to expert e are
+// accepted, the rest dropped; counts the sends, drops and invalid routes.
+void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int64_t>& base) {
+  map.dst_rank = Tensor::empty({map.tokens, map.top_k}, DType::I32);
+  map.dst_row = Tensor::empty({map.tokens, map.top_k}, DType::I32);
+  int32_t* dst_rank = map.dst_rank.data<int32_t>();
+  int32_t* dst_row = map.dst_row.data<int32_t>();
+  const int32_t* idx = topk_idx.data<int32_t>();
+  std::vector<int64_t> used(static_cast<size_t>(map.num_experts), 0);
+  for (int64_t i = 0; i < map.tokens * map.top_k; ++i) {
+    const int32_t e = idx[i];
+    if (e < 0) {
+      dst_rank[i] = dst_row[i] = -1;
+      ++map.invalid;
+      continue;
+    }
+    int64_t& n = used[static_cast<size_t>(e)];
+    if (n < map.accepted_of(map.ep_rank, e)) {
+      const int owner = map.expert_owner[static_cast<size_t>(e)];
+      dst_rank[i] = owner;
+      dst_row[i] = static_cast<int32_t>(base[static_cast<size_t>(e)] + n);
+      ++map.send_counts[static_cast<size_t>(owner)];
+      ++n;
+    } else {
+      dst_rank[i] = dst_row[i] = -1;
+      ++map.dropped;
+    }
+  }
+}
+
+}  // namespace
+
+RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
+                         std::span<const int64_t> tokens, const ExpertPlacement& placement,
+                         const CapacityPolicy& policy, int partition) {
+  partition = check_builder_inputs(topk_idx, ep_rank, requests, tokens, placement, partition);
   RouteMap map;
-  map.tokens = t_count;
-  map.top_k = k_count;
-  map.num_experts = e_count;
-  map.ep_size = m;
+  map.tokens = topk_idx.dim(0);
+  map.top_k = static_cast<int>(topk_idx.dim(1));
+  map.num_experts = placement.num_experts();
+  map.ep_size = static_cast<int>(tokens.size());
   map.ep_rank = ep_rank;
-  map.partitions = p_count;
+  map.partitions = placement.ep_size();
   map.partition = partition;
   map.tokens_per_source.assign(tokens.begin(), tokens.end());
   map.requested.assign(requests.begin(), requests.end());
-  CapacityPlan plan = plan_capacity(requests, tokens, k_count, placement, policy);
+  CapacityPlan plan = plan_capacity(requests, tokens, map.top_k, placement, policy);
   map.accepted = std::move(plan.accepted);
   map.capacity_rows = plan.capacity_rows;
   EXPAR_CHECK(
@@ -119,62 +180,15 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
       "expert-side capacity of {} rows exceeds the int32 row index of the route map: use fewer tokens "
       "per rank or a capacity factor",
       map.capacity_rows);
-  map.expert_owner.resize(static_cast<size_t>(e_count));
-  for (int e = 0; e < e_count; ++e) map.expert_owner[static_cast<size_t>(e)] = placement.owner(e);
-
-  // base[e]: the row where this rank's first route to expert e lands on its owner.
-  std::vector<int64_t> base(static_cast<size_t>(e_count), 0);
-  for (int r = 0; r < p_count; ++r) {
-    int64_t offset = 0;
-    for (int l = 0; l < e_local; ++l) {
-      const int e = placement.global_expert(r, l);
-      int64_t before_me = 0;
-      for (int s = 0; s < ep_rank; ++s) before_me += map.accepted_of(s, e);
-      base[static_cast<size_t>(e)] = offset + before_me;
-      int64_t all = 0;
-      for (int s = 0; s < m; ++s) all += map.accepted_of(s, e);
-      if (r == partition) map.expert_offsets.push_back(offset);
-      offset += all;
-    }
-    if (r == partition) {
-      map.expert_offsets.push_back(offset);
-      map.recv_rows = offset;
-    }
-  }
-  map.recv_counts.assign(static_cast<size_t>(m), 0);
-  map.send_counts.assign(static_cast<size_t>(p_count), 0);
-  for (int s = 0; s < m; ++s)
+  map.expert_owner.resize(static_cast<size_t>(map.num_experts));
+  for (int e = 0; e < map.num_experts; ++e) map.expert_owner[static_cast<size_t>(e)] = placement.owner(e);
+  const std::vector<int64_t> base = row_bases(map, placement);
+  map.recv_counts.assign(static_cast<size_t>(map.ep_size), 0);
+  map.send_counts.assign(static_cast<size_t>(map.partitions), 0);
+  for (int s = 0; s < map.ep_size; ++s)
     for (int e : placement.local_experts(partition))
       map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, e);
-
-  map.dst_rank = Tensor::empty({t_count, k_count}, DType::I32);
-  map.dst_row = Tensor::empty({t_count, k_count}, DType::I32);
-  int32_t* dst_rank = map.dst_rank.data<int32_t>();
-  int32_t* dst_row = map.dst_row.data<int32_t>();
-  const int32_t* idx = topk_idx.data<int32_t>();
-  std::vector<int64_t> used(static_cast<size_t>(e_count), 0);
-  for (int64_t t = 0; t < t_count; ++t) {
-    for (int k = 0; k < k_count; ++k) {
-      const int64_t i = t * k_count + k;
-      const int32_t e = idx[i];
-      if (e < 0) {
-        dst_rank[i] = dst_row[i] = -1;
-        ++map.invalid;
-        continue;
-      }
-      int64_t& n = used[static_cast<size_t>(e)];
-      if (n < map.accepted_of(ep_rank, e)) {
-        const int owner = map.expert_owner[static_cast<size_t>(e)];
-        dst_rank[i] = owner;
-        dst_row[i] = static_cast<int32_t>(base[static_cast<size_t>(e)] + n);
-        ++map.send_counts[static_cast<size_t>(owner)];
-        ++n;
-      } else {
-        dst_rank[i] = dst_row[i] = -1;
-        ++map.dropped;
-      }
-    }
-  }
+  assign_routes(map, topk_idx, base);
   return map;
 }
 
