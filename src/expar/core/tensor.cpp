@@ -43,6 +43,15 @@ void fill_nan(void* data, size_t bytes) {
   std::memset(data, 0xFF, bytes);
 }
 
+void add_into(Tensor& acc, const Tensor& b) {
+  EXPAR_ASSERT(acc.dtype() == DType::F32 && b.dtype() == DType::F32 && acc.numel() == b.numel(),
+               "add_into: {} {} += {} {}", dtype_name(acc.dtype()), shape_string(acc.shape()),
+               dtype_name(b.dtype()), shape_string(b.shape()));
+  float* pa = acc.data<float>();
+  const float* pb = b.data<float>();
+  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
+}
+
 namespace {
 struct Allocation {
   MemoryTracker* tracker;

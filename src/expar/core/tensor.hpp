@@ -85,4 +85,7 @@ class Tensor {
 bool poison_enabled();
 void fill_nan(void* data, size_t bytes);
 
+// acc += b, element by element (both f32 with the same element count).
+void add_into(Tensor& acc, const Tensor& b);
+
 }  // namespace expar

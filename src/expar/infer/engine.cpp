@@ -54,12 +54,6 @@ Tensor reduce_scatter_rows(Comm& group, const Tensor& full, const std::vector<in
   return out;
 }
 
-void add_into(Tensor& acc, const Tensor& b) {
-  float* pa = acc.data<float>();
-  const float* pb = b.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
-}
-
 Tensor rmsnorm(const Tensor& x, const Tensor& gain, float eps) {
   if (x.dim(0) == 0) return Tensor::empty(x.shape());
   return nn::rmsnorm_forward(x, gain, eps, nullptr);

@@ -43,12 +43,6 @@ struct RankOutput {
   double utilisation = 0.0;
 };
 
-void add_into(Tensor& acc, const Tensor& part) {
-  float* a = acc.data<float>();
-  const float* p = part.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) a[i] += p[i];
-}
-
 void copy_rows(Tensor& dst, int64_t at, const Tensor& src) {
   if (src.numel() == 0) return;
   const size_t row_bytes = src.nbytes() / static_cast<size_t>(src.dim(0));

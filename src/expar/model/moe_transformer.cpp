@@ -22,12 +22,6 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-void add_into(Tensor& acc, const Tensor& b) {
-  float* pa = acc.data<float>();
-  const float* pb = b.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
-}
-
 Tensor int_tensor(const std::vector<int32_t>& values) {
   Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
   std::copy(values.begin(), values.end(), t.data<int32_t>());
