@@ -9,52 +9,17 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <mutex>
 
-#include "expar/comm/launcher.hpp"
 #include "expar/topo/training_layout.hpp"
-#include "expar/train/trainer.hpp"
+#include "train/training_runs.hpp"
 
 namespace expar {
 namespace {
 
-const TokenCorpus& corpus() {
-  static const TokenCorpus c = [] {
-    std::string text;
-    for (int i = 0; i < 200; ++i)
-      text +=
-          "And God said, Let there be light: and there was light. And God saw the light, that it was good. ";
-    return TokenCorpus::from_text(text);
-  }();
-  return c;
-}
-
-TrainConfig small_config(int ep, const std::string& path, int steps) {
-  TrainConfig c;
-  c.model = ModelConfig::preset("tiny");
-  c.ep = ep;
-  c.path = path;
-  c.steps = steps;
-  c.global_batch = 8;
-  c.seq_len = 16;
-  c.warmup = 2;
-  c.lr = 5e-3;
-  c.eval_every = 0;
-  c.eval_sequences = 4;
-  return c;
-}
+using testing::small_config;
 
 std::vector<StepRecord> run(int ranks, const TrainConfig& cfg) {
-  std::vector<StepRecord> steps;
-  std::mutex m;
-  LaunchOptions o;
-  o.ranks = ranks;
-  run_ranks(o, [&](Comm& world) {
-    TrainSummary s = train(cfg, world, corpus());
-    std::lock_guard lock(m);
-    if (world.rank() == 0) steps = s.steps;
-  });
-  return steps;
+  return testing::run_training(ranks, cfg).steps;
 }
 
 TEST(EpTraining, LossCurveIsTheSameForEveryEpDegree) {

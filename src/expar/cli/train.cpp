@@ -314,6 +314,11 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
+  cmd->add_option("--cp", c.cp,
+                  "Context-parallel degree C: each sequence split over C ranks (divides the ranks and "
+                  "--seq-len; EP folds over D*C)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
   cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")

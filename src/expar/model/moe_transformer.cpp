@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "expar/comm/comm.hpp"
+#include "expar/nn/context_parallel_attention.hpp"
 #include "expar/nn/cross_entropy.hpp"
 #include "expar/nn/embedding.hpp"
 #include "expar/nn/init.hpp"
@@ -251,8 +252,11 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     MoeState local_state;
     MoeState& moe_state = a ? a->moe : local_state;
     Tensor n1 = nn::rmsnorm_forward(h, b.attn_norm, config_.norm_eps, a ? &a->attn_norm : nullptr);
+    nn::AttentionSaved* saved_attn = a ? &a->attn : nullptr;
     Tensor att =
-        nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, a ? &a->attn : nullptr, b.attn_options);
+        cp_group_ ? nn::cp_attention_forward(*cp_group_, shape, rope_, b.attn, n1, batch, seq, saved_attn,
+                                             b.attn_options)
+                  : nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, saved_attn, b.attn_options);
     Tensor h1 = add(h, att);
     Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
     Tensor m = b.moe->forward(n2, moe_state);
@@ -397,8 +401,10 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     add_into(grad_h1, grad);
     // h1 = h + attn(norm(h))
     const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
-    Tensor grad_n1 = nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
-                                            b.attn_options, &b.attn_option_grads);
+    Tensor grad_n1 = cp_group_ ? nn::cp_attention_backward(*cp_group_, shape, rope_, b.attn, a.attn, grad_h1,
+                                                           b.attn_grad, b.attn_options, &b.attn_option_grads)
+                               : nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
+                                                        b.attn_options, &b.attn_option_grads);
     grad = nn::rmsnorm_backward(a.attn_norm, grad_n1, b.attn_norm, b.attn_norm_grad);
     add_into(grad, grad_h1);
   }

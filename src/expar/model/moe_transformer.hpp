@@ -73,6 +73,11 @@ class MoeTransformer {
   // The microbatch index of the forwards that follow (-1: none), for the MoE blocks' lease tags.
   void set_microbatch(int microbatch);
   const LeasePool* lease_pool() const { return lease_pool_.get(); }
+  // Context parallelism (nn/context_parallel_attention.hpp): with a CP group of C > 1 ranks, every forward
+  // that follows takes chunk cp->rank() of its sequences (`seq` is the chunk length S/C) and attention
+  // gathers the other chunks' keys and values over the group; nullptr (the default): whole sequences. The
+  // group must outlive the model's use of it.
+  void set_context_parallel(Comm* cp) { cp_group_ = cp; }
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
   // parameters' grads; the loss gradient is divided by `loss_normalizer` (tokens of this rank over all
@@ -116,6 +121,7 @@ class MoeTransformer {
   ModelConfig config_;
   ModelFeatures features_;
   Comm& ep_group_;
+  Comm* cp_group_ = nullptr;  // set_context_parallel
   nn::Rope rope_;
   std::vector<Parameter> params_;
   // Declared before blocks_: the blocks' paths hold leases on them, so they must be destroyed after.

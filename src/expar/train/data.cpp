@@ -93,4 +93,22 @@ TokenBatch validation_batch(const TokenCorpus& corpus, int total, int first, int
   return batch;
 }
 
+TokenBatch sequence_chunk(const TokenBatch& batch, int chunk, int chunks) {
+  EXPAR_CHECK(
+      chunks >= 1 && chunk >= 0 && chunk < chunks && batch.seq_len % chunks == 0,
+      "sequence_chunk: chunk {} of {} of sequences of length {}: the chunk must lie in [0, chunks) and "
+      "the length be divisible by the chunk count",
+      chunk, chunks, batch.seq_len);
+  const int len = batch.seq_len / chunks;
+  TokenBatch out{batch.sequences, len, {}, {}};
+  out.inputs.reserve(static_cast<size_t>(batch.sequences) * static_cast<size_t>(len));
+  out.targets.reserve(out.inputs.capacity());
+  for (int s = 0; s < batch.sequences; ++s) {
+    const auto from = static_cast<ptrdiff_t>(s) * batch.seq_len + static_cast<ptrdiff_t>(chunk) * len;
+    out.inputs.insert(out.inputs.end(), batch.inputs.begin() + from, batch.inputs.begin() + from + len);
+    out.targets.insert(out.targets.end(), batch.targets.begin() + from, batch.targets.begin() + from + len);
+  }
+  return out;
+}
+
 }  // namespace expar

@@ -46,6 +46,9 @@ struct TokenBatch {
 // Sequences [first, first + count) of the global batch of `step` from the training split.
 TokenBatch training_batch(const TokenCorpus& corpus, uint64_t seed, int64_t step, int global_batch, int first,
                           int count, int seq_len);
+// Context parallelism: positions [chunk·S/chunks, (chunk+1)·S/chunks) of every sequence of `batch`
+// (inputs and their targets alike). S must be divisible by `chunks`.
+TokenBatch sequence_chunk(const TokenBatch& batch, int chunk, int chunks);
 // Validation sequences [first, first + count) of `total` evenly spaced windows of the validation split.
 TokenBatch validation_batch(const TokenCorpus& corpus, int total, int first, int count, int seq_len);
 

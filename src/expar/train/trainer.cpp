@@ -5,6 +5,7 @@
 
 #include "expar/core/timer.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/topo/divisors.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/adamw.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -16,8 +17,9 @@ namespace expar {
 namespace {
 
 std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement& placement) {
-  std::string out = fmt::format("layout: W={} ranks, D={} dense-DP, M_E={} (EP_MP), D_E={} (EP_DP)\n",
-                                layout.world, layout.dp, layout.ep_mp, layout.ep_dp);
+  std::string out =
+      fmt::format("layout: W={} ranks, D={} dense-DP, C={} CP, M_E={} (EP_MP), D_E={} (EP_DP)\n",
+                  layout.world, layout.dp, layout.cp, layout.ep_mp, layout.ep_dp);
   auto list = [](const std::vector<std::vector<int>>& groups) {
     std::string s;
     for (const auto& g : groups) s += fmt::format("{{{}}} ", fmt::join(g, ","));
@@ -25,11 +27,22 @@ std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement&
   };
   out += "  EP_MP groups (exchange token rows): " + list(layout.groups(TrainingGroup::EpMp)) + "\n";
   out += "  EP_DP groups (reduce expert gradients): " + list(layout.groups(TrainingGroup::EpDp)) + "\n";
-  out += "  dense DP group (reduce dense gradients): " + list(layout.groups(TrainingGroup::Dp)) + "\n";
+  if (layout.cp > 1) {
+    out += "  CP groups (chunks of the same sequences; gather keys and values): " +
+           list(layout.groups(TrainingGroup::Cp)) + "\n";
+    out += "  dense DP groups (read the same chunk of different sequences): " +
+           list(layout.groups(TrainingGroup::Dp)) + "\n";
+    out += "  DenseGrad group (reduce dense gradients over D*C): " +
+           list(layout.groups(TrainingGroup::DenseGrad)) + "\n";
+  } else {
+    out += "  dense DP group (reduce dense gradients): " + list(layout.groups(TrainingGroup::Dp)) + "\n";
+  }
   for (int r = 0; r < layout.world; ++r) {
-    auto experts = placement.local_experts(layout.coords(r).ep_mp);
+    const TrainingCoords c = layout.coords(r);
+    auto experts = placement.local_experts(c.ep_mp);
     out += fmt::format(
-        "  rank {}: (EP_DP {}, EP_MP {}) experts {}\n", r, layout.coords(r).ep_dp, layout.coords(r).ep_mp,
+        "  rank {}: {}(EP_DP {}, EP_MP {}) experts {}\n", r,
+        layout.cp > 1 ? fmt::format("(DP {}, CP {}) ", c.dp, c.cp) : std::string(), c.ep_dp, c.ep_mp,
         experts.size() > 1 && experts.back() - experts.front() + 1 == static_cast<int>(experts.size())
             ? fmt::format("{}-{}", experts.front(), experts.back())
             : fmt::format("{}", fmt::join(experts, ",")));
@@ -83,14 +96,40 @@ std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layou
       rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
 }
 
-double validation_loss(MoeTransformer& model, const TokenCorpus& corpus, const TrainConfig& cfg, Comm& dp) {
-  // Sequences are split over the dense-DP ranks; every rank of an EP group must run the same number of
-  // forwards (the MoE layer is collective), which holds because all ranks take the same count.
-  const int per_rank = std::max(1, cfg.eval_sequences / dp.size());
-  TokenBatch b = validation_batch(corpus, per_rank * dp.size(), dp.rank() * per_rank, per_rank, cfg.seq_len);
-  double loss = model.evaluate(b.inputs, b.targets, per_rank, cfg.seq_len).loss;
-  dp.all_reduce(&loss, 1, DType::F64, ReduceOp::Sum);
-  return loss / dp.size();
+// The communicators of a run's groups (TrainingLayout's rank order).
+struct RunGroups {
+  TrainingLayout layout;
+  std::shared_ptr<Comm> dp, cp, dense_grad, ep_mp, ep_dp;
+};
+
+RunGroups make_groups(const TrainConfig& cfg, Comm& world) {
+  TrainingLayout layout(world.size(), cfg.ep, cfg.cp);
+  RunGroups g{layout,
+              world.subgroup(layout.groups(TrainingGroup::Dp), "dp"),
+              world.subgroup(layout.groups(TrainingGroup::Cp), "cp"),
+              world.subgroup(layout.groups(TrainingGroup::DenseGrad), "dense_grad"),
+              world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp"),
+              world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp")};
+  return g;
+}
+
+// This rank's part of a batch of whole sequences: all of them, or its CP chunk of each.
+TokenBatch own_part(TokenBatch batch, const RunGroups& g) {
+  return g.layout.cp > 1 ? sequence_chunk(batch, g.cp->rank(), g.layout.cp) : batch;
+}
+
+double validation_loss(MoeTransformer& model, const TokenCorpus& corpus, const TrainConfig& cfg,
+                       const RunGroups& g) {
+  // Sequences are split over the dense-DP ranks (each CP rank takes its chunk of its DP rank's); every rank
+  // of an EP group must run the same number of forwards (the MoE layer is collective), which holds because
+  // all ranks take the same count. Every chunk holds as many tokens, so the mean of the ranks' means over
+  // the D*C ranks is the mean over all tokens.
+  const int dp = g.layout.dp, per_rank = std::max(1, cfg.eval_sequences / dp);
+  TokenBatch b =
+      own_part(validation_batch(corpus, per_rank * dp, g.dp->rank() * per_rank, per_rank, cfg.seq_len), g);
+  double loss = model.evaluate(b.inputs, b.targets, per_rank, b.seq_len).loss;
+  g.dense_grad->all_reduce(&loss, 1, DType::F64, ReduceOp::Sum);
+  return loss / g.dense_grad->size();
 }
 
 // Every value the loop divides by, multiplies or descends along: a bad one is an error naming the option,
@@ -122,65 +161,135 @@ void check_train_config(const TrainConfig& c) {
     EXPAR_CHECK(v >= 0, "{}={} must not be negative", name, v);
 }
 
-}  // namespace
-
-TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
-                   const TrainObserver* observer) {
-  TrainingLayout layout(world.size(), cfg.ep);
-  auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");
-  auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
-  auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
-
-  check_train_config(cfg);
+// The batch and sequence split the layout needs: whole sequences per dense-DP rank and microbatch, whole
+// chunks per CP rank.
+void check_layout_split(const TrainConfig& cfg, const TrainingLayout& layout) {
   EXPAR_CHECK(
       cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
       "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
       cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
-  EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
+  EXPAR_CHECK(cfg.seq_len % cfg.cp == 0,
+              "sequence length (--seq-len) {} is not divisible by the context-parallel degree C={} (--cp): "
+              "each of the C ranks of a CP group holds S/C positions of every sequence; choose --seq-len a "
+              "multiple of {} or --cp in {{{}}}",
+              cfg.seq_len, cfg.cp, cfg.cp, fmt::join(divisors(cfg.seq_len), ","));
+}
+
+// Found before any work: a checkpoint target that cannot be written or holds another model, a resume
+// checkpoint of another model or with nothing left to train. Returns the first step to run.
+int first_step(const TrainConfig& cfg, int last) {
+  if (!cfg.checkpoint_dir.empty())
+    check_checkpoint_target(cfg.checkpoint_dir, cfg.model, cfg.overwrite_checkpoint);
+  if (cfg.resume_from.empty()) return 0;
+  const CheckpointInfo info = read_checkpoint_info(cfg.resume_from);
+  EXPAR_CHECK(info.format == cfg.format,
+              "--resume '{}' holds a {} model but this run trains a {} model: resume with the checkpoint's "
+              "--model",
+              cfg.resume_from, model_format_name(info.format), model_format_name(cfg.format));
+  const std::string difference = model_config_difference(cfg.model, info.model);
+  EXPAR_CHECK(difference.empty(),
+              "--resume '{}': {}: a run resumes with the checkpoint's model config; drop the option that "
+              "contradicts it",
+              cfg.resume_from, difference);
+  EXPAR_CHECK(info.step < last,
+              "--resume '{}': the checkpoint has completed step {} of a run of {} steps: nothing is left to "
+              "train; pass --steps greater than {}",
+              cfg.resume_from, info.step, last, info.step);
+  return static_cast<int>(info.step);
+}
+
+// The model config the run trains: its path, recomputation, and the router coefficients per forward.
+ModelConfig run_model_config(const TrainConfig& cfg) {
+  ModelConfig mc = cfg.model;
+  mc.moe.path = cfg.path;
+  // The router adds coef·grad(L) per forward, over the forward's own tokens. With accumulation the step
+  // averages over microbatches; with CP the D*C-rank gradient sum holds C chunks of each sequence. The
+  // z-loss is a mean over tokens, so this makes it exact; the load-balancing loss is a product of the
+  // forward's statistics (over a microbatch, over a chunk), not additive, as under accumulation.
+  mc.moe.aux_loss_coef /= cfg.microbatches * cfg.cp;
+  mc.moe.z_loss_coef /= cfg.microbatches * cfg.cp;
+  if (cfg.recompute_moe)
+    for (int l = 0; l < mc.layers; ++l)
+      if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
+  return mc;
+}
+
+// The forward/backward passes of one step on this rank (gradients accumulate in the model); the record's
+// losses are this rank's means over its tokens.
+StepRecord run_microbatches(MoeTransformer& model, const TrainConfig& cfg, const TokenCorpus& corpus,
+                            const RunGroups& g, int step) {
+  const int local_seqs = cfg.global_batch / g.layout.dp, mb_seqs = local_seqs / cfg.microbatches;
+  StepRecord rec;
+  rec.step = step;
+  for (int mb = 0; mb < cfg.microbatches; ++mb) {
+    TokenBatch batch =
+        own_part(training_batch(corpus, cfg.seed, step, cfg.global_batch,
+                                g.dp->rank() * local_seqs + mb * mb_seqs, mb_seqs, cfg.seq_len),
+                 g);
+    model.set_microbatch(mb);  // lease tags name the real microbatch
+    // The loss is the mean over the whole sequences of the step: the normaliser counts every chunk's tokens.
+    StepMetrics m = model.forward_backward(batch.inputs, batch.targets, mb_seqs, batch.seq_len,
+                                           static_cast<int64_t>(local_seqs) * cfg.seq_len);
+    rec.loss += m.loss / cfg.microbatches;
+    rec.aux_loss += m.aux_loss / cfg.microbatches;
+    rec.z_loss += m.z_loss / cfg.microbatches;
+    rec.drop_rate += m.drop_rate / cfg.microbatches;
+    rec.utilisation = std::max(rec.utilisation, m.utilisation);
+  }
+  return rec;
+}
+
+// The step's losses as means over every rank (each holds as many tokens), the utilisation as the maximum.
+void average_over_ranks(StepRecord& rec, Comm& world) {
+  double sums[4] = {rec.loss, rec.aux_loss, rec.z_loss, rec.drop_rate};
+  world.all_reduce(sums, 4, DType::F64, ReduceOp::Sum);
+  world.all_reduce(&rec.utilisation, 1, DType::F64, ReduceOp::Max);
+  rec.loss = sums[0] / world.size();
+  rec.aux_loss = sums[1] / world.size();
+  rec.z_loss = sums[2] / world.size();
+  rec.drop_rate = sums[3] / world.size();
+}
+
+LeasePoolSummary lease_summary(const MoeTransformer& model, int64_t pool_rows) {
+  LeasePoolSummary l;
+  const LeasePool* pool = model.lease_pool();
+  if (pool == nullptr) return l;
+  l.present = true;
+  l.frozen = pool->frozen();
+  l.slots = pool->slot_count();
+  l.scratch_slots = pool->scratch_count();
+  l.high_water = pool->high_water();
+  l.leased_at_end = pool->leased_count();
+  l.capacity_rows = pool_rows;
+  l.slot_bytes = pool->slot_bytes();
+  l.resident_bytes = pool->resident_bytes();
+  return l;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
+                   const TrainObserver* observer) {
+  check_train_config(cfg);
+  const RunGroups g = make_groups(cfg, world);
+  const TrainingLayout& layout = g.layout;
+  check_layout_split(cfg, layout);
   const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   check_trainable_features(cfg.features, model_format_name(cfg.format));
   EXPAR_CHECK(cfg.format == ModelFormat::Expar || !cfg.hf_config_json.empty(),
               "a {} model needs the config.json its checkpoints are saved with (TrainConfig::hf_config_json)",
               model_format_name(cfg.format));
-  // Found before any work: a checkpoint target that cannot be written or holds another model, a resume
-  // checkpoint of another model or with nothing left to train.
-  if (!cfg.checkpoint_dir.empty())
-    check_checkpoint_target(cfg.checkpoint_dir, cfg.model, cfg.overwrite_checkpoint);
-  int start = 0;
-  if (!cfg.resume_from.empty()) {
-    const CheckpointInfo info = read_checkpoint_info(cfg.resume_from);
-    EXPAR_CHECK(info.format == cfg.format,
-                "--resume '{}' holds a {} model but this run trains a {} model: resume with the checkpoint's "
-                "--model",
-                cfg.resume_from, model_format_name(info.format), model_format_name(cfg.format));
-    const std::string difference = model_config_difference(cfg.model, info.model);
-    EXPAR_CHECK(difference.empty(),
-                "--resume '{}': {}: a run resumes with the checkpoint's model config; drop the option that "
-                "contradicts it",
-                cfg.resume_from, difference);
-    EXPAR_CHECK(
-        info.step < last,
-        "--resume '{}': the checkpoint has completed step {} of a run of {} steps: nothing is left to "
-        "train; pass --steps greater than {}",
-        cfg.resume_from, info.step, last, info.step);
-    start = static_cast<int>(info.step);
-  }
-  const int local_seqs = cfg.global_batch / layout.dp;
-  const int mb_seqs = local_seqs / cfg.microbatches;
+  const int start = first_step(cfg, last);
 
-  ModelConfig mc = cfg.model;
-  mc.moe.path = cfg.path;
-  // The router adds coef·grad(L_aux) per forward; with accumulation the step averages over microbatches.
-  mc.moe.aux_loss_coef /= cfg.microbatches;
-  mc.moe.z_loss_coef /= cfg.microbatches;
-  if (cfg.recompute_moe)
-    for (int l = 0; l < mc.layers; ++l)
-      if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
+  const ModelConfig mc = run_model_config(cfg);
   // The shared lease pool's slots must hold the largest forward this run makes: a training microbatch or the
-  // validation batch (validation_loss gives each rank max(1, eval_sequences / DP) sequences).
+  // validation batch (validation_loss gives each rank max(1, eval_sequences / D) sequences), of chunks.
+  const int mb_seqs = cfg.global_batch / layout.dp / cfg.microbatches;
   const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
-  const int64_t max_forward_tokens = static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * cfg.seq_len;
-  MoeTransformer model(mc, *ep_mp, max_forward_tokens, cfg.features);
+  const int64_t max_forward_tokens =
+      static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * (cfg.seq_len / cfg.cp);
+  MoeTransformer model(mc, *g.ep_mp, max_forward_tokens, cfg.features);
+  if (layout.cp > 1) model.set_context_parallel(g.cp.get());
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
   const int64_t pool_rows =
       max_capacity_rows(max_forward_tokens, mc.moe.top_k, model.moe(0).placement(), mc.moe.capacity);
@@ -189,12 +298,12 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
 
   std::vector<Parameter*> params;
   for (Parameter& p : model.parameters()) params.push_back(&p);
-  GradReducer reducer(params, *dp, *ep_dp, cfg.bucket_bytes, layout.dp);
+  GradReducer reducer(params, *g.dense_grad, *g.ep_dp, cfg.bucket_bytes, layout.dp);
   AdamWConfig acfg;
   acfg.weight_decay = cfg.weight_decay;
   acfg.clip_norm = cfg.clip_norm;
   acfg.shard_expert_state = cfg.shard_optimizer;
-  AdamW optimizer(params, acfg, *ep_mp, *ep_dp);
+  AdamW optimizer(params, acfg, *g.ep_mp, *g.ep_dp);
   LrSchedule schedule{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.steps};
 
   if (!cfg.resume_from.empty()) load_checkpoint(cfg.resume_from, model, &optimizer);
@@ -210,7 +319,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
                         world.size(), cfg.format, cfg.hf_config_json};
     // With --overwrite, the first save of this run replaces every step directory already there.
     CheckpointSaveOptions options{cfg.keep_last, cfg.overwrite_checkpoint && !saved};
-    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *ep_mp, *ep_dp, options);
+    save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *g.ep_mp, *g.ep_dp, options);
     saved = true;
   };
 
@@ -218,37 +327,18 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();
-    StepRecord rec;
-    rec.step = step;
-    for (int mb = 0; mb < cfg.microbatches; ++mb) {
-      TokenBatch batch = training_batch(corpus, cfg.seed, step, cfg.global_batch,
-                                        dp->rank() * local_seqs + mb * mb_seqs, mb_seqs, cfg.seq_len);
-      model.set_microbatch(mb);  // lease tags name the real microbatch
-      StepMetrics m = model.forward_backward(batch.inputs, batch.targets, mb_seqs, cfg.seq_len,
-                                             static_cast<int64_t>(local_seqs) * cfg.seq_len);
-      rec.loss += m.loss / cfg.microbatches;
-      rec.aux_loss += m.aux_loss / cfg.microbatches;
-      rec.z_loss += m.z_loss / cfg.microbatches;
-      rec.drop_rate += m.drop_rate / cfg.microbatches;
-      rec.utilisation = std::max(rec.utilisation, m.utilisation);
-    }
+    StepRecord rec = run_microbatches(model, cfg, corpus, g, step);
     // The first step is the dry run that sizes the shared lease pool; after it the pool is frozen.
     if (step == start) model.freeze_leases();
     reducer.reduce();
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
-    double sums[4] = {rec.loss, rec.aux_loss, rec.z_loss, rec.drop_rate};
-    world.all_reduce(sums, 4, DType::F64, ReduceOp::Sum);
-    world.all_reduce(&rec.utilisation, 1, DType::F64, ReduceOp::Max);
-    rec.loss = sums[0] / world.size();
-    rec.aux_loss = sums[1] / world.size();
-    rec.z_loss = sums[2] / world.size();
-    rec.drop_rate = sums[3] / world.size();
+    average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;
     if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last_step) {
       model.set_microbatch(-1);
-      rec.val_loss = validation_loss(model, corpus, cfg, *dp);
+      rec.val_loss = validation_loss(model, corpus, cfg, g);
     }
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) || last_step))
@@ -258,18 +348,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   }
   if (!summary.steps.empty()) summary.final_val_loss = summary.steps.back().val_loss;
   summary.memory = current_tracker().snapshot();
-  if (const LeasePool* pool = model.lease_pool()) {
-    LeasePoolSummary& l = summary.leases;
-    l.present = true;
-    l.frozen = pool->frozen();
-    l.slots = pool->slot_count();
-    l.scratch_slots = pool->scratch_count();
-    l.high_water = pool->high_water();
-    l.leased_at_end = pool->leased_count();
-    l.capacity_rows = pool_rows;
-    l.slot_bytes = pool->slot_bytes();
-    l.resident_bytes = pool->resident_bytes();
-  }
+  summary.leases = lease_summary(model, pool_rows);
   return summary;
 }
 

@@ -1,11 +1,15 @@
 #pragma once
 // The training loop of `expar train`, run by every rank with its world Comm (threads or MPI).
 //
-// Layout: W ranks, EP_MP degree M_E (TrainingLayout, seed 000 eq. 8): dense parameters replicated over the
-// D dense-DP ranks, routed experts sharded over EP_MP and replicated over EP_DP. Every dense-DP rank reads
-// its own slice of each global batch (data.hpp), runs `microbatches` forward/backward passes accumulating
-// gradients, then the multi-group reducer sums dense gradients over DP and expert gradients over EP_DP, and
-// AdamW (warmup + cosine) updates.
+// Layout: W ranks, context-parallel degree C, EP_MP degree M_E (TrainingLayout, seed 000 eq. 8 and
+// Appendix F): D = W/C dense-DP ranks; the C ranks of a CP group hold chunks of the same sequences (rank c
+// of the group positions [c·S/C, (c+1)·S/C) of each); dense parameters replicated over all W = D·C ranks,
+// routed experts sharded over EP_MP and replicated over EP_DP, both folded over the D·C ranks (the MoE
+// layer sees D·C token shards). Every dense-DP rank reads its own slice of each global batch (data.hpp), its
+// CP ranks their chunks of it, runs `microbatches` forward/backward passes accumulating gradients (the loss
+// is the mean over whole sequences: each chunk's loss gradient is divided by the tokens of the whole
+// sequences), then the multi-group reducer sums dense gradients over the D·C ranks (DenseGrad) and expert
+// gradients over EP_DP, and AdamW (warmup + cosine) updates.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,6 +35,7 @@ struct TrainConfig {
   // seeded random initialisation.
   std::string init_from;
   int ep = 1;                    // M_E
+  int cp = 1;                    // C: context-parallel degree; divides the ranks and seq_len
   std::string path = "rowwise";  // local | block | rowwise | agrs (local needs M_E = 1)
   int steps = 300;
   int global_batch = 16;  // sequences per optimizer step, over all dense-DP ranks

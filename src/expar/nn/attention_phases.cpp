@@ -1,0 +1,381 @@
+#include "expar/nn/attention_phases.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "expar/core/fast_exp.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/nn/check.hpp"
+
+namespace expar::nn::phases {
+
+namespace {
+
+bool has(const Tensor& t) {
+  return t.defined() && t.numel() > 0;
+}
+
+// The q/k RMSNorm of `options` as a row RMSNorm: per head over rows of head_dim values, or over the whole
+// projection; `t` [n, width] is replaced by its normalised copy and its input and 1/rms saved (if `saved`).
+void qk_norm_forward(Tensor& t, int64_t heads, int64_t head_dim, const AttentionOptions& o,
+                     const Tensor& gain, RmsNormSaved* saved) {
+  const int64_t n = t.dim(0), width = t.dim(1);
+  const bool per_head = o.qk_norm == QkNorm::PerHead;
+  Tensor rows = per_head ? t.reshape({n * heads, head_dim}) : t;
+  t = rmsnorm_forward(rows, gain, o.qk_norm_eps, saved).reshape({n, width});
+}
+
+void qk_norm_backward(Tensor& grad, int64_t heads, int64_t head_dim, const AttentionOptions& o,
+                      const Tensor& gain, const RmsNormSaved& saved, Tensor& grad_gain) {
+  const int64_t n = grad.dim(0), width = grad.dim(1);
+  const bool per_head = o.qk_norm == QkNorm::PerHead;
+  Tensor rows = per_head ? grad.reshape({n * heads, head_dim}) : grad;
+  grad = rmsnorm_backward(saved, rows, gain, grad_gain).reshape({n, width});
+}
+
+// grad_bias [cols] += Σ_rows g [rows, cols].
+void add_column_sums(const Tensor& g, Tensor& grad_bias) {
+  const int64_t rows = g.dim(0), cols = g.dim(1);
+  const float* pg = g.data<float>();
+  float* pb = grad_bias.data<float>();
+  for (int64_t c = 0; c < cols; ++c) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; ++r) acc += pg[r * cols + c];
+    pb[c] += static_cast<float>(acc);
+  }
+}
+
+// Softmax backward of one head's rows, in place in dP [tq, tk]: dS = P ⊙ (dP - Σ_j P·dP) · scale (the
+// scores were scaled). A sink is one more softmax entry with no value (its dP is 0): the keys' formula is
+// unchanged, and the sink logit's gradient is p_sink·(0 - Σ_j P·dP) with p_sink = 1 - Σ_j P; returned (0
+// without a sink).
+double softmax_backward(const float* p, float* dp, int64_t tq, int64_t past, float scale, bool sink) {
+  const int64_t tk = past + tq;
+  double sink_grad = 0.0;
+  for (int64_t i = 0; i < tq; ++i) {
+    const float* pr = p + i * tk;
+    float* dr = dp + i * tk;
+    const int64_t visible = past + i + 1;
+    double dot = 0.0;
+    for (int64_t j = 0; j < visible; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+    if (sink) {
+      double mass = 0.0;
+      for (int64_t j = 0; j < visible; ++j) mass += pr[j];
+      sink_grad -= (1.0 - mass) * dot;
+    }
+    const float fdot = static_cast<float>(dot);
+    for (int64_t j = 0; j < visible; ++j) dr[j] = pr[j] * (dr[j] - fdot) * scale;
+    for (int64_t j = visible; j < tk; ++j) dr[j] = 0.0f;
+  }
+  return sink_grad;
+}
+
+}  // namespace
+
+Dims check_weights(const AttentionShape& shape, const Rope& rope, const AttentionWeights& w,
+                   const char* layer) {
+  shape.validate();
+  EXPAR_CHECK(rope.head_dim() == shape.head_dim,
+              "{}: the Rope was built for head_dim={} but the attention has head_dim={}: build them alike",
+              layer, rope.head_dim(), shape.head_dim);
+  check_f32_matrix(w.wq, layer, "wq");
+  Dims dims{w.wq.dim(1), shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim};
+  check_f32(w.wq, layer, "wq", {dims.qd, dims.d});
+  check_f32(w.wk, layer, "wk", {dims.kd, dims.d});
+  check_f32(w.wv, layer, "wv", {dims.kd, dims.d});
+  check_f32(w.wo, layer, "wo", {dims.d, dims.qd});
+  return dims;
+}
+
+void check_options(const AttentionShape& shape, const Dims& dims, const AttentionOptions& o,
+                   const char* layer) {
+  auto check_vector = [&](const Tensor& t, const char* what, int64_t n) {
+    if (t.defined() && t.numel() > 0) check_f32(t, layer, what, {n});
+  };
+  check_vector(o.bq, "options.bq", dims.qd);
+  check_vector(o.bk, "options.bk", dims.kd);
+  check_vector(o.bv, "options.bv", dims.kd);
+  check_vector(o.bo, "options.bo", dims.d);
+  check_vector(o.sinks, "options.sinks", shape.n_heads);
+  if (o.qk_norm != QkNorm::None) {
+    const bool per_head = o.qk_norm == QkNorm::PerHead;
+    check_f32(o.q_norm, layer, "options.q_norm", {per_head ? shape.head_dim : dims.qd});
+    check_f32(o.k_norm, layer, "options.k_norm", {per_head ? shape.head_dim : dims.kd});
+    EXPAR_CHECK(o.qk_norm_eps > 0.0f, "{}: options.qk_norm_eps={} must be positive", layer, o.qk_norm_eps);
+  }
+  EXPAR_CHECK(o.window >= 0, "{}: options.window={} must not be negative (0: no sliding window)", layer,
+              o.window);
+}
+
+void project(const Tensor& x, const Tensor& w, float* y, bool accumulate) {
+  matmul(x.data<float>(), w.data<float>(), y, x.dim(0), w.dim(0), w.dim(1), false, true, accumulate);
+}
+
+void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias) {
+  if (!has(bias)) return;
+  const float* b = bias.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += b[c];
+}
+
+void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
+                 int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
+                 const float* sink) {
+  const int64_t tk = past + tq;
+  MatmulArgs scores;
+  scores.a = q;
+  scores.b = k;
+  scores.c = probs;
+  scores.m = tq;
+  scores.n = tk;
+  scores.k = head_dim;
+  scores.trans_b = true;
+  scores.lda = ldq;
+  scores.ldb = ldkv;
+  scores.ldc = tk;
+  matmul(scores);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  for (int64_t i = 0; i < tq; ++i) {
+    float* row = probs + i * tk;
+    const int64_t visible = past + i + 1;
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
+    float max = row[lo] * scale;
+    for (int64_t j = lo + 1; j < visible; ++j) max = std::fmax(max, row[j] * scale);
+    if (sink) max = std::fmax(max, *sink);
+    double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
+    // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
+    // layer of a 512-token prefill on one thread. The sum stays in double, in order.
+#pragma omp simd
+    for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
+    for (int64_t j = lo; j < visible; ++j) sum += row[j];
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+    for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
+    for (int64_t j = visible; j < tk; ++j) row[j] = 0.0f;
+  }
+  MatmulArgs weighted;
+  weighted.a = probs;
+  weighted.b = v;
+  weighted.c = out;
+  weighted.m = tq;
+  weighted.n = head_dim;
+  weighted.k = tk;
+  weighted.lda = tk;
+  weighted.ldb = ldkv;
+  weighted.ldc = ldo;
+  matmul(weighted);
+}
+
+Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                         const AttentionOptions& options, const char* layer) {
+  const Dims dims = check_weights(shape, rope, weights, layer);
+  check_options(shape, dims, options, layer);
+  EXPAR_CHECK(!options.sum_squares,
+              "{}: options.sum_squares completes a TP-sharded projection norm; training holds every head",
+              layer);
+  return dims;
+}
+
+Tensor chunk_positions(int64_t batch, int64_t seq, int64_t past) {
+  Tensor positions = Tensor::empty({batch * seq}, DType::I32);
+  int32_t* pos = positions.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s) pos[b * seq + s] = static_cast<int32_t>(past + s);
+  return positions;
+}
+
+Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                const Dims& dims, const Tensor& x, const Tensor& positions, const AttentionOptions& options,
+                AttentionSaved* saved) {
+  const int64_t n = x.dim(0), hd = shape.head_dim;
+  Qkv out{Tensor::empty({n, dims.qd}), Tensor::empty({n, dims.kd}), Tensor::empty({n, dims.kd})};
+  project(x, weights.wq, out.q.data<float>(), false);
+  project(x, weights.wk, out.k.data<float>(), false);
+  project(x, weights.wv, out.v.data<float>(), false);
+  add_bias(out.q.data<float>(), n, dims.qd, options.bq);
+  add_bias(out.k.data<float>(), n, dims.kd, options.bk);
+  add_bias(out.v.data<float>(), n, dims.kd, options.bv);
+  if (options.qk_norm != QkNorm::None) {
+    qk_norm_forward(out.q, shape.n_heads, hd, options, options.q_norm, saved ? &saved->q_norm : nullptr);
+    qk_norm_forward(out.k, shape.n_kv_heads, hd, options, options.k_norm, saved ? &saved->k_norm : nullptr);
+  }
+  const int32_t* pos = positions.data<int32_t>();
+  rope.apply(out.q.data<float>(), n, shape.n_heads, dims.qd, pos, false);
+  rope.apply(out.k.data<float>(), n, shape.n_kv_heads, dims.kd, pos, false);
+  return out;
+}
+
+Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, const Tensor& k,
+              const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
+              const AttentionOptions& options, Tensor* probs) {
+  const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads, tk = past + seq;
+  // Without `probs` the probabilities of one head at a time are enough.
+  const bool keep = probs != nullptr;
+  Tensor p_all = keep ? Tensor::empty({batch, shape.n_heads, seq, tk}) : Tensor::empty({seq, tk});
+  Tensor context = Tensor::empty({batch * seq, dims.qd});
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < shape.n_heads; ++h) {
+      const int64_t g = h / group;
+      float* p = p_all.data<float>() + (keep ? (b * shape.n_heads + h) * seq * tk : 0);
+      attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
+                  k.data<float>() + b * key_rows * dims.kd + g * hd,
+                  v.data<float>() + b * key_rows * dims.kd + g * hd, dims.kd, seq, past, hd, p,
+                  context.data<float>() + b * seq * dims.qd + h * hd, dims.qd, options.window,
+                  has(options.sinks) ? options.sinks.data<float>() + h : nullptr);
+    }
+  }
+  if (keep) *probs = p_all;
+  return context;
+}
+
+Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const Tensor& context,
+                      const AttentionOptions& options) {
+  const int64_t n = context.dim(0);
+  Tensor y = Tensor::empty({n, dims.d});
+  project(context, weights.wo, y.data<float>(), false);
+  add_bias(y.data<float>(), n, dims.d, options.bo);
+  return y;
+}
+
+void check_backward_call(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
+                         const Tensor& grad_y, const AttentionGrads& grads, const AttentionOptions& options,
+                         const AttentionOptionGrads* option_grads, const char* layer) {
+  const bool with_params = has(options.bq) || has(options.bk) || has(options.bv) || has(options.bo) ||
+                           has(options.sinks) || options.qk_norm != QkNorm::None;
+  EXPAR_CHECK(!with_params || option_grads != nullptr,
+              "{}: the options have biases or q/k norms but no option_grads was passed for their gradients",
+              layer);
+  auto check_grad = [&](const Tensor& param, const Tensor& grad, const char* what) {
+    if (has(param)) check_f32(grad, layer, what, param.shape());
+  };
+  if (option_grads) {
+    check_grad(options.bq, option_grads->bq, "option_grads.bq");
+    check_grad(options.bk, option_grads->bk, "option_grads.bk");
+    check_grad(options.bv, option_grads->bv, "option_grads.bv");
+    check_grad(options.bo, option_grads->bo, "option_grads.bo");
+    check_grad(options.sinks, option_grads->sinks, "option_grads.sinks");
+    if (options.qk_norm != QkNorm::None) {
+      check_grad(options.q_norm, option_grads->q_norm, "option_grads.q_norm");
+      check_grad(options.k_norm, option_grads->k_norm, "option_grads.k_norm");
+    }
+  }
+  const int64_t batch = saved.batch, seq = saved.seq, n = batch * seq;
+  EXPAR_ASSERT(saved.past >= 0 && saved.key_rows == saved.past + seq,
+               "{}: saved.key_rows={} must be saved.past + saved.seq = {} + {}", layer, saved.key_rows,
+               saved.past, seq);
+  check_f32(saved.x, layer, "saved.x", {n, dims.d});
+  check_i32(saved.positions, layer, "saved.positions", n);
+  check_f32(saved.q, layer, "saved.q", {n, dims.qd});
+  check_f32(saved.k, layer, "saved.k", {batch * saved.key_rows, dims.kd});
+  check_f32(saved.v, layer, "saved.v", {batch * saved.key_rows, dims.kd});
+  check_f32(saved.probs, layer, "saved.probs", {batch, shape.n_heads, seq, saved.key_rows});
+  check_f32(saved.context, layer, "saved.context", {n, dims.qd});
+  check_f32(grad_y, layer, "grad_y", {n, dims.d});
+  check_f32(grads.wq, layer, "grads.wq", {dims.qd, dims.d});
+  check_f32(grads.wk, layer, "grads.wk", {dims.kd, dims.d});
+  check_f32(grads.wv, layer, "grads.wv", {dims.kd, dims.d});
+  check_f32(grads.wo, layer, "grads.wo", {dims.d, dims.qd});
+}
+
+Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const AttentionSaved& saved,
+                       const Tensor& grad_y, AttentionGrads& grads, const AttentionOptions& options,
+                       AttentionOptionGrads* option_grads) {
+  const int64_t n = grad_y.dim(0);
+  if (has(options.bo)) add_column_sums(grad_y, option_grads->bo);
+  Tensor grad_context = Tensor::empty({n, dims.qd});
+  matmul(grad_y.data<float>(), weights.wo.data<float>(), grad_context.data<float>(), n, dims.qd, dims.d,
+         false, false, false);
+  matmul(grad_y.data<float>(), saved.context.data<float>(), grads.wo.data<float>(), dims.d, dims.qd, n, true,
+         false, true);
+  return grad_context;
+}
+
+QkvGrads attend_backward(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
+                         const Tensor& grad_context, const AttentionOptions& options,
+                         AttentionOptionGrads* option_grads) {
+  const int64_t batch = saved.batch, seq = saved.seq, past = saved.past, tk = saved.key_rows;
+  const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads;
+  // Query heads of one group add into the same key/value gradient in head order.
+  QkvGrads g{Tensor::empty({batch * seq, dims.qd}), Tensor::zeros({batch * tk, dims.kd}),
+             Tensor::zeros({batch * tk, dims.kd})};
+  Tensor grad_p = Tensor::empty({seq, tk});
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const bool sink = has(options.sinks);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < shape.n_heads; ++h) {
+      const int64_t kv_head = h / group;
+      const float* p = saved.probs.data<float>() + (b * shape.n_heads + h) * seq * tk;
+      const int64_t q_off = b * seq * dims.qd + h * hd, kv_off = b * tk * dims.kd + kv_head * hd;
+      float* dp = grad_p.data<float>();
+      // dP = dO·vᵀ
+      MatmulArgs a;
+      a.a = grad_context.data<float>() + q_off;
+      a.b = saved.v.data<float>() + kv_off;
+      a.c = dp;
+      a.m = seq, a.n = tk, a.k = hd;
+      a.trans_b = true;
+      a.lda = dims.qd, a.ldb = dims.kd, a.ldc = tk;
+      matmul(a);
+      // dv += Pᵀ·dO
+      MatmulArgs bv;
+      bv.a = p;
+      bv.b = grad_context.data<float>() + q_off;
+      bv.c = g.v.data<float>() + kv_off;
+      bv.m = tk, bv.n = hd, bv.k = seq;
+      bv.trans_a = true, bv.accumulate = true;
+      bv.lda = tk, bv.ldb = dims.qd, bv.ldc = dims.kd;
+      matmul(bv);
+      const double sink_grad = softmax_backward(p, dp, seq, past, scale, sink);
+      if (sink) option_grads->sinks.data<float>()[h] += static_cast<float>(sink_grad);
+      // dq = dS·k
+      MatmulArgs cq;
+      cq.a = dp;
+      cq.b = saved.k.data<float>() + kv_off;
+      cq.c = g.q.data<float>() + q_off;
+      cq.m = seq, cq.n = hd, cq.k = tk;
+      cq.lda = tk, cq.ldb = dims.kd, cq.ldc = dims.qd;
+      matmul(cq);
+      // dk += dSᵀ·q
+      MatmulArgs ck;
+      ck.a = dp;
+      ck.b = saved.q.data<float>() + q_off;
+      ck.c = g.k.data<float>() + kv_off;
+      ck.m = tk, ck.n = hd, ck.k = seq;
+      ck.trans_a = true, ck.accumulate = true;
+      ck.lda = tk, ck.ldb = dims.qd, ck.ldc = dims.kd;
+      matmul(ck);
+    }
+  }
+  return g;
+}
+
+Tensor input_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
+                      const Dims& dims, const AttentionSaved& saved, Tensor grad_q, Tensor grad_k,
+                      Tensor grad_v, AttentionGrads& grads, const AttentionOptions& options,
+                      AttentionOptionGrads* option_grads) {
+  const int64_t n = saved.batch * saved.seq, hd = shape.head_dim;
+  const int32_t* pos = saved.positions.data<int32_t>();
+  rope.apply(grad_q.data<float>(), n, shape.n_heads, dims.qd, pos, true);
+  rope.apply(grad_k.data<float>(), n, shape.n_kv_heads, dims.kd, pos, true);
+  if (options.qk_norm != QkNorm::None) {
+    qk_norm_backward(grad_q, shape.n_heads, hd, options, options.q_norm, saved.q_norm, option_grads->q_norm);
+    qk_norm_backward(grad_k, shape.n_kv_heads, hd, options, options.k_norm, saved.k_norm,
+                     option_grads->k_norm);
+  }
+  if (has(options.bq)) add_column_sums(grad_q, option_grads->bq);
+  if (has(options.bk)) add_column_sums(grad_k, option_grads->bk);
+  if (has(options.bv)) add_column_sums(grad_v, option_grads->bv);
+
+  Tensor grad_x = Tensor::empty({n, dims.d});
+  float* gx = grad_x.data<float>();
+  matmul(grad_q.data<float>(), weights.wq.data<float>(), gx, n, dims.d, dims.qd, false, false, false);
+  matmul(grad_k.data<float>(), weights.wk.data<float>(), gx, n, dims.d, dims.kd, false, false, true);
+  matmul(grad_v.data<float>(), weights.wv.data<float>(), gx, n, dims.d, dims.kd, false, false, true);
+  const float* px = saved.x.data<float>();
+  matmul(grad_q.data<float>(), px, grads.wq.data<float>(), dims.qd, dims.d, n, true, false, true);
+  matmul(grad_k.data<float>(), px, grads.wk.data<float>(), dims.kd, dims.d, n, true, false, true);
+  matmul(grad_v.data<float>(), px, grads.wv.data<float>(), dims.kd, dims.d, n, true, false, true);
+  return grad_x;
+}
+
+}  // namespace expar::nn::phases

@@ -1,0 +1,130 @@
+// Context-parallel training (`expar train --cp C`, seed 000 Appendix F) on the threads backend:
+//  - the loss curve (and the validation loss) at C = 2 equals C = 1 within 1e-4 per step: W = 2 as 1 x 2,
+//    and W = 4 as D2 x C2 with EP folded over the D*C ranks (M_E = 4) on every path of the registry, with
+//    microbatches and MoE recomputation;
+//  - checkpoints are layout-independent: a save at C = 2 resumes at C = 1 and a save at C = 1 at C = 2,
+//    continuing the uninterrupted curve;
+//  - the layout printout names the CP and DenseGrad groups;
+//  - a sequence length C does not divide, and a world C does not divide, are refused by name.
+// The load-balancing loss is a product of each forward's statistics (over a chunk under CP, as over a
+// microbatch under accumulation), not additive, so it is switched off to compare exactly what CP must
+// preserve; the z-loss stays on (its coefficient is divided by C, which makes it exact).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "expar/core/error.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "train/training_runs.hpp"
+
+namespace expar {
+namespace {
+
+TrainConfig config(int cp, int ep, const std::string& path, int steps) {
+  TrainConfig c = testing::small_config(ep, path, steps);
+  c.model.moe.aux_loss_coef = 0.0;
+  c.cp = cp;
+  return c;
+}
+
+using testing::run_training;
+using testing::TrainingRun;
+
+void expect_same_curve(const std::vector<StepRecord>& curve, const std::vector<StepRecord>& base,
+                       const std::string& what, size_t offset = 0) {
+  ASSERT_EQ(curve.size() + offset, base.size()) << what;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const StepRecord& b = base[i + offset];
+    EXPECT_NEAR(curve[i].loss, b.loss, 1e-4 * b.loss) << what << " step " << i + offset;
+    EXPECT_NEAR(curve[i].z_loss, b.z_loss, 1e-4 * b.z_loss) << what << " step " << i + offset;
+    EXPECT_NEAR(curve[i].grad_norm, b.grad_norm, 1e-3 * b.grad_norm) << what << " step " << i + offset;
+    if (b.val_loss >= 0) {
+      EXPECT_NEAR(curve[i].val_loss, b.val_loss, 1e-4 * b.val_loss) << what;
+    }
+  }
+}
+
+TEST(CpTraining, TwoChunksGiveTheLossCurveOfWholeSequences) {
+  const int steps = 6;
+  const TrainingRun base = run_training(2, config(1, 2, "rowwise", steps));
+  ASSERT_EQ(base.steps.size(), static_cast<size_t>(steps));
+  EXPECT_LT(base.steps.back().loss, base.steps.front().loss);  // it learns
+  ASSERT_GE(base.steps.back().val_loss, 0.0);
+  const TrainingRun cp =
+      run_training(2, config(2, 2, "rowwise", steps));  // D = 1, C = 2: EP over the two chunks
+  expect_same_curve(cp.steps, base.steps, "W=2 C=2 M_E=2");
+  const TrainingRun local = run_training(2, config(2, 1, "local", steps));
+  expect_same_curve(local.steps, base.steps, "W=2 C=2 M_E=1 local");
+}
+
+TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
+  const int steps = 5;
+  const TrainingRun base = run_training(2, config(1, 2, "rowwise", steps));
+  for (const std::string& path : path_names()) {
+    if (path == "local" || path_traits(path).decode_form) continue;         // M_E = 1; decode only
+    const TrainingRun folded = run_training(4, config(2, 4, path, steps));  // D2 x C2, M_E = 4 = D*C, D_E = 1
+    expect_same_curve(folded.steps, base.steps, "W=4 D2 C2 M_E=4 " + path);
+  }
+  TrainConfig composed = config(2, 2, "rowwise", steps);  // M_E = 2: EP_MP {0,1}: one CP group
+  composed.microbatches = 2;
+  composed.recompute_moe = true;
+  const TrainingRun with_both = run_training(4, composed);
+  expect_same_curve(with_both.steps, base.steps, "W=4 D2 C2 M_E=2, 2 microbatches, recomputed MoE");
+  EXPECT_NE(
+      with_both.layout.find("CP groups (chunks of the same sequences; gather keys and values): {0,1} {2,3}"),
+      std::string::npos)
+      << with_both.layout;
+  EXPECT_NE(with_both.layout.find("DenseGrad group (reduce dense gradients over D*C): {0,1,2,3}"),
+            std::string::npos)
+      << with_both.layout;
+  EXPECT_NE(with_both.layout.find("rank 3: (DP 1, CP 1) (EP_DP 1, EP_MP 1)"), std::string::npos)
+      << with_both.layout;
+}
+
+TEST(CpTraining, CheckpointsResumeAcrossCpDegrees) {
+  const auto dir = std::filesystem::temp_directory_path() / "expar_cp_resume_test";
+  const int steps = 6, stop = 3;
+  const TrainingRun full = run_training(2, config(1, 2, "rowwise", steps));
+  for (const auto& [save_cp, resume_cp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    std::filesystem::remove_all(dir);
+    TrainConfig first = config(save_cp, 2, "rowwise", steps);
+    first.stop_after = stop;
+    first.checkpoint_dir = dir.string();
+    const TrainingRun head = run_training(2, first);
+    const std::string what =
+        "saved at C=" + std::to_string(save_cp) + ", resumed at C=" + std::to_string(resume_cp);
+    expect_same_curve(head.steps, {full.steps.begin(), full.steps.begin() + stop}, what + " (head)");
+    TrainConfig second = config(resume_cp, 2, "rowwise", steps);
+    second.resume_from = dir.string();
+    const TrainingRun tail = run_training(2, second);
+    expect_same_curve(tail.steps, full.steps, what, stop);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+std::string error_of(int ranks, const TrainConfig& cfg) {
+  try {
+    run_training(ranks, cfg);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(CpTraining, RefusesASplitThatDoesNotDivide) {
+  TrainConfig odd = config(2, 1, "local", 1);
+  odd.seq_len = 15;
+  const std::string seq = error_of(2, odd);
+  EXPECT_NE(
+      seq.find("sequence length (--seq-len) 15 is not divisible by the context-parallel degree C=2 (--cp)"),
+      std::string::npos)
+      << seq;
+  EXPECT_NE(seq.find("choose --seq-len a multiple of 2 or --cp in {1,3,5,15}"), std::string::npos) << seq;
+  const std::string world = error_of(3, config(2, 1, "local", 1));
+  EXPECT_NE(world.find("world size W=3 is not divisible by C*TP*PP=2*1*1=2"), std::string::npos) << world;
+  const std::string ep = error_of(2, config(2, 4, "rowwise", 1));
+  EXPECT_NE(ep.find("EP_MP degree M_E=4 does not divide the D*C*TP=1*2*1=2 ranks"), std::string::npos) << ep;
+}
+
+}  // namespace
+}  // namespace expar

@@ -1,0 +1,60 @@
+#pragma once
+// Shared by the training tests: a small corpus of repeated text, a small config, and a threads-backend run
+// of train() that returns rank 0's step records and the layout text it printed at start.
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "expar/comm/launcher.hpp"
+#include "expar/train/trainer.hpp"
+
+namespace expar::testing {
+
+inline const TokenCorpus& repeated_text_corpus() {
+  static const TokenCorpus c = [] {
+    std::string text;
+    for (int i = 0; i < 200; ++i)
+      text +=
+          "And God said, Let there be light: and there was light. And God saw the light, that it was good. ";
+    return TokenCorpus::from_text(text);
+  }();
+  return c;
+}
+
+// The tiny preset, 8 sequences of 16 tokens per step, validation at the end only.
+inline TrainConfig small_config(int ep, const std::string& path, int steps) {
+  TrainConfig c;
+  c.model = ModelConfig::preset("tiny");
+  c.ep = ep;
+  c.path = path;
+  c.steps = steps;
+  c.global_batch = 8;
+  c.seq_len = 16;
+  c.warmup = 2;
+  c.lr = 5e-3;
+  c.eval_every = 0;
+  c.eval_sequences = 4;
+  return c;
+}
+
+struct TrainingRun {
+  std::vector<StepRecord> steps;  // rank 0's
+  std::string layout;             // TrainObserver::on_start's text
+};
+
+inline TrainingRun run_training(int ranks, const TrainConfig& cfg) {
+  TrainingRun out;
+  std::mutex m;
+  TrainObserver observer;
+  observer.on_start = [&](const std::string& text) { out.layout = text; };
+  LaunchOptions o;
+  o.ranks = ranks;
+  run_ranks(o, [&](Comm& world) {
+    TrainSummary s = train(cfg, world, repeated_text_corpus(), &observer);
+    std::lock_guard lock(m);
+    if (world.rank() == 0) out.steps = s.steps;
+  });
+  return out;
+}
+
+}  // namespace expar::testing
