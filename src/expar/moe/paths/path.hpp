@@ -96,6 +96,15 @@ size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecisi
 // Throws expar::Error unless `precision` is all f32: for a path that does not encode its rows.
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision);
 
+// The symmetric heap a one-sided path moves its rows through: options.heap when given (refused unless it was
+// made by ep_group), else a new one from ep_group.make_heap(), kept in `own`.
+SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOptions& options,
+                         std::unique_ptr<SymmetricHeap>& own);
+
+// Throws expar::Error unless `map` is the route map of this rank of ep_group and x is f32 [map.tokens, d].
+void check_dispatch_input(const std::string& path, const Comm& ep_group, const RouteMap& map,
+                          const Tensor& x);
+
 class ExpertPath {
  public:
   virtual ~ExpertPath() = default;
@@ -143,7 +152,8 @@ struct PathTraits {
   bool waves = false;               // runs the wave passes (MoeConfig::waves > 1)
 };
 
-// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode".
+// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode",
+// "aggregated".
 // make_path throws expar::Error naming the known paths for an unknown name.
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
 const std::vector<PathTraits>& path_registry();
