@@ -569,7 +569,7 @@ TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
         EXPECT_NE(m.find("rowwise"), std::string::npos) << m;
       }
     }
-    EXPECT_GE(refusing, 3) << "at least local, agrs and agrs-decode move f32 only";
+    EXPECT_EQ(refusing, 3) << "local, agrs and agrs-decode move f32 only";
     Case c;
     MoeConfig cfg = config_of(c, "rowwise");
     cfg.model_dim = 48;

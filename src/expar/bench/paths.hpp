@@ -37,8 +37,8 @@ struct PathsBenchOptions {
   bool sync_comm = false;
   uint64_t seed = 1;
   std::vector<std::string> paths = benchmarked_paths({});
-  // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
-  // no-EP column stays f32: the local path encodes nothing).
+  // Payload format of each row movement; a reduced one runs the paths that encode rows only (the memory
+  // table's no-EP column stays f32: the local path encodes nothing).
   PayloadPrecision precision;
 };
 

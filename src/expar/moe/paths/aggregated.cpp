@@ -37,7 +37,10 @@
 // buffer before its first barrier. The experts write `output` between dispatch forward and combine forward
 // and `grad_in` between combine backward and dispatch backward, when no peer accesses them; peers write a
 // dispatch slot only in the dispatch forward that leased it.
-// Payloads are f32 (the registry refuses other precisions) and there are no wave passes.
+// Payload precision (PathOptions::precision): each leg moves rows encoded where they leave (the dispatch rows
+// once per token, the w·grad_y rows per route, the expert rows by their rank into its symmetric buffer) and
+// decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place. There
+// are no wave passes (the registry refuses --waves > 1 naming the paths that have them).
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -179,11 +182,13 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
   return step;
 }
 
-// What one step keeps between its passes: its movements and its leased dispatch slot.
+// What one step keeps between its passes: its movements, its leased dispatch slot, and the f32 rows the
+// experts write when their leg travels encoded (encoded into the symmetric buffer by the next pass).
 struct AggregatedStep {
   Moves moves;
   std::shared_ptr<LeasePool> pool;  // keeps a replaced pool alive while this step holds its lease
   LeasePool::Handle payload;
+  Tensor expert_out, expert_grad_in;
 
   AggregatedStep() = default;
   AggregatedStep(const AggregatedStep&) = delete;
@@ -194,6 +199,15 @@ struct AggregatedStep {
     if (pool != nullptr && payload.leased) pool->release(payload);
   }
 };
+
+// Encoded rows: communication scratch.
+Tensor byte_rows(int64_t rows, size_t row_bytes) {
+  return Tensor::empty({rows, static_cast<int64_t>(row_bytes)}, DType::U8, MemCategory::CommScratch);
+}
+
+std::byte* bytes_of(const Tensor& t) {
+  return static_cast<std::byte*>(const_cast<void*>(t.raw()));
+}
 
 class AggregatedPath final : public ExpertPath {
  public:
@@ -218,44 +232,60 @@ class AggregatedPath final : public ExpertPath {
     LeasePool& pool = pool_for(map.capacity_rows, d, *owned);
     owned->payload = pool.acquire({options_.block_index, state.microbatch});
     const BufferId slot = owned->payload.buffer;
+    // Each token row is encoded once (a reduced precision) and moves as bytes from then on.
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, d);
+    Tensor encoded;
+    const std::byte* src = static_cast<const std::byte*>(x.raw());
+    if (format != PayloadFormat::F32) {
+      encoded = byte_rows(map.tokens, rb);
+      encode_rows(format, x.data<float>(), map.tokens, d, bytes_of(encoded));
+      src = bytes_of(encoded);
+    }
     start_pass({slot, pack_});
-    const float* src = x.data<float>();
-    for (int64_t route : step.node_routes)
-      store_rows(map.rank_of(route / map.top_k, static_cast<int>(route % map.top_k)), slot,
-                 map.row_of(route / map.top_k, static_cast<int>(route % map.top_k)),
-                 src + (route / map.top_k) * d, 1, d);
+    for (int64_t route : step.node_routes) {
+      const int64_t t = route / map.top_k;
+      const int k = static_cast<int>(route % map.top_k);
+      store_rows(map.rank_of(t, k), slot, map.row_of(t, k), src + t * static_cast<int64_t>(rb), 1, rb);
+    }
     std::vector<Tensor> packed;  // the put sources stay alive until the barrier completes the puts
     for (const Block& b : step.sent) {
-      packed.push_back(comm_rows(b.rows, d));
-      float* out = packed.back().data<float>();
+      packed.push_back(byte_rows(b.rows, rb));
+      std::byte* out = bytes_of(packed.back());
       for (int64_t i = 0; i < b.rows; ++i)
-        std::memcpy(out + i * d, src + (b.routes[static_cast<size_t>(i)] / map.top_k) * d, row_bytes(d));
-      store_rows(b.peer, pack_, b.offset, out, b.rows, d);
+        std::memcpy(out + i * static_cast<int64_t>(rb),
+                    src + (b.routes[static_cast<size_t>(i)] / map.top_k) * static_cast<int64_t>(rb), rb);
+      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
     }
     heap_->barrier();  // every block is at its proxy
-    forward_held(step, slot, d);
+    forward_held(step, slot, rb);
     heap_->barrier();  // every row is at its dst_row
-    return Tensor::borrow(pool.data(owned->payload), {map.capacity_rows, d}, DType::F32);
+    return borrow_payload(pool.data(owned->payload), format, map.capacity_rows, d);
   }
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
-    step_of(state, "expert_output_buffer");
+    AggregatedStep& owned = step_of(state, "expert_output_buffer");
     ensure_buffers(map.capacity_rows, 0, d);
     // No peer accesses this buffer between dispatch forward's last barrier and combine forward's first.
     if (poison_enabled()) fill_nan(heap_->local(output_), heap_->bytes(output_));
+    if (options_.precision.combine != PayloadFormat::F32) {
+      owned.expert_out = Tensor::empty({map.capacity_rows, d});
+      return owned.expert_out;
+    }
     return Tensor::borrow(heap_->local(output_), {map.capacity_rows, d}, DType::F32);
   }
 
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
                          PathState& state) override {
-    const Moves& step = step_of(state, "combine forward").moves;
+    AggregatedStep& owned = step_of(state, "combine forward");
     const int64_t d = expert_out.dim(1);
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
-    ensure_buffers(map.capacity_rows, step.pack_rows, d);
-    if (expert_out.raw() != heap_->local(output_))
-      std::memcpy(heap_->local(output_), expert_out.raw(), static_cast<size_t>(map.recv_rows) * row_bytes(d));
-    state.combine_rows = RouteRows::gathered(gather_routes(step, map, output_, d), map);
+    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
+    stage_expert_rows(expert_out, map, output_, options_.precision.combine);
+    owned.expert_out = Tensor();
+    state.combine_rows =
+        RouteRows::gathered(gather_routes(owned.moves, map, output_, d, options_.precision.combine), map);
     return merge_routes(state.combine_rows, topk_weight, map);
   }
 
@@ -269,55 +299,70 @@ class AggregatedPath final : public ExpertPath {
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
     ensure_buffers(map.capacity_rows, step.pack_rows, d);
     start_pass({output_, pack_});
+    const PayloadFormat format = options_.precision.combine_grad;
+    const size_t rb = payload_row_bytes(format, d);
     const float* gy = grad_y.data<float>();
     const float* w = topk_weight.data<float>();
     const int k_count = map.top_k;
+    std::vector<float> row(static_cast<size_t>(d));
+    // One route's w·grad_y row, encoded in `format`, at `dst`.
+    auto route_grad = [&](int64_t route, std::byte* dst) {
+      if (format == PayloadFormat::F32) {
+        weighted_route_grad(gy + (route / k_count) * d, w[route], reinterpret_cast<float*>(dst), d);
+        return;
+      }
+      weighted_route_grad(gy + (route / k_count) * d, w[route], row.data(), d);
+      encode_payload_rows(format, row.data(), 1, d, dst);
+    };
     // Rows for this node: written in place where the peer is mapped, staged and put otherwise.
-    Tensor staged = comm_rows(static_cast<int64_t>(step.node_routes.size()), d);
+    Tensor staged = byte_rows(static_cast<int64_t>(step.node_routes.size()), rb);
     for (size_t i = 0; i < step.node_routes.size(); ++i) {
       const int64_t route = step.node_routes[i], t = route / k_count;
       const int k = static_cast<int>(route % k_count);
-      float* row = staged.data<float>() + static_cast<int64_t>(i) * d;
+      std::byte* dst = bytes_of(staged) + static_cast<int64_t>(i * rb);
       if (void* base = heap_->peer_ptr(map.rank_of(t, k), output_))
-        row = static_cast<float*>(base) + static_cast<int64_t>(map.row_of(t, k)) * d;
-      weighted_route_grad(gy + t * d, w[route], row, d);
-      store_rows(map.rank_of(t, k), output_, map.row_of(t, k), row, 1, d);
+        dst =
+            static_cast<std::byte*>(base) + static_cast<int64_t>(map.row_of(t, k)) * static_cast<int64_t>(rb);
+      route_grad(route, dst);
+      store_rows(map.rank_of(t, k), output_, map.row_of(t, k), dst, 1, rb);
     }
     std::vector<Tensor> packed;
     for (const Block& b : step.sent) {
-      packed.push_back(comm_rows(b.rows, d));
-      float* out = packed.back().data<float>();
-      for (int64_t i = 0; i < b.rows; ++i) {
-        const int64_t route = b.routes[static_cast<size_t>(i)];
-        weighted_route_grad(gy + (route / k_count) * d, w[route], out + i * d, d);
-      }
-      store_rows(b.peer, pack_, b.offset, out, b.rows, d);
+      packed.push_back(byte_rows(b.rows, rb));
+      std::byte* out = bytes_of(packed.back());
+      for (int64_t i = 0; i < b.rows; ++i)
+        route_grad(b.routes[static_cast<size_t>(i)], out + i * static_cast<int64_t>(rb));
+      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
     }
     heap_->barrier();  // every block is at its proxy
-    forward_held(step, output_, d);
+    forward_held(step, output_, rb);
     heap_->barrier();  // every gradient row is at its dst_row
-    return Tensor::borrow(heap_->local(output_), {map.capacity_rows, d}, DType::F32);
+    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
+    return decode_payload(borrow_payload(heap_->local(output_), format, map.capacity_rows, d), format,
+                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
   }
 
   Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
-    step_of(state, "expert_grad_input_buffer");
+    AggregatedStep& owned = step_of(state, "expert_grad_input_buffer");
     ensure_buffers(map.capacity_rows, 0, d);
     // No peer accesses this buffer between combine backward's last barrier and dispatch backward's first.
     if (poison_enabled()) fill_nan(heap_->local(grad_in_), heap_->bytes(grad_in_));
+    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
+      owned.expert_grad_in = Tensor::empty({map.capacity_rows, d});
+      return owned.expert_grad_in;
+    }
     return Tensor::borrow(heap_->local(grad_in_), {map.capacity_rows, d}, DType::F32);
   }
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
     AggregatedStep& owned = step_of(state, "dispatch backward");
-    const Moves& step = owned.moves;
     const int64_t d = grad_expert_in.dim(1);
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    ensure_buffers(map.capacity_rows, step.pack_rows, d);
-    if (grad_expert_in.raw() != heap_->local(grad_in_))
-      std::memcpy(heap_->local(grad_in_), grad_expert_in.raw(),
-                  static_cast<size_t>(map.recv_rows) * row_bytes(d));
-    Tensor gathered = gather_routes(step, map, grad_in_, d);
+    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
+    stage_expert_rows(grad_expert_in, map, grad_in_, options_.precision.dispatch_grad);
+    owned.expert_grad_in = Tensor();
+    Tensor gathered = gather_routes(owned.moves, map, grad_in_, d, options_.precision.dispatch_grad);
     // The expert backward, the slot's last reader, is done.
     if (owned.payload.leased) owned.pool->release(owned.payload);
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
@@ -330,11 +375,14 @@ class AggregatedPath final : public ExpertPath {
     return *static_cast<AggregatedStep*>(state.path_data.get());
   }
 
-  // The pool whose slots hold capacity_rows rows of d floats; capacity_rows is the same on every member, so
-  // a replacement (rounded up to a power of two, so that a slowly growing capacity replaces it rarely) is a
+  // Bytes of a row in the largest format of the four legs: every buffer is sized by it.
+  size_t slot_row_bytes(int64_t d) const { return options_.precision.max_row_bytes(d); }
+
+  // The pool whose slots hold capacity_rows rows; capacity_rows is the same on every member, so a
+  // replacement (rounded up to a power of two, so that a slowly growing capacity replaces it rarely) is a
   // matching collective allocation.
   LeasePool& pool_for(int64_t capacity_rows, int64_t d, AggregatedStep& step) {
-    const size_t needed = static_cast<size_t>(std::max<int64_t>(capacity_rows, 1)) * row_bytes(d);
+    const size_t needed = static_cast<size_t>(std::max<int64_t>(capacity_rows, 1)) * slot_row_bytes(d);
     if (!pool_ || pool_->slot_bytes() < needed)
       pool_ = std::make_shared<LeasePool>(
           *heap_, fmt::format("aggregated{}.dispatch.gen{}", options_.block_index, generation_++),
@@ -343,19 +391,12 @@ class AggregatedPath final : public ExpertPath {
     return *pool_;
   }
 
-  static size_t row_bytes(int64_t d) { return static_cast<size_t>(d) * sizeof(float); }
-
-  // Packed rows: communication scratch.
-  static Tensor comm_rows(int64_t rows, int64_t d) {
-    return Tensor::empty({rows, d}, DType::F32, MemCategory::CommScratch);
-  }
-
-  // Grows the pass buffers to hold `expert_rows` and `pack_rows` rows of d floats. Both counts are the same
-  // on every member (the accepted matrix), so every member allocates together; a replaced buffer stays
-  // allocated (the heap frees nothing), which the power-of-two growth bounds.
+  // Grows the pass buffers to hold `expert_rows` and `pack_rows` rows. Both counts are the same on every
+  // member (the accepted matrix), so every member allocates together; a replaced buffer stays allocated (the
+  // heap frees nothing), which the power-of-two growth bounds.
   void ensure_buffers(int64_t expert_rows, int64_t pack_rows, int64_t d) {
     auto grow = [&](BufferId& id, size_t& bytes, int64_t rows, const char* what) {
-      const size_t need = static_cast<size_t>(std::max<int64_t>(rows, 1)) * row_bytes(d);
+      const size_t need = static_cast<size_t>(std::max<int64_t>(rows, 1)) * slot_row_bytes(d);
       if (id >= 0 && bytes >= need) return;
       bytes = std::bit_ceil(need);
       id = heap_->allocate(fmt::format("aggregated{}.{}.gen{}", options_.block_index, what, generation_++),
@@ -363,7 +404,7 @@ class AggregatedPath final : public ExpertPath {
     };
     grow(grad_in_, grad_in_bytes_, expert_rows, "grad_in");
     grow(output_, output_bytes_, expert_rows, "output");
-    grow(pack_, pack_bytes_, std::max(pack_rows, int64_t{1}), "pack");
+    grow(pack_, pack_bytes_, pack_rows, "pack");
   }
 
   // A pass that peers write into: once nobody reads what an earlier pass left in these buffers (the
@@ -375,24 +416,33 @@ class AggregatedPath final : public ExpertPath {
     heap_->barrier();
   }
 
-  // Rows [row, row + rows) of member `peer`'s `buffer` = src: stores where the peer is mapped (src may be
-  // the destination itself, then nothing moves), one put otherwise.
-  void store_rows(int peer, BufferId buffer, int64_t row, const float* src, int64_t rows, int64_t d) {
-    const size_t offset = static_cast<size_t>(row) * row_bytes(d),
-                 bytes = static_cast<size_t>(rows) * row_bytes(d);
+  // The experts' f32 rows [0, recv_rows) into this rank's `buffer` in `format`: encoded from the staging
+  // tensor the buffer hook handed out, or (f32) copied unless the experts wrote the buffer itself.
+  void stage_expert_rows(const Tensor& written, const RouteMap& map, BufferId buffer, PayloadFormat format) {
+    void* local = heap_->local(buffer);
+    const int64_t d = written.dim(1);
+    if (format != PayloadFormat::F32)
+      encode_rows(format, written.data<float>(), map.recv_rows, d, static_cast<std::byte*>(local));
+    else if (written.raw() != local)
+      std::memcpy(local, written.raw(), static_cast<size_t>(map.recv_rows * d) * sizeof(float));
+  }
+
+  // Rows [row, row + rows) (of rb bytes) of member `peer`'s `buffer` = src: stores where the peer is mapped
+  // (src may be the destination itself, then nothing moves), one put otherwise.
+  void store_rows(int peer, BufferId buffer, int64_t row, const std::byte* src, int64_t rows, size_t rb) {
+    const size_t offset = static_cast<size_t>(row) * rb, bytes = static_cast<size_t>(rows) * rb;
     if (void* base = heap_->peer_ptr(peer, buffer)) {
-      auto* dst = static_cast<std::byte*>(base) + offset;
-      if (dst != reinterpret_cast<const std::byte*>(src)) std::memcpy(dst, src, bytes);
+      std::byte* dst = static_cast<std::byte*>(base) + offset;
+      if (dst != src) std::memcpy(dst, src, bytes);
     } else {
       heap_->put(peer, buffer, offset, src, bytes);
     }
   }
 
-  // dst = rows [row, row + rows) of member `peer`'s `buffer`: loads where mapped, one get otherwise
-  // (complete after quiet()).
-  void load_rows(int peer, BufferId buffer, int64_t row, float* dst, int64_t rows, int64_t d) {
-    const size_t offset = static_cast<size_t>(row) * row_bytes(d),
-                 bytes = static_cast<size_t>(rows) * row_bytes(d);
+  // dst = rows [row, row + rows) (of rb bytes) of member `peer`'s `buffer`: loads where mapped, one get
+  // otherwise (complete after quiet()).
+  void load_rows(int peer, BufferId buffer, int64_t row, std::byte* dst, int64_t rows, size_t rb) {
+    const size_t offset = static_cast<size_t>(row) * rb, bytes = static_cast<size_t>(rows) * rb;
     if (const void* base = heap_->peer_ptr(peer, buffer))
       std::memcpy(dst, static_cast<const std::byte*>(base) + offset, bytes);
     else
@@ -400,36 +450,43 @@ class AggregatedPath final : public ExpertPath {
   }
 
   // As a proxy: every run of every block it holds, from its pack buffer to the run's rank's `buffer`.
-  void forward_held(const Moves& step, BufferId buffer, int64_t d) {
-    const float* pack = static_cast<const float*>(heap_->local(pack_));
+  void forward_held(const Moves& step, BufferId buffer, size_t rb) {
+    const auto* pack = static_cast<const std::byte*>(heap_->local(pack_));
     for (const Block& b : step.held) {
       int64_t at = b.offset;
       for (const Run& run : b.runs) {
-        store_rows(run.rank, buffer, run.row, pack + at * d, run.rows, d);
+        store_rows(run.rank, buffer, run.row, pack + at * static_cast<int64_t>(rb), run.rows, rb);
         at += run.rows;
       }
     }
   }
 
-  // Combine forward and dispatch backward: [T, K, d], the row of every valid route from `buffer` of its
-  // expert rank, where every expert rank already wrote its rows into its own `buffer`. Rows on this node are
-  // read in place; each proxy packs the rows of the sources it serves; each source fetches one block per
-  // other node.
-  Tensor gather_routes(const Moves& step, const RouteMap& map, BufferId buffer, int64_t d) {
+  // Combine forward and dispatch backward: [T, K, d] f32, the row of every valid route from `buffer` of its
+  // expert rank (encoded there in `format`), where every expert rank already wrote its rows into its own
+  // `buffer`. Rows on this node are read in place; each proxy packs the rows of the sources it serves; each
+  // source fetches one block per other node; the rows are decoded where they arrive.
+  Tensor gather_routes(const Moves& step, const RouteMap& map, BufferId buffer, int64_t d,
+                       PayloadFormat format) {
+    const size_t rb = payload_row_bytes(format, d);
+    const bool f32 = format == PayloadFormat::F32;
     heap_->barrier();  // every expert rank's rows are in `buffer`; nobody reads a pack buffer any more
     if (poison_enabled()) fill_nan(heap_->local(pack_), heap_->bytes(pack_));  // only this rank writes it
     Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
     float* out = gathered.data<float>();
-    for (int64_t route : step.node_routes) {
-      const int64_t t = route / map.top_k;
+    // f32 rows land at their (t, k) directly; encoded ones are staged and decoded after quiet().
+    Tensor node_rows = byte_rows(f32 ? 0 : static_cast<int64_t>(step.node_routes.size()), rb);
+    for (size_t i = 0; i < step.node_routes.size(); ++i) {
+      const int64_t route = step.node_routes[i], t = route / map.top_k;
       const int k = static_cast<int>(route % map.top_k);
-      load_rows(map.rank_of(t, k), buffer, map.row_of(t, k), out + route * d, 1, d);
+      std::byte* dst = f32 ? reinterpret_cast<std::byte*>(out + route * d)
+                           : bytes_of(node_rows) + static_cast<int64_t>(i * rb);
+      load_rows(map.rank_of(t, k), buffer, map.row_of(t, k), dst, 1, rb);
     }
-    float* pack = static_cast<float*>(heap_->local(pack_));
+    auto* pack = static_cast<std::byte*>(heap_->local(pack_));
     for (const Block& b : step.held) {
       int64_t at = b.offset;
       for (const Run& run : b.runs) {
-        load_rows(run.rank, buffer, run.row, pack + at * d, run.rows, d);
+        load_rows(run.rank, buffer, run.row, pack + at * static_cast<int64_t>(rb), run.rows, rb);
         at += run.rows;
       }
     }
@@ -437,15 +494,23 @@ class AggregatedPath final : public ExpertPath {
     heap_->barrier();  // every block is packed at its proxy
     std::vector<Tensor> fetched;
     for (const Block& b : step.sent) {
-      fetched.push_back(comm_rows(b.rows, d));
-      load_rows(b.peer, pack_, b.offset, fetched.back().data<float>(), b.rows, d);
+      fetched.push_back(byte_rows(b.rows, rb));
+      load_rows(b.peer, pack_, b.offset, bytes_of(fetched.back()), b.rows, rb);
     }
     heap_->quiet();
+    auto place = [&](int64_t route, const std::byte* row) {
+      if (f32)
+        std::memcpy(out + route * d, row, rb);
+      else
+        decode_payload_rows(format, row, 1, d, out + route * d);
+    };
+    if (!f32)
+      for (size_t i = 0; i < step.node_routes.size(); ++i)
+        place(step.node_routes[i], bytes_of(node_rows) + static_cast<int64_t>(i * rb));
     for (size_t i = 0; i < step.sent.size(); ++i) {
       const Block& b = step.sent[i];
-      const float* rows = fetched[i].data<float>();
       for (int64_t j = 0; j < b.rows; ++j)
-        std::memcpy(out + b.routes[static_cast<size_t>(j)] * d, rows + j * d, row_bytes(d));
+        place(b.routes[static_cast<size_t>(j)], bytes_of(fetched[i]) + j * static_cast<int64_t>(rb));
     }
     return gathered;
   }

@@ -83,9 +83,10 @@ struct PathOptions {
   // agrs: the decode form (every rank of the EP group already holds the same tokens; one all_reduce sums
   // the ranks' partial outputs). The registry name "agrs-decode" sets it.
   bool agrs_decode = false;
-  // The format of each row movement (moe/payload_precision.hpp). block and rowwise take any; local and agrs
-  // refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED expert-side rows
-  // (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its f32 interface.
+  // The format of each row movement (moe/payload_precision.hpp). block, rowwise and aggregated take any;
+  // local and agrs refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED
+  // expert-side rows (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its
+  // f32 interface.
   PayloadPrecision precision;
 };
 

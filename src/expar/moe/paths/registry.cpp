@@ -31,7 +31,7 @@ const std::vector<PathEntry>& entries() {
       {{"rowwise", false, true, true, false, true}, make_rowwise_path},
       {{"agrs", false, false, false, false}, make_agrs_path},
       {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
-      {{"aggregated", false, true, false, false, false}, make_aggregated_path},
+      {{"aggregated", false, true, true, false, false}, make_aggregated_path},
   };
   return paths;
 }
@@ -85,10 +85,14 @@ Tensor ExpertPath::dispatch_backward_end(const RouteMap&, PathState&) {
 }
 
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {
-  EXPAR_CHECK(precision.all_f32(),
-              "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path block or "
-              "rowwise for reduced-precision payloads, or set every --*-precision to f32",
-              path, precision.describe());
+  if (precision.all_f32()) return;
+  std::vector<std::string> with;
+  for (const PathEntry& p : entries())
+    if (p.traits.reduced_precision) with.push_back(p.traits.name);
+  fail(
+      "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path {} for "
+      "reduced-precision payloads, or set every --*-precision to f32",
+      path, precision.describe(), fmt::join(with, " or "));
 }
 
 SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOptions& options,
