@@ -1,7 +1,8 @@
 // The EP paths under Open MPI (processes, not threads): block, rowwise and agrs over the whole world as the
 // EP group, with uneven token counts, against the local reference that every rank computes by itself over
 // all ranks' tokens (the inputs come from the shared seed). rowwise runs on both heap kinds: the
-// shared-memory window (peer_ptr) and the across-node path (EXPAR_MPI_FORCE_REMOTE=1: MPI_Put/MPI_Get).
+// shared-memory window (peer_ptr) and the across-node path (EXPAR_MPI_FORCE_REMOTE=1: MPI_Put/MPI_Get), and
+// so does every registered path that moves block's rows (under scripts/mpirun-nodes the world spans nodes).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -142,6 +143,29 @@ TEST(PathsMpi, RowwiseOverMpiPutAndGetIsBitIdenticalToBlock) {
   EXPECT_EQ(block.grad_x, rowwise.grad_x);
   EXPECT_EQ(block.grad_w1, rowwise.grad_w1);
   EXPECT_EQ(block.grad_w2, rowwise.grad_w2);
+}
+
+// Every registered path whose traits say it moves block's rows into block's places, on both heap kinds.
+TEST(PathsMpi, EveryPathWithBlocksRowsIsBitIdenticalToBlock) {
+  unsetenv("EXPAR_MPI_FORCE_REMOTE");
+  Outputs block = run_path("block");
+  int checked = 0;
+  for (const PathTraits& t : path_registry()) {
+    if (!t.same_rows_as_block || t.name == "block") continue;
+    for (bool remote : {false, true}) {
+      SCOPED_TRACE(t.name + (remote ? " over MPI_Put/MPI_Get" : " on the shared window"));
+      if (remote) setenv("EXPAR_MPI_FORCE_REMOTE", "1", 1);
+      Outputs other = run_path(t.name);
+      unsetenv("EXPAR_MPI_FORCE_REMOTE");
+      EXPECT_EQ(block.y, other.y);
+      EXPECT_EQ(block.grad_x, other.grad_x);
+      EXPECT_EQ(block.grad_w1, other.grad_w1);
+      EXPECT_EQ(block.grad_w2, other.grad_w2);
+      EXPECT_EQ(block.grad_router, other.grad_router);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 4) << "rowwise and aggregated, each on both heap kinds";
 }
 
 }  // namespace

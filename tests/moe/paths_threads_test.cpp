@@ -567,7 +567,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PathsTest, ::testing::ValuesIn(all_cases()), c
 
 TEST(Paths, RegistryNamesEveryPathAndRejectsUnknownOnes) {
   const auto names = path_names();
-  for (const char* p : {"local", "block", "rowwise", "agrs", "agrs-decode"})
+  for (const char* p : {"local", "block", "rowwise", "agrs", "agrs-decode", "aggregated"})
     EXPECT_NE(std::find(names.begin(), names.end(), p), names.end()) << p;
   // The traits the suite and the benchmarks select by.
   EXPECT_TRUE(path_traits("local").single_rank);

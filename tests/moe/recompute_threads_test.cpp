@@ -1,7 +1,7 @@
 // Activation recomputation of the MoE layer (seed 000 §5.7, Figures 21 and 22), on the threads backend:
 //  - with recomputation, y, grad_x and every parameter gradient are bit-identical to the layer without it,
-//    for ranks 1..4, paths block and rowwise (and agrs), dropless and with capacity drops, under the
-//    microbatch schedule F1 F2 B2 B1;
+//    for ranks 1..4, paths block, rowwise and aggregated (and agrs), dropless and with capacity drops, under
+//    the microbatch schedule F1 F2 B2 B1;
 //  - a recomputing forward keeps no rowwise dispatch lease (the payload goes to the pool's shared dispatch
 //    scratch slot), so the only lease left is the short expert-input-gradient lease of a backward, and it
 //    keeps no expert activations (tracked Activations bytes held between forward and backward drop by at
@@ -176,7 +176,7 @@ TEST_P(RecomputeTest, GradientsAreBitIdenticalAndRecomputedPayloadsTakeNoLease) 
       EXPECT_EQ(recomputed.slot_count, 1);
       EXPECT_EQ(recomputed.scratch_count, 2);
     } else {
-      // Other paths allocate their buffers per step and never touch the pool.
+      // Other paths never touch the shared pool (aggregated leases from a pool of its own).
       EXPECT_EQ(kept.slot_count + kept.scratch_count + recomputed.slot_count + recomputed.scratch_count, 0);
     }
   });
@@ -185,7 +185,7 @@ TEST_P(RecomputeTest, GradientsAreBitIdenticalAndRecomputedPayloadsTakeNoLease) 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (int w = 1; w <= 4; ++w)
-    for (const char* path : {"block", "rowwise"})
+    for (const char* path : {"block", "rowwise", "aggregated"})
       for (bool cap : {false, true}) cases.push_back({w, path, cap});
   cases.push_back({2, "agrs", false});
   cases.push_back({1, "local", true});

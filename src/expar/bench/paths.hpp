@@ -27,8 +27,8 @@ struct PathsBenchOptions : LayerBenchSetup {
   // communication phases measure moving rows and not the slowest peer.
   bool sync_comm = false;
   std::vector<std::string> paths = benchmarked_paths({});
-  // Payload format of each row movement; a reduced one runs block and rowwise only (the memory table's
-  // no-EP column stays f32: the local path encodes nothing).
+  // Payload format of each row movement; a reduced one runs the paths that encode rows only (the memory
+  // table's no-EP column stays f32: the local path encodes nothing).
   PayloadPrecision precision;
 };
 

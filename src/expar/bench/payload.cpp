@@ -52,7 +52,7 @@ const PayloadRow& f32_of(const PayloadReport& report, const PayloadRow& row) {
 std::string format_payload_table(const PayloadReport& report) {
   const PayloadBenchOptions& o = report.options;
   std::string s = fmt::format(
-      "expar bench payload: the MoE layer's block and rowwise paths at each payload precision (all four "
+      "expar bench payload: the MoE layer's paths that encode rows at each payload precision (all four "
       "legs); "
       "{} ranks x {} thread(s); T={} tokens/rank, d={}, h={}, E={}, top-{}; median of {} repeats after {} "
       "warm-up, max over ranks\n",

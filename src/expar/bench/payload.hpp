@@ -1,8 +1,8 @@
 #pragma once
-// `expar bench payload`: the product's block and rowwise paths (every registered path that takes a reduced
-// precision) moving their rows in f32, bf16 and MXFP8 (seed 000 §5.4, §5.8): `expar bench paths` at each
-// uniform payload precision (moe/payload_precision.hpp), side by side. Per path and format: the encoded row
-// size, the bytes each leg moves (max over ranks) and the dispatch + combine time of the forward and
+// `expar bench payload`: the product's block, rowwise and aggregated paths (every registered path that takes
+// a reduced precision) moving their rows in f32, bf16 and MXFP8 (seed 000 §5.4, §5.8): `expar bench paths` at
+// each uniform payload precision (moe/payload_precision.hpp), side by side. Per path and format: the encoded
+// row size, the bytes each leg moves (max over ranks) and the dispatch + combine time of the forward and
 // backward passes (every phase but the router, the route map and the grouped GEMM, with --sync-comm's waits
 // left out), each beside the f32 run of the same path.
 #include <cstdint>

@@ -12,10 +12,10 @@
 namespace expar::cli {
 
 void add_bench_payload(CLI::App* bench, CommandTable& table) {
-  auto* cmd = bench->add_subcommand(
-      "payload",
-      "The block and rowwise paths moving f32, bf16 and MXFP8 payloads: bytes per leg and dispatch + combine "
-      "time, forward and backward");
+  auto* cmd =
+      bench->add_subcommand("payload",
+                            "The block, rowwise and aggregated paths moving f32, bf16 and MXFP8 "
+                            "payloads: bytes per leg and dispatch + combine time, forward and backward");
   auto o = std::make_shared<bench::PayloadBenchOptions>();
   auto json = std::make_shared<JsonOutput>();
   LayerBenchHelp help;

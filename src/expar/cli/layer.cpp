@@ -60,7 +60,8 @@ void add_layer(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
-  cmd->add_option("--path", opts->tool.path, "execution path: local | block | rowwise | agrs | agrs-decode")
+  cmd->add_option("--path", opts->tool.path,
+                  "execution path: local | block | rowwise | agrs | agrs-decode | aggregated")
       ->capture_default_str();
   cmd->add_option("--top-k", opts->tool.top_k, "experts per token K")
       ->capture_default_str()

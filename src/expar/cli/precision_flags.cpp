@@ -25,7 +25,7 @@ PayloadPrecision PrecisionFlags::parse() const {
 void add_precision_flags(CLI::App* cmd, PrecisionFlags& flags) {
   cmd->add_option("--dispatch-precision", flags.dispatch,
                   "payload of dispatch forward (token rows to the experts; kept encoded as the Wgrad input): "
-                  "f32 | bf16 | mxfp8 (E4M3 + E8M0 per 32) | mxfp8-floor; block and rowwise only")
+                  "f32 | bf16 | mxfp8 (E4M3 + E8M0 per 32) | mxfp8-floor; block, rowwise, aggregated")
       ->capture_default_str();
   cmd->add_option("--combine-precision", flags.combine, "payload of combine forward (expert outputs back)")
       ->capture_default_str();

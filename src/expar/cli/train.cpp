@@ -319,7 +319,7 @@ void add_train(CLI::App& app, CommandTable& table) {
                   "--seq-len; EP folds over D*C)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
-  cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs")
+  cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs, aggregated")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
       ->capture_default_str()

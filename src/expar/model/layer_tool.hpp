@@ -38,7 +38,7 @@ struct LayerToolOptions {
   bool renormalize = false;
   double capacity_factor = 0.0;            // 0: dropless
   std::string capacity_policy = "source";  // source | rank | expert (with a capacity factor)
-  PayloadPrecision precision;              // of the four row movements (block and rowwise)
+  PayloadPrecision precision;              // of the four row movements (block, rowwise, aggregated)
   WaveConfig waves;                        // the experts' wave schedule (block and rowwise)
 };
 

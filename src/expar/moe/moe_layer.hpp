@@ -43,7 +43,7 @@ struct MoeConfig {
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   std::string path = "local";
-  PayloadPrecision precision;  // of the four row movements (block and rowwise only; others need f32)
+  PayloadPrecision precision;  // of the four row movements (block, rowwise, aggregated; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
   // The experts' schedule (moe/waves.hpp): waves of local experts, sequential or with the communication of
   // neighbouring waves overlapped on its own thread (paths whose traits say `waves`: block, rowwise).

@@ -12,7 +12,7 @@
 //   combine_grad   combine backward: w·grad_y rows to the expert rows (decoded before the expert backward).
 //   dispatch_grad  dispatch backward: expert input gradients back to the sources (decoded before the sum).
 //
-// Encoding is row-local and deterministic, so block and rowwise, which move the same rows, stay
+// Encoding is row-local and deterministic, so block, rowwise and aggregated, which move the same rows, stay
 // bit-identical at every precision. Only the EP paths that move rows (block, rowwise) take a non-f32 leg.
 #include <cstdint>
 #include <string>

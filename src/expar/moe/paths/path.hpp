@@ -111,9 +111,10 @@ struct PathOptions {
   bool agrs_decode = false;
   // agrs: the collective levels, inner first (empty: the one level {ep_group, agrs_decode}).
   std::vector<AgrsLevel> agrs_levels;
-  // The format of each row movement (moe/payload_precision.hpp). block and rowwise take any; local and agrs
-  // refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED expert-side rows
-  // (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its f32 interface.
+  // The format of each row movement (moe/payload_precision.hpp). block, rowwise and aggregated take any;
+  // local and agrs refuse anything but f32. With a non-f32 dispatch, dispatch_forward returns the ENCODED
+  // expert-side rows (payload_tensor's u8 layout) and the expert MLP decodes them; every other pass keeps its
+  // f32 interface.
   PayloadPrecision precision;
 };
 
@@ -123,6 +124,15 @@ size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecisi
 
 // Throws expar::Error unless `precision` is all f32: for a path that does not encode its rows.
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision);
+
+// The symmetric heap a one-sided path moves its rows through: options.heap when given (refused unless it was
+// made by ep_group), else a new one from ep_group.make_heap(), kept in `own`.
+SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOptions& options,
+                         std::unique_ptr<SymmetricHeap>& own);
+
+// Throws expar::Error unless `map` is the route map of this rank of ep_group and x is f32 [map.tokens, d].
+void check_dispatch_input(const std::string& path, const Comm& ep_group, const RouteMap& map,
+                          const Tensor& x);
 
 class ExpertPath {
  public:
@@ -171,7 +181,8 @@ struct PathTraits {
   bool waves = false;               // runs the wave passes (MoeConfig::waves > 1)
 };
 
-// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode".
+// The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode",
+// "aggregated".
 // make_path throws expar::Error naming the known paths for an unknown name.
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
 const std::vector<PathTraits>& path_registry();

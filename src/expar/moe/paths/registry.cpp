@@ -1,6 +1,9 @@
 // Where paths are registered: one declaration and one table line per path.
 #include <fmt/ranges.h>
 
+#include "expar/comm/comm.hpp"
+#include "expar/comm/symmetric_heap.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 
@@ -11,6 +14,7 @@ std::unique_ptr<ExpertPath> make_block_path(Comm& ep_group, const PathOptions& o
 std::unique_ptr<ExpertPath> make_rowwise_path(Comm& ep_group, const PathOptions& options);
 std::unique_ptr<ExpertPath> make_agrs_path(Comm& ep_group, const PathOptions& options);
 std::unique_ptr<ExpertPath> make_agrs_decode_path(Comm& ep_group, const PathOptions& options);
+std::unique_ptr<ExpertPath> make_aggregated_path(Comm& ep_group, const PathOptions& options);
 
 namespace {
 
@@ -28,6 +32,7 @@ const std::vector<PathEntry>& entries() {
       {{"rowwise", false, true, true, false, true}, make_rowwise_path},
       {{"agrs", false, false, false, false}, make_agrs_path},
       {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
+      {{"aggregated", false, true, true, false, false}, make_aggregated_path},
   };
   return paths;
 }
@@ -81,10 +86,45 @@ Tensor ExpertPath::dispatch_backward_end(const RouteMap&, PathState&) {
 }
 
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {
-  EXPAR_CHECK(precision.all_f32(),
-              "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path block or "
-              "rowwise for reduced-precision payloads, or set every --*-precision to f32",
-              path, precision.describe());
+  if (precision.all_f32()) return;
+  std::vector<std::string> with;
+  for (const PathEntry& p : entries())
+    if (p.traits.reduced_precision) with.push_back(p.traits.name);
+  fail(
+      "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path {} for "
+      "reduced-precision payloads, or set every --*-precision to f32",
+      path, precision.describe(), fmt::join(with, " or "));
+}
+
+SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOptions& options,
+                         std::unique_ptr<SymmetricHeap>& own) {
+  SymmetricHeap* heap = options.heap;
+  if (heap == nullptr) {
+    own = ep_group.make_heap();
+    heap = own.get();
+  }
+  EXPAR_CHECK(
+      heap->size() == ep_group.size() && heap->rank() == ep_group.rank(),
+      "{} path: the shared symmetric heap has rank {} of {} but EP group '{}' has rank {} of {}: pass a "
+      "heap made by this EP group's make_heap()",
+      path, heap->rank(), heap->size(), ep_group.name(), ep_group.rank(), ep_group.size());
+  return *heap;
+}
+
+void check_dispatch_input(const std::string& path, const Comm& ep_group, const RouteMap& map,
+                          const Tensor& x) {
+  EXPAR_ASSERT(
+      map.sources_are_partitions(),
+      "{} dispatch: the route map sends its {} sources' rows to {} expert partitions; this path needs "
+      "one partition per source rank (only agrs takes partitions of several ranks)",
+      path, map.ep_size, map.partitions);
+  EXPAR_CHECK(
+      map.ep_size == ep_group.size() && map.ep_rank == ep_group.rank(),
+      "{} dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank {} of {}", path,
+      map.ep_rank, map.ep_size, ep_group.name(), ep_group.rank(), ep_group.size());
+  EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
+              "{} dispatch: x must be f32 [{}, d], got {} {}", path, map.tokens, dtype_name(x.dtype()),
+              shape_string(x.shape()));
 }
 
 const std::vector<PathTraits>& path_registry() {

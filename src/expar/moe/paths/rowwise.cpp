@@ -108,19 +108,8 @@ struct RowwiseStep {
 
 class RowwisePath final : public ExpertPath {
  public:
-  RowwisePath(Comm& ep_group, const PathOptions& options) : group_(ep_group), options_(options) {
-    if (options_.heap != nullptr) {
-      heap_ = options_.heap;
-    } else {
-      own_heap_ = ep_group.make_heap();
-      heap_ = own_heap_.get();
-    }
-    EXPAR_ASSERT(
-        heap_->size() == ep_group.size() && heap_->rank() == ep_group.rank(),
-        "rowwise path: the shared symmetric heap has rank {} of {} but EP group '{}' has rank {} of {}: "
-        "pass a heap made by this EP group's make_heap()",
-        heap_->rank(), heap_->size(), ep_group.name(), ep_group.rank(), ep_group.size());
-  }
+  RowwisePath(Comm& ep_group, const PathOptions& options)
+      : group_(ep_group), options_(options), heap_(&path_heap("rowwise", ep_group, options, own_heap_)) {}
 
   std::string name() const override { return "rowwise"; }
 
@@ -151,17 +140,7 @@ class RowwisePath final : public ExpertPath {
  private:
   // Dispatch forward's set-up: the step, its dispatch slot (leased, or scratch), the poison.
   Tensor start_dispatch(const Tensor& x, const RouteMap& map, PathState& state) {
-    EXPAR_ASSERT(map.sources_are_partitions(),
-                 "rowwise dispatch: the route map sends its {} sources' rows to {} expert partitions; this "
-                 "path needs one partition per source rank (only agrs takes partitions of several ranks)",
-                 map.ep_size, map.partitions);
-    EXPAR_ASSERT(map.ep_size == group_.size() && map.ep_rank == group_.rank(),
-                 "rowwise dispatch: the route map is for EP rank {} of {} but the path's group '{}' has rank "
-                 "{} of {}",
-                 map.ep_rank, map.ep_size, group_.name(), group_.rank(), group_.size());
-    EXPAR_ASSERT(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(0) == map.tokens,
-                 "rowwise dispatch: x must be f32 [{}, d], got {} {}", map.tokens, dtype_name(x.dtype()),
-                 shape_string(x.shape()));
+    check_dispatch_input("rowwise", group_, map, x);
     const int64_t d = x.dim(1);
     auto step = std::make_shared<RowwiseStep>();
     step->tag = {options_.block_index, state.microbatch};

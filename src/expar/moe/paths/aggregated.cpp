@@ -1,0 +1,538 @@
+// The `aggregated` path: node-aggregated EP over symmetric memory (seed 000 §5.8, in the spirit of DeepEP's
+// internode kernels). Across nodes every message is a NIC request, so the rows a source rank sends to the
+// ranks of another node travel as ONE message per (source rank, destination node) and leg; inside a node
+// rows move over shared memory as in the rowwise path.
+//
+// Proxies: the rows of source s for node n (≠ s's node) go to the member of n with s's index on its own node
+// (modulo n's size): proxy(s, n). Every rank knows every message's size and place from the route map's
+// accepted matrix (identical on every rank), so no count or split list is exchanged and none reaches the
+// model's code: the block of s for n holds its accepted rows to n's ranks ordered by (destination rank,
+// dst_row), which is, per member r of n and local expert e of r, accepted[s][e] rows that land contiguously
+// at r's dst rows offset(r, e) + Σ_{q<s} accepted[q][e] (contract 3). The proxy forwards each such run.
+//
+//   dispatch forward  source: rows to its own node are stored at dst_row of their rank (as rowwise: a load/
+//                     store where mapped, a put otherwise); rows to node n are packed and PUT as one block
+//                     into proxy(s, n)'s pack buffer; barrier; proxy: each run of each block it holds is
+//                     stored into the dispatch slot of its rank; barrier; the experts read the slot in place.
+//   combine forward   the experts wrote their rows into the symmetric output buffer; barrier; sources read
+//                     their own node's rows in place; each proxy packs, per source it serves, that source's
+//                     rows from its node's output buffers into its pack buffer; barrier; each source GETs one
+//                     block per other node and unpacks it to [T, K, d]; merge_routes.
+//   combine backward  the adjoint of combine forward, moving like dispatch forward: w·grad_y rows PUT as one
+//                     block per node, forwarded by the proxy into the output-gradient rows (the output buffer
+//                     again), which the expert backward reads in place.
+//   dispatch backward the adjoint of dispatch forward, moving like combine forward: the expert input
+//                     gradients are packed by the proxies and fetched with one GET per node; sum_routes.
+// The per-route arithmetic is route_rows.hpp's, so results are bit-identical to block and rowwise.
+//
+// Buffers (symmetric, this path's own, grown by powers of two and identical in size on every member because
+// they are sized from the accepted matrix): the dispatch slot [capacity_rows] is LEASED per step from the
+// path's LeasePool (seed 000 §5.7: the up-projection reads it again for Wgrad, so it must survive other
+// microbatches' forwards) and released by dispatch backward (or when a step without backward is dropped);
+// `grad_in` [capacity_rows] (expert input gradients), `output` [capacity_rows] (expert outputs; their
+// gradients) and `pack` [the most rows any proxy holds] (the blocks) serve one pass at a time. Hazards,
+// given that every rank runs the same passes in the same order: every pass starts with a barrier, so nobody
+// touches a buffer that a peer's previous pass still reads; after a pass's last barrier only the pack
+// buffers are still read (the GETs of combine forward and dispatch backward), and no pass writes a pack
+// buffer before its first barrier. The experts write `output` between dispatch forward and combine forward
+// and `grad_in` between combine backward and dispatch backward, when no peer accesses them; peers write a
+// dispatch slot only in the dispatch forward that leased it.
+// Payload precision (PathOptions::precision): each leg moves rows encoded where they leave (the dispatch rows
+// once per token, the w·grad_y rows per route, the expert rows by their rank into its symmetric buffer) and
+// decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place. There
+// are no wave passes (the registry refuses --waves > 1 naming the paths that have them).
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "expar/comm/comm.hpp"
+#include "expar/comm/symmetric_heap.hpp"
+#include "expar/core/assert.hpp"
+#include "expar/core/error.hpp"
+#include "expar/moe/lease_pool.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/phase_timer.hpp"
+
+namespace expar {
+
+namespace {
+
+// The EP group's nodes: each node's members in group-rank order and each member's index on its node.
+struct NodeLayout {
+  std::vector<int> node_of;               // [M]
+  std::vector<int> index_on_node;         // [M]
+  std::vector<std::vector<int>> members;  // [nodes]
+
+  explicit NodeLayout(const NodeMap& nodes, int m) {
+    // A group without node information (a test's solo Comm) is one node.
+    const bool known = static_cast<int>(nodes.node_of.size()) == m;
+    members.resize(static_cast<size_t>(known ? nodes.num_nodes : 1));
+    for (int r = 0; r < m; ++r) {
+      const int n = known ? nodes.node_of[static_cast<size_t>(r)] : 0;
+      node_of.push_back(n);
+      index_on_node.push_back(static_cast<int>(members[static_cast<size_t>(n)].size()));
+      members[static_cast<size_t>(n)].push_back(r);
+    }
+  }
+  // The member of `node` that takes and returns the rows of `source` (on another node).
+  int proxy(int source, int node) const {
+    const auto& on = members[static_cast<size_t>(node)];
+    return on[static_cast<size_t>(index_on_node[static_cast<size_t>(source)]) % on.size()];
+  }
+};
+
+// Contiguous expert-side rows [row, row + rows) of member `rank`: one (source, local expert) of a block.
+struct Run {
+  int rank = 0;
+  int64_t row = 0, rows = 0;
+};
+
+// One message of a leg: rows [offset, offset + rows) of the proxy's pack buffer.
+struct Block {
+  int peer = 0;  // as the source: the proxy; as the proxy: the source
+  int64_t offset = 0, rows = 0;
+  std::vector<int64_t> routes;  // as the source: its routes (t*K + k) in block order
+  std::vector<Run> runs;        // as the proxy: where the block's rows land, in block order
+};
+
+// A step's movements, derived from the route map once in dispatch forward (the map is saved for backward).
+struct Moves {
+  std::vector<int64_t> node_routes;  // valid routes to ranks on this rank's node, in (t, k) order
+  std::vector<Block> sent;           // this rank's blocks, one per other node it has rows for
+  std::vector<Block> held;           // the blocks this rank forwards as a proxy, one per source with rows
+  int64_t pack_rows = 0;             // rows of the largest pack buffer of the group this step
+};
+
+Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const NodeLayout& nodes) {
+  const int m = map.ep_size, me = map.ep_rank, e_count = map.num_experts, e_local = placement.local_count();
+  const int my_node = nodes.node_of[static_cast<size_t>(me)];
+  // offset[r][l]: first row of member r's local expert l; before[s][e]: rows of expert e from sources < s.
+  std::vector<std::vector<int64_t>> offset(static_cast<size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    int64_t at = 0;
+    for (int l = 0; l < e_local; ++l) {
+      offset[static_cast<size_t>(r)].push_back(at);
+      for (int s = 0; s < m; ++s) at += map.accepted_of(s, placement.global_expert(r, l));
+    }
+  }
+  std::vector<int64_t> before(static_cast<size_t>(m) * e_count, 0);
+  for (int s = 1; s < m; ++s)
+    for (int e = 0; e < e_count; ++e)
+      before[static_cast<size_t>(s) * e_count + e] =
+          before[static_cast<size_t>(s - 1) * e_count + e] + map.accepted_of(s - 1, e);
+  auto rows_for = [&](int s, int n) {
+    int64_t rows = 0;
+    for (int r : nodes.members[static_cast<size_t>(n)])
+      for (int e : placement.local_experts(r)) rows += map.accepted_of(s, e);
+    return rows;
+  };
+
+  Moves step;
+  // Each proxy's pack buffer holds the blocks of the sources it serves, in source order.
+  std::vector<int64_t> pack_at(static_cast<size_t>(m), 0);
+  std::vector<int64_t> my_offset(nodes.members.size(), 0);
+  for (int s = 0; s < m; ++s)
+    for (int n = 0; n < static_cast<int>(nodes.members.size()); ++n) {
+      if (n == nodes.node_of[static_cast<size_t>(s)]) continue;
+      const int p = nodes.proxy(s, n);
+      const int64_t rows = rows_for(s, n);
+      if (s == me) my_offset[static_cast<size_t>(n)] = pack_at[static_cast<size_t>(p)];
+      if (p == me && rows > 0) {
+        Block held{s, pack_at[static_cast<size_t>(p)], rows, {}, {}};
+        for (int r : nodes.members[static_cast<size_t>(n)])
+          for (int l = 0; l < e_local; ++l) {
+            const int e = placement.global_expert(r, l);
+            const int64_t a = map.accepted_of(s, e);
+            if (a > 0)
+              held.runs.push_back({r,
+                                   offset[static_cast<size_t>(r)][static_cast<size_t>(l)] +
+                                       before[static_cast<size_t>(s) * e_count + e],
+                                   a});
+          }
+        step.held.push_back(std::move(held));
+      }
+      pack_at[static_cast<size_t>(p)] += rows;
+    }
+  step.pack_rows = *std::max_element(pack_at.begin(), pack_at.end());
+
+  // This rank's routes: to its own node directly, to another node in (destination rank, dst_row) order.
+  std::vector<std::vector<int64_t>> to_node(nodes.members.size());
+  for (int64_t t = 0; t < map.tokens; ++t)
+    for (int k = 0; k < map.top_k; ++k) {
+      if (!map.valid(t, k)) continue;
+      const int n = nodes.node_of[static_cast<size_t>(map.rank_of(t, k))];
+      (n == my_node ? step.node_routes : to_node[static_cast<size_t>(n)]).push_back(t * map.top_k + k);
+    }
+  const int32_t* rank = map.dst_rank.data<int32_t>();
+  const int32_t* row = map.dst_row.data<int32_t>();
+  for (size_t n = 0; n < to_node.size(); ++n) {
+    std::vector<int64_t>& routes = to_node[n];
+    if (routes.empty()) continue;
+    std::sort(routes.begin(), routes.end(),
+              [&](int64_t a, int64_t b) { return rank[a] != rank[b] ? rank[a] < rank[b] : row[a] < row[b]; });
+    const auto rows = static_cast<int64_t>(routes.size());
+    EXPAR_ASSERT(rows == rows_for(me, static_cast<int>(n)),
+                 "aggregated path: rank {} has {} routes to node {} but the accepted matrix says {}", me,
+                 rows, n, rows_for(me, static_cast<int>(n)));
+    step.sent.push_back({nodes.proxy(me, static_cast<int>(n)), my_offset[n], rows, std::move(routes), {}});
+  }
+  return step;
+}
+
+// What one step keeps between its passes: its movements, its leased dispatch slot, and the f32 rows the
+// experts write when their leg travels encoded (encoded into the symmetric buffer by the next pass).
+struct AggregatedStep {
+  Moves moves;
+  std::shared_ptr<LeasePool> pool;  // keeps a replaced pool alive while this step holds its lease
+  LeasePool::Handle payload;
+  Tensor expert_out, expert_grad_in;
+
+  AggregatedStep() = default;
+  AggregatedStep(const AggregatedStep&) = delete;
+  AggregatedStep& operator=(const AggregatedStep&) = delete;
+  // A step that never ran its backward gives its lease back when its state is dropped. Safe without a
+  // barrier: peers wrote the slot only in its dispatch forward, and only this rank's experts read it.
+  ~AggregatedStep() {
+    if (pool != nullptr && payload.leased) pool->release(payload);
+  }
+};
+
+// Encoded rows: communication scratch.
+Tensor byte_rows(int64_t rows, size_t row_bytes) {
+  return Tensor::empty({rows, static_cast<int64_t>(row_bytes)}, DType::U8, MemCategory::CommScratch);
+}
+
+std::byte* bytes_of(const Tensor& t) {
+  return static_cast<std::byte*>(const_cast<void*>(t.raw()));
+}
+
+class AggregatedPath final : public ExpertPath {
+ public:
+  AggregatedPath(Comm& ep_group, const PathOptions& options)
+      : group_(ep_group),
+        options_(options),
+        nodes_(ep_group.nodes(), ep_group.size()),
+        heap_(&path_heap("aggregated", ep_group, options, own_heap_)) {}
+
+  std::string name() const override { return "aggregated"; }
+
+  Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
+    check_dispatch_input("aggregated", group_, map, x);
+    const int64_t d = x.dim(1);
+    auto owned = std::make_shared<AggregatedStep>();
+    owned->moves = make_moves(map, *options_.placement, nodes_);
+    state.path_data = owned;
+    const Moves& step = owned->moves;
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    ensure_buffers(map.capacity_rows, step.pack_rows, d);
+    LeasePool& pool = pool_for(map.capacity_rows, d, *owned);
+    owned->payload = pool.acquire({options_.block_index, state.microbatch});
+    const BufferId slot = owned->payload.buffer;
+    // Each token row is encoded once (a reduced precision) and moves as bytes from then on.
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, d);
+    Tensor encoded;
+    const std::byte* src = static_cast<const std::byte*>(x.raw());
+    if (format != PayloadFormat::F32) {
+      encoded = byte_rows(map.tokens, rb);
+      encode_rows(format, x.data<float>(), map.tokens, d, bytes_of(encoded));
+      src = bytes_of(encoded);
+    }
+    start_pass({slot, pack_});
+    for (int64_t route : step.node_routes) {
+      const int64_t t = route / map.top_k;
+      const int k = static_cast<int>(route % map.top_k);
+      store_rows(map.rank_of(t, k), slot, map.row_of(t, k), src + t * static_cast<int64_t>(rb), 1, rb);
+    }
+    std::vector<Tensor> packed;  // the put sources stay alive until the barrier completes the puts
+    for (const Block& b : step.sent) {
+      packed.push_back(byte_rows(b.rows, rb));
+      std::byte* out = bytes_of(packed.back());
+      for (int64_t i = 0; i < b.rows; ++i)
+        std::memcpy(out + i * static_cast<int64_t>(rb),
+                    src + (b.routes[static_cast<size_t>(i)] / map.top_k) * static_cast<int64_t>(rb), rb);
+      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
+    }
+    heap_->barrier();  // every block is at its proxy
+    forward_held(step, slot, rb);
+    heap_->barrier();  // every row is at its dst_row
+    return borrow_payload(pool.data(owned->payload), format, map.capacity_rows, d);
+  }
+
+  Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
+    AggregatedStep& owned = step_of(state, "expert_output_buffer");
+    ensure_buffers(map.capacity_rows, 0, d);
+    // No peer accesses this buffer between dispatch forward's last barrier and combine forward's first.
+    if (poison_enabled()) fill_nan(heap_->local(output_), heap_->bytes(output_));
+    if (options_.precision.combine != PayloadFormat::F32) {
+      owned.expert_out = Tensor::empty({map.capacity_rows, d});
+      return owned.expert_out;
+    }
+    return Tensor::borrow(heap_->local(output_), {map.capacity_rows, d}, DType::F32);
+  }
+
+  Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
+                         PathState& state) override {
+    AggregatedStep& owned = step_of(state, "combine forward");
+    const int64_t d = expert_out.dim(1);
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
+    stage_expert_rows(expert_out, map, output_, options_.precision.combine);
+    owned.expert_out = Tensor();
+    state.combine_rows =
+        RouteRows::gathered(gather_routes(owned.moves, map, output_, d, options_.precision.combine), map);
+    return merge_routes(state.combine_rows, topk_weight, map);
+  }
+
+  Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                          PathState& state, Tensor& grad_topk_weight) override {
+    const Moves& step = step_of(state, "combine backward").moves;
+    EXPAR_CHECK(state.combine_rows.defined(), "aggregated combine backward called before combine forward");
+    const int64_t d = grad_y.dim(1);
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
+    ensure_buffers(map.capacity_rows, step.pack_rows, d);
+    start_pass({output_, pack_});
+    const PayloadFormat format = options_.precision.combine_grad;
+    const size_t rb = payload_row_bytes(format, d);
+    const float* gy = grad_y.data<float>();
+    const float* w = topk_weight.data<float>();
+    const int k_count = map.top_k;
+    std::vector<float> row(static_cast<size_t>(d));
+    // One route's w·grad_y row, encoded in `format`, at `dst`.
+    auto route_grad = [&](int64_t route, std::byte* dst) {
+      if (format == PayloadFormat::F32) {
+        weighted_route_grad(gy + (route / k_count) * d, w[route], reinterpret_cast<float*>(dst), d);
+        return;
+      }
+      weighted_route_grad(gy + (route / k_count) * d, w[route], row.data(), d);
+      encode_payload_rows(format, row.data(), 1, d, dst);
+    };
+    // Rows for this node: written in place where the peer is mapped, staged and put otherwise.
+    Tensor staged = byte_rows(static_cast<int64_t>(step.node_routes.size()), rb);
+    for (size_t i = 0; i < step.node_routes.size(); ++i) {
+      const int64_t route = step.node_routes[i], t = route / k_count;
+      const int k = static_cast<int>(route % k_count);
+      std::byte* dst = bytes_of(staged) + static_cast<int64_t>(i * rb);
+      if (void* base = heap_->peer_ptr(map.rank_of(t, k), output_))
+        dst =
+            static_cast<std::byte*>(base) + static_cast<int64_t>(map.row_of(t, k)) * static_cast<int64_t>(rb);
+      route_grad(route, dst);
+      store_rows(map.rank_of(t, k), output_, map.row_of(t, k), dst, 1, rb);
+    }
+    std::vector<Tensor> packed;
+    for (const Block& b : step.sent) {
+      packed.push_back(byte_rows(b.rows, rb));
+      std::byte* out = bytes_of(packed.back());
+      for (int64_t i = 0; i < b.rows; ++i)
+        route_grad(b.routes[static_cast<size_t>(i)], out + i * static_cast<int64_t>(rb));
+      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
+    }
+    heap_->barrier();  // every block is at its proxy
+    forward_held(step, output_, rb);
+    heap_->barrier();  // every gradient row is at its dst_row
+    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
+    return decode_payload(borrow_payload(heap_->local(output_), format, map.capacity_rows, d), format,
+                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
+  }
+
+  Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
+    AggregatedStep& owned = step_of(state, "expert_grad_input_buffer");
+    ensure_buffers(map.capacity_rows, 0, d);
+    // No peer accesses this buffer between combine backward's last barrier and dispatch backward's first.
+    if (poison_enabled()) fill_nan(heap_->local(grad_in_), heap_->bytes(grad_in_));
+    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
+      owned.expert_grad_in = Tensor::empty({map.capacity_rows, d});
+      return owned.expert_grad_in;
+    }
+    return Tensor::borrow(heap_->local(grad_in_), {map.capacity_rows, d}, DType::F32);
+  }
+
+  Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
+    AggregatedStep& owned = step_of(state, "dispatch backward");
+    const int64_t d = grad_expert_in.dim(1);
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
+    stage_expert_rows(grad_expert_in, map, grad_in_, options_.precision.dispatch_grad);
+    owned.expert_grad_in = Tensor();
+    Tensor gathered = gather_routes(owned.moves, map, grad_in_, d, options_.precision.dispatch_grad);
+    // The expert backward, the slot's last reader, is done.
+    if (owned.payload.leased) owned.pool->release(owned.payload);
+    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
+  }
+
+ private:
+  static AggregatedStep& step_of(const PathState& state, const char* pass) {
+    EXPAR_CHECK(state.path_data != nullptr, "aggregated {} called before dispatch forward of the same step",
+                pass);
+    return *static_cast<AggregatedStep*>(state.path_data.get());
+  }
+
+  // Bytes of a row in the largest format of the four legs: every buffer is sized by it.
+  size_t slot_row_bytes(int64_t d) const { return options_.precision.max_row_bytes(d); }
+
+  // The pool whose slots hold capacity_rows rows; capacity_rows is the same on every member, so a
+  // replacement (rounded up to a power of two, so that a slowly growing capacity replaces it rarely) is a
+  // matching collective allocation.
+  LeasePool& pool_for(int64_t capacity_rows, int64_t d, AggregatedStep& step) {
+    const size_t needed = static_cast<size_t>(std::max<int64_t>(capacity_rows, 1)) * slot_row_bytes(d);
+    if (!pool_ || pool_->slot_bytes() < needed)
+      pool_ = std::make_shared<LeasePool>(
+          *heap_, fmt::format("aggregated{}.dispatch.gen{}", options_.block_index, generation_++),
+          std::bit_ceil(needed));
+    step.pool = pool_;
+    return *pool_;
+  }
+
+  // Grows the pass buffers to hold `expert_rows` and `pack_rows` rows. Both counts are the same on every
+  // member (the accepted matrix), so every member allocates together; a replaced buffer stays allocated (the
+  // heap frees nothing), which the power-of-two growth bounds.
+  void ensure_buffers(int64_t expert_rows, int64_t pack_rows, int64_t d) {
+    auto grow = [&](BufferId& id, size_t& bytes, int64_t rows, const char* what) {
+      const size_t need = static_cast<size_t>(std::max<int64_t>(rows, 1)) * slot_row_bytes(d);
+      if (id >= 0 && bytes >= need) return;
+      bytes = std::bit_ceil(need);
+      id = heap_->allocate(fmt::format("aggregated{}.{}.gen{}", options_.block_index, what, generation_++),
+                           bytes);
+    };
+    grow(grad_in_, grad_in_bytes_, expert_rows, "grad_in");
+    grow(output_, output_bytes_, expert_rows, "output");
+    grow(pack_, pack_bytes_, pack_rows, "pack");
+  }
+
+  // A pass that peers write into: once nobody reads what an earlier pass left in these buffers (the
+  // barrier), they are poisoned (where enabled) and the poison is in place before any row lands.
+  void start_pass(std::initializer_list<BufferId> written) {
+    heap_->barrier();
+    if (!poison_enabled()) return;
+    for (BufferId b : written) fill_nan(heap_->local(b), heap_->bytes(b));
+    heap_->barrier();
+  }
+
+  // The experts' f32 rows [0, recv_rows) into this rank's `buffer` in `format`: encoded from the staging
+  // tensor the buffer hook handed out, or (f32) copied unless the experts wrote the buffer itself.
+  void stage_expert_rows(const Tensor& written, const RouteMap& map, BufferId buffer, PayloadFormat format) {
+    void* local = heap_->local(buffer);
+    const int64_t d = written.dim(1);
+    if (format != PayloadFormat::F32)
+      encode_rows(format, written.data<float>(), map.recv_rows, d, static_cast<std::byte*>(local));
+    else if (written.raw() != local)
+      std::memcpy(local, written.raw(), static_cast<size_t>(map.recv_rows * d) * sizeof(float));
+  }
+
+  // Rows [row, row + rows) (of rb bytes) of member `peer`'s `buffer` = src: stores where the peer is mapped
+  // (src may be the destination itself, then nothing moves), one put otherwise.
+  void store_rows(int peer, BufferId buffer, int64_t row, const std::byte* src, int64_t rows, size_t rb) {
+    const size_t offset = static_cast<size_t>(row) * rb, bytes = static_cast<size_t>(rows) * rb;
+    if (void* base = heap_->peer_ptr(peer, buffer)) {
+      std::byte* dst = static_cast<std::byte*>(base) + offset;
+      if (dst != src) std::memcpy(dst, src, bytes);
+    } else {
+      heap_->put(peer, buffer, offset, src, bytes);
+    }
+  }
+
+  // dst = rows [row, row + rows) (of rb bytes) of member `peer`'s `buffer`: loads where mapped, one get
+  // otherwise (complete after quiet()).
+  void load_rows(int peer, BufferId buffer, int64_t row, std::byte* dst, int64_t rows, size_t rb) {
+    const size_t offset = static_cast<size_t>(row) * rb, bytes = static_cast<size_t>(rows) * rb;
+    if (const void* base = heap_->peer_ptr(peer, buffer))
+      std::memcpy(dst, static_cast<const std::byte*>(base) + offset, bytes);
+    else
+      heap_->get(peer, buffer, offset, dst, bytes);
+  }
+
+  // As a proxy: every run of every block it holds, from its pack buffer to the run's rank's `buffer`.
+  void forward_held(const Moves& step, BufferId buffer, size_t rb) {
+    const auto* pack = static_cast<const std::byte*>(heap_->local(pack_));
+    for (const Block& b : step.held) {
+      int64_t at = b.offset;
+      for (const Run& run : b.runs) {
+        store_rows(run.rank, buffer, run.row, pack + at * static_cast<int64_t>(rb), run.rows, rb);
+        at += run.rows;
+      }
+    }
+  }
+
+  // Combine forward and dispatch backward: [T, K, d] f32, the row of every valid route from `buffer` of its
+  // expert rank (encoded there in `format`), where every expert rank already wrote its rows into its own
+  // `buffer`. Rows on this node are read in place; each proxy packs the rows of the sources it serves; each
+  // source fetches one block per other node; the rows are decoded where they arrive.
+  Tensor gather_routes(const Moves& step, const RouteMap& map, BufferId buffer, int64_t d,
+                       PayloadFormat format) {
+    const size_t rb = payload_row_bytes(format, d);
+    const bool f32 = format == PayloadFormat::F32;
+    heap_->barrier();  // every expert rank's rows are in `buffer`; nobody reads a pack buffer any more
+    if (poison_enabled()) fill_nan(heap_->local(pack_), heap_->bytes(pack_));  // only this rank writes it
+    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
+    float* out = gathered.data<float>();
+    // f32 rows land at their (t, k) directly; encoded ones are staged and decoded after quiet().
+    Tensor node_rows = byte_rows(f32 ? 0 : static_cast<int64_t>(step.node_routes.size()), rb);
+    for (size_t i = 0; i < step.node_routes.size(); ++i) {
+      const int64_t route = step.node_routes[i], t = route / map.top_k;
+      const int k = static_cast<int>(route % map.top_k);
+      std::byte* dst = f32 ? reinterpret_cast<std::byte*>(out + route * d)
+                           : bytes_of(node_rows) + static_cast<int64_t>(i * rb);
+      load_rows(map.rank_of(t, k), buffer, map.row_of(t, k), dst, 1, rb);
+    }
+    auto* pack = static_cast<std::byte*>(heap_->local(pack_));
+    for (const Block& b : step.held) {
+      int64_t at = b.offset;
+      for (const Run& run : b.runs) {
+        load_rows(run.rank, buffer, run.row, pack + at * static_cast<int64_t>(rb), run.rows, rb);
+        at += run.rows;
+      }
+    }
+    heap_->quiet();
+    heap_->barrier();  // every block is packed at its proxy
+    std::vector<Tensor> fetched;
+    for (const Block& b : step.sent) {
+      fetched.push_back(byte_rows(b.rows, rb));
+      load_rows(b.peer, pack_, b.offset, bytes_of(fetched.back()), b.rows, rb);
+    }
+    heap_->quiet();
+    auto place = [&](int64_t route, const std::byte* row) {
+      if (f32)
+        std::memcpy(out + route * d, row, rb);
+      else
+        decode_payload_rows(format, row, 1, d, out + route * d);
+    };
+    if (!f32)
+      for (size_t i = 0; i < step.node_routes.size(); ++i)
+        place(step.node_routes[i], bytes_of(node_rows) + static_cast<int64_t>(i * rb));
+    for (size_t i = 0; i < step.sent.size(); ++i) {
+      const Block& b = step.sent[i];
+      for (int64_t j = 0; j < b.rows; ++j)
+        place(b.routes[static_cast<size_t>(j)], bytes_of(fetched[i]) + j * static_cast<int64_t>(rb));
+    }
+    return gathered;
+  }
+
+  Comm& group_;
+  PathOptions options_;
+  NodeLayout nodes_;
+  std::unique_ptr<SymmetricHeap> own_heap_;
+  SymmetricHeap* heap_ = nullptr;
+  std::shared_ptr<LeasePool> pool_;  // the dispatch slots
+  BufferId grad_in_ = -1, output_ = -1, pack_ = -1;
+  size_t grad_in_bytes_ = 0, output_bytes_ = 0, pack_bytes_ = 0;
+  int generation_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertPath> make_aggregated_path(Comm& ep_group, const PathOptions& options) {
+  EXPAR_CHECK(options.placement != nullptr && options.placement->ep_size() == ep_group.size(),
+              "path 'aggregated' needs the expert placement of its EP group '{}' ({} ranks)", ep_group.name(),
+              ep_group.size());
+  return std::make_unique<AggregatedPath>(ep_group, options);
+}
+
+}  // namespace expar
