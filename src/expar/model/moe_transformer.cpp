@@ -1,6 +1,7 @@
 #include "expar/model/moe_transformer.hpp"
 
 #include <cmath>
+#include <tuple>
 
 #include "expar/comm/comm.hpp"
 #include "expar/nn/cross_entropy.hpp"
@@ -40,24 +41,6 @@ float sigmoid(float v) {
 
 }  // namespace
 
-void check_trainable_features(const ModelFeatures& f, const std::string& family) {
-  std::vector<std::string> refused;
-  if (f.router != RouterKind::Scores)
-    refused.push_back("the biased top-k-then-softmax router (mlp.router.bias)");
-  if (f.activation != ExpertActivation::Swiglu || f.fused_experts)
-    refused.push_back("fused experts with biases and the clamped SwiGLU (swiglu_limit)");
-  if (f.tied_embeddings) refused.push_back("tied embeddings (tie_word_embeddings: true)");
-  if (refused.empty()) return;
-  std::string list;
-  for (const std::string& r : refused) list += (list.empty() ? "" : "; ") + r;
-  fail(
-      "training cannot compute {} of the {} model yet: {}. Training supports q/k/v/o biases, q/k norms, "
-      "sinks, "
-      "sliding windows, rope scaling and gated shared experts (Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE, ours); "
-      "serve or evaluate this model with expar generate/eval/serve instead",
-      refused.size() == 1 ? "a feature" : "features", family, list);
-}
-
 struct MoeTransformer::Block {
   Tensor attn_norm, attn_norm_grad, mlp_norm, mlp_norm_grad;
   nn::AttentionWeights attn;
@@ -93,8 +76,12 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
       ep_group_(ep_group),
       rope_(config_.head_dim, config_.max_seq, rope_scaling(config_, features_)) {
   config_.moe.model_dim = config_.model_dim;
+  // The family's router and experts (gpt-oss: router bias, expert biases, clamped SwiGLU) are the MoE
+  // layer's; the features are the one place that says which.
+  config_.moe.router_bias = features_.router == RouterKind::BiasedTopkSoftmax;
+  config_.moe.expert_biases = features_.fused_experts;
+  config_.moe.activation = features_.activation;
   config_.validate(ep_group.size());
-  check_trainable_features(features_, "given");
   EXPAR_CHECK(features_.window.empty() || static_cast<int>(features_.window.size()) == config_.layers,
               "the model has {} layers but its features list {} attention windows", config_.layers,
               features_.window.size());
@@ -168,20 +155,35 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
+    if (mp.router_bias.defined())
+      params_.push_back(
+          Parameter{p + ".moe.router_bias", mp.router_bias, mg.router_bias, ParamKind::Dense, false});
     params_.push_back(
         Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
     params_.push_back(
         Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
     params_.push_back(
         Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
+    if (mp.experts.has_biases())  // gate, up and down biases: no weight decay
+      for (auto [key, value, grad] :
+           {std::tuple{".b1", mp.experts.b1, mg.experts.b1}, std::tuple{".b3", mp.experts.b3, mg.experts.b3},
+            std::tuple{".b2", mp.experts.b2, mg.experts.b2}})
+        params_.push_back(Parameter{p + ".moe.experts" + key, value, grad, ParamKind::Expert, false});
     blocks_.push_back(std::move(b));
   }
   auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
   final_norm_ = fn.value;
   final_norm_grad_ = fn.grad;
-  auto& head = add_param("lm_head", {config_.vocab, d}, ParamKind::Dense, true);
-  head_ = head.value;
-  head_grad_ = head.grad;
+  if (features_.tied_embeddings) {
+    // tie_word_embeddings: one parameter is both the embedding and the LM head; the head's gradient and the
+    // embedding's add into the same tensor, and saves hold no lm_head.
+    head_ = embed_;
+    head_grad_ = embed_grad_;
+  } else {
+    auto& head = add_param("lm_head", {config_.vocab, d}, ParamKind::Dense, true);
+    head_ = head.value;
+    head_grad_ = head.grad;
+  }
 }
 
 MoeTransformer::~MoeTransformer() = default;
@@ -225,7 +227,9 @@ void MoeTransformer::init(uint64_t seed) {
     } else if (p.value.ndim() == 1) {  // attention biases and sink logits
       nn::init_constant(p.value, 0.0f);
     } else if (n == "embed") {
-      nn::init_normal(p.value, seed, n, 1.0f);
+      // Tied, the embedding is the LM head too: unit-variance rows would give logits of variance d at the
+      // start, so it starts at 1/sqrt(d) (the first RMSNorm makes the scale irrelevant to the blocks).
+      nn::init_normal(p.value, seed, n, features_.tied_embeddings ? 1.0f / std::sqrt(d) : 1.0f);
     } else {
       const auto fan_in = static_cast<float>(p.value.dim(1));
       float stddev = 1.0f / std::sqrt(fan_in);

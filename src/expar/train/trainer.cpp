@@ -138,7 +138,6 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
       cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
   EXPAR_CHECK(cfg.steps >= 1, "steps={} must be at least 1", cfg.steps);
   const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
-  check_trainable_features(cfg.features, model_format_name(cfg.format));
   EXPAR_CHECK(cfg.format == ModelFormat::Expar || !cfg.hf_config_json.empty(),
               "a {} model needs the config.json its checkpoints are saved with (TrainConfig::hf_config_json)",
               model_format_name(cfg.format));
