@@ -1,7 +1,8 @@
 #pragma once
 // Small random Hugging Face Qwen-MoE, Qwen3-MoE (also with tied embeddings), OLMoE and gpt-oss (also MXFP4)
 // checkpoints, written in their tensor names with a config.json, and an independent dense reference of these
-// architectures: plain loops in double over the Hugging Face tensors, one sequence at a time, recomputing the whole prefix (no cache, no parallelism).
+// architectures: plain loops in double over the Hugging Face tensors, one sequence at a time, recomputing the
+// whole prefix (no cache, no parallelism).
 // Each model carries the rope it expects (`rope`, checked by nn/rope_reference.hpp's formulas) and writes it
 // in the v4 (rope_theta + rope_scaling) or v5 (rope_parameters) layout, or leaves it to the family default.
 #include <cmath>
