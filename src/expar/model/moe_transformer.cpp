@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "expar/comm/comm.hpp"
+#include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/cross_entropy.hpp"
 #include "expar/nn/embedding.hpp"
 #include "expar/nn/init.hpp"
@@ -35,10 +36,6 @@ Tensor int_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
-float sigmoid(float v) {
-  return 1.0f / (1.0f + std::exp(-v));
-}
-
 }  // namespace
 
 struct MoeTransformer::Block {
@@ -48,8 +45,9 @@ struct MoeTransformer::Block {
   nn::AttentionOptions attn_options;  // the family's biases, q/k norms and window (handles on parameters)
   nn::AttentionOptionGrads attn_option_grads;
   std::unique_ptr<MoeLayer> moe;
-  Tensor shared_gate, shared_up, shared_down;  // optional shared expert (SwiGLU)
-  Tensor shared_gate_grad, shared_up_grad, shared_down_grad;
+  // Optional shared expert: one SwiGLU expert on moe/expert_mlp, its weights and gradients viewed as
+  // [1, h, d] / [1, d, h] over the parameters "shared.w1|w3|w2" ([h, d], [h, d], [d, h]).
+  ExpertWeights shared, shared_grad;
   Tensor shared_scale, shared_scale_grad;  // [1, d]: shared output scaled by sigmoid(x · w) (Qwen-MoE)
 };
 
@@ -58,8 +56,7 @@ struct MoeTransformer::Activations {
     nn::RmsNormSaved attn_norm, mlp_norm;
     nn::AttentionSaved attn;
     MoeState moe;
-    nn::LinearSaved shared_gate, shared_up, shared_down;
-    Tensor gate, up;                    // shared expert pre-activations
+    ExpertMlpState shared;              // the shared expert's saved state
     Tensor shared_in, shared_out;       // with a shared-expert scale: its input and unscaled output
     std::vector<float> shared_sigmoid;  // per token: sigmoid(x · w)
   };
@@ -144,9 +141,12 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     b->mlp_norm_grad = mn.grad;
     if (config_.shared_expert_hidden > 0) {
       const int64_t hs = config_.shared_expert_hidden;
-      bind(".shared.w1", {hs, d}, b->shared_gate, b->shared_gate_grad);
-      bind(".shared.w3", {hs, d}, b->shared_up, b->shared_up_grad);
-      bind(".shared.w2", {d, hs}, b->shared_down, b->shared_down_grad);
+      Tensor w1, w3, w2, g1, g3, g2;
+      bind(".shared.w1", {hs, d}, w1, g1);
+      bind(".shared.w3", {hs, d}, w3, g3);
+      bind(".shared.w2", {d, hs}, w2, g2);
+      b->shared = {w1.reshape({1, hs, d}), w3.reshape({1, hs, d}), w2.reshape({1, d, hs})};
+      b->shared_grad = {g1.reshape({1, hs, d}), g3.reshape({1, hs, d}), g2.reshape({1, d, hs})};
       if (features_.shared_expert_gate) bind(".shared.gate", {1, d}, b->shared_scale, b->shared_scale_grad);
     }
     b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
@@ -266,42 +266,23 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     Tensor h1 = add(h, att);
     Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
     Tensor m = b.moe->forward(n2, moe_state);
-    if (b.shared_gate.defined()) {
-      Tensor g = nn::linear_forward(n2, b.shared_gate, nullptr, a ? &a->shared_gate : nullptr);
-      Tensor u = nn::linear_forward(n2, b.shared_up, nullptr, a ? &a->shared_up : nullptr);
-      Tensor act = Tensor::empty(g.shape());
-      const float* pg = g.data<float>();
-      const float* pu = u.data<float>();
-      float* pa = act.data<float>();
-      for (int64_t i = 0; i < g.numel(); ++i) pa[i] = pg[i] * sigmoid(pg[i]) * pu[i];
-      Tensor so = nn::linear_forward(act, b.shared_down, nullptr, a ? &a->shared_down : nullptr);
+    if (b.shared.w1.defined()) {
+      const int64_t rows = n2.dim(0), d = n2.dim(1);
+      const std::vector<int64_t> offsets{0, rows};
+      Tensor so = Tensor::empty({rows, d});
+      ExpertMlpState unsaved;
+      expert_mlp_forward(n2, PayloadFormat::F32, offsets, b.shared, so, a ? a->shared : unsaved);
       if (b.shared_scale.defined()) {
         // Qwen-MoE: the shared expert's output scaled by sigmoid(x · w), one scalar per token.
-        const int64_t rows = so.dim(0), d = so.dim(1);
-        std::vector<float> sig(static_cast<size_t>(rows));
-        const float* px = n2.data<float>();
-        const float* w = b.shared_scale.data<float>();
-        float* py = so.data<float>();
-        for (int64_t t = 0; t < rows; ++t) {
-          double dot = 0.0;
-          for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(px[t * d + j]) * w[j];
-          sig[static_cast<size_t>(t)] = sigmoid(static_cast<float>(dot));
-        }
+        std::vector<float> sig = shared_expert_gate(n2, b.shared_scale);
+        add_gated_rows(sig, so.data<float>(), rows, d, m.data<float>());
         if (a) {
           a->shared_in = n2;
           a->shared_out = so;
-          a->shared_sigmoid = sig;
+          a->shared_sigmoid = std::move(sig);
         }
-        Tensor scaled = Tensor::empty(so.shape());
-        float* ps = scaled.data<float>();
-        for (int64_t t = 0; t < rows; ++t)
-          for (int64_t j = 0; j < d; ++j) ps[t * d + j] = sig[static_cast<size_t>(t)] * py[t * d + j];
-        so = scaled;
-      }
-      add_into(m, so);
-      if (a) {
-        a->gate = g;
-        a->up = u;
+      } else {
+        add_into(m, so);
       }
     }
     h = add(h1, m);
@@ -359,49 +340,14 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     auto& a = acts.blocks[li];
     // h = h1 + moe(norm(h1)) [+ shared(norm(h1))]
     Tensor grad_n2 = b.moe->backward(grad, a.moe);
-    if (b.shared_gate.defined()) {
-      Tensor grad_so = grad;
-      if (b.shared_scale.defined()) {
-        // y = s·so with s = sigmoid(x · w): dso = s·dy; dz = s(1 - s)·(dy · so); dw += dz·x; dx += dz·w.
-        const int64_t rows = grad.dim(0), d = grad.dim(1);
-        grad_so = Tensor::empty(grad.shape());
-        const float* pg = grad.data<float>();
-        const float* so = a.shared_out.data<float>();
-        const float* px = a.shared_in.data<float>();
-        const float* w = b.shared_scale.data<float>();
-        float* gso = grad_so.data<float>();
-        float* gw = b.shared_scale_grad.data<float>();
-        float* gx = grad_n2.data<float>();
-        for (int64_t t = 0; t < rows; ++t) {
-          const float s = a.shared_sigmoid[static_cast<size_t>(t)];
-          double dot = 0.0;
-          for (int64_t j = 0; j < d; ++j) {
-            gso[t * d + j] = s * pg[t * d + j];
-            dot += static_cast<double>(pg[t * d + j]) * so[t * d + j];
-          }
-          const auto dz = static_cast<float>(dot * s * (1.0 - s));
-          for (int64_t j = 0; j < d; ++j) {
-            gw[j] += dz * px[t * d + j];
-            gx[t * d + j] += dz * w[j];
-          }
-        }
-      }
-      Tensor grad_act =
-          nn::linear_backward(a.shared_down, grad_so, b.shared_down, b.shared_down_grad, nullptr);
-      Tensor grad_g = Tensor::empty(a.gate.shape()), grad_u = Tensor::empty(a.up.shape());
-      const float* pg = a.gate.data<float>();
-      const float* pu = a.up.data<float>();
-      const float* pa = grad_act.data<float>();
-      float* gg = grad_g.data<float>();
-      float* gu = grad_u.data<float>();
-      for (int64_t i = 0; i < grad_g.numel(); ++i) {
-        const float s = sigmoid(pg[i]);
-        gu[i] = pa[i] * pg[i] * s;
-        gg[i] = pa[i] * pu[i] * s * (1.0f + pg[i] * (1.0f - s));
-      }
-      add_into(grad_n2,
-               nn::linear_backward(a.shared_gate, grad_g, b.shared_gate, b.shared_gate_grad, nullptr));
-      add_into(grad_n2, nn::linear_backward(a.shared_up, grad_u, b.shared_up, b.shared_up_grad, nullptr));
+    if (b.shared.w1.defined()) {
+      const Tensor grad_so = b.shared_scale.defined() ? shared_expert_gate_backward(
+                                                            grad, a.shared_out, a.shared_in, b.shared_scale,
+                                                            a.shared_sigmoid, b.shared_scale_grad, grad_n2)
+                                                      : grad;
+      Tensor grad_in = Tensor::empty(grad_n2.shape());
+      expert_mlp_backward(grad_so, a.shared, b.shared, grad_in, b.shared_grad);
+      add_into(grad_n2, grad_in);
     }
     Tensor grad_h1 = nn::rmsnorm_backward(a.mlp_norm, grad_n2, b.mlp_norm, b.mlp_norm_grad);
     add_into(grad_h1, grad);
