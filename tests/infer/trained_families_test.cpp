@@ -272,7 +272,8 @@ INSTANTIATE_TEST_SUITE_P(Infer, TrainedFamilySaves, ::testing::ValuesIn(kSaveCas
                          });
 
 // Fine-tuning gpt-oss from its MXFP4 release: the trainer's load dequantises this rank's experts, and the
-// training model (on 2 EP ranks) computes the dense reference over the values the blocks encode.
+// training model (on 2 EP ranks) computes the dense reference over the values the blocks encode; the run's
+// save is an F32 gpt-oss checkpoint the engine reads.
 TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
   HfTestModel m = gpt_oss_test_model(64, 32);
   const std::map<std::string, Tensor> file = quantise_gpt_oss_experts(m);
@@ -289,7 +290,38 @@ TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
     load_hf_weights(dir, a.format, model);
     EXPECT_TRUE(close(model.logits(prompt, 1, 9), want, 1e-4)) << "rank " << world.rank();
   });
-  fs::remove_all(dir);
+  // A fine-tuning run from it saves F32 experts under the family's names, with a config.json that no longer
+  // says quantised, and the engine (TP 2) reads the save like the training model does.
+  const fs::path run = temp_dir("train_mxfp4_run");
+  TrainConfig c = family_run(m, dir, run);
+  c.hf_config_json = mxfp4_config(m).dump(2);
+  c.steps = 1;
+  run_ranks(2, [&](Comm& world) { train(c, world, family_corpus(m.vocab)); });
+  const fs::path step = run / "step-1";
+  EXPECT_FALSE(read_hf_config_json(step).contains("quantization_config"));
+  ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
+  EXPECT_EQ(index.info("model.layers.0.mlp.experts.gate_up_proj").dtype, DType::F32);
+  EXPECT_FALSE(index.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+  Tensor trained;
+  MemoryTracker& host = current_tracker();
+  run_ranks(1, [&](Comm& world) {
+    Architecture solo = a;
+    solo.config.moe.path = "local";
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(solo.config, *group, 0, solo.features);
+    load_checkpoint(run.string(), model, nullptr);
+    trained = export_to(host, model.logits(prompt, 1, 9));
+  });
+  EXPECT_FALSE(close(trained, want, 1e-3)) << "the fine-tuning step did not change the model";
+  const ModelSpec spec = open_model_spec(run);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  run_ranks(2, [&](Comm& world) {
+    auto store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    const int id = engine.add_sequence(16);
+    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5));
+  });
+  for (const fs::path& p : {dir, run}) fs::remove_all(p);
 }
 
 }  // namespace

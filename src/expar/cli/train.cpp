@@ -101,19 +101,12 @@ void read_model_architecture(TrainArgs& a, const std::filesystem::path& given, b
       given.string(),
       fs::exists(given / "manifest.json") ? " (this is an expar checkpoint of our format: --resume it)" : "");
   const std::string text = read_text_file(file, "model config");
-  nlohmann::json config = parse_strict_json(text, file.string(), 64);
-  const Architecture arch = hf_architecture(config, file.string());
+  const Architecture arch = hf_architecture(parse_strict_json(text, file.string(), 64), file.string());
   TrainConfig& c = a.config;
   c.model = arch.config;
   c.format = arch.format;
   c.features = arch.features;
   c.hf_config_json = text;
-  if (config.is_object() && config.contains("quantization_config")) {
-    // gpt-oss's MXFP4 experts are dequantised at load and every save holds them in F32: its config.json
-    // must not tell readers (transformers) to look for quantised blocks.
-    config.erase("quantization_config");
-    c.hf_config_json = config.dump(2) + "\n";
-  }
   a.model_dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
   const bool has_weights = fs::exists(a.model_dir / std::string(kShardedIndexName)) ||
                            fs::exists(a.model_dir / "model.safetensors");

@@ -137,6 +137,16 @@ void load_gpt_oss_experts(MoeTransformer& model, const StackedExpertRows& expert
   }
 }
 
+// The config.json a save holds: the run's, verbatim, except that a quantization_config goes (gpt-oss's MXFP4
+// experts are dequantised at load and every save holds them in F32; readers such as transformers would
+// otherwise look for quantised blocks).
+std::string config_json_of_save(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("quantization_config")) return text;
+  j.erase("quantization_config");
+  return j.dump(2) + "\n";
+}
+
 // A manifest, read and checked: every value in range, every file name inside the step directory.
 // Our parameter names -> the names a save of `format` stores them under (identity for ours).
 class CheckpointNames {
@@ -385,7 +395,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     }
     const json index{{"metadata", {{"total_size", total}, {"format", "pt"}}}, {"weight_map", weight_map}};
     write_file_atomically(staging / std::string(kShardedIndexName), index.dump(2) + "\n");
-    write_file_atomically(staging / "config.json", info.hf_config_json);
+    write_file_atomically(staging / "config.json", config_json_of_save(info.hf_config_json));
   }
   world.barrier();  // every file of the save is written and synced
   if (world.rank() == 0) {
