@@ -174,6 +174,32 @@ TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::
   return c;
 }
 
+// The logits of `prompt` from the training model (one rank) loaded from the save `run`, after checking that
+// the engine on TP 2 with EP loaded from the same save gives them within 1e-5.
+Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vector<int32_t>& prompt) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  Tensor trained;
+  MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
+  run_ranks(1, [&](Comm& world) {
+    Architecture a = hf_architecture(m.config(), "test config.json");
+    a.config.moe.path = "local";
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, *group, 0, a.features);
+    load_checkpoint(run.string(), model, nullptr);
+    trained = export_to(host, model.logits(prompt, 1, n));
+  });
+  const ModelSpec spec = open_model_spec(run);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  run_ranks(2, [&](Comm& world) {
+    auto store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    const int id = engine.add_sequence(16);
+    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5))
+        << "rank " << world.rank();
+  });
+  return trained;
+}
+
 struct SaveCase {
   const char* name;
   HfTestModel (*make)();
@@ -245,24 +271,8 @@ TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
 
   // Training changed the weights; the engine (TP 2, EP) and a training model loaded from the save agree.
   const std::vector<int32_t> prompt = vocab_tokens(7, 10, m.vocab);
-  Tensor trained;
-  MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
-  run_ranks(1, [&](Comm& world) {
-    Architecture a = hf_architecture(m.config(), "test config.json");
-    a.config.moe.path = "local";
-    auto group = world.split(0, 0, "ep");
-    MoeTransformer model(a.config, *group, 0, a.features);
-    load_checkpoint(straight.string(), model, nullptr);
-    trained = export_to(host, model.logits(prompt, 1, 10));
-  });
-  EXPECT_FALSE(close(trained, m.dense_logits(prompt), 1e-3)) << "three steps did not change the model";
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
-  run_ranks(2, [&](Comm& world) {
-    auto store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
-    const int id = engine.add_sequence(16);
-    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5));
-  });
+  EXPECT_FALSE(close(logits_of_save(straight, m, prompt), m.dense_logits(prompt), 1e-3))
+      << "three steps did not change the model";
   for (const fs::path& p : {weights, straight, resumed}) fs::remove_all(p);
 }
 
@@ -302,25 +312,8 @@ TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
   ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
   EXPECT_EQ(index.info("model.layers.0.mlp.experts.gate_up_proj").dtype, DType::F32);
   EXPECT_FALSE(index.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
-  Tensor trained;
-  MemoryTracker& host = current_tracker();
-  run_ranks(1, [&](Comm& world) {
-    Architecture solo = a;
-    solo.config.moe.path = "local";
-    auto group = world.split(0, 0, "ep");
-    MoeTransformer model(solo.config, *group, 0, solo.features);
-    load_checkpoint(run.string(), model, nullptr);
-    trained = export_to(host, model.logits(prompt, 1, 9));
-  });
-  EXPECT_FALSE(close(trained, want, 1e-3)) << "the fine-tuning step did not change the model";
-  const ModelSpec spec = open_model_spec(run);
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
-  run_ranks(2, [&](Comm& world) {
-    auto store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
-    const int id = engine.add_sequence(16);
-    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5));
-  });
+  EXPECT_FALSE(close(logits_of_save(run, m, prompt), want, 1e-3))
+      << "the fine-tuning step did not change the model";
   for (const fs::path& p : {dir, run}) fs::remove_all(p);
 }
 
