@@ -1,7 +1,8 @@
 #pragma once
-// Small random Hugging Face Qwen-MoE, Qwen3-MoE, OLMoE and gpt-oss checkpoints, written in their tensor names
-// with a config.json, and an independent dense reference of these architectures: plain loops in double over
-// the Hugging Face tensors, one sequence at a time, recomputing the whole prefix (no cache, no parallelism).
+// Small random Hugging Face Qwen-MoE, Qwen3-MoE (also with tied embeddings), OLMoE and gpt-oss (also MXFP4)
+// checkpoints, written in their tensor names with a config.json, and an independent dense reference of these
+// architectures: plain loops in double over the Hugging Face tensors, one sequence at a time, recomputing the
+// whole prefix (no cache, no parallelism).
 // Each model carries the rope it expects (`rope`, checked by nn/rope_reference.hpp's formulas) and writes it
 // in the v4 (rope_theta + rope_scaling) or v5 (rope_parameters) layout, or leaves it to the family default.
 #include <cmath>
@@ -25,6 +26,7 @@ struct HfTestModel {
   double rope_theta = 1e6;
   float eps = 1e-6f;
   bool attention_bias = false;  // Qwen3-MoE / OLMoE: q/k/v/o biases
+  bool tied = false;            // tie_word_embeddings: no lm_head.weight, the LM head is the embedding
   // The rope the reference applies (its theta is rope_theta) and how config.json states it:
   // rope_json null: v4 "rope_theta" only (gpt-oss: nothing, the family's YaRN default); otherwise the
   // description, under "rope_parameters" (with rope_theta inside) when v5, else under "rope_scaling".
@@ -70,7 +72,7 @@ struct HfTestModel {
                      {"max_position_embeddings", max_seq},
                      {"rms_norm_eps", eps},
                      {"num_experts_per_tok", top_k},
-                     {"tie_word_embeddings", false}};
+                     {"tie_word_embeddings", tied}};
     if (v5) {
       // gpt-oss with no rope: its YaRN default written out (v5 has no top-level rope_theta to carry theta)
       nlohmann::json p =
@@ -145,7 +147,7 @@ struct HfTestModel {
     const int64_t qd = heads * head_dim, kd = kv_heads * head_dim;
     tensors["model.embed_tokens.weight"] = normal({vocab, d}, 1.0f);
     tensors["model.norm.weight"] = normal({d}, 0.1f, 1.0f);
-    tensors["lm_head.weight"] = normal({vocab, d}, in);
+    if (!tied) tensors["lm_head.weight"] = normal({vocab, d}, in);
     for (int l = 0; l < layers; ++l) {
       const std::string p = layer(l);
       tensors[p + "input_layernorm.weight"] = normal({d}, 0.1f, 1.0f);
@@ -399,7 +401,8 @@ struct HfTestModel {
       const auto m = moe(l, rmsnorm(h, layer(l) + "post_attention_layernorm.weight"));
       for (size_t i = 0; i < h.size(); ++i) h[i] += m[i];
     }
-    const auto logits = linear(rmsnorm(h, "model.norm.weight"), w("lm_head.weight"), nullptr, d, vocab);
+    const auto logits = linear(rmsnorm(h, "model.norm.weight"),
+                               w(tied ? "model.embed_tokens.weight" : "lm_head.weight"), nullptr, d, vocab);
     Tensor out = Tensor::empty({n, static_cast<int64_t>(vocab)});
     for (size_t i = 0; i < logits.size(); ++i) out.data<float>()[i] = static_cast<float>(logits[i]);
     return out;
@@ -485,6 +488,76 @@ inline HfTestModel mixtral_test_model() {
   m.mixtral_window = 3;
   m.randomize(61);
   return m;
+}
+
+// Qwen3-MoE with tie_word_embeddings true: the embedding is the LM head (no lm_head.weight stored).
+inline HfTestModel tied_qwen3_moe_test_model() {
+  HfTestModel m = qwen3_moe_test_model();
+  m.tied = true;
+  m.tensors.clear();
+  m.randomize(67);
+  return m;
+}
+
+// Quantised form of one stacked matrix [E, in, out]: blocks U8 [E, out, in/32, 16], scales U8 [E, out,
+// in/32], random; `dense` receives the [E, in, out] values they encode (decoded with a table of its own).
+struct Quantised {
+  Tensor blocks, scales, dense;
+};
+
+inline Quantised random_mxfp4(int64_t experts, int64_t in, int64_t out, uint64_t stream) {
+  static const float kTable[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const int64_t groups = in / 32;
+  Quantised q;
+  q.blocks = Tensor::empty({experts, out, groups, 16}, DType::U8);
+  q.scales = Tensor::empty({experts, out, groups}, DType::U8);
+  q.dense = Tensor::empty({experts, in, out});
+  auto* b = static_cast<uint8_t*>(q.blocks.raw());
+  auto* s = static_cast<uint8_t*>(q.scales.raw());
+  for (int64_t i = 0; i < q.blocks.numel(); ++i)
+    b[i] = static_cast<uint8_t>(random_u32(5, stream, 2 * i) & 0xff);
+  for (int64_t i = 0; i < q.scales.numel(); ++i)
+    s[i] = static_cast<uint8_t>(121 + random_u32(5, stream, 2 * i + 1) % 3);  // 2^-6 .. 2^-4
+  float* d = q.dense.data<float>();
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t r = 0; r < out; ++r)
+      for (int64_t c = 0; c < in; ++c) {
+        const int64_t block = (e * out + r) * groups + c / 32;
+        const uint8_t byte = b[block * 16 + (c % 32) / 2];
+        const uint8_t code = c % 2 == 0 ? byte & 0x0f : byte >> 4;
+        d[(e * in + c) * out + r] = kTable[code] * std::pow(2.0f, static_cast<float>(s[block]) - 127.0f);
+      }
+  return q;
+}
+
+// A gpt-oss model (d and inter multiples of 32) with random MXFP4 experts: returns the tensors of its
+// quantised checkpoint (gate_up_proj / down_proj as _blocks and _scales) and sets m's experts to the values
+// they encode, which the dense reference computes with.
+inline std::map<std::string, Tensor> quantise_gpt_oss_experts(HfTestModel& m) {
+  std::map<std::string, Tensor> file = m.tensors;
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string p = m.layer(l) + "mlp.experts.";
+    const Quantised gu = random_mxfp4(m.experts, m.d, 2 * m.inter, 100 + static_cast<uint64_t>(l));
+    const Quantised dn = random_mxfp4(m.experts, m.inter, m.d, 200 + static_cast<uint64_t>(l));
+    m.tensors[p + "gate_up_proj"] = gu.dense;
+    m.tensors[p + "down_proj"] = dn.dense;
+    file.erase(p + "gate_up_proj");
+    file.erase(p + "down_proj");
+    file[p + "gate_up_proj_blocks"] = gu.blocks;
+    file[p + "gate_up_proj_scales"] = gu.scales;
+    file[p + "down_proj_blocks"] = dn.blocks;
+    file[p + "down_proj_scales"] = dn.scales;
+  }
+  return file;
+}
+
+// The config.json of such a checkpoint: quantization_config mxfp4, as gpt-oss's releases write it.
+inline nlohmann::json mxfp4_config(const HfTestModel& m) {
+  nlohmann::json j = m.config();
+  j["quantization_config"] = {{"quant_method", "mxfp4"},
+                              {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
+  return j;
 }
 
 inline std::vector<int32_t> vocab_tokens(uint64_t stream, int n, int vocab) {

@@ -15,38 +15,6 @@ namespace {
 using namespace testing;
 using expar::testing::expect_error;
 
-// Quantised form of one stacked matrix [E, in, out]: blocks U8 [E, out, in/32, 16], scales U8 [E, out,
-// in/32], random; `dense` receives the [E, in, out] values they encode.
-struct Quantised {
-  Tensor blocks, scales, dense;
-};
-
-Quantised random_mxfp4(int64_t experts, int64_t in, int64_t out, uint64_t stream) {
-  static const float kTable[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-  const int64_t groups = in / 32;
-  Quantised q;
-  q.blocks = Tensor::empty({experts, out, groups, 16}, DType::U8);
-  q.scales = Tensor::empty({experts, out, groups}, DType::U8);
-  q.dense = Tensor::empty({experts, in, out});
-  auto* b = static_cast<uint8_t*>(q.blocks.raw());
-  auto* s = static_cast<uint8_t*>(q.scales.raw());
-  for (int64_t i = 0; i < q.blocks.numel(); ++i)
-    b[i] = static_cast<uint8_t>(random_u32(5, stream, 2 * i) & 0xff);
-  for (int64_t i = 0; i < q.scales.numel(); ++i)
-    s[i] = static_cast<uint8_t>(121 + random_u32(5, stream, 2 * i + 1) % 3);  // 2^-6 .. 2^-4
-  float* d = q.dense.data<float>();
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t r = 0; r < out; ++r)
-      for (int64_t c = 0; c < in; ++c) {
-        const int64_t block = (e * out + r) * groups + c / 32;
-        const uint8_t byte = b[block * 16 + (c % 32) / 2];
-        const uint8_t code = c % 2 == 0 ? byte & 0x0f : byte >> 4;
-        d[(e * in + c) * out + r] = kTable[code] * std::pow(2.0f, static_cast<float>(s[block]) - 127.0f);
-      }
-  return q;
-}
-
 TEST(Mxfp4, Fp4CodesDecodeToTheE2m1Values) {
   EXPECT_EQ(fp4_e2m1_value(0x0), 0.0f);
   EXPECT_EQ(fp4_e2m1_value(0x3), 1.5f);
@@ -57,26 +25,10 @@ TEST(Mxfp4, Fp4CodesDecodeToTheE2m1Values) {
 
 TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
   HfTestModel m = gpt_oss_test_model(64, 32);
-  std::map<std::string, Tensor> file = m.tensors;
-  for (int l = 0; l < m.layers; ++l) {
-    const std::string p = m.layer(l) + "mlp.experts.";
-    const Quantised gu = random_mxfp4(m.experts, m.d, 2 * m.inter, 100 + l);
-    const Quantised dn = random_mxfp4(m.experts, m.inter, m.d, 200 + l);
-    m.tensors[p + "gate_up_proj"] = gu.dense;  // what the reference computes with
-    m.tensors[p + "down_proj"] = dn.dense;
-    file.erase(p + "gate_up_proj");
-    file.erase(p + "down_proj");
-    file[p + "gate_up_proj_blocks"] = gu.blocks;
-    file[p + "gate_up_proj_scales"] = gu.scales;
-    file[p + "down_proj_blocks"] = dn.blocks;
-    file[p + "down_proj_scales"] = dn.scales;
-  }
+  std::map<std::string, Tensor> file = quantise_gpt_oss_experts(m);
   const fs::path dir = temp_dir("mxfp4");
   write_sharded_checkpoint(dir, file, 64 * 1024);
-  nlohmann::json j = m.config();
-  j["quantization_config"] = {{"quant_method", "mxfp4"},
-                              {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
-  std::ofstream(dir / "config.json") << j.dump(2);
+  std::ofstream(dir / "config.json") << mxfp4_config(m).dump(2);
   const ModelSpec spec = open_model_spec(dir);
   const std::vector<int32_t> prompt = vocab_tokens(9, 8, m.vocab);
   const Tensor dense = m.dense_logits(prompt);

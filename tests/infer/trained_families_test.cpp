@@ -1,15 +1,19 @@
 // Training the Hugging Face families (expar train --model): the training model's forward against the
 // independent dense double reference of hf_test_models.hpp for Qwen-MoE (q/k/v biases, gated shared
-// expert), Qwen3-MoE (per-head q/k norms, q/k/v/o biases, linear rope), OLMoE (projection q/k norms, llama3
-// rope) and Mixtral (sliding window); every parameter's gradient, the families' new kinds included, against
-// finite differences; and a training run whose saves are Hugging Face checkpoints of the family that the
-// inference engine reads under another layout, and that resume bit for bit.
+// expert), Qwen3-MoE (per-head q/k norms, q/k/v/o biases, linear rope; also with tied embeddings), OLMoE
+// (projection q/k norms, llama3 rope), Mixtral (sliding window) and gpt-oss (sinks, sliding/full layers,
+// YaRN, router bias with softmax over the top k, biased clamped-SwiGLU experts); every parameter's gradient,
+// the families' new kinds included, against finite differences; training runs whose saves are Hugging Face
+// checkpoints of the family that the inference engine reads under another layout, and that resume bit for
+// bit; and gpt-oss's MXFP4 experts dequantised when a fine-tuning run loads them.
 //
 // Links expar_train as well as expar_infer (tests/CMakeLists.txt): it is the one place both meet.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <numeric>
 
 #include "expar/model/hf_config.hpp"
@@ -27,16 +31,26 @@ struct Family {
   HfTestModel (*make)();
   // Parameters per layer of the kinds only the families have: Qwen-MoE q bias + shared-expert gate;
   // Qwen3-MoE q and o biases + q and k norms; OLMoE q and k norms; Mixtral none (its window is not a
-  // parameter: its gradients run through the windowed softmax).
+  // parameter: its gradients run through the windowed softmax); gpt-oss q and o biases, sinks, router bias
+  // and the experts' gate, up and down biases.
   int family_kinds_per_layer;
 };
 
 const Family kFamilies[] = {
     {"qwen_moe", [] { return qwen_test_model(); }, 2},
     {"qwen3_moe", [] { return qwen3_moe_test_model(); }, 4},
+    {"qwen3_moe_tied", [] { return tied_qwen3_moe_test_model(); }, 4},
     {"olmoe", [] { return olmoe_test_model(); }, 2},
     {"mixtral", [] { return mixtral_test_model(); }, 0},
+    {"gpt_oss", [] { return gpt_oss_test_model(); }, 7},
 };
+
+bool family_kind(const std::string& n) {
+  for (const char* suffix : {".bq", ".bo", "q_norm", "k_norm", ".shared.gate", ".sinks", ".router_bias",
+                             ".experts.b1", ".experts.b3", ".experts.b2"})
+    if (n.ends_with(suffix)) return true;
+  return false;
+}
 
 class TrainedFamilies : public ::testing::TestWithParam<Family> {};
 
@@ -67,6 +81,9 @@ TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
     EXPECT_TRUE(close(logits.rows(0, 9).clone(), m.dense_logits(first), 1e-4)) << "sequence 0";
     EXPECT_TRUE(close(logits.rows(9, 18).clone(), m.dense_logits(second), 1e-4)) << "sequence 1";
   });
+  if (m.format == ModelFormat::GptOss) {
+    EXPECT_GT(m.clamp_hits, 0) << "no activation reached the clamped SwiGLU's limits";
+  }
   fs::remove_all(dir);
 }
 
@@ -118,10 +135,9 @@ TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
       }
       EXPECT_TRUE(checked) << p.name << ": the loss jumps near each of its " << candidates
                            << " largest-gradient elements";
-      const std::string& n = p.name;
-      if (n.ends_with(".bq") || n.ends_with(".bo") || n.ends_with("q_norm") || n.ends_with("k_norm") ||
-          n.ends_with(".shared.gate"))
-        ++family_kinds;
+      family_kinds += family_kind(p.name);
+      // Tied embeddings: one parameter, no LM head of its own (its gradient is the embedding's, checked).
+      EXPECT_FALSE(m.tied && p.name == "lm_head") << "a tied model has its own LM head parameter";
     }
     // Each family's own kinds were among the parameters checked.
     EXPECT_EQ(family_kinds, GetParam().family_kinds_per_layer * m.layers);
@@ -158,14 +174,69 @@ TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::
   return c;
 }
 
-// Qwen-MoE (biases and the gated shared expert make the most tensor kinds): trained on 2 ranks with EP 2,
-// each save is a Hugging Face checkpoint of the family (config.json, index, qwen2_moe names) that the engine
-// loads on TP 2 with EP and that a single-rank training model loads back, with the same logits; a run
-// resumed from step 2 ends with the same weights as the uninterrupted run.
-TEST(TrainedFamilies, SavesAreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
-  const HfTestModel m = qwen_test_model();
-  const fs::path weights = temp_dir("train_hf_weights"), straight = temp_dir("train_hf_straight"),
-                 resumed = temp_dir("train_hf_resumed");
+// The logits of `prompt` from the training model (one rank) loaded from the save `run`, after checking that
+// the engine on TP 2 with EP loaded from the same save gives them within 1e-5.
+Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vector<int32_t>& prompt) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  Tensor trained;
+  MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
+  run_ranks(1, [&](Comm& world) {
+    Architecture a = hf_architecture(m.config(), "test config.json");
+    a.config.moe.path = "local";
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, *group, 0, a.features);
+    load_checkpoint(run.string(), model, nullptr);
+    trained = export_to(host, model.logits(prompt, 1, n));
+  });
+  const ModelSpec spec = open_model_spec(run);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  run_ranks(2, [&](Comm& world) {
+    auto store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    const int id = engine.add_sequence(16);
+    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5))
+        << "rank " << world.rank();
+  });
+  return trained;
+}
+
+struct SaveCase {
+  const char* name;
+  HfTestModel (*make)();
+  std::vector<std::string> present, absent;  // tensor names the save's index must / must not hold
+};
+
+const SaveCase kSaveCases[] = {
+    // Biases and the gated shared expert make the most tensor kinds.
+    {"qwen_moe",
+     [] { return qwen_test_model(); },
+     {"model.layers.1.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.q_proj.bias",
+      "model.layers.1.mlp.experts.23.down_proj.weight", "lm_head.weight"},
+     {}},
+    // The stacked experts, gathered from both EP ranks into one tensor per name.
+    {"gpt_oss",
+     [] { return gpt_oss_test_model(); },
+     {"model.layers.1.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj_bias",
+      "model.layers.1.mlp.experts.down_proj", "model.layers.0.mlp.experts.down_proj_bias",
+      "model.layers.0.mlp.router.bias", "model.layers.1.self_attn.sinks"},
+     {"model.layers.0.mlp.experts.0.gate_proj.weight"}},
+    {"qwen3_moe_tied",
+     [] { return tied_qwen3_moe_test_model(); },
+     {"model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight"},
+     {"lm_head.weight"}},
+};
+
+class TrainedFamilySaves : public ::testing::TestWithParam<SaveCase> {};
+
+// Trained on 2 ranks with EP 2, each save is a Hugging Face checkpoint of the family (config.json, index,
+// the family's names) that the engine loads on TP 2 with EP and that a single-rank training model loads
+// back, with the same logits; a run resumed from step 2 ends with the same weights as the uninterrupted run.
+TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
+  const HfTestModel m = GetParam().make();
+  const std::string tag = GetParam().name;
+  const fs::path weights = temp_dir("train_hf_weights_" + tag),
+                 straight = temp_dir("train_hf_straight_" + tag),
+                 resumed = temp_dir("train_hf_resumed_" + tag);
   m.write(weights);
   const TokenCorpus corpus = family_corpus(m.vocab);
   run_ranks(2, [&](Comm& world) { train(family_run(m, weights, straight), world, corpus); });
@@ -178,14 +249,16 @@ TEST(TrainedFamilies, SavesAreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
 
   // The save's layout: the family's names, an index covering exactly the weight shards, config.json.
   const ModelSpec spec = open_model_spec(straight);
-  EXPECT_EQ(spec.format, ModelFormat::QwenMoe);
+  EXPECT_EQ(spec.format, m.format);
+  EXPECT_EQ(spec.features.tied_embeddings, m.tied);
   const fs::path step = straight / "step-3";
   ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
   EXPECT_NO_THROW(index.validate());
-  EXPECT_TRUE(index.contains("model.layers.1.mlp.shared_expert_gate.weight"));
-  EXPECT_TRUE(index.contains("model.layers.0.self_attn.q_proj.bias"));
-  EXPECT_TRUE(index.contains("model.layers.1.mlp.experts.23.down_proj.weight"));
+  for (const std::string& name : GetParam().present) EXPECT_TRUE(index.contains(name)) << name;
+  for (const std::string& name : GetParam().absent) EXPECT_FALSE(index.contains(name)) << name;
   EXPECT_EQ(index.names().size(), m.tensors.size());
+  for (const auto& [name, t] : m.tensors)
+    EXPECT_EQ(index.info(name).shape, t.shape()) << name << " is saved in another shape than the family's";
   EXPECT_TRUE(fs::exists(step / "optimizer-dense.safetensors"));
 
   // Resumed == straight, tensor for tensor.
@@ -198,38 +271,50 @@ TEST(TrainedFamilies, SavesAreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
 
   // Training changed the weights; the engine (TP 2, EP) and a training model loaded from the save agree.
   const std::vector<int32_t> prompt = vocab_tokens(7, 10, m.vocab);
-  Tensor trained;
-  MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
-  run_ranks(1, [&](Comm& world) {
-    Architecture a = hf_architecture(m.config(), "test config.json");
-    a.config.moe.path = "local";
-    auto group = world.split(0, 0, "ep");
-    MoeTransformer model(a.config, *group, 0, a.features);
-    load_checkpoint(straight.string(), model, nullptr);
-    trained = export_to(host, model.logits(prompt, 1, 10));
-  });
-  EXPECT_FALSE(close(trained, m.dense_logits(prompt), 1e-3)) << "three steps did not change the model";
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
-  run_ranks(2, [&](Comm& world) {
-    auto store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
-    const int id = engine.add_sequence(16);
-    EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5));
-  });
+  EXPECT_FALSE(close(logits_of_save(straight, m, prompt), m.dense_logits(prompt), 1e-3))
+      << "three steps did not change the model";
   for (const fs::path& p : {weights, straight, resumed}) fs::remove_all(p);
 }
 
-TEST(TrainedFamilies, GptOssIsRefusedNamingWhatTrainingCannotCompute) {
-  const HfTestModel m = gpt_oss_test_model();
-  const Architecture a = hf_architecture(m.config(), "test config.json");
-  try {
-    check_trainable_features(a.features, model_format_name(a.format));
-    FAIL() << "gpt-oss was accepted for training";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("swiglu_limit"), std::string::npos) << what;
-    EXPECT_NE(what.find("mlp.router.bias"), std::string::npos) << what;
-  }
+INSTANTIATE_TEST_SUITE_P(Infer, TrainedFamilySaves, ::testing::ValuesIn(kSaveCases),
+                         [](const ::testing::TestParamInfo<SaveCase>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// Fine-tuning gpt-oss from its MXFP4 release: the trainer's load dequantises this rank's experts, and the
+// training model (on 2 EP ranks) computes the dense reference over the values the blocks encode; the run's
+// save is an F32 gpt-oss checkpoint the engine reads.
+TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
+  HfTestModel m = gpt_oss_test_model(64, 32);
+  const std::map<std::string, Tensor> file = quantise_gpt_oss_experts(m);
+  const fs::path dir = temp_dir("train_mxfp4");
+  write_sharded_checkpoint(dir, file, 64 * 1024);
+  std::ofstream(dir / "config.json") << mxfp4_config(m).dump(2);
+  Architecture a = hf_architecture(mxfp4_config(m), "test config.json");
+  a.config.moe.path = "block";
+  const std::vector<int32_t> prompt = vocab_tokens(13, 9, m.vocab);
+  const Tensor want = m.dense_logits(prompt);
+  run_ranks(2, [&](Comm& world) {
+    MoeTransformer model(a.config, world, 0, a.features);
+    model.init(1);
+    load_hf_weights(dir, a.format, model);
+    EXPECT_TRUE(close(model.logits(prompt, 1, 9), want, 1e-4)) << "rank " << world.rank();
+  });
+  // A fine-tuning run from it saves F32 experts under the family's names, with a config.json that no longer
+  // says quantised, and the engine (TP 2) reads the save like the training model does.
+  const fs::path run = temp_dir("train_mxfp4_run");
+  TrainConfig c = family_run(m, dir, run);
+  c.hf_config_json = mxfp4_config(m).dump(2);
+  c.steps = 1;
+  run_ranks(2, [&](Comm& world) { train(c, world, family_corpus(m.vocab)); });
+  const fs::path step = run / "step-1";
+  EXPECT_FALSE(read_hf_config_json(step).contains("quantization_config"));
+  ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
+  EXPECT_EQ(index.info("model.layers.0.mlp.experts.gate_up_proj").dtype, DType::F32);
+  EXPECT_FALSE(index.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+  EXPECT_FALSE(close(logits_of_save(run, m, prompt), want, 1e-3))
+      << "the fine-tuning step did not change the model";
+  for (const fs::path& p : {dir, run}) fs::remove_all(p);
 }
 
 }  // namespace

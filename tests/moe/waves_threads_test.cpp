@@ -3,12 +3,15 @@
 // same BITS as the no-wave step: outputs, input gradients, router and expert weight gradients (memcmp), on
 // EP groups of 2, 3 and 4 ranks with uneven token counts (one rank without tokens, one whose experts get no
 // rows), dropless and with a capacity that drops, f32 and a mixed payload precision, with and without
-// activation recomputation. Also the wave split itself and the refusals (flags named).
+// activation recomputation, and with gpt-oss's router (bias, softmax over the top k) and biased
+// clamped-SwiGLU experts (their bias gradients compared too); and block and rowwise give each other's bits.
+// Also the wave split itself and the refusals (flags named).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,7 @@ Tensor input_of(int rank, uint64_t stream) {
 
 struct Step {
   Tensor y, grad_x, grad_router, w1, w3, w2;
+  Tensor router_bias, b1, b3, b2;  // gpt-oss only (undefined otherwise)
 };
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -57,12 +61,14 @@ struct Case {
   bool capacity = false;
   bool mixed_precision = false;
   bool recompute = false;
+  bool gpt_oss = false;  // router bias + softmax over the top k, biased clamped-SwiGLU experts
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("EP{}_{}_{}{}", c.ep, c.capacity ? "capacity" : "dropless",
-                     c.mixed_precision ? "mixed" : "f32", c.recompute ? "_recompute" : "");
+  return fmt::format("EP{}_{}_{}{}{}", c.ep, c.capacity ? "capacity" : "dropless",
+                     c.mixed_precision ? "mixed" : "f32", c.recompute ? "_recompute" : "",
+                     c.gpt_oss ? "_gpt_oss" : "");
 }
 
 MoeConfig config_of(const Case& c, const std::string& path, WaveConfig waves) {
@@ -77,6 +83,12 @@ MoeConfig config_of(const Case& c, const std::string& path, WaveConfig waves) {
     cfg.precision = {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32,
                      PayloadFormat::MXFP8Floor};
   if (c.capacity) cfg.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  if (c.gpt_oss) {
+    cfg.softmax_over_topk = true;
+    cfg.router_bias = true;
+    cfg.expert_biases = true;
+    cfg.activation = ExpertMlpActivation::GptOssClamped;
+  }
   return cfg;
 }
 
@@ -87,6 +99,16 @@ Step run(const Case& c, const std::string& path, WaveConfig waves, Comm& group) 
   // The last rank's experts get no routes: its waves are all empty.
   for (int e : layer.placement().local_experts(c.ep - 1))
     layer.params().w_router.data<float>()[e * kD] = -50.0f;
+  if (c.gpt_oss) {  // biases that matter (init_params zeroes them), and gate/up weights that reach the clamps
+    MoeParams& p = layer.params();
+    fill_normal(p.router_bias, kSeed, 50, 0.5f);
+    const auto r = static_cast<uint64_t>(group.rank());
+    fill_normal(p.experts.b1, kSeed, 60 + r, 1.0f);
+    fill_normal(p.experts.b3, kSeed, 70 + r, 1.0f);
+    fill_normal(p.experts.b2, kSeed, 80 + r, 1.0f);
+    for (Tensor* w : {&p.experts.w1, &p.experts.w3})
+      for (float& v : w->span<float>()) v *= 8.0f;
+  }
   layer.set_recompute(c.recompute);
   const Tensor x = input_of(group.rank(), 1), grad_y = input_of(group.rank(), 2);
   Step s;
@@ -100,6 +122,12 @@ Step run(const Case& c, const std::string& path, WaveConfig waves, Comm& group) 
   s.w1 = layer.grads().experts.w1.clone();
   s.w3 = layer.grads().experts.w3.clone();
   s.w2 = layer.grads().experts.w2.clone();
+  if (c.gpt_oss) {
+    s.router_bias = layer.grads().router_bias.clone();
+    s.b1 = layer.grads().experts.b1.clone();
+    s.b3 = layer.grads().experts.b3.clone();
+    s.b2 = layer.grads().experts.b2.clone();
+  }
   return s;
 }
 
@@ -120,23 +148,38 @@ TEST_P(WavesTest, EveryScheduleGivesTheNoWaveBits) {
   launch.ranks = c.ep;
   launch.timeout_seconds = 120;
   run_ranks(launch, [&](Comm& world) {
+    std::optional<Step> first_path;
+    auto compare = [&](const Step& got, const Step& ref, const std::string& where) {
+      std::lock_guard lock(mutex);
+      auto check = [&](const Tensor& a, const Tensor& b, const char* what) {
+        if (!same_bits(a, b)) failures.push_back(where + ": " + what);
+      };
+      check(got.y, ref.y, "y");
+      check(got.grad_x, ref.grad_x, "grad_x");
+      check(got.grad_router, ref.grad_router, "grad router");
+      check(got.w1, ref.w1, "grad w1");
+      check(got.w3, ref.w3, "grad w3");
+      check(got.w2, ref.w2, "grad w2");
+      if (c.gpt_oss) {
+        check(got.router_bias, ref.router_bias, "grad router bias");
+        check(got.b1, ref.b1, "grad b1");
+        check(got.b3, ref.b3, "grad b3");
+        check(got.b2, ref.b2, "grad b2");
+      }
+    };
     for (const std::string& path : paths) {
       const Step ref = run(c, path, {}, world);
+      // The paths whose traits say `waves` move the same rows into the same places: the same bits.
+      if (first_path && path_traits(path).same_rows_as_block && path_traits(paths[0]).same_rows_as_block)
+        compare(ref, *first_path, fmt::format("{} against {} rank {}", path, paths[0], world.rank()));
+      if (!first_path) first_path = ref;
       for (const WaveConfig& w : schedules) {
         const Step got = run(c, path, w, world);
-        const std::string where = fmt::format("{} rank {} {} waves {}", path, world.rank(),
-                                              wave_schedule_name(w.schedule()), w.waves);
+        compare(got, ref,
+                fmt::format("{} rank {} {} waves {}", path, world.rank(), wave_schedule_name(w.schedule()),
+                            w.waves));
         std::lock_guard lock(mutex);
         ++compared;
-        auto check = [&](const Tensor& a, const Tensor& b, const char* what) {
-          if (!same_bits(a, b)) failures.push_back(where + ": " + what);
-        };
-        check(got.y, ref.y, "y");
-        check(got.grad_x, ref.grad_x, "grad_x");
-        check(got.grad_router, ref.grad_router, "grad router");
-        check(got.w1, ref.w1, "grad w1");
-        check(got.w3, ref.w3, "grad w3");
-        check(got.w2, ref.w2, "grad w2");
       }
     }
   });
@@ -151,6 +194,9 @@ std::vector<Case> all_cases() {
       for (bool mixed : {false, true}) cases.push_back({ep, cap, mixed, false});
   cases.push_back({4, true, true, true});
   cases.push_back({2, false, false, true});
+  cases.push_back({2, false, false, false, true});
+  cases.push_back({3, true, false, false, true});
+  cases.push_back({4, true, true, true, true});
   return cases;
 }
 

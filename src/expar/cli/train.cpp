@@ -102,7 +102,6 @@ void read_model_architecture(TrainArgs& a, const std::filesystem::path& given, b
       fs::exists(given / "manifest.json") ? " (this is an expar checkpoint of our format: --resume it)" : "");
   const std::string text = read_text_file(file, "model config");
   const Architecture arch = hf_architecture(parse_strict_json(text, file.string(), 64), file.string());
-  check_trainable_features(arch.features, model_format_name(arch.format));
   TrainConfig& c = a.config;
   c.model = arch.config;
   c.format = arch.format;

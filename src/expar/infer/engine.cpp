@@ -11,6 +11,7 @@
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
+#include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/nn/linear.hpp"
 #include "expar/nn/rmsnorm.hpp"
@@ -441,16 +442,9 @@ void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
     for (int64_t i = 0; i < m * d; ++i) out[i] += py[i];
     return;
   }
-  // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token; scaling this
-  // rank's partial sum by it scales the sum over the TP group alike.
-  const float* gate = lw.shared_gate.data<float>();
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xi = x.data<float>() + i * d;
-    float dot = 0;
-    for (int64_t j = 0; j < d; ++j) dot += xi[j] * gate[j];
-    const float s = 1.0f / (1.0f + std::exp(-dot));
-    for (int64_t j = 0; j < d; ++j) out[i * d + j] += s * py[i * d + j];
-  }
+  // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token (moe/'s gate, the
+  // training model's); scaling this rank's partial sum by it scales the sum over the TP group alike.
+  add_gated_rows(shared_expert_gate(x, lw.shared_gate), py, m, d, out);
 }
 
 }  // namespace expar::infer

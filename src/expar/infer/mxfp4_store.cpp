@@ -1,16 +1,8 @@
 #include "expar/infer/mxfp4_store.hpp"
 
-#include <cmath>
-
 #include "expar/core/error.hpp"
 
 namespace expar::infer {
-
-float fp4_e2m1_value(uint8_t code) {
-  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMagnitude[code & 7];
-  return (code & 8) ? -m : m;
-}
 
 Mxfp4Store::Mxfp4Store(std::unique_ptr<TensorStore> base) : base_(std::move(base)) {}
 
@@ -64,25 +56,12 @@ Tensor Mxfp4Store::view_rows(const std::string& name, int64_t begin, int64_t end
   EXPAR_CHECK(0 <= begin && begin <= end && end <= i.shape[0],
               "checkpoint '{}': experts [{}, {}) of '{}' are outside its {} experts", label(), begin, end,
               name, i.shape[0]);
-  const int64_t in = i.shape[1], out = i.shape[2], groups = in / 32;
+  const int64_t in = i.shape[1], out = i.shape[2];
   const Tensor blocks = base_->view_rows(name + "_blocks", begin, end);
   const Tensor scales = base_->view_rows(name + "_scales", begin, end);
-  const auto* bp = static_cast<const uint8_t*>(blocks.raw());
-  const auto* sp = static_cast<const uint8_t*>(scales.raw());
   Tensor t = Tensor::empty({end - begin, in, out}, DType::F32, MemCategory::ExpertWeights);
-  float* o = t.data<float>();
-  for (int64_t e = 0; e < end - begin; ++e)
-    for (int64_t r = 0; r < out; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t block = (e * out + r) * groups + g;
-        const float scale = std::ldexp(1.0f, static_cast<int>(sp[block]) - 127);
-        for (int64_t b = 0; b < 16; ++b) {
-          const uint8_t byte = bp[block * 16 + b];
-          const int64_t c = g * 32 + 2 * b;  // the low nibble is the even element
-          o[(e * in + c) * out + r] = fp4_e2m1_value(byte & 0x0F) * scale;
-          o[(e * in + c + 1) * out + r] = fp4_e2m1_value(static_cast<uint8_t>(byte >> 4)) * scale;
-        }
-      }
+  dequantize_mxfp4(static_cast<const uint8_t*>(blocks.raw()), static_cast<const uint8_t*>(scales.raw()),
+                   end - begin, in, out, t.data<float>());
   return t;
 }
 

@@ -1,16 +1,15 @@
 #pragma once
 // gpt-oss's MXFP4 expert weights, dequantised at load. A quantised checkpoint stores each stacked expert
-// matrix NAME ([E, in, out] once dequantised: gate_up_proj [E, H, 2I], down_proj [E, I, H]) as
-//   NAME_blocks  U8 [E, out, in/32, 16]: two FP4 (e2m1) codes per byte, low nibble first, 32 per block
-//   NAME_scales  U8 [E, out, in/32]:     one E8M0 exponent per block (value = code · 2^(scale - 127))
-// (the OCP microscaling format, as transformers' convert_moe_packed_tensors reads it). Mxfp4Store wraps a
-// store and presents NAME as an F32 tensor [E, in, out]; view_rows dequantises only the experts asked for,
-// so a rank decodes only the experts it owns.
+// matrix NAME ([E, in, out] once dequantised: gate_up_proj [E, H, 2I], down_proj [E, I, H]) as NAME_blocks
+// and NAME_scales (io/mxfp4.hpp, whose decoder this uses). Mxfp4Store wraps a store and presents NAME as an
+// F32 tensor [E, in, out]; view_rows dequantises only the experts asked for, so a rank decodes only the
+// experts it owns.
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "expar/infer/tensor_store.hpp"
+#include "expar/io/mxfp4.hpp"
 
 namespace expar::infer {
 
@@ -31,8 +30,5 @@ class Mxfp4Store final : public TensorStore {
   mutable std::mutex mutex_;
   mutable std::map<std::string, TensorInfo> infos_;  // the dequantised tensors' shapes, by name
 };
-
-// The value of FP4 (e2m1) code `code` (0..15): sign bit 3, then {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
-float fp4_e2m1_value(uint8_t code);
 
 }  // namespace expar::infer

@@ -1,8 +1,10 @@
 #include "expar/model/moe_transformer.hpp"
 
 #include <cmath>
+#include <tuple>
 
 #include "expar/comm/comm.hpp"
+#include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/context_parallel_attention.hpp"
 #include "expar/nn/cross_entropy.hpp"
 #include "expar/nn/embedding.hpp"
@@ -29,29 +31,7 @@ Tensor int_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
-float sigmoid(float v) {
-  return 1.0f / (1.0f + std::exp(-v));
-}
-
 }  // namespace
-
-void check_trainable_features(const ModelFeatures& f, const std::string& family) {
-  std::vector<std::string> refused;
-  if (f.router != RouterKind::Scores)
-    refused.push_back("the biased top-k-then-softmax router (mlp.router.bias)");
-  if (f.activation != ExpertActivation::Swiglu || f.fused_experts)
-    refused.push_back("fused experts with biases and the clamped SwiGLU (swiglu_limit)");
-  if (f.tied_embeddings) refused.push_back("tied embeddings (tie_word_embeddings: true)");
-  if (refused.empty()) return;
-  std::string list;
-  for (const std::string& r : refused) list += (list.empty() ? "" : "; ") + r;
-  fail(
-      "training cannot compute {} of the {} model yet: {}. Training supports q/k/v/o biases, q/k norms, "
-      "sinks, "
-      "sliding windows, rope scaling and gated shared experts (Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE, ours); "
-      "serve or evaluate this model with expar generate/eval/serve instead",
-      refused.size() == 1 ? "a feature" : "features", family, list);
-}
 
 struct MoeTransformer::Block {
   Tensor attn_norm, attn_norm_grad, mlp_norm, mlp_norm_grad;
@@ -60,8 +40,9 @@ struct MoeTransformer::Block {
   nn::AttentionOptions attn_options;  // the family's biases, q/k norms and window (handles on parameters)
   nn::AttentionOptionGrads attn_option_grads;
   std::unique_ptr<MoeLayer> moe;
-  Tensor shared_gate, shared_up, shared_down;  // optional shared expert (SwiGLU)
-  Tensor shared_gate_grad, shared_up_grad, shared_down_grad;
+  // Optional shared expert: one SwiGLU expert on moe/expert_mlp, its weights and gradients viewed as
+  // [1, h, d] / [1, d, h] over the parameters "shared.w1|w3|w2" ([h, d], [h, d], [d, h]).
+  ExpertWeights shared, shared_grad;
   Tensor shared_scale, shared_scale_grad;  // [1, d]: shared output scaled by sigmoid(x · w) (Qwen-MoE)
 };
 
@@ -70,8 +51,7 @@ struct MoeTransformer::Activations {
     nn::RmsNormSaved attn_norm, mlp_norm;
     nn::AttentionSaved attn;
     MoeState moe;
-    nn::LinearSaved shared_gate, shared_up, shared_down;
-    Tensor gate, up;                    // shared expert pre-activations
+    ExpertMlpState shared;              // the shared expert's saved state
     Tensor shared_in, shared_out;       // with a shared-expert scale: its input and unscaled output
     std::vector<float> shared_sigmoid;  // per token: sigmoid(x · w)
   };
@@ -88,8 +68,12 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
       ep_group_(ep_group),
       rope_(config_.head_dim, config_.max_seq, rope_scaling(config_, features_)) {
   config_.moe.model_dim = config_.model_dim;
+  // The family's router and experts (gpt-oss: router bias, expert biases, clamped SwiGLU) are the MoE
+  // layer's; the features are the one place that says which.
+  config_.moe.router_bias = features_.router == RouterKind::BiasedTopkSoftmax;
+  config_.moe.expert_biases = features_.fused_experts;
+  config_.moe.activation = features_.activation;
   config_.validate(ep_group.size());
-  check_trainable_features(features_, "given");
   EXPAR_CHECK(features_.window.empty() || static_cast<int>(features_.window.size()) == config_.layers,
               "the model has {} layers but its features list {} attention windows", config_.layers,
               features_.window.size());
@@ -152,9 +136,12 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     b->mlp_norm_grad = mn.grad;
     if (config_.shared_expert_hidden > 0) {
       const int64_t hs = config_.shared_expert_hidden;
-      bind(".shared.w1", {hs, d}, b->shared_gate, b->shared_gate_grad);
-      bind(".shared.w3", {hs, d}, b->shared_up, b->shared_up_grad);
-      bind(".shared.w2", {d, hs}, b->shared_down, b->shared_down_grad);
+      Tensor w1, w3, w2, g1, g3, g2;
+      bind(".shared.w1", {hs, d}, w1, g1);
+      bind(".shared.w3", {hs, d}, w3, g3);
+      bind(".shared.w2", {d, hs}, w2, g2);
+      b->shared = {w1.reshape({1, hs, d}), w3.reshape({1, hs, d}), w2.reshape({1, d, hs})};
+      b->shared_grad = {g1.reshape({1, hs, d}), g3.reshape({1, hs, d}), g2.reshape({1, d, hs})};
       if (features_.shared_expert_gate) bind(".shared.gate", {1, d}, b->shared_scale, b->shared_scale_grad);
     }
     b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
@@ -163,20 +150,35 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
+    if (mp.router_bias.defined())
+      params_.push_back(
+          Parameter{p + ".moe.router_bias", mp.router_bias, mg.router_bias, ParamKind::Dense, false});
     params_.push_back(
         Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
     params_.push_back(
         Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
     params_.push_back(
         Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
+    if (mp.experts.has_biases())  // gate, up and down biases: no weight decay
+      for (auto [key, value, grad] :
+           {std::tuple{".b1", mp.experts.b1, mg.experts.b1}, std::tuple{".b3", mp.experts.b3, mg.experts.b3},
+            std::tuple{".b2", mp.experts.b2, mg.experts.b2}})
+        params_.push_back(Parameter{p + ".moe.experts" + key, value, grad, ParamKind::Expert, false});
     blocks_.push_back(std::move(b));
   }
   auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
   final_norm_ = fn.value;
   final_norm_grad_ = fn.grad;
-  auto& head = add_param("lm_head", {config_.vocab, d}, ParamKind::Dense, true);
-  head_ = head.value;
-  head_grad_ = head.grad;
+  if (features_.tied_embeddings) {
+    // tie_word_embeddings: one parameter is both the embedding and the LM head; the head's gradient and the
+    // embedding's add into the same tensor, and saves hold no lm_head.
+    head_ = embed_;
+    head_grad_ = embed_grad_;
+  } else {
+    auto& head = add_param("lm_head", {config_.vocab, d}, ParamKind::Dense, true);
+    head_ = head.value;
+    head_grad_ = head.grad;
+  }
 }
 
 MoeTransformer::~MoeTransformer() = default;
@@ -220,7 +222,9 @@ void MoeTransformer::init(uint64_t seed) {
     } else if (p.value.ndim() == 1) {  // attention biases and sink logits
       nn::init_constant(p.value, 0.0f);
     } else if (n == "embed") {
-      nn::init_normal(p.value, seed, n, 1.0f);
+      // Tied, the embedding is the LM head too: unit-variance rows would give logits of variance d at the
+      // start, so it starts at 1/sqrt(d) (the first RMSNorm makes the scale irrelevant to the blocks).
+      nn::init_normal(p.value, seed, n, features_.tied_embeddings ? 1.0f / std::sqrt(d) : 1.0f);
     } else {
       const auto fan_in = static_cast<float>(p.value.dim(1));
       float stddev = 1.0f / std::sqrt(fan_in);
@@ -260,42 +264,23 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     Tensor h1 = add(h, att);
     Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
     Tensor m = b.moe->forward(n2, moe_state);
-    if (b.shared_gate.defined()) {
-      Tensor g = nn::linear_forward(n2, b.shared_gate, nullptr, a ? &a->shared_gate : nullptr);
-      Tensor u = nn::linear_forward(n2, b.shared_up, nullptr, a ? &a->shared_up : nullptr);
-      Tensor act = Tensor::empty(g.shape());
-      const float* pg = g.data<float>();
-      const float* pu = u.data<float>();
-      float* pa = act.data<float>();
-      for (int64_t i = 0; i < g.numel(); ++i) pa[i] = pg[i] * sigmoid(pg[i]) * pu[i];
-      Tensor so = nn::linear_forward(act, b.shared_down, nullptr, a ? &a->shared_down : nullptr);
+    if (b.shared.w1.defined()) {
+      const int64_t rows = n2.dim(0), d = n2.dim(1);
+      const std::vector<int64_t> offsets{0, rows};
+      Tensor so = Tensor::empty({rows, d});
+      ExpertMlpState unsaved;
+      expert_mlp_forward(n2, PayloadFormat::F32, offsets, b.shared, so, a ? a->shared : unsaved);
       if (b.shared_scale.defined()) {
         // Qwen-MoE: the shared expert's output scaled by sigmoid(x · w), one scalar per token.
-        const int64_t rows = so.dim(0), d = so.dim(1);
-        std::vector<float> sig(static_cast<size_t>(rows));
-        const float* px = n2.data<float>();
-        const float* w = b.shared_scale.data<float>();
-        float* py = so.data<float>();
-        for (int64_t t = 0; t < rows; ++t) {
-          double dot = 0.0;
-          for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(px[t * d + j]) * w[j];
-          sig[static_cast<size_t>(t)] = sigmoid(static_cast<float>(dot));
-        }
+        std::vector<float> sig = shared_expert_gate(n2, b.shared_scale);
+        add_gated_rows(sig, so.data<float>(), rows, d, m.data<float>());
         if (a) {
           a->shared_in = n2;
           a->shared_out = so;
-          a->shared_sigmoid = sig;
+          a->shared_sigmoid = std::move(sig);
         }
-        Tensor scaled = Tensor::empty(so.shape());
-        float* ps = scaled.data<float>();
-        for (int64_t t = 0; t < rows; ++t)
-          for (int64_t j = 0; j < d; ++j) ps[t * d + j] = sig[static_cast<size_t>(t)] * py[t * d + j];
-        so = scaled;
-      }
-      add_into(m, so);
-      if (a) {
-        a->gate = g;
-        a->up = u;
+      } else {
+        add_into(m, so);
       }
     }
     h = add(h1, m);
@@ -353,49 +338,14 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     auto& a = acts.blocks[li];
     // h = h1 + moe(norm(h1)) [+ shared(norm(h1))]
     Tensor grad_n2 = b.moe->backward(grad, a.moe);
-    if (b.shared_gate.defined()) {
-      Tensor grad_so = grad;
-      if (b.shared_scale.defined()) {
-        // y = s·so with s = sigmoid(x · w): dso = s·dy; dz = s(1 - s)·(dy · so); dw += dz·x; dx += dz·w.
-        const int64_t rows = grad.dim(0), d = grad.dim(1);
-        grad_so = Tensor::empty(grad.shape());
-        const float* pg = grad.data<float>();
-        const float* so = a.shared_out.data<float>();
-        const float* px = a.shared_in.data<float>();
-        const float* w = b.shared_scale.data<float>();
-        float* gso = grad_so.data<float>();
-        float* gw = b.shared_scale_grad.data<float>();
-        float* gx = grad_n2.data<float>();
-        for (int64_t t = 0; t < rows; ++t) {
-          const float s = a.shared_sigmoid[static_cast<size_t>(t)];
-          double dot = 0.0;
-          for (int64_t j = 0; j < d; ++j) {
-            gso[t * d + j] = s * pg[t * d + j];
-            dot += static_cast<double>(pg[t * d + j]) * so[t * d + j];
-          }
-          const auto dz = static_cast<float>(dot * s * (1.0 - s));
-          for (int64_t j = 0; j < d; ++j) {
-            gw[j] += dz * px[t * d + j];
-            gx[t * d + j] += dz * w[j];
-          }
-        }
-      }
-      Tensor grad_act =
-          nn::linear_backward(a.shared_down, grad_so, b.shared_down, b.shared_down_grad, nullptr);
-      Tensor grad_g = Tensor::empty(a.gate.shape()), grad_u = Tensor::empty(a.up.shape());
-      const float* pg = a.gate.data<float>();
-      const float* pu = a.up.data<float>();
-      const float* pa = grad_act.data<float>();
-      float* gg = grad_g.data<float>();
-      float* gu = grad_u.data<float>();
-      for (int64_t i = 0; i < grad_g.numel(); ++i) {
-        const float s = sigmoid(pg[i]);
-        gu[i] = pa[i] * pg[i] * s;
-        gg[i] = pa[i] * pu[i] * s * (1.0f + pg[i] * (1.0f - s));
-      }
-      add_into(grad_n2,
-               nn::linear_backward(a.shared_gate, grad_g, b.shared_gate, b.shared_gate_grad, nullptr));
-      add_into(grad_n2, nn::linear_backward(a.shared_up, grad_u, b.shared_up, b.shared_up_grad, nullptr));
+    if (b.shared.w1.defined()) {
+      const Tensor grad_so = b.shared_scale.defined() ? shared_expert_gate_backward(
+                                                            grad, a.shared_out, a.shared_in, b.shared_scale,
+                                                            a.shared_sigmoid, b.shared_scale_grad, grad_n2)
+                                                      : grad;
+      Tensor grad_in = Tensor::empty(grad_n2.shape());
+      expert_mlp_backward(grad_so, a.shared, b.shared, grad_in, b.shared_grad);
+      add_into(grad_n2, grad_in);
     }
     Tensor grad_h1 = nn::rmsnorm_backward(a.mlp_norm, grad_n2, b.mlp_norm, b.mlp_norm_grad);
     add_into(grad_h1, grad);

@@ -5,8 +5,8 @@
 //
 // The Hugging Face families add (model/architecture.hpp's ModelFeatures, trained with their gradients): q/k/v
 // and o biases, q/k RMSNorm (per head or over the projection), attention sinks, sliding windows per layer,
-// rope scaling, and a shared expert scaled by sigmoid(x · gate). gpt-oss's biased router and clamped SwiGLU
-// experts, and tied embeddings, are refused by name (check_trainable_features).
+// rope scaling, a shared expert scaled by sigmoid(x · gate), gpt-oss's router bias and experts (biases,
+// clamped SwiGLU: the MoE layer's), and tied embeddings (one parameter for the embedding and the LM head).
 //
 // Parameters are named ("layers.3.attn.wq", "layers.3.moe.experts.w1" for the local expert shard) and
 // initialised from (seed, name, element) only, so every layout starts from the same weights: routed expert
@@ -27,10 +27,6 @@
 namespace expar {
 
 class Comm;
-
-// Throws expar::Error naming each feature of `features` the training layers cannot compute yet (and what
-// they can), so `expar train --model` refuses a family instead of training another function.
-void check_trainable_features(const ModelFeatures& features, const std::string& family);
 
 struct StepMetrics {
   double loss = 0.0;         // cross-entropy of this microbatch, mean over its tokens

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "expar/core/error.hpp"
 #include "expar/core/fast_exp.hpp"
@@ -14,6 +15,27 @@ float gpt_oss_swiglu(float gate, float up) {
   gate = std::min(gate, kGptOssLimit);
   up = std::clamp(up, -kGptOssLimit, kGptOssLimit);
   return gate / (1.0f + std::exp(-kGptOssAlpha * gate)) * (up + 1.0f);
+}
+
+GptOssSwigluGrad gpt_oss_swiglu_grad(float gate, float up) {
+  const float g = std::min(gate, kGptOssLimit), u = std::clamp(up, -kGptOssLimit, kGptOssLimit);
+  const float s = 1.0f / (1.0f + std::exp(-kGptOssAlpha * g));
+  // d/dg [g·σ(αg)] = σ + αg·σ(1 − σ); the clamps pass the gradient only inside their range (bounds included).
+  const float d_gate = gate <= kGptOssLimit ? (s + kGptOssAlpha * g * s * (1.0f - s)) * (u + 1.0f) : 0.0f;
+  const float d_up = up >= -kGptOssLimit && up <= kGptOssLimit ? g * s : 0.0f;
+  return {d_gate, d_up};
+}
+
+bool ExpertWeights::has_biases() const {
+  auto present = [](const Tensor& t) { return t.defined() && t.numel() > 0; };
+  return present(b1) || present(b3) || present(b2);
+}
+
+ExpertWeights ExpertWeights::experts(int64_t begin, int64_t end) const {
+  auto rows = [&](const Tensor& t) { return t.defined() && t.numel() > 0 ? t.rows(begin, end) : Tensor(); };
+  ExpertWeights s{rows(w1), rows(w3), rows(w2), rows(b1), rows(b3), rows(b2)};
+  s.activation = activation;
+  return s;
 }
 
 void ExpertWeights::validate() const {
@@ -63,6 +85,33 @@ void swiglu_grad(const float* a, const float* b, const float* gm, float* ga, flo
 
 bool has(const Tensor& t) {
   return t.defined() && t.numel() > 0;
+}
+
+// m = the experts' activation of the pre-activations a (gate) and b (up).
+void activate(ExpertMlpActivation activation, const float* a, const float* b, float* m, int64_t count) {
+  if (activation == ExpertMlpActivation::GptOssClamped) {
+    for (int64_t i = 0; i < count; ++i) m[i] = gpt_oss_swiglu(a[i], b[i]);
+  } else {
+    swiglu(a, b, m, count);
+  }
+}
+
+// The activation's gradient (swiglu_grad's contract: gm may be ga or gb).
+void activate_grad(ExpertMlpActivation activation, const float* a, const float* b, const float* gm, float* ga,
+                   float* gb, int64_t count) {
+  if (activation != ExpertMlpActivation::GptOssClamped) return swiglu_grad(a, b, gm, ga, gb, count);
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gm[i];
+    const GptOssSwigluGrad d = gpt_oss_swiglu_grad(a[i], b[i]);
+    ga[i] = g * d.d_gate;
+    gb[i] = g * d.d_up;
+  }
+}
+
+// acc [cols] += Σ over the n rows of rows [n, cols], row after row.
+void add_column_sums(const float* rows, int64_t n, int64_t cols, float* acc) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < cols; ++c) acc[c] += rows[r * cols + c];
 }
 
 // rows [n, cols] += bias (one row of it) on every row.
@@ -129,11 +178,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul(x + begin * d, w3, bl, n, h, d, false, true, false);
       if (has(weights.b1)) add_row_bias(al, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(bl, n, h, weights.b3.data<float>() + l * h);
-      if (weights.activation == ExpertMlpActivation::GptOssClamped) {
-        for (int64_t i = 0; i < n * h; ++i) m[i] = gpt_oss_swiglu(al[i], bl[i]);
-      } else {
-        swiglu(al, bl, m, n * h);
-      }
+      activate(weights.activation, al, bl, m, n * h);
       matmul(m, w2, yl, n, d, h, false, true, false);
     }
     if (has(weights.b2)) add_row_bias(yl, n, d, weights.b2.data<float>() + l * d);
@@ -144,12 +189,15 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
                          Tensor& grad_in, ExpertWeights& grads) {
   weights.validate();
   grads.validate();
-  EXPAR_CHECK(weights.activation == ExpertMlpActivation::Swiglu && !has(weights.b1) && !has(weights.b3) &&
-                  !has(weights.b2),
-              "the expert MLP's backward covers SwiGLU experts without biases: gpt-oss's clamped SwiGLU and "
-              "expert biases run forward only (training gpt-oss is not built)");
   EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
               shape_string(grads.w1.shape()), shape_string(weights.w1.shape()));
+  for (auto [w, g, what] :
+       {std::tuple{&weights.b1, &grads.b1, "b1"}, std::tuple{&weights.b3, &grads.b3, "b3"},
+        std::tuple{&weights.b2, &grads.b2, "b2"}})
+    EXPAR_CHECK(has(*w) == has(*g) && (!has(*w) || w->shape() == g->shape()),
+                "expert bias {}: the weights {} it but its gradient is {}: give the gradients the biases' "
+                "shapes",
+                what, has(*w) ? "have" : "do not have", has(*g) ? shape_string(g->shape()) : "absent");
   const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
   EXPAR_CHECK(state.offsets.size() == static_cast<size_t>(e_local + 1),
               "expert backward: saved state is for {} local experts, weights for {}",
@@ -180,13 +228,20 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
+    if (has(grads.b2)) add_column_sums(gy + begin * d, n, d, grads.b2.data<float>() + l * d);
+    if (h == 0) {  // an empty intermediate shard: only the down bias had a gradient
+      std::fill(gx + begin * d, gx + (begin + n) * d, 0.0f);
+      continue;
+    }
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
-    swiglu(a + begin * h, b + begin * h, m, n * h);
+    activate(weights.activation, a + begin * h, b + begin * h, m, n * h);
     matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
     matmul(gy + begin * d, w2, gm, n, h, d, false, false, false);
     float* ga = m;   // m is no longer needed
     float* gb = gm;  // in place
-    swiglu_grad(a + begin * h, b + begin * h, gm, ga, gb, n * h);
+    activate_grad(weights.activation, a + begin * h, b + begin * h, gm, ga, gb, n * h);
+    if (has(grads.b1)) add_column_sums(ga, n, h, grads.b1.data<float>() + l * h);
+    if (has(grads.b3)) add_column_sums(gb, n, h, grads.b3.data<float>() + l * h);
     // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
     matmul(ga, x + begin * d, grads.w1.data<float>() + l * h * d, h, d, n, true, false, true);
     matmul(gb, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);

@@ -2,8 +2,8 @@
 // The routed experts of one rank: a SwiGLU MLP per local expert in Hugging Face Mixtral orientation,
 //   y = w2 · (silu(w1·x) ⊙ (w3·x)),  w1 (gate) [h, d], w3 (up) [h, d], w2 (down) [d, h],
 // stored for E_L local experts as [E_L, h, d], [E_L, h, d], [E_L, d, h]; or gpt-oss's experts, with gate/up
-// biases before the activation, a down bias after the down product, and the clamped SwiGLU (forward only:
-// training those is not built). The inference engine's experts and shared expert run here too.
+// biases before the activation, a down bias after the down product, and the clamped SwiGLU, forward and
+// backward (the biases' gradients included). The inference engine's experts and shared expert run here too.
 // Computed as grouped GEMMs over the expert-contiguous row intervals of the expert-side buffer (contract 3):
 // one oneDNN matmul per expert interval and product, expert after expert, with that expert's SwiGLU (and,
 // backward, its gradient) between its products so that the [rows, h] intermediates are consumed while in
@@ -23,8 +23,14 @@ enum class ExpertMlpActivation : uint8_t {
 };
 
 inline constexpr float kGptOssAlpha = 1.702f, kGptOssLimit = 7.0f;
-// gpt-oss's activation: gate clamped to <= 7, up to [-7, 7]; gate·sigmoid(1.702·gate)·(up + 1).
+// gpt-oss's activation (transformers' GptOssExperts): gate clamped to <= 7, up to [-7, 7];
+// gate·sigmoid(1.702·gate)·(up + 1).
 float gpt_oss_swiglu(float gate, float up);
+// Its partial derivatives at (gate, up): zero where a clamp is active (gate > 7, |up| > 7), as torch's clamp.
+struct GptOssSwigluGrad {
+  float d_gate, d_up;
+};
+GptOssSwigluGrad gpt_oss_swiglu_grad(float gate, float up);
 
 struct ExpertWeights {
   Tensor w1;  // [E_L, h, d]
@@ -37,6 +43,9 @@ struct ExpertWeights {
   int64_t local_count() const { return w1.dim(0); }
   int64_t hidden() const { return w1.dim(1); }
   int64_t model() const { return w1.dim(2); }
+  bool has_biases() const;
+  // Local experts [begin, end): views of every tensor (the biases included), the same activation.
+  ExpertWeights experts(int64_t begin, int64_t end) const;
   // Throws unless the three shapes agree.
   void validate() const;
 };
@@ -57,8 +66,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
                         const ExpertWeights& weights, Tensor& out, ExpertMlpState& state);
 
 // grad_out [>= recv, d]; writes rows [0, recv) of grad_in and ADDS the weight gradients into `grads`
-// (tensors shaped like the weights, initialised by the caller). SwiGLU experts without biases only (throws
-// expar::Error otherwise).
+// (tensors shaped like the weights, initialised by the caller; with biased experts, bias gradients too:
+// b1/b3 += column sums of the gate/up pre-activation gradients, b2 += column sums of grad_out, each over the
+// expert's rows in row order, so a result never depends on the path or the wave schedule).
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
                          Tensor& grad_in, ExpertWeights& grads);
 

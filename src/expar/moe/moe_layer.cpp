@@ -45,15 +45,19 @@ void MoeConfig::validate(int ep_size) const {
 
 namespace {
 
-ExpertWeights make_experts(int64_t e_local, int64_t h, int64_t d, MemCategory category, bool zero) {
-  auto make = [&](Shape s) {
-    return zero ? Tensor::zeros(std::move(s), DType::F32, category)
-                : Tensor::empty(std::move(s), DType::F32, category);
-  };
+ExpertWeights make_experts(const MoeConfig& c, int64_t e_local, MemCategory category) {
+  const int64_t d = c.model_dim, h = c.hidden_dim;
+  auto make = [&](Shape s) { return Tensor::zeros(std::move(s), DType::F32, category); };
   ExpertWeights w;
   w.w1 = make({e_local, h, d});
   w.w3 = make({e_local, h, d});
   w.w2 = make({e_local, d, h});
+  if (c.expert_biases) {
+    w.b1 = make({e_local, h});
+    w.b3 = make({e_local, h});
+    w.b2 = make({e_local, d});
+  }
+  w.activation = c.activation;
   return w;
 }
 
@@ -68,10 +72,9 @@ struct ExpertSlice {
 
 ExpertSlice expert_slice(const ExpertWeights& weights, const ExpertWeights& grads, const RouteMap& map,
                          ExpertWave wave) {
-  auto rows = [&](const Tensor& t) { return t.rows(wave.begin, wave.end); };
   ExpertSlice s;
-  s.weights = {rows(weights.w1), rows(weights.w3), rows(weights.w2)};
-  s.grads = {rows(grads.w1), rows(grads.w3), rows(grads.w2)};
+  s.weights = weights.experts(wave.begin, wave.end);
+  s.grads = grads.experts(wave.begin, wave.end);
   s.row_begin = map.expert_offsets[static_cast<size_t>(wave.begin)];
   s.row_end = map.expert_offsets[static_cast<size_t>(wave.end)];
   for (int l = wave.begin; l <= wave.end; ++l)
@@ -96,13 +99,16 @@ MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name, MoeShared
   options.block_index = shared.block_index;
   options.precision = config_.precision;
   path_ = make_path(config_.path, ep_group_, options);
-  const int64_t e_local = placement_.local_count(), d = config_.model_dim, h = config_.hidden_dim;
-  params_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::DenseWeights);
-  if (config_.use_score_bias)
-    params_.score_bias = Tensor::zeros({config_.num_experts}, DType::F32, MemCategory::DenseWeights);
-  params_.experts = make_experts(e_local, h, d, MemCategory::ExpertWeights, true);
-  grads_.w_router = Tensor::zeros({config_.num_experts, d}, DType::F32, MemCategory::Gradients);
-  grads_.experts = make_experts(e_local, h, d, MemCategory::Gradients, true);
+  const int64_t e_local = placement_.local_count(), d = config_.model_dim, e = config_.num_experts;
+  params_.w_router = Tensor::zeros({e, d}, DType::F32, MemCategory::DenseWeights);
+  if (config_.use_score_bias) params_.score_bias = Tensor::zeros({e}, DType::F32, MemCategory::DenseWeights);
+  if (config_.router_bias) {
+    params_.router_bias = Tensor::zeros({e}, DType::F32, MemCategory::DenseWeights);
+    grads_.router_bias = Tensor::zeros({e}, DType::F32, MemCategory::Gradients);
+  }
+  params_.experts = make_experts(config_, e_local, MemCategory::ExpertWeights);
+  grads_.w_router = Tensor::zeros({e, d}, DType::F32, MemCategory::Gradients);
+  grads_.experts = make_experts(config_, e_local, MemCategory::Gradients);
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -119,7 +125,9 @@ void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPla
               params.experts.local_count(), placement.local_count());
   fill_normal(params.w_router, seed, stream_of((name + ".router").c_str()),
               1.0f / std::sqrt(static_cast<float>(d)));
-  if (params.score_bias.defined()) params.score_bias.zero();
+  for (Tensor* bias :
+       {&params.score_bias, &params.router_bias, &params.experts.b1, &params.experts.b3, &params.experts.b2})
+    if (bias->defined()) bias->zero();
   for (int l = 0; l < placement.local_count(); ++l) {
     const int e = placement.global_expert(ep_rank, l);
     auto fill = [&](Tensor& all, const char* which, int64_t rows, int64_t cols, int64_t fan_in) {
@@ -142,6 +150,8 @@ void MoeLayer::zero_grads() {
   grads_.experts.w1.zero();
   grads_.experts.w3.zero();
   grads_.experts.w2.zero();
+  for (Tensor* bias : {&grads_.router_bias, &grads_.experts.b1, &grads_.experts.b3, &grads_.experts.b2})
+    if (bias->defined()) bias->zero();
 }
 
 Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
@@ -150,7 +160,8 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
               dtype_name(x.dtype()), shape_string(x.shape()));
   const Tensor* bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
   PhaseScope router_phase(phase::kRouter);
-  RouterOutput routed = router_forward(config_.router(), x, params_.w_router, bias, state.router);
+  RouterOutput routed = router_forward(config_.router(), x, params_.w_router, bias, state.router,
+                                       params_.router_bias.defined() ? &params_.router_bias : nullptr);
   router_phase.stop();
   PhaseScope route_map_phase(phase::kRouteMap);
   state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);
@@ -191,8 +202,8 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
   Tensor grad_topk_weight;
   Tensor grad_x = experts_backward(grad_y, state, grad_topk_weight);
   PhaseScope router_phase(phase::kRouter);
-  router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x,
-                  grads_.w_router);
+  router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x, grads_.w_router,
+                  grads_.router_bias.defined() ? &grads_.router_bias : nullptr);
   router_phase.stop();
   return grad_x;
 }

@@ -4,8 +4,9 @@
 // registered path (chosen by name), and with path "local" on one rank it is the reference every EP path is
 // held to.
 //
-// Parameters: the router weight W_r [E, d] (replicated on every rank of the EP group) and optional score
-// bias [E]; the E_L local experts' w1, w3 [E_L, h, d] and w2 [E_L, d, h]. init_params(seed) gives global
+// Parameters: the router weight W_r [E, d] (replicated on every rank of the EP group), optional score
+// bias [E] and (gpt-oss) router logit bias [E]; the E_L local experts' w1, w3 [E_L, h, d] and w2 [E_L, d, h],
+// and (gpt-oss) their biases b1, b3 [E_L, h] and b2 [E_L, d]. init_params(seed) gives global
 // expert e the same values whatever the EP size or placement (one RNG stream per (layer name, expert)).
 #include <cstdint>
 #include <memory>
@@ -35,6 +36,12 @@ struct MoeConfig {
   ScoreFunction score = ScoreFunction::Softmax;
   bool renormalize = false;
   bool softmax_over_topk = false;  // gpt-oss's router (RouterConfig)
+  // gpt-oss: a router bias [E] added to the logits (a trained parameter, MoeParams::router_bias), and
+  // experts with gate/up/down biases and the clamped SwiGLU. Set from the architecture's features; not part
+  // of a checkpoint's model config (the family's config.json says it).
+  bool router_bias = false;
+  bool expert_biases = false;
+  ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
   int n_group = 1;
   int topk_group = 1;
   bool use_score_bias = false;  // auxiliary-loss-free balancing
@@ -58,17 +65,20 @@ struct MoeConfig {
 struct MoeParams {
   Tensor w_router;        // [E, d]
   Tensor score_bias;      // [E] (defined only with use_score_bias)
+  Tensor router_bias;     // [E] added to the logits (defined only with MoeConfig::router_bias)
   ExpertWeights experts;  // local experts
 };
 
 // The layout-independent initialisation behind MoeLayer::init_params: W_r ~ N(0, 1/d) from the stream of
 // "<name>.router"; global expert e's w1, w3 ~ N(0, 1/d) and w2 ~ N(0, 1/h) from the streams of
-// "<name>.experts.<e>.w1|w3|w2"; the score bias (if defined) 0. Fills the local experts of `ep_rank`.
+// "<name>.experts.<e>.w1|w3|w2"; the score bias, router bias and expert biases (if defined) 0. Fills the
+// local experts of `ep_rank`.
 void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPlacement& placement,
                      int ep_rank, const std::string& name, uint64_t seed);
 
 struct MoeGrads {
   Tensor w_router;        // [E, d]
+  Tensor router_bias;     // [E] (with MoeConfig::router_bias)
   ExpertWeights experts;  // local experts
 };
 

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -11,10 +12,12 @@
 #include "expar/core/tensor_convert.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/durable_file.hpp"
+#include "expar/io/mxfp4.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "expar/io/strict_json.hpp"
+#include "expar/model/gpt_oss_layout.hpp"
 #include "expar/model/model_config_json.hpp"
 #include "expar/model/weight_names.hpp"
 
@@ -57,6 +60,91 @@ Tensor full_moment(AdamW& opt, size_t i, bool second, Comm& ep_dp) {
     counts[static_cast<size_t>(r)] = static_cast<size_t>(n * (r + 1) / ep_dp.size() - n * r / ep_dp.size());
   ep_dp.all_gather_v(part.raw(), static_cast<size_t>(part.numel()), full.raw(), counts, DType::F32);
   return full;
+}
+
+// gpt-oss keeps each layer's experts in four stacked tensors (model/gpt_oss_layout.hpp), and a safetensors
+// index maps a name to one file, so the owners cannot each write their own experts: the members of the
+// writing EP_MP group (EP_DP coordinate 0) convert their local experts to the family's layout and all-gather
+// them, one tensor at a time, and world rank 0 (that group's EP_MP rank 0) stores the stacked tensors in
+// dense.safetensors. Each member holds one gathered tensor at a time beyond its own experts; the writer keeps
+// every layer's until its file is written. The Adam moments stay per expert in the owners'
+// optimizer-experts-<m>.safetensors (our names), so resume reads them as for every other family.
+std::map<std::string, Tensor> gather_gpt_oss_experts(MoeLayer& layer, int l, Comm& ep_mp) {
+  const ExpertPlacement& placement = layer.placement();
+  const ExpertWeights& w = layer.params().experts;
+  const int64_t d = w.model(), h = w.hidden(), e_local = placement.local_count();
+  const auto names = gpt_oss_expert_names(l);
+  std::array<Shape, kGptOssExpertTensors> shapes;
+  std::array<Tensor, kGptOssExpertTensors> local;
+  std::array<float*, kGptOssExpertTensors> out{};
+  for (int k = 0; k < kGptOssExpertTensors; ++k) {
+    shapes[k] = gpt_oss_expert_shape(static_cast<GptOssExpertTensor>(k), d, h);
+    local[k] = Tensor::empty({e_local, shape_numel(shapes[k])}, DType::F32, MemCategory::CommScratch);
+  }
+  for (int64_t i = 0; i < e_local; ++i) {
+    for (int k = 0; k < kGptOssExpertTensors; ++k) out[k] = local[k].data<float>() + i * local[k].dim(1);
+    gpt_oss_expert_to_hf(w, i, out);
+  }
+  std::map<std::string, Tensor> stacked;
+  for (int k = 0; k < kGptOssExpertTensors; ++k) {
+    const int64_t per = local[k].dim(1);
+    std::vector<size_t> counts;
+    for (int m = 0; m < placement.ep_size(); ++m)
+      counts.push_back(placement.local_experts(m).size() * static_cast<size_t>(per));
+    Tensor gathered = Tensor::empty({placement.num_experts() * per}, DType::F32, MemCategory::CommScratch);
+    ep_mp.all_gather_v(local[k].raw(), static_cast<size_t>(local[k].numel()), gathered.raw(), counts,
+                       DType::F32);
+    Shape full{placement.num_experts()};
+    full.insert(full.end(), shapes[k].begin(), shapes[k].end());
+    Tensor t = Tensor::empty(full, DType::F32, MemCategory::CommScratch);
+    // Rank-ordered blocks of each rank's local experts -> global expert order.
+    const float* src = gathered.data<float>();
+    for (int m = 0; m < placement.ep_size(); ++m)
+      for (int e : placement.local_experts(m)) {
+        std::memcpy(t.data<float>() + e * per, src, sizeof(float) * static_cast<size_t>(per));
+        src += per;
+      }
+    stacked[names[k]] = t;
+  }
+  return stacked;
+}
+
+// expert_rows(name, e, shape): expert e of the stacked tensor `name` as f32 values, after checking that the
+// stored tensor has `shape` [E, ...].
+using StackedExpertRows = std::function<Tensor(const std::string&, int, const Shape&)>;
+
+// Every MoE layer's local experts (weights and biases) from gpt-oss's stacked tensors.
+void load_gpt_oss_experts(MoeTransformer& model, const StackedExpertRows& expert_rows) {
+  for (int l = 0; l < model.config().layers; ++l) {
+    MoeLayer& layer = model.moe(l);
+    const ExpertPlacement& placement = layer.placement();
+    const int my_ep = placement.ep_size() == 1 ? 0 : layer.ep_rank();
+    ExpertWeights& w = layer.params().experts;
+    const auto names = gpt_oss_expert_names(l);
+    for (int i = 0; i < placement.local_count(); ++i) {
+      const int e = placement.global_expert(my_ep, i);
+      std::array<Tensor, kGptOssExpertTensors> rows;
+      std::array<const float*, kGptOssExpertTensors> in{};
+      for (int k = 0; k < kGptOssExpertTensors; ++k) {
+        Shape full{placement.num_experts()};
+        const Shape one = gpt_oss_expert_shape(static_cast<GptOssExpertTensor>(k), w.model(), w.hidden());
+        full.insert(full.end(), one.begin(), one.end());
+        rows[k] = expert_rows(names[k], e, full);
+        in[k] = rows[k].data<float>();
+      }
+      gpt_oss_expert_from_hf(in, w, i);
+    }
+  }
+}
+
+// The config.json a save holds: the run's, verbatim, except that a quantization_config goes (gpt-oss's MXFP4
+// experts are dequantised at load and every save holds them in F32; readers such as transformers would
+// otherwise look for quantised blocks).
+std::string config_json_of_save(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("quantization_config")) return text;
+  j.erase("quantization_config");
+  return j.dump(2) + "\n";
 }
 
 // A manifest, read and checked: every value in range, every file name inside the step directory.
@@ -231,6 +319,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   // Moments of sharded expert state must be gathered by every EP_DP member (collective), before deciding
   // who writes.
   const CheckpointNames names(info.format, model.config());
+  const bool stacked_experts = info.format == ModelFormat::GptOss;  // see gather_gpt_oss_experts
   // Weights under the format's names; the moments under ours, beside them (ours) or in their own files.
   std::map<std::string, Tensor> dense, experts, dense_moments, expert_moments;
   std::map<std::string, Tensor>& dense_opt = names.hf() ? dense_moments : dense;
@@ -256,7 +345,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
         Shape s(t.shape().begin() + 1, t.shape().end());
         return t.rows(l, l + 1).reshape(s);
       };
-      experts[names.weight(expert_name(p.name, e))] = slice(p.value);
+      if (!stacked_experts) experts[names.weight(expert_name(p.name, e))] = slice(p.value);
       if (optimizer) {
         expert_opt["optimizer.m." + expert_name(p.name, e)] = slice(m);
         expert_opt["optimizer.v." + expert_name(p.name, e)] = slice(v);
@@ -268,6 +357,11 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     if (bias.defined() && bias.numel() > 0)
       dense[names.weight("layers." + std::to_string(l) + ".moe.score_bias")] = bias;
   }
+  if (stacked_experts && ep_dp.rank() == 0)
+    for (int l = 0; l < model.config().layers; ++l) {
+      std::map<std::string, Tensor> layer = gather_gpt_oss_experts(model.moe(l), l, ep_mp);
+      if (world.rank() == 0) dense.merge(layer);
+    }
   const std::string hash = model_hash(info.model);
   std::map<std::string, std::string> meta{
       {"format", "expar"}, {"step", std::to_string(info.step)}, {"save_id", save_id}, {"model_hash", hash}};
@@ -278,7 +372,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       write_safetensors(staging / names.optimizer_file("dense.safetensors"), dense_moments, meta);
   }
   if (ep_dp.rank() == 0) {
-    write_safetensors(staging / expert_file, experts, meta);
+    if (!stacked_experts) write_safetensors(staging / expert_file, experts, meta);
     if (names.hf()) write_safetensors(staging / names.optimizer_file(expert_file), expert_moments, meta);
   }
   if (names.hf() && world.rank() == 0) {
@@ -291,7 +385,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       total += t.nbytes();
     }
     for (const Parameter& p : params) {
-      if (!is_expert_shard(p)) continue;
+      if (!is_expert_shard(p) || stacked_experts) continue;  // gpt-oss's are in the dense file
       const size_t per_expert = p.value.nbytes() / static_cast<size_t>(placement.local_count());
       for (int m = 0; m < placement.ep_size(); ++m)
         for (int e : placement.local_experts(m)) {
@@ -301,7 +395,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     }
     const json index{{"metadata", {{"total_size", total}, {"format", "pt"}}}, {"weight_map", weight_map}};
     write_file_atomically(staging / std::string(kShardedIndexName), index.dump(2) + "\n");
-    write_file_atomically(staging / "config.json", info.hf_config_json);
+    write_file_atomically(staging / "config.json", config_json_of_save(info.hf_config_json));
   }
   world.barrier();  // every file of the save is written and synced
   if (world.rank() == 0) {
@@ -342,12 +436,13 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     return *dense_moments_file;
   };
   std::set<std::string> dense_used;
-  auto expert_file = [&](int e) -> const SafetensorsFile& {
+  const bool stacked_experts = manifest.info.format == ModelFormat::GptOss;  // in the dense file
+  auto expert_file_name = [&](int e) -> const std::string& {
     auto it = manifest.file_of_expert.find(e);
     EXPAR_CHECK(it != manifest.file_of_expert.end(),
                 "checkpoint '{}' holds no file for expert {}: the model has more experts than the checkpoint",
                 label, e);
-    return files.open(it->second);
+    return it->second;
   };
   auto source = [&](const SafetensorsFile& file, const std::string& name, int64_t numel) {
     EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label, name,
@@ -380,12 +475,11 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     const int64_t per_expert = p.value.numel() / placement.local_count();
     for (int l = 0; l < placement.local_count(); ++l) {
       const int e = placement.global_expert(my_ep, l);
-      const SafetensorsFile& file = expert_file(e);
       const std::string name = expert_name(p.name, e);
-      copy_into(p.value.rows(l, l + 1), file, names.weight(name));
+      if (!stacked_experts)
+        copy_into(p.value.rows(l, l + 1), files.open(expert_file_name(e)), names.weight(name));
       if (!st) continue;
-      const SafetensorsFile& moments =
-          names.hf() ? files.open(names.optimizer_file(manifest.file_of_expert.at(e))) : file;
+      const SafetensorsFile& moments = files.open(names.optimizer_file(expert_file_name(e)));
       // The state may cover only a slice [begin, end) of the flattened local shard (EP_DP sharding).
       for (const char* which : {"m", "v"}) {
         const std::string key = std::string("optimizer.") + which + "." + name;
@@ -408,6 +502,17 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     const std::string name = names.weight("layers." + std::to_string(l) + ".moe.score_bias");
     if (bias.defined() && bias.numel() > 0 && dense.contains(name)) copy_into(bias, dense, name);
   }
+  if (stacked_experts)
+    load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {
+      EXPAR_CHECK(dense.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label, name,
+                  dense.label());
+      const Tensor src = dense.view(name);
+      EXPAR_CHECK(src.shape() == shape && src.dtype() == DType::F32,
+                  "checkpoint '{}': tensor '{}' in {} is {} {} but the model needs F32 {}", label, name,
+                  dense.label(), dtype_name(src.dtype()), shape_string(src.shape()), shape_string(shape));
+      dense_used.insert(name);
+      return src.rows(e, e + 1);
+    });
   // A tensor nobody loaded means the manifest's model config does not describe the files (e.g. "layers": 1
   // for a 2-layer checkpoint).
   std::vector<const SafetensorsFile*> dense_files{&dense};
@@ -442,14 +547,46 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
   };
   const ExpertPlacement& placement = model.moe(0).placement();
   const int my_ep = placement.ep_size() == 1 ? 0 : model.moe(0).ep_rank();
+  const bool stacked_experts = format == ModelFormat::GptOss;
   for (Parameter& p : model.parameters()) {
     if (!is_expert_shard(p)) {
       copy(p.value, names.weight(p.name));
       continue;
     }
+    if (stacked_experts) continue;  // below
     for (int l = 0; l < placement.local_count(); ++l)
       copy(p.value.rows(l, l + 1), names.weight(expert_name(p.name, placement.global_expert(my_ep, l))));
   }
+  if (!stacked_experts) return;
+  load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {
+    const std::string blocks = name + "_blocks", scales = name + "_scales";
+    if (!checkpoint.contains(name) && checkpoint.contains(blocks) && checkpoint.contains(scales)) {
+      // gpt-oss's released MXFP4 experts: this rank's experts dequantised at load (io/mxfp4.hpp).
+      const int64_t in = shape[1], out = shape.back();
+      const Shape want_blocks{shape[0], out, in / 32, 16}, want_scales{shape[0], out, in / 32};
+      EXPAR_CHECK(
+          shape.size() == 3 && in % 32 == 0 && checkpoint.info(blocks).dtype == DType::U8 &&
+              checkpoint.info(blocks).shape == want_blocks && checkpoint.info(scales).dtype == DType::U8 &&
+              checkpoint.info(scales).shape == want_scales,
+          "'{}': MXFP4 tensors '{}' {} and '{}' {} do not encode the model's {} (blocks U8 {}, scales "
+          "U8 {})",
+          dir.string(), blocks, shape_string(checkpoint.info(blocks).shape), scales,
+          shape_string(checkpoint.info(scales).shape), shape_string(shape), shape_string(want_blocks),
+          shape_string(want_scales));
+      Tensor values = Tensor::empty({1, in, out}, DType::F32, MemCategory::Other);
+      dequantize_mxfp4(static_cast<const uint8_t*>(checkpoint.view_rows(blocks, e, e + 1).raw()),
+                       static_cast<const uint8_t*>(checkpoint.view_rows(scales, e, e + 1).raw()), 1, in, out,
+                       values.data<float>());
+      return values;
+    }
+    EXPAR_CHECK(
+        checkpoint.contains(name),
+        "'{}': tensor '{}' is missing: the weights do not hold the {} model its config.json describes",
+        dir.string(), name, model_format_name(format));
+    EXPAR_CHECK(checkpoint.info(name).shape == shape, "'{}': tensor '{}' has shape {} but the model needs {}",
+                dir.string(), name, shape_string(checkpoint.info(name).shape), shape_string(shape));
+    return to_f32(checkpoint.view_rows(name, e, e + 1), MemCategory::Other);
+  });
 }
 
 void check_checkpoint_target(const std::string& dir, const ModelConfig& model, bool overwrite) {

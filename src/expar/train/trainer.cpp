@@ -275,7 +275,6 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   const TrainingLayout& layout = g.layout;
   check_layout_split(cfg, layout);
   const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
-  check_trainable_features(cfg.features, model_format_name(cfg.format));
   EXPAR_CHECK(cfg.format == ModelFormat::Expar || !cfg.hf_config_json.empty(),
               "a {} model needs the config.json its checkpoints are saved with (TrainConfig::hf_config_json)",
               model_format_name(cfg.format));
