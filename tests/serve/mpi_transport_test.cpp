@@ -3,11 +3,15 @@
 // answers must equal the threads transport's on the same layout: completions and chat, greedy and seeded
 // sampling, streamed and whole, requests alone and in parallel, and the official OpenAI client's view. A
 // client that disconnects frees its slot; SIGTERM to mpirun-local finishes the stream in flight and every
-// rank exits 0. Skipped, saying why, where Open MPI's mpirun is not installed.
+// rank exits 0; a rank that dies or stops takes the job down with a message. Skipped, saying why, where
+// Open MPI's mpirun is not installed.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -56,7 +60,7 @@ RuntimeOptions threads_options(const std::filesystem::path& dir, Layout l) {
 // The same server under mpirun, one process per rank, with the options of threads_options.
 class MpiServer {
  public:
-  MpiServer(const std::filesystem::path& dir, Layout l)
+  MpiServer(const std::filesystem::path& dir, Layout l, const std::string& comm_timeout = "60")
       : process_({EXPAR_MPIRUN_LOCAL,
                   "-n",
                   std::to_string(l.tp * l.dp),
@@ -82,7 +86,7 @@ class MpiServer {
                   "tiny",
                   "--port",
                   "0"},
-                 {{"EXPAR_COMM_TIMEOUT", "60"}}) {
+                 {{"EXPAR_COMM_TIMEOUT", comm_timeout}}) {
     const std::string p =
         process_.wait_for_output(std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)\n"), 120);
     port = p.empty() ? 0 : std::stoi(p);
@@ -234,6 +238,70 @@ TEST_F(MpiServe, DisconnectFreesTheSlotAndSigtermFinishesTheStreamInFlight) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("finishing the requests in flight"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("expar serve: stopped"), std::string::npos) << r.output;
+}
+
+// The process of world rank `rank` among the descendants of `launcher` (mpirun-local -> mpirun -> ranks):
+// the one whose environment has OMPI_COMM_WORLD_RANK=rank. -1 if none.
+pid_t rank_pid(pid_t launcher, int rank) {
+  std::multimap<pid_t, pid_t> children;  // parent -> child
+  if (DIR* proc = ::opendir("/proc")) {
+    while (const dirent* e = ::readdir(proc)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t close = line.rfind(')');  // the command name may hold spaces
+      if (close == std::string::npos) continue;
+      char state = 0;
+      pid_t parent = 0;
+      if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &parent) == 2)
+        children.emplace(parent, pid);
+    }
+    ::closedir(proc);
+  }
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  std::vector<pid_t> todo = {launcher};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
+    for (std::string var; std::getline(env, var, '\0');)
+      if (var == want) return p;
+    for (auto [it, end] = children.equal_range(p); it != end; ++it) todo.push_back(it->second);
+  }
+  return -1;
+}
+
+// A rank that dies takes the job down with a message naming it (Open MPI sees the process end).
+TEST_F(MpiServe, AFollowerThatDiesEndsTheJob) {
+  MpiServer mpi(testing::serve_test_model(), Layout{1, 2});
+  ASSERT_NE(mpi.port, 0) << mpi.process().output();
+  const pid_t follower = rank_pid(mpi.process().pid(), 1);
+  ASSERT_GT(follower, 0);
+  ::kill(follower, SIGKILL);
+  const ::expar::testing::ProcessResult r = mpi.process().finish(60);
+  EXPECT_FALSE(r.killed_at_limit) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+// A rank that stops answering: rank 0's next step waits for it and ends the job at the comm timeout, with
+// the operation and the group in its message.
+TEST_F(MpiServe, AStoppedFollowerEndsTheJobAtTheCommTimeout) {
+  MpiServer mpi(testing::serve_test_model(), Layout{1, 2}, "3");
+  ASSERT_NE(mpi.port, 0) << mpi.process().output();
+  const pid_t follower = rank_pid(mpi.process().pid(), 1);
+  ASSERT_GT(follower, 0);
+  ::kill(follower, SIGSTOP);
+  auto res = mpi.client().Post("/v1/completions", json({{"prompt", "a"}, {"max_tokens", 4}}).dump(),
+                               "application/json");
+  EXPECT_FALSE(res && res->status == 200);  // the job ended under it
+  const ::expar::testing::ProcessResult r = mpi.process().finish(60);
+  EXPECT_FALSE(r.killed_at_limit) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("expar: rank 0: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("timed out after 3 s"), std::string::npos) << r.output;
 }
 
 }  // namespace
