@@ -186,6 +186,14 @@ TEST_P(MpiTransport, AnswersEqualTheThreadsTransport) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_EQ(json::parse(run.output.substr(run.output.find('{'))), expected_client);
 
+  // /metrics counts the routing load of every rank, the follower's gathered to rank 0.
+  auto metrics = mpi.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (int rank : {0, 1})
+    EXPECT_NE(metrics->body.find("expar_expert_tokens_total{rank=\"" + std::to_string(rank) + "\""),
+              std::string::npos)
+        << metrics->body;
+
   mpi.process().signal(SIGTERM);
   const ::expar::testing::ProcessResult r = mpi.process().finish(60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
