@@ -1,51 +1,23 @@
 // expar serve's limits over HTTP: a client that disconnects mid-stream has its request cancelled and its
 // slot freed at once (the running gauge returns to 0, the request counts as 499), and generation requests
 // beyond --max-concurrent get a 503 with a message while the others go on.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "serve/serve_test_model.hpp"
+#include "serve/stream_client.hpp"
 #include "serve/test_server.hpp"
 
 namespace expar::serve {
 namespace {
 
 using nlohmann::json;
+using testing::open_stream;
+using testing::wait_for;
 
 constexpr int64_t kContext = 4096;
-
-// A streaming request on a raw socket: sends it and reads until `min_bytes` arrived; the caller closes it.
-int open_stream(int port, const json& body, size_t min_bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string b = body.dump();
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(b.size()) + "\r\n\r\n" + b;
-  EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
-  std::string got;
-  char buf[4096];
-  while (got.size() < min_bytes) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  EXPECT_GE(got.size(), min_bytes) << got;
-  return fd;
-}
 
 // The serve test model with a long context, so that a stream keeps running while the test acts.
 RuntimeOptions long_context() {
@@ -58,14 +30,6 @@ RuntimeOptions long_context() {
 // A stream over the model's whole context: thousands of steps, still running when the test acts.
 json long_stream() {
   return {{"prompt", "a"}, {"max_tokens", kContext - 1}, {"temperature", 0}, {"stream", true}};
-}
-
-bool wait_for(const std::function<bool()>& done) {
-  for (int i = 0; i < 200; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
 }
 
 TEST(HttpLimits, DisconnectMidStreamCancelsTheRequest) {

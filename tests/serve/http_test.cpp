@@ -9,6 +9,7 @@
 
 #include "expar/serve/http_server.hpp"
 #include "serve/serve_test_model.hpp"
+#include "serve/stream_client.hpp"
 
 namespace expar::serve {
 namespace {
@@ -107,29 +108,11 @@ TEST_F(Http, StreamEqualsTheWholeResponse) {
   auto res = client().Post("/v1/completions", streamed_body.dump(), "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
-  std::string text, finish;
-  bool done = false, usage = false;
-  size_t pos = 0;
-  while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = res->body.find("\n\n", pos);
-    const std::string data = res->body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (data == "[DONE]") {
-      done = true;
-      continue;
-    }
-    const json event = json::parse(data);
-    if (event.contains("usage")) {
-      usage = event["usage"]["completion_tokens"] == 12;
-      continue;
-    }
-    text += event["choices"][0]["text"].get<std::string>();
-    if (!event["choices"][0]["finish_reason"].is_null()) finish = event["choices"][0]["finish_reason"];
-  }
-  EXPECT_TRUE(done);
-  EXPECT_TRUE(usage);
-  EXPECT_EQ(finish, "length");
-  EXPECT_EQ(text, whole["choices"][0]["text"]);
+  const testing::StreamEvents events = testing::stream_events(res->body);
+  EXPECT_TRUE(events.done);
+  EXPECT_EQ(events.usage_completion, 12);
+  EXPECT_EQ(events.finish, "length");
+  EXPECT_EQ(events.text, whole["choices"][0]["text"]);
 }
 
 TEST_F(Http, StopStringCutsTheText) {

@@ -2,11 +2,11 @@
 // scripts/setup): models, completions and chat, plain and streamed (the stream equals the whole response),
 // a seeded sample repeated, and error statuses the client raises as APIError. The client's texts must equal
 // what the server returns to a plain HTTP request.
+#include "serve/openai_client.hpp"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <array>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,28 +18,18 @@ namespace {
 
 using nlohmann::json;
 
-const std::filesystem::path kReference = std::filesystem::path(EXPAR_TESTS_DIR) / "serve" / "reference";
-
 TEST(OpenAiClient, TalksToExparServe) {
-  ASSERT_TRUE(std::filesystem::exists(kReference / "node_modules" / "openai" / "package.json"))
-      << "the openai npm package is missing in " << kReference << ": run scripts/setup";
+  ASSERT_TRUE(std::filesystem::exists(testing::kOpenAiReference / "node_modules" / "openai" / "package.json"))
+      << "the openai npm package is missing in " << testing::kOpenAiReference << ": run scripts/setup";
   const std::filesystem::path dir = testing::serve_test_model_with_tokenizer();
   RuntimeOptions o;
   o.path = dir.string();
   o.kv_cache_mb = 4;
   testing::TestServer server(o);
-  const int port = server.port;
 
-  const std::string command = "node '" + (kReference / "client_test.mjs").string() +
-                              "' http://127.0.0.1:" + std::to_string(port) + "/v1 tiny 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  ASSERT_EQ(status, 0) << out;
-  const json seen = json::parse(out.substr(out.find('{')));
+  const testing::ClientRun run = testing::run_openai_client(server.port, "tiny");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const json seen = json::parse(run.output.substr(run.output.find('{')));
 
   httplib::Client c = server.client();
   auto res =

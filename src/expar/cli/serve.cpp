@@ -1,5 +1,6 @@
 // expar serve: an OpenAI-compatible HTTP server over the inference engine with continuous batching across
-// DP replicas (serve/). SIGTERM or SIGINT: stop accepting, finish the requests in flight, exit 0.
+// DP replicas (serve/), its ranks threads of this process or (--transport mpi) processes under mpirun.
+// SIGTERM or SIGINT: stop accepting, finish the requests in flight, exit 0.
 #include <signal.h>
 
 #include <cstdio>
@@ -7,13 +8,24 @@
 #include <thread>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/option_checks.hpp"
 #include "expar/cli/serve_options.hpp"
+#include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/serve/http_server.hpp"
+#include "expar/serve/mpi_steps.hpp"
 #include "expar/serve/runtime.hpp"
 
 namespace expar::cli {
 namespace {
+
+sigset_t stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
 
 struct ServeArgs {
   RuntimeArgs runtime;
@@ -25,24 +37,12 @@ struct ServeArgs {
   int max_concurrent = 256;
 };
 
-int run_serve(const ServeArgs& a) {
-  EXPAR_CHECK(
-      a.transport == "threads",
-      "--transport {}: expar serve runs its ranks as threads of one process; the MPI transport is not "
-      "built for serve yet (the step plans would have to travel to the other processes): use "
-      "--transport threads",
-      a.transport);
-  const serve::RuntimeOptions o = runtime_options(a.runtime);
-
-  // Signals go to the watcher thread only: block them before any thread starts (threads inherit the mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  serve::Runtime runtime(o);
-  std::unique_ptr<serve::TextCodec> codec = serve::text_codec_for(runtime.spec());
+// Serves HTTP until one of `signals` (blocked in every thread) arrives. mpi_world: this process is world
+// rank 0 of an MPI job (the other processes follow its steps); null: the ranks are threads of this process.
+int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_world, sigset_t signals) {
+  std::unique_ptr<serve::Runtime> runtime =
+      mpi_world ? std::make_unique<serve::Runtime>(o, *mpi_world) : std::make_unique<serve::Runtime>(o);
+  std::unique_ptr<serve::TextCodec> codec = serve::text_codec_for(runtime->spec());
   serve::HttpOptions h;
   h.host = a.host;
   h.port = a.port;
@@ -50,28 +50,67 @@ int run_serve(const ServeArgs& a) {
   h.max_concurrent = a.max_concurrent;
   h.model_name = a.model_name.empty() ? std::filesystem::weakly_canonical(a.runtime.path).filename().string()
                                       : a.model_name;
-  serve::HttpServer server(runtime, codec.get(), h);
+  serve::HttpServer server(*runtime, codec.get(), h);
   const int port = server.bind();
+  // The first signal: new generation requests get a 503, the ones in flight (streams included) finish, then
+  // the listener closes. A second signal cancels what is still in flight.
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "expar serve: signal %d: finishing the requests in flight\n", sig);
+    std::fprintf(
+        stderr,
+        "expar serve: signal %d: finishing the requests in flight (%d; signal again to cancel them)\n", sig,
+        server.in_flight());
+    runtime->scheduler().stop(false);
+    bool cancelled = false;
+    const timespec tick{0, 10'000'000};
+    while (server.in_flight() > 0)
+      if (sigtimedwait(&signals, nullptr, &tick) > 0 && !cancelled) {
+        std::fprintf(stderr, "expar serve: signal again: cancelling the requests in flight\n");
+        runtime->scheduler().stop(true);
+        cancelled = true;
+      }
     server.stop();
   });
   std::fprintf(stderr,
-               "expar serve: model '%s' (%s, %d layers, %d experts) on TP %d x DP %d, %lld KV tokens per "
-               "replica; listening on http://%s:%d\n",
-               h.model_name.c_str(), infer::model_format_name(runtime.spec().format).c_str(),
-               runtime.spec().config.layers, runtime.spec().config.moe.num_experts, a.runtime.tp,
-               a.runtime.dp, static_cast<long long>(runtime.scheduler().kv_tokens()), a.host.c_str(), port);
-  server.listen();  // returns after stop(): in-flight handlers have completed
-  runtime.shutdown(false);
+               "expar serve: model '%s' (%s, %d layers, %d experts) on TP %d x DP %d (%s), %lld KV tokens "
+               "per replica; listening on http://%s:%d\n",
+               h.model_name.c_str(), infer::model_format_name(runtime->spec().format).c_str(),
+               runtime->spec().config.layers, runtime->spec().config.moe.num_experts, a.runtime.tp,
+               a.runtime.dp, mpi_world ? "MPI processes" : "threads",
+               static_cast<long long>(runtime->scheduler().kv_tokens()), a.host.c_str(), port);
+  server.listen();  // returns after stop(), which the watcher calls once nothing is in flight
+  runtime->shutdown(false);
   pthread_kill(watcher.native_handle(), SIGTERM);  // no-op if the watcher already returned
   watcher.join();
-  const std::string failure = runtime.failure();
+  const std::string failure = runtime->failure();
   EXPAR_CHECK(failure.empty(), "the ranks failed: {}", failure);
   std::fprintf(stderr, "expar serve: stopped\n");
   return 0;
+}
+
+int run_serve(const ServeArgs& a) {
+  const serve::RuntimeOptions o = runtime_options(a.runtime);
+  // Signals go to the watcher thread only: block them before any thread starts (threads inherit the mask;
+  // MPI_Init starts threads of its own).
+  const sigset_t signals = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (a.transport == "threads") return serve_http(a, o, nullptr, signals);
+  EXPAR_CHECK(a.transport == "mpi",
+              "--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", a.transport);
+  // One rank per process under mpirun (scripts/mpirun-local -n TP*DP). Rank 0 serves; the others run its
+  // steps and leave when it stops. They leave SIGTERM and SIGINT blocked (mpirun-local forwards them to
+  // every rank): rank 0 finishes the requests in flight, then ends them.
+  LaunchOptions launch;
+  launch.compute_threads = o.model.compute_threads;
+  int status = 0;
+  run_mpi(nullptr, nullptr, launch, [&](Comm& world) {
+    if (world.rank() == 0)
+      status = serve_http(a, o, &world, signals);
+    else
+      serve::run_mpi_follower(o, world);
+  });
+  return status;
 }
 
 }  // namespace
@@ -82,8 +121,11 @@ void add_serve(CLI::App& app, CommandTable& table) {
   add_runtime_options(cmd, a->runtime);
   cmd->add_option("--model-name", a->model_name,
                   "Name clients use (default: the checkpoint directory's name)");
-  cmd->add_option("--transport", a->transport, "Ranks as: threads (mpi is not built for serve yet)")
-      ->capture_default_str();
+  cmd->add_option("--transport", a->transport,
+                  "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun; "
+                  "rank 0 serves HTTP)")
+      ->capture_default_str()
+      ->check(one_of({"threads", "mpi"}));
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "Connection threads")->capture_default_str();

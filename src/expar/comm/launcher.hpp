@@ -2,6 +2,7 @@
 // Starting ranks. One launcher shared by the CLI and the tests.
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "expar/comm/comm.hpp"
@@ -46,5 +47,8 @@ inline void run_ranks(int ranks, const std::function<void(Comm& world)>& fn) {
 // node (no shared window, no peer_ptr), the across-node code path.
 int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
             const std::function<void(Comm& world)>& fn);
+// Prints "expar: rank R: error: <message>" and ends the whole MPI job (MPI_Abort): what run_mpi does with
+// fn's exceptions, for a thread of a rank other than the one that called run_mpi.
+[[noreturn]] void abort_mpi_job(const std::string& message);
 
 }  // namespace expar

@@ -32,6 +32,8 @@ class HttpServer {
   // Serves until stop() (from another thread or a signal watcher).
   void listen();
   void stop();
+  // Generation requests in flight (a stream until its last event was written).
+  int in_flight() const { return in_flight_.load(); }
 
  private:
   void routes();

@@ -32,7 +32,11 @@ int to_int(size_t bytes, const char* op) {
 }
 
 void wait(MPI_Request& request, const char* op, const std::string& group, double timeout_seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_seconds);
+  // Waits longer than this are a peer that is idle, not late (a server's followers between requests):
+  // poll once a millisecond instead of spinning a core.
+  const auto patient = start + std::chrono::milliseconds(50);
   for (;;) {
     int done = 0;
     check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), op);
@@ -43,7 +47,10 @@ void wait(MPI_Request& request, const char* op, const std::string& group, double
           "own "
           "messages say where they are); raise EXPAR_COMM_TIMEOUT if they are just slow",
           op, group, timeout_seconds);
-    sched_yield();  // ranks may outnumber cores
+    if (std::chrono::steady_clock::now() > patient)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    else
+      sched_yield();  // ranks may outnumber cores
   }
 }
 

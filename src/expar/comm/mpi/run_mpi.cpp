@@ -1,5 +1,6 @@
 // run_mpi: the MPI backend's launcher.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "expar/comm/comm_env.hpp"
@@ -11,6 +12,15 @@
 
 namespace expar {
 
+void abort_mpi_job(const std::string& message) {
+  int rank = -1;
+  if (mpi::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "expar: rank %d: error: %s\n", rank, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return
+}
+
 int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
             const std::function<void(Comm& world)>& fn) {
   int initialized = 0;
@@ -19,8 +29,6 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
   // communication thread while the rank's main thread computes (never both at once).
   int provided = 0;
   if (!initialized) MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     EXPAR_CHECK(options.compute_threads >= 1 && options.compute_threads <= kMaxComputeThreads,
                 "compute_threads = {}: use 1 to {} compute threads per rank", options.compute_threads,
@@ -31,13 +39,9 @@ int run_mpi(int* argc, char*** argv, const LaunchOptions& options,
   } catch (const std::exception& e) {
     // Peers may be blocked in a collective this rank will never join: take the whole job down now. The
     // destructors on the way here skipped their collective teardown (mpi::unwinding()).
-    std::fprintf(stderr, "expar: rank %d: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_mpi_job(e.what());
   } catch (...) {
-    std::fprintf(stderr, "expar: rank %d: error: unknown exception\n", rank);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_mpi_job("unknown exception");
   }
   if (!initialized) {
     mpi::BlockingDeadline deadline("MPI_Finalize", "world", comm_timeout_seconds(options.timeout_seconds));

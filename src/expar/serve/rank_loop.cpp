@@ -1,0 +1,105 @@
+#include "expar/serve/rank_loop.hpp"
+
+#include <unordered_map>
+
+#include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/infer/sampling.hpp"
+#include "expar/serve/runtime.hpp"
+
+namespace expar::serve {
+namespace {
+
+// FNV-1a over the bytes of a logits row: equal hashes <=> (almost surely) bit-identical rows.
+uint64_t hash_floats(const float* p, int64_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (int64_t i = 0; i < n * static_cast<int64_t>(sizeof(float)); ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  return h;
+}
+
+// The engine phase every rank runs `plan` in. With cross-DP EP the two phases sum a token's expert outputs
+// in different orders (decode: over TP, then DP; prefill: over DP, then TP), so a decode token would change
+// bits with the phase its neighbours put the step in. Batch invariance then runs every step as a prefill
+// (same bytes moved: an all-gather and a reduce-scatter instead of an all-reduce over TP).
+bool prefill_phase(const StepPlan& plan, bool batch_invariant, int dp) {
+  return plan.prefill || (batch_invariant && dp > 1);
+}
+
+}  // namespace
+
+ServingModel open_serving_model(const RuntimeOptions& options) {
+  options.scheduler.validate();
+  EXPAR_CHECK(options.kv_cache_mb >= 1 && options.kv_cache_mb <= (int64_t{1} << 30),
+              "--kv-cache-mb {} must be in [1, 2^30]", options.kv_cache_mb);
+  infer::ModelSpec spec = infer::open_model_spec(options.path, options.model.format);
+  InferenceLayout layout = infer::inference_layout(options.model, spec.config);
+  infer::check_decode_moe(layout, options.model.decode_moe);
+  return {std::move(spec), std::move(layout)};
+}
+
+void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, Comm& world,
+                      StepChannel& channel) {
+  const InferenceLayout& layout = model.layout;
+  std::unique_ptr<infer::TensorStore> store = infer::open_store(model.spec);
+  infer::RankWeights weights = infer::load_rank_weights(*store, model.spec, layout, world.rank());
+  store.reset();
+  const nn::AttentionShape& attn = weights.local_attn;
+  const int64_t kv_bytes = int64_t{2} * weights.config.layers * attn.n_kv_heads * attn.head_dim *
+                           static_cast<int64_t>(sizeof(float));
+  infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe});
+  set_matmul_min_rows(options.batch_invariant ? kBatchInvariantRows : 0);
+  const int dp_rank = engine.dp_rank();
+  const bool samples = layout.rank_info(world.rank()).tp_rank == 0;
+  channel.loaded(kv_bytes);
+
+  std::unordered_map<int64_t, int> engine_id;  // scheduler slot -> this engine's sequence id
+  std::vector<int64_t> expert_tokens_reported = engine.stats().expert_tokens;
+  while (const StepPlan* plan = channel.next()) {
+    const ReplicaStep& mine = plan->replicas[static_cast<size_t>(dp_rank)];
+    for (int64_t slot : mine.remove) {
+      engine.remove_sequence(engine_id.at(slot));
+      engine_id.erase(slot);
+    }
+    for (const auto& [slot, capacity] : mine.add) engine_id[slot] = engine.add_sequence(capacity);
+    RankResult result;
+    result.dp_rank = dp_rank;
+    result.samples = samples;
+    if (plan->runs_engine) {
+      std::vector<int> ids;
+      std::vector<std::vector<int32_t>> tokens;
+      for (const SequenceStep& s : mine.sequences) {
+        ids.push_back(engine_id.at(s.slot));
+        tokens.push_back(s.tokens);
+      }
+      const bool prefill = prefill_phase(*plan, options.batch_invariant, layout.dp());
+      std::vector<int32_t> flat;
+      if (!prefill)
+        for (const auto& t : tokens) flat.push_back(t.at(0));
+      // One row of logits per sequence: its last new token's (the only one sampled from).
+      const Tensor logits =
+          prefill ? engine.prefill(ids, tokens, infer::PrefillLogits::LastRow) : engine.decode(ids, flat);
+      if (samples) {
+        const int64_t vocab = logits.dim(1);
+        int64_t row = 0;
+        for (const SequenceStep& s : mine.sequences) {
+          if (!s.sample) {
+            ++row;
+            continue;
+          }
+          const float* p = logits.data<float>() + row++ * vocab;
+          result.tokens.tokens.push_back(infer::sample_token(p, vocab, s.sampling, s.seed, s.index));
+          if (s.trace_logits) result.tokens.logits_hashes.push_back(hash_floats(p, vocab));
+        }
+      }
+      // This rank's routing load since the last step, for /metrics.
+      result.expert_tokens = engine.stats().expert_tokens;
+      for (size_t e = 0; e < result.expert_tokens.size(); ++e)
+        result.expert_tokens[e] -= expert_tokens_reported[e];
+      expert_tokens_reported = engine.stats().expert_tokens;
+    }
+    channel.finished(std::move(result));
+  }
+}
+
+}  // namespace expar::serve

@@ -1,0 +1,94 @@
+#include "expar/serve/step_board.hpp"
+
+#include <algorithm>
+
+namespace expar::serve {
+
+void StepBoard::loaded(int64_t kv_bytes_per_token) {
+  {
+    std::lock_guard lock(mutex_);
+    ++loaded_;
+    kv_bytes_per_token_ = std::max(kv_bytes_per_token_, kv_bytes_per_token);
+  }
+  changed_.notify_all();
+}
+
+StepBoard::Next StepBoard::wait_next(uint64_t& seen, const StepPlan*& plan,
+                                     std::optional<std::chrono::duration<double>> idle_after) {
+  std::unique_lock lock(mutex_);
+  auto ready = [&] { return generation_ > seen || done_ || !failure_.empty(); };
+  if (idle_after) {
+    if (!changed_.wait_for(lock, *idle_after, ready)) return Next::Idle;
+  } else {
+    changed_.wait(lock, ready);
+  }
+  if (done_ || !failure_.empty()) return Next::Done;
+  seen = generation_;
+  plan = plan_;
+  return Next::Step;
+}
+
+void StepBoard::deliver(int rank, RankResult result, Metrics& metrics) {
+  if (!result.expert_tokens.empty()) metrics.expert_tokens(rank, result.expert_tokens);
+  if (!result.samples) return;
+  std::lock_guard lock(mutex_);
+  tokens_.at(static_cast<size_t>(result.dp_rank)) = std::move(result.tokens);
+}
+
+void StepBoard::arrive() {
+  {
+    std::lock_guard lock(mutex_);
+    ++arrived_;
+  }
+  changed_.notify_all();
+}
+
+void StepBoard::fail(const std::string& message) {
+  {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = message.empty() ? "a rank failed without a message" : message;
+  }
+  changed_.notify_all();
+}
+
+bool StepBoard::wait_loaded() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return loaded_ == local_ranks_ || !failure_.empty(); });
+  return failure_.empty();
+}
+
+int64_t StepBoard::kv_bytes_per_token() const {
+  std::lock_guard lock(mutex_);
+  return kv_bytes_per_token_;
+}
+
+bool StepBoard::run(const StepPlan& plan, StepTokens& tokens) {
+  {
+    std::lock_guard lock(mutex_);
+    plan_ = &plan;
+    tokens_.assign(static_cast<size_t>(replicas_), {});
+    arrived_ = 0;
+    ++generation_;
+  }
+  changed_.notify_all();
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return arrived_ == local_ranks_ || !failure_.empty(); });
+  if (!failure_.empty()) return false;
+  tokens = std::move(tokens_);
+  return true;
+}
+
+void StepBoard::finish() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  changed_.notify_all();
+}
+
+std::string StepBoard::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+}  // namespace expar::serve
