@@ -15,7 +15,9 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <tuple>
 
+#include "expar/infer/evaluate.hpp"
 #include "expar/model/hf_config.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -175,7 +177,8 @@ TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::
 }
 
 // The logits of `prompt` from the training model (one rank) loaded from the save `run`, after checking that
-// the engine on TP 2 with EP loaded from the same save gives them within 1e-5.
+// the engine on TP 2 with EP loaded from the same save gives them within 1e-5, and `expar eval`'s loss on
+// two other layouts is theirs.
 Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vector<int32_t>& prompt) {
   const auto n = static_cast<int64_t>(prompt.size());
   Tensor trained;
@@ -197,6 +200,23 @@ Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vect
     EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), trained, 1e-5))
         << "rank " << world.rank();
   });
+  // `expar eval` from the save, on TP 2 with EP and on DP 2 without it: the mean next-token loss of the
+  // prompt (one window) is the training model's.
+  double want = 0.0;
+  for (int64_t i = 0; i + 1 < n; ++i)
+    want += token_loss(trained.data<float>() + i * trained.dim(1), trained.dim(1),
+                       prompt[static_cast<size_t>(i + 1)]);
+  want /= static_cast<double>(n - 1);
+  for (const auto& [tp, dp, ep] : {std::tuple{2, 1, true}, std::tuple{1, 2, false}}) {
+    EvaluateOptions o;
+    o.engine.tp = tp;
+    o.engine.dp = dp;
+    o.engine.enable_expert_parallel = ep;
+    o.window = n - 1;
+    const EvaluateResult r = evaluate(o, run.string(), prompt);
+    EXPECT_EQ(r.predicted, n - 1);
+    EXPECT_NEAR(r.mean_loss, want, 1e-5 * want) << "eval on TP " << tp << " DP " << dp;
+  }
   return trained;
 }
 
