@@ -161,15 +161,18 @@ class RowwisePath final : public ExpertPath {
     const PayloadFormat format = options_.precision.dispatch;
     const size_t rb = payload_row_bytes(format, d);
     const float* src = x.data<float>();
-    std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : rb);
+    // A put's source stays untouched until the barrier completes it (MPI_Put to another node may still be
+    // reading it), so each token's encoded row has its own place.
+    std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : static_cast<size_t>(map.tokens) * rb);
     for (int64_t t = 0; t < map.tokens; ++t) {
       const std::byte* row = reinterpret_cast<const std::byte*>(src + t * d);
       bool encoded_row = false;
       for (int k = 0; k < map.top_k; ++k) {
         if (!map.valid(t, k) || !filter.take(t * map.top_k + k)) continue;
         if (format != PayloadFormat::F32 && !encoded_row) {
-          encode_payload_rows(format, src + t * d, 1, d, encoded.data());
-          row = encoded.data();
+          std::byte* mine = encoded.data() + static_cast<size_t>(t) * rb;
+          encode_payload_rows(format, src + t * d, 1, d, mine);
+          row = mine;
           encoded_row = true;
         }
         put_bytes(map.rank_of(t, k), buffer, static_cast<size_t>(map.row_of(t, k)) * rb, row, rb);
@@ -383,7 +386,13 @@ class RowwisePath final : public ExpertPath {
     const PayloadFormat format = options_.precision.combine_grad;
     const size_t rb = payload_row_bytes(format, d);
     std::vector<float> row(static_cast<size_t>(d));
-    std::vector<std::byte> encoded(format == PayloadFormat::F32 ? 0 : rb);
+    // Rows put to an unmapped peer are staged each in its own place (route t·K + k), untouched until the
+    // barrier completes the put (MPI_Put to another node may still be reading them).
+    std::vector<std::byte> staging;
+    auto staged = [&](int64_t t, int k) {
+      if (staging.empty()) staging.resize(static_cast<size_t>(map.tokens * map.top_k) * rb);
+      return staging.data() + static_cast<size_t>(t * map.top_k + k) * rb;
+    };
     for (int64_t t = 0; t < map.tokens; ++t)
       for (int k = 0; k < map.top_k; ++k)
         if (map.valid(t, k) && filter.take(t * map.top_k + k)) {
@@ -396,14 +405,19 @@ class RowwisePath final : public ExpertPath {
                                 reinterpret_cast<float*>(static_cast<std::byte*>(base) + offset), d);
             continue;
           }
-          weighted_route_grad(gy + t * d, wk, row.data(), d);
           if (format == PayloadFormat::F32) {
-            put_bytes(peer, buffer, offset, row.data(), rb);
-          } else if (base != nullptr) {
+            std::byte* out = staged(t, k);
+            weighted_route_grad(gy + t * d, wk, reinterpret_cast<float*>(out), d);
+            put_bytes(peer, buffer, offset, out, rb);
+            continue;
+          }
+          weighted_route_grad(gy + t * d, wk, row.data(), d);
+          if (base != nullptr) {
             encode_payload_rows(format, row.data(), 1, d, static_cast<std::byte*>(base) + offset);
           } else {
-            encode_payload_rows(format, row.data(), 1, d, encoded.data());
-            put_bytes(peer, buffer, offset, encoded.data(), rb);
+            std::byte* out = staged(t, k);
+            encode_payload_rows(format, row.data(), 1, d, out);
+            put_bytes(peer, buffer, offset, out, rb);
           }
         }
     heap_->barrier();
