@@ -1,6 +1,6 @@
 // expar bench generate: prefill and decode tokens/s of the inference engine beside the matmul and
 // read-bandwidth limits measured in the same run (bench/generate.hpp).
-#include <cstdio>
+#include <fmt/format.h>
 
 #include "expar/bench/generate.hpp"
 #include "expar/cli/commands.hpp"
@@ -19,23 +19,28 @@ struct BenchGenerateArgs {
 };
 
 void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBenchReport& r) {
-  std::printf(
-      "expar bench generate: %s, TP %d x DP %d, EP %s, decode %s, %d thread(s) per rank, %lld prompt + %d "
-      "generated tokens, median of %d\n",
-      a.bench.path.c_str(), a.layout.tp, a.layout.dp, ep_label(a.layout).c_str(), a.layout.decode_moe.c_str(),
-      r.threads, static_cast<long long>(a.bench.prompt_tokens), a.bench.tokens, a.bench.repeats);
-  std::printf("%-8s %12s %12s %9s  %s\n", "phase", "tokens/s", "limit", "fraction", "limit measured as");
-  std::printf("%-8s %12.1f %12.1f %9.3f  sgemm at this rank's shapes: %.2f GFLOP in %.3f s (%.1f GFLOP/s)\n",
-              "prefill", r.prefill_tokens_per_s,
-              static_cast<double>(a.bench.prompt_tokens) / r.prefill_limit_seconds, r.prefill_matmul_fraction,
-              r.prefill_flops * 1e-9, r.prefill_limit_seconds, r.matmul_flops * 1e-9);
-  std::printf("%-8s %12.2f %12.2f %9.3f  read %.2f GB/s per rank / %.1f MB per token on the busiest rank\n",
-              "decode", r.decode_tokens_per_s, r.read_bandwidth / r.decode_bytes_per_token,
-              r.decode_bandwidth_fraction, r.read_bandwidth * 1e-9, r.decode_bytes_per_token * 1e-6);
+  fmt::print(
+      "expar bench generate: {}, TP {} x DP {}, EP {}, decode {}, {} thread(s) per rank, {} prompt + {} "
+      "generated tokens, median of {}\n",
+      a.bench.path, a.layout.tp, a.layout.dp, ep_label(a.layout), a.layout.decode_moe, r.threads,
+      a.bench.prompt_tokens, a.bench.tokens, a.bench.repeats);
+  // Widths are right-aligned explicitly: fmt left-aligns inf and nan in a bare width, printf did not.
+  fmt::print("{:<8} {:>12} {:>12} {:>9}  {}\n", "phase", "tokens/s", "limit", "fraction",
+             "limit measured as");
+  fmt::print(
+      "{:<8} {:>12.1f} {:>12.1f} {:>9.3f}  sgemm at this rank's shapes: {:.2f} GFLOP in {:.3f} s ({:.1f} "
+      "GFLOP/s)\n",
+      "prefill", r.prefill_tokens_per_s, static_cast<double>(a.bench.prompt_tokens) / r.prefill_limit_seconds,
+      r.prefill_matmul_fraction, r.prefill_flops * 1e-9, r.prefill_limit_seconds, r.matmul_flops * 1e-9);
+  fmt::print(
+      "{:<8} {:>12.2f} {:>12.2f} {:>9.3f}  read {:.2f} GB/s per rank / {:.1f} MB per token on the busiest "
+      "rank\n",
+      "decode", r.decode_tokens_per_s, r.read_bandwidth / r.decode_bytes_per_token,
+      r.decode_bandwidth_fraction, r.read_bandwidth * 1e-9, r.decode_bytes_per_token * 1e-6);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
-    std::printf("rank %zu memory (current, peak):\n%s", rank, format_memory(r.memory[rank]).c_str());
-  std::printf("weights held (all ranks) %s, peak resident set of the process %s\n",
-              format_bytes(r.weight_bytes).c_str(), format_bytes(r.peak_rss_bytes).c_str());
+    fmt::print("rank {} memory (current, peak):\n{}", rank, format_memory(r.memory[rank]));
+  fmt::print("weights held (all ranks) {}, peak resident set of the process {}\n",
+             format_bytes(r.weight_bytes), format_bytes(r.peak_rss_bytes));
 }
 
 int run_bench_generate(BenchGenerateArgs& a) {

@@ -1,6 +1,7 @@
 // expar bench serve: requests/s, output tokens/s and p50/p99 time to first token and per output token at
 // several concurrencies, each beside the single-request decode rate of the same run (bench/serve.hpp).
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include "expar/bench/serve.hpp"
@@ -19,20 +20,22 @@ struct BenchServeArgs {
 
 void print_serve_table(const BenchServeArgs& a, const bench::ServeBenchResult& res) {
   const serve::RuntimeOptions& r = a.bench.runtime;
-  std::printf(
-      "expar bench serve: %s, TP %d x DP %d, %d thread(s) per rank, %lld prompt + %lld generated tokens "
-      "per request, batch-invariant %s\n",
-      r.path.c_str(), r.model.tp, r.model.dp, r.model.compute_threads,
-      static_cast<long long>(a.bench.prompt_tokens), static_cast<long long>(a.bench.generated_tokens),
-      r.batch_invariant ? "on" : "off");
-  std::printf("single request alone: %.1f decode tokens/s (the reference)\n",
-              res.single_request_decode_tokens_per_s);
-  std::printf("%11s %9s %8s %10s %11s %10s %10s %10s %10s %9s\n", "concurrency", "requests", "req/s",
-              "out tok/s", "x single", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "seconds");
+  fmt::print(
+      "expar bench serve: {}, TP {} x DP {}, {} thread(s) per rank, {} prompt + {} generated tokens per "
+      "request, batch-invariant {}\n",
+      r.path, r.model.tp, r.model.dp, r.model.compute_threads, a.bench.prompt_tokens,
+      a.bench.generated_tokens, r.batch_invariant ? "on" : "off");
+  fmt::print("single request alone: {:.1f} decode tokens/s (the reference)\n",
+             res.single_request_decode_tokens_per_s);
+  fmt::print("{:>11} {:>9} {:>8} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>9}\n", "concurrency",
+             "requests", "req/s", "out tok/s", "x single", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+             "seconds");
+  // Widths are right-aligned explicitly: fmt left-aligns inf and nan in a bare width, printf did not.
   for (const bench::ServeLevel& l : res.levels)
-    std::printf("%11d %9lld %8.2f %10.1f %10.2fx %8.1fms %8.1fms %8.2fms %8.2fms %9.2f\n", l.concurrency,
-                static_cast<long long>(l.requests), l.requests_per_s, l.output_tokens_per_s, l.speedup,
-                l.ttft_p50 * 1e3, l.ttft_p99 * 1e3, l.tpot_p50 * 1e3, l.tpot_p99 * 1e3, l.seconds);
+    fmt::print(
+        "{:>11} {:>9} {:>8.2f} {:>10.1f} {:>10.2f}x {:>8.1f}ms {:>8.1f}ms {:>8.2f}ms {:>8.2f}ms {:>9.2f}\n",
+        l.concurrency, l.requests, l.requests_per_s, l.output_tokens_per_s, l.speedup, l.ttft_p50 * 1e3,
+        l.ttft_p99 * 1e3, l.tpot_p50 * 1e3, l.tpot_p99 * 1e3, l.seconds);
 }
 
 std::string serve_bench_json(const bench::ServeBenchResult& res) {

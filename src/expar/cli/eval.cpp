@@ -1,6 +1,8 @@
 // `expar eval`: mean next-token cross-entropy and perplexity of a checkpoint (ours, or a Hugging Face
 // Mixtral, Qwen-MoE, Qwen3-MoE, OLMoE or gpt-oss directory) over a token file (infer/evaluate.hpp), on any
 // inference layout (TP x DP ranks as threads, EP full, variable or off).
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "expar/cli/commands.hpp"
@@ -43,12 +45,11 @@ int run_eval(const EvalArgs& a) {
   if (a.format != "auto") o.engine.format = infer::model_format_from_name(a.format);
   o.window = a.window;
   const infer::EvaluateResult r = infer::evaluate(o, a.path, file.tokens);
-  std::printf("loss %.6f nats/token, perplexity %.4f over %lld predicted tokens (%lld windows)\n",
-              r.mean_loss, r.perplexity, static_cast<long long>(r.predicted),
-              static_cast<long long>(r.windows));
-  std::fprintf(stderr, "[%s, %s data, TP %d x DP %d, EP %s: %.1f tokens/s]\n",
-               infer::model_format_name(r.format).c_str(), file.kind.c_str(), a.layout.tp, a.layout.dp,
-               ep_label(a.layout).c_str(), r.tokens_per_s);
+  fmt::print("loss {:.6f} nats/token, perplexity {:.4f} over {} predicted tokens ({} windows)\n", r.mean_loss,
+             r.perplexity, r.predicted, r.windows);
+  fmt::print(stderr, "[{}, {} data, TP {} x DP {}, EP {}: {:.1f} tokens/s]\n",
+             infer::model_format_name(r.format), file.kind, a.layout.tp, a.layout.dp, ep_label(a.layout),
+             r.tokens_per_s);
   return 0;
 }
 

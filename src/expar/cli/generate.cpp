@@ -12,6 +12,8 @@
 //    degree --ep; each new byte reruns the forward over the window (no KV cache on this path; ours only).
 #include "expar/infer/generate.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -86,26 +88,24 @@ int run_engine(const GenerateArgs& a) {
     for (unsigned char c : a.prompt) prompt.push_back(c);
   infer::GenerateResult r = infer::generate(o, checkpoint_of(a), prompt, a.tokens);
   if (tokenized) {
-    std::printf("%s\n", decode_generated(*tokenized, r.tokens).c_str());
+    fmt::print("{}\n", decode_generated(*tokenized, r.tokens));
   } else if (r.format == infer::ModelFormat::Expar && a.prompt_ids.empty()) {
     std::string text = a.prompt;  // our byte-level model: tokens are bytes
     for (int32_t t : r.tokens) text.push_back(static_cast<char>(t));
-    std::printf("%s\n", text.c_str());
+    fmt::print("{}\n", text);
   } else {
     std::string ids;  // no tokenizer here: print the token ids
     for (int32_t t : r.tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
-    std::printf("%s\n", ids.c_str());
+    fmt::print("{}\n", ids);
   }
-  std::fprintf(stderr,
-               "[%s, TP %d x DP %d, EP %s, %d thread(s) per rank: prefill %.1f tokens/s, decode (%s) %.1f "
-               "tokens/s]\n",
-               infer::model_format_name(r.format).c_str(), a.layout.tp, a.layout.dp,
-               ep_label(a.layout).c_str(), o.compute_threads, r.prefill_tokens_per_s,
-               a.layout.decode_moe.c_str(), r.decode_tokens_per_s);
+  fmt::print(stderr,
+             "[{}, TP {} x DP {}, EP {}, {} thread(s) per rank: prefill {:.1f} tokens/s, decode ({}) {:.1f} "
+             "tokens/s]\n",
+             infer::model_format_name(r.format), a.layout.tp, a.layout.dp, ep_label(a.layout),
+             o.compute_threads, r.prefill_tokens_per_s, a.layout.decode_moe, r.decode_tokens_per_s);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
-    std::fprintf(stderr, "rank %zu memory (current at the end, peak):\n%s", rank,
-                 format_memory(r.memory[rank]).c_str());
-  std::fprintf(stderr, "peak resident set of the process: %s\n", format_bytes(r.peak_rss_bytes).c_str());
+    fmt::print(stderr, "rank {} memory (current at the end, peak):\n{}", rank, format_memory(r.memory[rank]));
+  fmt::print(stderr, "peak resident set of the process: {}\n", format_bytes(r.peak_rss_bytes));
   return 0;
 }
 
@@ -158,9 +158,9 @@ int run_generate(const GenerateArgs& a) {
   EXPAR_CHECK(!prompt.empty(), "the prompt is empty: pass --prompt TEXT or --prompt-ids");
   // Each byte is printed as it is sampled (rank 0), so the text streams.
   if (a.prompt_ids.empty()) {
-    std::fputs(a.prompt.c_str(), stdout);
+    fmt::print("{}", a.prompt);
   } else {
-    for (int32_t id : prompt) std::fputc(id, stdout);
+    for (int32_t id : prompt) fmt::print("{}", static_cast<char>(id));
   }
   std::fflush(stdout);
   double seconds = 0;
@@ -184,15 +184,15 @@ int run_generate(const GenerateArgs& a) {
       world.broadcast(&next, 1, DType::I32, 0);  // every rank continues with rank 0's choice
       ids.push_back(next);
       if (world.rank() == 0) {
-        std::fputc(next, stdout);
+        fmt::print("{}", static_cast<char>(next));
         std::fflush(stdout);
       }
     }
     if (world.rank() == 0) seconds = timer.seconds();
   });
-  std::printf("\n");
-  std::fprintf(stderr, "[sampled %d bytes in %.2f s, %.1f bytes/s, %d rank(s), EP %d]\n", a.tokens, seconds,
-               a.tokens / std::max(seconds, 1e-9), ranks, ep);
+  fmt::print("\n");
+  fmt::print(stderr, "[sampled {} bytes in {:.2f} s, {:.1f} bytes/s, {} rank(s), EP {}]\n", a.tokens, seconds,
+             a.tokens / std::max(seconds, 1e-9), ranks, ep);
   return 0;
 }
 

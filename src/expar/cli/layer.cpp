@@ -1,7 +1,8 @@
 // `expar layer`: one MoE layer forward and backward from a safetensors file, every output and gradient
 // written to another (the tool to check a path against any other framework). Only parses and prints; the
 // work is expar::run_layer_tool_file in model/layer_tool.hpp, where the tensor names are documented.
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -34,9 +35,9 @@ int run_layer(LayerCliOptions& o) {
               o.output, o.input);
   run_layer_tool_file(o.input, o.output, o.tool);
   const SafetensorsFile out = SafetensorsFile::open(o.output);
-  std::printf("expar layer: path %s, %d ranks, EP %d: wrote %zu tensors to %s (drop rate %.6f)\n",
-              o.tool.path.c_str(), o.tool.ranks, o.tool.ep, out.size(), o.output.c_str(),
-              out.view("metrics.drop_rate").data<double>()[0]);
+  fmt::print("expar layer: path {}, {} ranks, EP {}: wrote {} tensors to {} (drop rate {:.6f})\n",
+             o.tool.path, o.tool.ranks, o.tool.ep, out.size(), o.output,
+             out.view("metrics.drop_rate").data<double>()[0]);
   return 0;
 }
 

@@ -1,5 +1,7 @@
 // expar: the command-line entry point. Each subcommand lives in its own file (cli/<name>.cpp) and registers
 // itself through cli/commands.hpp.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -33,23 +35,23 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // An unknown subcommand, a bad value, a missing argument: status 1 with the flag, value and rule.
-    std::fprintf(stderr,
-                 "expar: error: %s\nRun 'expar --help' or 'expar <command> --help' for the options.\n",
-                 e.what());
+    fmt::print(stderr, "expar: error: {}\nRun 'expar --help' or 'expar <command> --help' for the options.\n",
+               e.what());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "expar: error: out of memory: the model, batch or ranks asked for more memory than this "
-                 "machine gives; use a smaller --batch, --seq-len, --ranks or model\n");
+    fmt::print(
+        stderr,
+        "expar: error: out of memory: the model, batch or ranks asked for more memory than this machine "
+        "gives; use a smaller --batch, --seq-len, --ranks or model\n");
     return 1;
   } catch (const std::length_error& e) {
-    std::fprintf(stderr,
-                 "expar: error: a size computed from the options is too large (%s): use smaller --batch, "
-                 "--seq-len, --tokens or model dimensions\n",
-                 e.what());
+    fmt::print(stderr,
+               "expar: error: a size computed from the options is too large ({}): use smaller --batch, "
+               "--seq-len, --tokens or model dimensions\n",
+               e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "expar: error: %s\n", e.what());
+    fmt::print(stderr, "expar: error: {}\n", e.what());
     return 1;
   }
 }

@@ -3,9 +3,10 @@
 // (train/plan_buffers.hpp: topo/plan.hpp's make_plan plus the symmetric buffers sized as the trainer sizes
 // them).
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -125,8 +126,7 @@ int run_plan(const PlanOptions& o) {
   for (const auto& stage : plan.stages) shape.moe_layers = std::max(shape.moe_layers, stage.moe_layers);
   const MessageModel messages = model_messages(shape, inputs);
   if (o.json.table_wanted()) {
-    std::fputs(format_plan_table(plan).c_str(), stdout);
-    std::fputs(format_message_model(messages).c_str(), stdout);
+    fmt::print("{}{}", format_plan_table(plan), format_message_model(messages));
   }
   if (o.json.wanted()) {
     nlohmann::json j = plan_to_json(plan);

@@ -1,6 +1,7 @@
 // expar serve: an OpenAI-compatible HTTP server over the inference engine with continuous batching across
 // DP replicas (serve/), its ranks threads of this process or (--transport mpi) processes under mpirun.
 // SIGTERM or SIGINT: stop accepting, finish the requests in flight, exit 0.
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -57,35 +58,33 @@ int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_wor
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(
-        stderr,
-        "expar serve: signal %d: finishing the requests in flight (%d; signal again to cancel them)\n", sig,
-        server.in_flight());
+    fmt::print(stderr,
+               "expar serve: signal {}: finishing the requests in flight ({}; signal again to cancel them)\n",
+               sig, server.in_flight());
     runtime->scheduler().stop(false);
     bool cancelled = false;
     const timespec tick{0, 10'000'000};
     while (server.in_flight() > 0)
       if (sigtimedwait(&signals, nullptr, &tick) > 0 && !cancelled) {
-        std::fprintf(stderr, "expar serve: signal again: cancelling the requests in flight\n");
+        fmt::print(stderr, "expar serve: signal again: cancelling the requests in flight\n");
         runtime->scheduler().stop(true);
         cancelled = true;
       }
     server.stop();
   });
-  std::fprintf(stderr,
-               "expar serve: model '%s' (%s, %d layers, %d experts) on TP %d x DP %d (%s), %lld KV tokens "
-               "per replica; listening on http://%s:%d\n",
-               h.model_name.c_str(), infer::model_format_name(runtime->spec().format).c_str(),
-               runtime->spec().config.layers, runtime->spec().config.moe.num_experts, a.runtime.tp,
-               a.runtime.dp, mpi_world ? "MPI processes" : "threads",
-               static_cast<long long>(runtime->scheduler().kv_tokens()), a.host.c_str(), port);
+  fmt::print(stderr,
+             "expar serve: model '{}' ({}, {} layers, {} experts) on TP {} x DP {} ({}), {} KV tokens per "
+             "replica; listening on http://{}:{}\n",
+             h.model_name, infer::model_format_name(runtime->spec().format), runtime->spec().config.layers,
+             runtime->spec().config.moe.num_experts, a.runtime.tp, a.runtime.dp,
+             mpi_world ? "MPI processes" : "threads", runtime->scheduler().kv_tokens(), a.host, port);
   server.listen();  // returns after stop(), which the watcher calls once nothing is in flight
   runtime->shutdown(false);
   pthread_kill(watcher.native_handle(), SIGTERM);  // no-op if the watcher already returned
   watcher.join();
   const std::string failure = runtime->failure();
   EXPAR_CHECK(failure.empty(), "the ranks failed: {}", failure);
-  std::fprintf(stderr, "expar serve: stopped\n");
+  fmt::print(stderr, "expar serve: stopped\n");
   return 0;
 }
 

@@ -6,6 +6,8 @@
 // tokens.
 #include "expar/cli/tokenize.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -45,7 +47,7 @@ int run_tokenize(const TokenizeArgs& a) {
   const Tokenizer tokenizer = Tokenizer::from_path(a.tokenizer);
   if (!a.decode.empty()) {
     const std::string text = tokenizer.decode(a.decode, a.no_special);
-    if (a.json.table_wanted()) std::printf("%s\n", text.c_str());
+    if (a.json.table_wanted()) fmt::print("{}\n", text);
     a.json.write(dump_json(nlohmann::json{{"text", text}}));
     return 0;
   }
@@ -60,10 +62,9 @@ int run_tokenize(const TokenizeArgs& a) {
   // One token a line: id, the vocabulary's spelling, and the text that id alone decodes to.
   for (int32_t id : ids) {
     const int32_t one[] = {id};
-    std::printf("%8d  %-24s %s\n", id, quoted(tokenizer.id_to_token(id)).c_str(),
-                quoted(tokenizer.decode(one)).c_str());
+    fmt::print("{:8}  {:<24} {}\n", id, quoted(tokenizer.id_to_token(id)), quoted(tokenizer.decode(one)));
   }
-  std::fprintf(stderr, "[%zu tokens, %zu bytes]\n", ids.size(), text.size());
+  fmt::print(stderr, "[{} tokens, {} bytes]\n", ids.size(), text.size());
   return 0;
 }
 

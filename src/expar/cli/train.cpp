@@ -2,6 +2,7 @@
 // model of a Hugging Face family (--model: its config.json, and its weights to fine-tune when the directory
 // has them). Ranks are threads of this process by default (--ranks); with --transport mpi, one rank per MPI
 // process under mpirun.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -80,9 +81,9 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
   // 10th step is printed, and every step of a short run.
   const bool periodic = (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps || r.val_loss >= 0;
   if (tty) {
-    std::printf("\r%s%s", line.c_str(), periodic ? "\n" : "");
+    fmt::print("\r{}{}", line, periodic ? "\n" : "");
   } else if (periodic || cfg.steps <= 50) {
-    std::printf("%s\n", line.c_str());
+    fmt::print("{}\n", line);
   }
   std::fflush(stdout);
 }
@@ -191,16 +192,14 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
 
   TrainObserver observer;
   observer.on_start = [&](const std::string& layout) {
-    std::printf("expar train: %s, %d layers, d=%lld, %d experts (top-%d, h=%lld), path %s, payload %s\n",
-                model_label.c_str(), cfg.model.layers, static_cast<long long>(cfg.model.model_dim),
-                cfg.model.moe.num_experts, cfg.model.moe.top_k,
-                static_cast<long long>(cfg.model.moe.hidden_dim), cfg.path.c_str(),
-                cfg.model.moe.precision.describe().c_str());
-    std::printf("%s", layout.c_str());
-    std::printf("global batch %d x %d tokens, %d microbatch(es), %d steps, log %s%s%s\n", cfg.global_batch,
-                cfg.seq_len, cfg.microbatches, cfg.steps, a.log.c_str(),
-                cfg.recompute_moe ? ", MoE recomputed in backward" : "",
-                cfg.init_from.empty() ? "" : (", weights from " + cfg.init_from).c_str());
+    fmt::print("expar train: {}, {} layers, d={}, {} experts (top-{}, h={}), path {}, payload {}\n",
+               model_label, cfg.model.layers, cfg.model.model_dim, cfg.model.moe.num_experts,
+               cfg.model.moe.top_k, cfg.model.moe.hidden_dim, cfg.path, cfg.model.moe.precision.describe());
+    fmt::print("{}", layout);
+    fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, log {}{}{}\n", cfg.global_batch,
+               cfg.seq_len, cfg.microbatches, cfg.steps, a.log,
+               cfg.recompute_moe ? ", MoE recomputed in backward" : "",
+               cfg.init_from.empty() ? "" : ", weights from " + cfg.init_from);
     std::fflush(stdout);
   };
   observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
@@ -269,20 +268,18 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
   } else {
     fail("--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", a.transport);
   }
-  std::printf("\nper-rank memory (peak over the run):\n");
-  for (size_t r = 0; r < memory.size(); ++r)
-    std::printf("rank %zu:\n%s", r, format_memory(memory[r]).c_str());
+  fmt::print("\nper-rank memory (peak over the run):\n");
+  for (size_t r = 0; r < memory.size(); ++r) fmt::print("rank {}:\n{}", r, format_memory(memory[r]));
   // Not in the per-rank tables: freed tensor blocks the process keeps for reuse (core/host_allocator.hpp).
   const HostCacheStats cache = host_cache_stats();
   if (cache.enabled)
-    std::printf(
-        "host allocation cache (process-wide, freed blocks kept for reuse): %s of at most %s, %lld "
-        "reuses, %lld fresh\n",
-        format_bytes(cache.cached_bytes).c_str(), format_bytes(cache.limit_bytes).c_str(),
-        static_cast<long long>(cache.hits), static_cast<long long>(cache.misses));
+    fmt::print(
+        "host allocation cache (process-wide, freed blocks kept for reuse): {} of at most {}, {} reuses, {} "
+        "fresh\n",
+        format_bytes(cache.cached_bytes), format_bytes(cache.limit_bytes), cache.hits, cache.misses);
   const auto& s0 = summaries[0];
   if (!s0.steps.empty())
-    std::printf("final: train loss %.4f, validation loss %.4f\n", s0.steps.back().loss, s0.final_val_loss);
+    fmt::print("final: train loss {:.4f}, validation loss {:.4f}\n", s0.steps.back().loss, s0.final_val_loss);
   return 0;
 }
 

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -102,8 +101,7 @@ class Watchdog {
       for (auto it = deadlines_.begin(); it != deadlines_.end(); ++it)
         if (it->second.deadline < first->second.deadline) first = it;
       if (std::chrono::steady_clock::now() >= first->second.deadline) {
-        std::fprintf(stderr, "%s\n", first->second.message.c_str());
-        std::fflush(stderr);
+        print_last_words("{}\n", first->second.message);
         std::_Exit(1);
       }
       const auto deadline = first->second.deadline;  // a copy: remove() may erase the entry while we wait

@@ -1,8 +1,12 @@
 #pragma once
 // Small helpers of the MPI backend: errors as expar::Error, waits with a timeout, int-sized counts.
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <utility>
 
 #include "expar/comm/mpi/mpi_c.hpp"
 
@@ -19,6 +23,17 @@ int to_int(size_t bytes, const char* op);
 void wait(MPI_Request& request, const char* op, const std::string& group, double timeout_seconds);
 // True when MPI_Init ran and MPI_Finalize has not.
 bool active();
+// Prints to stderr and flushes it on the way out of a process that is going down. It never throws:
+// fmt::print throws when stderr cannot be written (or memory is gone), and the exit or abort that follows
+// must still happen.
+template <typename... T>
+void print_last_words(fmt::format_string<T...> format, T&&... args) noexcept {
+  try {
+    fmt::print(stderr, format, std::forward<T>(args)...);
+    std::fflush(stderr);
+  } catch (...) {
+  }
+}
 
 // A blocking MPI call that has no non-blocking form (communicator and window creation, MPI_Finalize) runs
 // inside one of these: if it has not returned after `timeout_seconds` (a peer stopped or gone), a watchdog

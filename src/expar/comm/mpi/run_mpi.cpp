@@ -1,5 +1,4 @@
 // run_mpi: the MPI backend's launcher.
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 
@@ -15,8 +14,7 @@ namespace expar {
 void abort_mpi_job(const std::string& message) {
   int rank = -1;
   if (mpi::active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "expar: rank %d: error: %s\n", rank, message.c_str());
-  std::fflush(stderr);
+  mpi::print_last_words("expar: rank {}: error: {}\n", rank, message);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return
 }
