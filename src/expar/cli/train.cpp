@@ -160,7 +160,9 @@ ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
   return m;
 }
 
-int run_train(TrainArgs& a, const CLI::App& cmd) {
+// The run's model and its training-time choices (precision, waves, --seq-len's default), checked against
+// --seq-len and --microbatches. Returns the model's label for the banner.
+std::string configure_run(TrainArgs& a, const CLI::App& cmd) {
   TrainConfig& cfg = a.config;
   cfg.model = model_of_run(a, cmd);
   cfg.model.moe.precision = a.precision.parse();  // a training-time choice, not part of the checkpoint
@@ -179,31 +181,44 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
               "--microbatches {} exceeds --batch {}: a microbatch holds at least one sequence; pass "
               "--microbatches {} or less",
               cfg.microbatches, cfg.global_batch, cfg.global_batch);
-  // Text goes through the model's tokenizer when its directory has one (else its bytes are the tokens).
+  return model_label;
+}
+
+// --data, through the model's tokenizer when its directory has one (else its bytes are the tokens).
+TokenCorpus load_corpus(const TrainArgs& a) {
   std::optional<Tokenizer> tokenizer;
   if (!a.model_dir.empty() && Tokenizer::present_in(a.model_dir))
     tokenizer.emplace(Tokenizer::from_path(a.model_dir));
   TokenCorpus corpus = TokenCorpus::load(a.data, 0.05, tokenizer ? &*tokenizer : nullptr);
-  corpus.check_vocab(cfg.model.vocab);
+  corpus.check_vocab(a.config.model.vocab);
+  return corpus;
+}
+
+// --log, appended to (its directory created).
+std::ofstream open_log(const TrainArgs& a) {
   std::filesystem::path log_path(a.log);
   if (log_path.has_parent_path()) std::filesystem::create_directories(log_path.parent_path());
   std::ofstream log(log_path, std::ios::app);
   EXPAR_CHECK(log.good(), "cannot write the log file '{}': pass --log with a writable path", a.log);
+  return log;
+}
 
-  TrainObserver observer;
-  observer.on_start = [&](const std::string& layout) {
-    fmt::print("expar train: {}, {} layers, d={}, {} experts (top-{}, h={}), path {}, payload {}\n",
-               model_label, cfg.model.layers, cfg.model.model_dim, cfg.model.moe.num_experts,
-               cfg.model.moe.top_k, cfg.model.moe.hidden_dim, cfg.path, cfg.model.moe.precision.describe());
-    fmt::print("{}", layout);
-    fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, log {}{}{}\n", cfg.global_batch,
-               cfg.seq_len, cfg.microbatches, cfg.steps, a.log,
-               cfg.recompute_moe ? ", MoE recomputed in backward" : "",
-               cfg.init_from.empty() ? "" : ", weights from " + cfg.init_from);
-    std::fflush(stdout);
-  };
-  observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
+// The banner printed once the trainer knows the layout: model, layout, batch and log.
+void print_banner(const TrainArgs& a, const std::string& model_label, const std::string& layout) {
+  const TrainConfig& cfg = a.config;
+  fmt::print("expar train: {}, {} layers, d={}, {} experts (top-{}, h={}), path {}, payload {}\n",
+             model_label, cfg.model.layers, cfg.model.model_dim, cfg.model.moe.num_experts,
+             cfg.model.moe.top_k, cfg.model.moe.hidden_dim, cfg.path, cfg.model.moe.precision.describe());
+  fmt::print("{}", layout);
+  fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, log {}{}{}\n", cfg.global_batch,
+             cfg.seq_len, cfg.microbatches, cfg.steps, a.log,
+             cfg.recompute_moe ? ", MoE recomputed in backward" : "",
+             cfg.init_from.empty() ? "" : ", weights from " + cfg.init_from);
+  std::fflush(stdout);
+}
 
+// Ranks, emulated nodes and compute threads per rank (--threads 0: the cores over the ranks on this node).
+LaunchOptions launch_options(TrainArgs& a) {
   LaunchOptions launch;
   launch.ranks = a.ranks;
   EXPAR_CHECK(
@@ -229,47 +244,72 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
               "--ranks {} x --threads {} = {} threads exceed 4096: pass fewer ranks or compute threads",
               a.ranks, a.threads, static_cast<int64_t>(a.ranks) * a.threads);
   launch.compute_threads = a.threads;
-  std::vector<TrainSummary> summaries(static_cast<size_t>(a.ranks));
+  return launch;
+}
+
+// Every rank's memory (current and peak per category), gathered to every rank of `world`.
+std::vector<MemorySnapshot> gather_memory(Comm& world) {
+  MemorySnapshot mine = current_tracker().snapshot();
+  std::vector<int64_t> all(static_cast<size_t>(world.size()) * kNumMemCategories * 2);
+  std::vector<int64_t> own(mine.current.begin(), mine.current.end());
+  own.insert(own.end(), mine.peak.begin(), mine.peak.end());
+  world.all_gather(own.data(), all.data(), own.size(), DType::I64);
+  std::vector<MemorySnapshot> memory;
+  for (int r = 0; r < world.size(); ++r) {
+    MemorySnapshot snap;
+    for (size_t c = 0; c < kNumMemCategories; ++c) {
+      snap.current[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + c];
+      snap.peak[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + kNumMemCategories + c];
+      snap.total_current += snap.current[c];
+      snap.total_peak += snap.peak[c];  // sum of per-category peaks: an upper bound of the total peak
+    }
+    memory.push_back(snap);
+  }
+  return memory;
+}
+
+struct TrainRun {
+  std::vector<TrainSummary> summaries;  // one per rank
+  std::vector<MemorySnapshot> memory;   // every rank's, peak over the run
+  bool reports = true;                  // false on the MPI processes other than rank 0: they print nothing
+};
+
+// Trains on the ranks of --transport.
+TrainRun run_ranks_of_transport(const TrainArgs& a, const LaunchOptions& launch, const TokenCorpus& corpus,
+                                const TrainObserver& observer) {
+  const TrainConfig& cfg = a.config;
+  TrainRun run;
+  run.summaries.resize(static_cast<size_t>(a.ranks));
   std::mutex mutex;
   auto body = [&](Comm& world) {
     TrainSummary s = train(cfg, world, corpus, &observer);
     std::lock_guard lock(mutex);
-    summaries[static_cast<size_t>(world.rank())] = std::move(s);
+    run.summaries[static_cast<size_t>(world.rank())] = std::move(s);
   };
-  std::vector<MemorySnapshot> memory;
   if (a.transport == "threads") {
-    memory = run_ranks_tracked(launch, body);
+    run.memory = run_ranks_tracked(launch, body);
   } else if (a.transport == "mpi") {
     // One rank per process under mpirun (the world size comes from mpirun, --ranks is ignored). Rank 0
     // prints; every rank's peak memory is gathered to it.
     int world_rank = 0;
     run_mpi(nullptr, nullptr, launch, [&](Comm& world) {
       world_rank = world.rank();
-      summaries.resize(static_cast<size_t>(world.size()));
+      run.summaries.resize(static_cast<size_t>(world.size()));
       TrainSummary s = train(cfg, world, corpus, &observer);
-      MemorySnapshot mine = current_tracker().snapshot();
-      std::vector<int64_t> all(static_cast<size_t>(world.size()) * kNumMemCategories * 2);
-      std::vector<int64_t> own(mine.current.begin(), mine.current.end());
-      own.insert(own.end(), mine.peak.begin(), mine.peak.end());
-      world.all_gather(own.data(), all.data(), own.size(), DType::I64);
-      for (int r = 0; r < world.size(); ++r) {
-        MemorySnapshot snap;
-        for (size_t c = 0; c < kNumMemCategories; ++c) {
-          snap.current[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + c];
-          snap.peak[c] = all[static_cast<size_t>(r) * 2 * kNumMemCategories + kNumMemCategories + c];
-          snap.total_current += snap.current[c];
-          snap.total_peak += snap.peak[c];  // sum of per-category peaks: an upper bound of the total peak
-        }
-        memory.push_back(snap);
-      }
-      summaries[static_cast<size_t>(world.rank())] = std::move(s);
+      run.memory = gather_memory(world);
+      run.summaries[static_cast<size_t>(world.rank())] = std::move(s);
     });
-    if (world_rank != 0) return 0;
+    run.reports = world_rank == 0;
   } else {
     fail("--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", a.transport);
   }
+  return run;
+}
+
+// After the run: every rank's peak memory, the host allocation cache and rank 0's final losses.
+void print_reports(const TrainRun& run) {
   fmt::print("\nper-rank memory (peak over the run):\n");
-  for (size_t r = 0; r < memory.size(); ++r) fmt::print("rank {}:\n{}", r, format_memory(memory[r]));
+  for (size_t r = 0; r < run.memory.size(); ++r) fmt::print("rank {}:\n{}", r, format_memory(run.memory[r]));
   // Not in the per-rank tables: freed tensor blocks the process keeps for reuse (core/host_allocator.hpp).
   const HostCacheStats cache = host_cache_stats();
   if (cache.enabled)
@@ -277,9 +317,21 @@ int run_train(TrainArgs& a, const CLI::App& cmd) {
         "host allocation cache (process-wide, freed blocks kept for reuse): {} of at most {}, {} reuses, {} "
         "fresh\n",
         format_bytes(cache.cached_bytes), format_bytes(cache.limit_bytes), cache.hits, cache.misses);
-  const auto& s0 = summaries[0];
+  const auto& s0 = run.summaries[0];
   if (!s0.steps.empty())
     fmt::print("final: train loss {:.4f}, validation loss {:.4f}\n", s0.steps.back().loss, s0.final_val_loss);
+}
+
+int run_train(TrainArgs& a, const CLI::App& cmd) {
+  const std::string model_label = configure_run(a, cmd);
+  const TokenCorpus corpus = load_corpus(a);
+  std::ofstream log = open_log(a);
+  TrainObserver observer;
+  observer.on_start = [&](const std::string& layout) { print_banner(a, model_label, layout); };
+  observer.on_step = [&](const StepRecord& r, const TrainConfig& c) { print_step(r, c, log); };
+  const LaunchOptions launch = launch_options(a);
+  const TrainRun run = run_ranks_of_transport(a, launch, corpus, observer);
+  if (run.reports) print_reports(run);
   return 0;
 }
 
