@@ -8,9 +8,24 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "expar/cli/commands.hpp"
 #include "expar/core/error.hpp"
+
+namespace {
+
+// The last words of a failed command: a stderr that cannot be written (fmt::print throws) must still end
+// with status 1, not an abort out of a catch handler.
+template <typename... Args>
+void print_error(fmt::format_string<Args...> format, Args&&... args) noexcept {
+  try {
+    fmt::print(stderr, format, std::forward<Args>(args)...);
+  } catch (...) {
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"expar: an expert-parallel Mixture-of-Experts runtime"};
@@ -35,23 +50,22 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // An unknown subcommand, a bad value, a missing argument: status 1 with the flag, value and rule.
-    fmt::print(stderr, "expar: error: {}\nRun 'expar --help' or 'expar <command> --help' for the options.\n",
-               e.what());
+    print_error("expar: error: {}\nRun 'expar --help' or 'expar <command> --help' for the options.\n",
+                e.what());
     return 1;
   } catch (const std::bad_alloc&) {
-    fmt::print(
-        stderr,
+    print_error(
         "expar: error: out of memory: the model, batch or ranks asked for more memory than this machine "
         "gives; use a smaller --batch, --seq-len, --ranks or model\n");
     return 1;
   } catch (const std::length_error& e) {
-    fmt::print(stderr,
-               "expar: error: a size computed from the options is too large ({}): use smaller --batch, "
-               "--seq-len, --tokens or model dimensions\n",
-               e.what());
+    print_error(
+        "expar: error: a size computed from the options is too large ({}): use smaller --batch, "
+        "--seq-len, --tokens or model dimensions\n",
+        e.what());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "expar: error: {}\n", e.what());
+    print_error("expar: error: {}\n", e.what());
     return 1;
   }
 }
