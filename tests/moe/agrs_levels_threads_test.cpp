@@ -122,6 +122,16 @@ Groups make_groups(Comm& world) {
   return {world.subgroup({{0, 1}, {2, 3}}, "tp"), world.subgroup({{0, 2}, {1, 3}}, "dp")};
 }
 
+// The agrs path over {TP, DP}, TP gathered (prefill) or replicated (decode), DP gathered.
+PathOptions agrs_options(const ExpertPlacement& placement, const Groups& g, bool tp_replicated) {
+  PathOptions po;
+  po.model_dim = kD;
+  po.top_k = kTopK;
+  po.placement = &placement;
+  po.agrs_levels = {{g.tp.get(), tp_replicated}, {g.dp.get(), false}};
+  return po;
+}
+
 // Prefill form, full EP (4 partitions, one per rank) and variable EP (2 partitions of 2 ranks, each rank
 // half of each expert).
 TEST(AgrsLevels, PrefillGathersOverTpThenDp) {
@@ -134,11 +144,7 @@ TEST(AgrsLevels, PrefillGathersOverTpThenDp) {
       const Inputs in = inputs_of(world.rank(), kTokens[static_cast<size_t>(world.rank())]);
       const RouteMap map = build_route_map(in.idx, world, placement, CapacityPolicy::dropless(), partition);
       EXPECT_EQ(map.partitions, partitions);
-      PathOptions po;
-      po.model_dim = kD;
-      po.top_k = kTopK;
-      po.placement = &placement;
-      po.agrs_levels = {{g.tp.get(), false}, {g.dp.get(), false}};
+      const PathOptions po = agrs_options(placement, g, /*tp_replicated=*/false);
       auto path = make_path("agrs", *g.tp, po);
       PathState state;
       state.agrs.topk_weight = &in.weight;  // the weights travel with the rows
@@ -159,11 +165,7 @@ TEST(AgrsLevels, DecodeReplicatesTpAndGathersDp) {
     const Inputs in = inputs_of(10 + replica, replica_tokens[static_cast<size_t>(replica)]);
     const RouteMap map = build_route_map(in.idx, *g.dp, placement, CapacityPolicy::dropless(), world.rank());
     EXPECT_EQ(map.ep_size, 2);
-    PathOptions po;
-    po.model_dim = kD;
-    po.top_k = kTopK;
-    po.placement = &placement;
-    po.agrs_levels = {{g.tp.get(), true}, {g.dp.get(), false}};
+    const PathOptions po = agrs_options(placement, g, /*tp_replicated=*/true);
     auto path = make_path("agrs", *g.tp, po);
     PathState state;
     const int64_t offset = replica == 0 ? 0 : replica_tokens[0];
@@ -183,11 +185,7 @@ TEST(AgrsLevels, RefusesMapsThatDoNotMatchTheLevels) {
     Groups g = make_groups(world);
     const ExpertPlacement placement(kExperts, 2);
     const Inputs in = inputs_of(world.rank(), 2);
-    PathOptions po;
-    po.model_dim = kD;
-    po.top_k = kTopK;
-    po.placement = &placement;
-    po.agrs_levels = {{g.tp.get(), false}, {g.dp.get(), false}};
+    const PathOptions po = agrs_options(placement, g, /*tp_replicated=*/false);
     auto path = make_path("agrs", *g.tp, po);
     // Sources over the TP pair only: 2 sources for a path that gathers 4.
     const RouteMap pair =
