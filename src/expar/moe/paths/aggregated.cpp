@@ -265,14 +265,8 @@ class AggregatedPath final : public ExpertPath {
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     AggregatedStep& owned = step_of(state, "expert_output_buffer");
-    ensure_buffers(map.capacity_rows, 0, d);
     // No peer accesses this buffer between dispatch forward's last barrier and combine forward's first.
-    if (poison_enabled()) fill_nan(heap_->local(output_), heap_->bytes(output_));
-    if (options_.precision.combine != PayloadFormat::F32) {
-      owned.expert_out = Tensor::empty({map.capacity_rows, d});
-      return owned.expert_out;
-    }
-    return Tensor::borrow(heap_->local(output_), {map.capacity_rows, d}, DType::F32);
+    return expert_side_buffer(output_, options_.precision.combine, map, d, owned.expert_out);
   }
 
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
@@ -344,14 +338,8 @@ class AggregatedPath final : public ExpertPath {
 
   Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     AggregatedStep& owned = step_of(state, "expert_grad_input_buffer");
-    ensure_buffers(map.capacity_rows, 0, d);
     // No peer accesses this buffer between combine backward's last barrier and dispatch backward's first.
-    if (poison_enabled()) fill_nan(heap_->local(grad_in_), heap_->bytes(grad_in_));
-    if (options_.precision.dispatch_grad != PayloadFormat::F32) {
-      owned.expert_grad_in = Tensor::empty({map.capacity_rows, d});
-      return owned.expert_grad_in;
-    }
-    return Tensor::borrow(heap_->local(grad_in_), {map.capacity_rows, d}, DType::F32);
+    return expert_side_buffer(grad_in_, options_.precision.dispatch_grad, map, d, owned.expert_grad_in);
   }
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
@@ -369,6 +357,19 @@ class AggregatedPath final : public ExpertPath {
   }
 
  private:
+  // Where the experts write one leg's rows (poisoned first under EXPAR_POISON): the symmetric `buffer`
+  // itself for an f32 leg, or an f32 staging tensor (kept in `staged`) that is encoded into it afterwards.
+  Tensor expert_side_buffer(BufferId buffer, PayloadFormat format, const RouteMap& map, int64_t d,
+                            Tensor& staged) {
+    ensure_buffers(map.capacity_rows, 0, d);
+    if (poison_enabled()) fill_nan(heap_->local(buffer), heap_->bytes(buffer));
+    if (format != PayloadFormat::F32) {
+      staged = Tensor::empty({map.capacity_rows, d});
+      return staged;
+    }
+    return Tensor::borrow(heap_->local(buffer), {map.capacity_rows, d}, DType::F32);
+  }
+
   static AggregatedStep& step_of(const PathState& state, const char* pass) {
     EXPAR_CHECK(state.path_data != nullptr, "aggregated {} called before dispatch forward of the same step",
                 pass);
