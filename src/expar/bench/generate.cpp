@@ -188,18 +188,21 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // The limits, on the same ranks with the same threads, all ranks at once.
     const infer::RankWeights& w = engine.weights();
     const std::vector<Gemm> gemms = layer_gemms(w, layout, o.prompt_tokens);
+    const Gemm head{1, w.lm_head.dim(0), config.model_dim, w.lm_head.data<float>(), 1.0};
+    // The operands fit every product, the LM head's too (its output row outgrows short prompts' products).
     int64_t a_size = 0, c_size = 0, b_size = 0;
     for (const Gemm& g : gemms) {
       a_size = std::max(a_size, g.m * g.k);
       c_size = std::max(c_size, g.m * g.n);
       if (!g.b) b_size = std::max(b_size, g.n * g.k);
     }
+    a_size = std::max(a_size, head.m * head.k);
+    c_size = std::max(c_size, head.m * head.n);
     Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
     Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
     Tensor c = Tensor::empty({c_size}, DType::F32, MemCategory::Other);
     fill_normal(a, o.seed, 9101, 1.0f);
     fill_normal(b, o.seed, 9102, 1.0f);
-    const Gemm head{1, w.lm_head.dim(0), config.model_dim, w.lm_head.data<float>(), 1.0};
     const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
     // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
     const double step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
