@@ -9,10 +9,11 @@
 
 namespace expar::threads {
 
-ThreadsWorld::ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node)
+ThreadsWorld::ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node, double spin_seconds)
     : ranks_(ranks),
       timeout_seconds_(timeout_seconds),
       ranks_per_node_(ranks_per_node),
+      spin_seconds_(spin_seconds),
       finished_(new std::atomic<bool>[static_cast<size_t>(ranks)]) {
   for (int r = 0; r < ranks; ++r) finished_[static_cast<size_t>(r)].store(false);
 }
@@ -86,9 +87,17 @@ std::span<const Slot> GroupState::exchange(int rank, Slot slot) {
   if (++arrived_ == static_cast<int>(n)) {
     arrived_ = 0;
     std::fill(has_arrived_.begin(), has_arrived_.end(), 0);
-    ++generation_;
+    generation_.store(generation + 1, std::memory_order_release);
     cv_.notify_all();
   } else {
+    // A wake-up through the condition variable costs tens of microseconds (more in a VM whose idle core
+    // sleeps), once or twice per collective: a decode step's many small collectives were spending most of
+    // their time there. When every rank has a core of its own, poll first.
+    if (world_->spin_seconds() > 0) {
+      lock.unlock();
+      spin_until_generation_moves(generation);
+      lock.lock();
+    }
     // A member that leaves by throwing withdraws its arrival, so the generation can never complete with it.
     struct Withdraw {
       GroupState* g;
@@ -146,6 +155,19 @@ std::span<const Slot> GroupState::exchange(int rank, Slot slot) {
           name_, rank, op, m, slots[m].op);
   }
   return slots;
+}
+
+bool GroupState::spin_until_generation_moves(uint64_t generation) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(world_->spin_seconds());
+  for (uint32_t i = 1;; ++i) {
+    if (generation_.load(std::memory_order_acquire) != generation) return true;
+    // The clock and the abort flag every 256 polls: an aborted run sleeps below and is woken with the rest.
+    if (i % 256 == 0 && (world_->aborted() || std::chrono::steady_clock::now() >= deadline)) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
 }
 
 void GroupState::wait(int rank, const char* op) {

@@ -31,8 +31,10 @@ class GroupState;
 class ThreadsWorld {
  public:
   // ranks_per_node: world ranks [n*k, (n+1)*k) form emulated node n (ranks: one node).
-  ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node);
+  // spin_seconds: how long a waiter polls before it sleeps on the condition variable (0: sleep at once).
+  ThreadsWorld(int ranks, double timeout_seconds, int ranks_per_node, double spin_seconds = 0.0);
   int ranks() const { return ranks_; }
+  double spin_seconds() const { return spin_seconds_; }
   int ranks_per_node() const { return ranks_per_node_; }
   double timeout_seconds() const { return timeout_seconds_; }
 
@@ -55,6 +57,7 @@ class ThreadsWorld {
   int ranks_;
   double timeout_seconds_;
   int ranks_per_node_;
+  double spin_seconds_;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<std::atomic<bool>[]> finished_;
   mutable std::mutex mutex_;
@@ -106,13 +109,17 @@ class GroupState {
   void notify_all();
 
  private:
+  // Polls generation_ without the lock for at most the world's spin time; true when it moved on.
+  bool spin_until_generation_moves(uint64_t generation) const;
+
   std::shared_ptr<ThreadsWorld> world_;
   std::vector<int> world_ranks_;
   std::string name_;
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;
+  // Written under mutex_ (release), so that a spinning waiter may read it without the lock (acquire).
+  std::atomic<uint64_t> generation_{0};
   int arrived_ = 0;
   std::vector<char> has_arrived_;
   std::array<std::vector<Slot>, 2> banks_;

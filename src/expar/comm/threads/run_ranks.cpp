@@ -1,4 +1,5 @@
 // run_ranks: the threads backend's launcher.
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -31,9 +32,13 @@ std::vector<MemorySnapshot> run_ranks_tracked(const LaunchOptions& options,
               "choose a divisor of {} (or 0: all ranks on one node)",
               options.ranks_per_node, options.ranks, options.ranks);
   const int n = options.ranks;
-  auto world =
-      std::make_shared<threads::ThreadsWorld>(n, comm_timeout_seconds(options.timeout_seconds),
-                                              options.ranks_per_node == 0 ? n : options.ranks_per_node);
+  // Waiters poll for up to 2 ms before sleeping when every rank's threads have cores of their own; with
+  // more threads than cores a poller would take the core from the rank it waits for.
+  const bool own_cores = static_cast<int64_t>(n) * options.compute_threads <=
+                         static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  auto world = std::make_shared<threads::ThreadsWorld>(
+      n, comm_timeout_seconds(options.timeout_seconds),
+      options.ranks_per_node == 0 ? n : options.ranks_per_node, own_cores ? 2e-3 : 0.0);
   std::vector<int> members(static_cast<size_t>(n));
   std::iota(members.begin(), members.end(), 0);
   auto group = threads::GroupState::create(world, members, "world");
