@@ -64,11 +64,20 @@ double gemm_flops(const std::vector<Gemm>& g) {
 }
 
 // Bytes a batch-1 decode step at position `length` reads on this rank: every dense weight it holds (the
-// embedding only one row), its expected share of the K active experts, its LM head slice and its KV cache.
-double decode_bytes(const infer::RankWeights& w, int64_t length) {
+// embedding only one row), its LM head slice and its KV cache (`dense`), and the weights of the local
+// experts the step routes to: `per_expert` bytes each (one layer's local expert), `expected_experts` of them
+// on average (K·E_L/E per layer).
+struct DecodeBytes {
+  double dense = 0.0, per_expert = 0.0, expected_experts = 0.0;
+  double expected() const { return dense + per_expert * expected_experts; }
+};
+
+DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
   const ModelConfig& c = w.config;
   auto b = [](const Tensor& t) { return infer::present(t) ? static_cast<double>(t.nbytes()) : 0.0; };
-  double bytes = b(w.final_norm) + b(w.lm_head) + static_cast<double>(c.model_dim) * sizeof(float);
+  DecodeBytes r;
+  double& bytes = r.dense;
+  bytes = b(w.final_norm) + b(w.lm_head) + static_cast<double>(c.model_dim) * sizeof(float);
   for (const infer::LayerWeights& lw : w.layers) {
     bytes += b(lw.attn_norm) + b(lw.mlp_norm) + b(lw.attn.wq) + b(lw.attn.wk) + b(lw.attn.wv) + b(lw.attn.wo);
     bytes += b(lw.attn_options.bq) + b(lw.attn_options.bk) + b(lw.attn_options.bv) + b(lw.attn_options.bo);
@@ -77,11 +86,13 @@ double decode_bytes(const infer::RankWeights& w, int64_t length) {
     const double experts = b(lw.experts.w1) + b(lw.experts.w3) + b(lw.experts.w2) + b(lw.expert_b1) +
                            b(lw.expert_b3) + b(lw.expert_b2);
     // E_L local experts, each active with probability K/E for one token.
-    bytes += experts * static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.num_experts);
+    const auto local = static_cast<double>(lw.experts.local_count());
+    if (local > 0) r.per_expert = experts / local;
+    r.expected_experts += local * static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.num_experts);
     bytes +=
         2.0 * static_cast<double>(length * w.local_attn.n_kv_heads * w.local_attn.head_dim) * sizeof(float);
   }
-  return bytes;
+  return r;
 }
 
 int64_t held_bytes(const infer::RankWeights& w) {
@@ -164,6 +175,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
         infer::EngineOptions{o.engine.decode_moe});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
     // the decode steps (slowest rank).
+    // Per decode step of the last run: how many local experts' weights this rank read.
+    std::vector<double> step_experts(static_cast<size_t>(o.tokens - 1));
     auto run = [&] {
       const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
       Tensor logits;
@@ -172,8 +185,12 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       });
       int32_t next = infer::argmax_row(logits, 0);
       const double td = timed_max(world, [&] {
-        for (int s = 1; s < o.tokens; ++s)
+        for (int s = 1; s < o.tokens; ++s) {
+          const int64_t before = engine.stats().expert_weight_reads;
           next = infer::argmax_row(engine.decode(std::vector<int>{id}, std::vector<int32_t>{next}), 0);
+          step_experts[static_cast<size_t>(s - 1)] =
+              static_cast<double>(engine.stats().expert_weight_reads - before);
+        }
       });
       engine.remove_sequence(id);
       return std::pair{tp, td};
@@ -205,7 +222,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     fill_normal(b, o.seed, 9102, 1.0f);
     const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
     // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
-    const double step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
+    const DecodeBytes step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
     const int64_t floats = int64_t{256} * 1024 * 1024 / static_cast<int64_t>(sizeof(float));
     Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
     buffer.fill(1.0f);
@@ -229,8 +246,16 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       limit.push_back(tl);
       read.push_back(tr);
     }
-    double maxima[2] = {flops, step_bytes};
+    double maxima[2] = {flops, step_bytes.expected()};
     world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
+    // The routes the run took: each step's bytes on its busiest rank, averaged over the steps. At batch 1
+    // the K experts may all sit on one rank (EP), which then reads more than its expected share.
+    std::vector<double> routed(step_experts.size());
+    for (size_t s = 0; s < routed.size(); ++s)
+      routed[s] = step_bytes.dense + step_bytes.per_expert * step_experts[s];
+    world.all_reduce(routed.data(), routed.size(), DType::F64, ReduceOp::Max);
+    double routed_mean = 0.0;
+    for (const double v : routed) routed_mean += v / static_cast<double>(routed.size());
     double held_total = static_cast<double>(held_bytes(w));
     world.all_reduce(&held_total, 1, DType::F64, ReduceOp::Sum);
     if (world.rank() == 0) {
@@ -240,6 +265,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       r.prefill_limit_seconds = median(limit);
       r.prefill_flops = maxima[0];
       r.decode_bytes_per_token = maxima[1];
+      r.decode_routed_bytes_per_token = routed_mean;
       r.read_bandwidth = static_cast<double>(floats) * sizeof(float) / median(read);
       r.weight_bytes = static_cast<int64_t>(held_total);
     }
@@ -249,6 +275,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
   r.matmul_flops = r.prefill_flops / r.prefill_limit_seconds;
   r.prefill_matmul_fraction = r.prefill_limit_seconds / r.prefill_seconds;
   r.decode_bandwidth_fraction = r.decode_tokens_per_s / (r.read_bandwidth / r.decode_bytes_per_token);
+  r.decode_routed_fraction = r.decode_tokens_per_s / (r.read_bandwidth / r.decode_routed_bytes_per_token);
   return r;
 }
 
@@ -273,12 +300,14 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"decode_tokens_per_s", r.decode_tokens_per_s},
                          {"prefill_matmul_fraction", r.prefill_matmul_fraction},
                          {"decode_bandwidth_fraction", r.decode_bandwidth_fraction},
+                         {"decode_routed_fraction", r.decode_routed_fraction},
                          {"prefill_seconds", r.prefill_seconds},
                          {"prefill_limit_seconds", r.prefill_limit_seconds},
                          {"prefill_flops_busiest_rank", r.prefill_flops},
                          {"matmul_flops_per_s", r.matmul_flops},
                          {"read_bandwidth_bytes_per_s", r.read_bandwidth},
                          {"decode_bytes_per_token_busiest_rank", r.decode_bytes_per_token},
+                         {"decode_routed_bytes_per_token_busiest_rank", r.decode_routed_bytes_per_token},
                          {"weight_bytes_all_ranks", r.weight_bytes},
                          {"peak_rss_bytes", r.peak_rss_bytes},
                          {"memory_per_rank", memory}};

@@ -6,7 +6,9 @@
 //    scores at the q projection's rate, the last row's LM head slice), all ranks at once;
 //  - decode: streaming read bandwidth (every rank reading its own buffer with its compute threads, all at
 //    once) divided into the bytes a decode step must read per rank: its dense weights, its expected share
-//    of the K active experts (K·E_L/E local experts at batch 1), its LM head slice and its KV cache.
+//    of the K active experts (K·E_L/E local experts at batch 1), its LM head slice and its KV cache;
+//    beside it the "routed" limit, with the experts each step's routes actually put on the busiest rank
+//    (EP at batch 1 often puts both of top-2 on one rank: that rank's bytes bound the step).
 // Fractions are ideal time / measured time (1 = at the limit). Medians over repeats of the slowest rank.
 #include <cstdint>
 #include <optional>
@@ -36,8 +38,12 @@ struct GenerateBenchReport {
   double prefill_flops = 0.0;           // the prompt's matrix-product FLOPs on the busiest rank
   double matmul_flops = 0.0;            // prefill_flops / prefill_limit_seconds: sgemm FLOP/s at these shapes
   double read_bandwidth = 0.0;          // bytes/s per rank, all ranks reading at once
-  double decode_bytes_per_token = 0.0;  // max over ranks of the bytes a decode step reads
+  double decode_bytes_per_token = 0.0;  // max over ranks of the bytes a decode step reads (expected share)
+  // The same for the routes the last run took: per step the busiest rank's dense bytes plus the experts it
+  // ran, averaged over the steps (above the expected share where the K experts meet on one rank).
+  double decode_routed_bytes_per_token = 0.0;
   double prefill_matmul_fraction = 0.0, decode_bandwidth_fraction = 0.0;
+  double decode_routed_fraction = 0.0;  // against read_bandwidth / decode_routed_bytes_per_token
   // Per rank, after the timed runs (before the limits): current = what the engine holds (its weights),
   // peak = the high-water mark of loading and the runs (KV cache included).
   std::vector<MemorySnapshot> memory;

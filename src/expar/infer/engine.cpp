@@ -413,8 +413,10 @@ void Engine::route(int layer, const Tensor& x, Tensor& topk_idx, Tensor& topk_we
 
 void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  for (size_t l = 0; l + 1 < offsets.size(); ++l)
+  for (size_t l = 0; l + 1 < offsets.size(); ++l) {
     stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
+    stats_.expert_weight_reads += offsets[l + 1] > offsets[l] ? 1 : 0;
+  }
   // moe/'s grouped expert MLP, with gpt-oss's biases (the down bias only where this rank holds it) and
   // activation.
   ExpertWeights w = lw.experts;

@@ -72,6 +72,9 @@ struct EngineStats {
   // [E] token rows each expert computed on this rank, over all layers and steps (its shard of them under
   // variable EP or no EP): the routing load the server's metrics show per rank.
   std::vector<int64_t> expert_tokens;
+  // Local experts (one per layer and step) that got at least one row on this rank: how many experts'
+  // weights this rank read. A benchmark's bandwidth limit for the routes a run actually took uses it.
+  int64_t expert_weight_reads = 0;
 };
 
 class Engine {
