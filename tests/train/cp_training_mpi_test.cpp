@@ -1,7 +1,8 @@
 // Context-parallel training under Open MPI (processes; the all-gather of keys and values and the
 // reduce-scatter of their gradients over MPI collectives): on W = 2, 3, 4 processes, C = W (every rank holds
 // one chunk of every sequence, EP over all W chunks) gives the loss curve of C = 1 on the same processes
-// within 1e-4 per step. The load-balancing loss is off (per-chunk statistics; docs/training.md).
+// within 1e-4 per step, with the load-balancing and z losses on (the routers sum each C = 1 microbatch's
+// statistics over the CP group; docs/training.md), the aux-loss curve included.
 #include <gtest/gtest.h>
 
 #include "comm/mpi_test_main.hpp"
@@ -15,8 +16,8 @@ using expar::testing::mpi_world;
 TrainConfig config(int cp, int ep) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");
-  c.model.moe.aux_loss_coef = 0.0;
-  c.model.moe.num_experts = 12;  // M_E = W = 2, 3, 4
+  c.model.moe.aux_loss_coef = 0.1;  // ten times the preset's: its gradient moves the curve
+  c.model.moe.num_experts = 12;     // M_E = W = 2, 3, 4
   c.cp = cp;
   c.ep = ep;
   c.path = "rowwise";
@@ -43,6 +44,8 @@ TEST(CpTrainingMpi, EveryRankAChunkGivesTheWholeSequenceCurve) {
   ASSERT_EQ(cp.steps.size(), base.steps.size());
   for (size_t i = 0; i < base.steps.size(); ++i) {
     EXPECT_NEAR(cp.steps[i].loss, base.steps[i].loss, 1e-4 * base.steps[i].loss)
+        << "C=" << w << " step " << i;
+    EXPECT_NEAR(cp.steps[i].aux_loss, base.steps[i].aux_loss, 1e-4 * base.steps[i].aux_loss)
         << "C=" << w << " step " << i;
     EXPECT_NEAR(cp.steps[i].grad_norm, base.steps[i].grad_norm, 1e-3 * base.steps[i].grad_norm)
         << "C=" << w << " step " << i;

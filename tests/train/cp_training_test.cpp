@@ -6,9 +6,10 @@
 //    continuing the uninterrupted curve;
 //  - the layout printout names the CP and DenseGrad groups;
 //  - a sequence length C does not divide, and a world C does not divide, are refused by name.
-// The load-balancing loss is a product of each forward's statistics (over a chunk under CP, as over a
-// microbatch under accumulation), not additive, so it is switched off to compare exactly what CP must
-// preserve; the z-loss stays on (its coefficient is divided by C, which makes it exact).
+// Both router losses are on (the tiny preset's coefficients) and the aux-loss curve is compared too: the
+// load-balancing loss is a product of statistics over the sequences of one rank's microbatch, so C = 1 is
+// the run on as many ranks (its D = C times the CP run's), and the CP routers sum the statistics of each
+// C = 1 microbatch over the CP group (MoeTransformer::set_context_parallel's loss batches).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -22,7 +23,8 @@ namespace {
 
 TrainConfig config(int cp, int ep, const std::string& path, int steps) {
   TrainConfig c = testing::small_config(ep, path, steps);
-  c.model.moe.aux_loss_coef = 0.0;
+  EXPECT_GT(c.model.moe.aux_loss_coef, 0.0);
+  EXPECT_GT(c.model.moe.z_loss_coef, 0.0);
   c.cp = cp;
   return c;
 }
@@ -36,6 +38,7 @@ void expect_same_curve(const std::vector<StepRecord>& curve, const std::vector<S
   for (size_t i = 0; i < curve.size(); ++i) {
     const StepRecord& b = base[i + offset];
     EXPECT_NEAR(curve[i].loss, b.loss, 1e-4 * b.loss) << what << " step " << i + offset;
+    EXPECT_NEAR(curve[i].aux_loss, b.aux_loss, 1e-4 * b.aux_loss) << what << " step " << i + offset;
     EXPECT_NEAR(curve[i].z_loss, b.z_loss, 1e-4 * b.z_loss) << what << " step " << i + offset;
     EXPECT_NEAR(curve[i].grad_norm, b.grad_norm, 1e-3 * b.grad_norm) << what << " step " << i + offset;
     if (b.val_loss >= 0) {
@@ -57,9 +60,31 @@ TEST(CpTraining, TwoChunksGiveTheLossCurveOfWholeSequences) {
   expect_same_curve(local.steps, base.steps, "W=2 C=2 M_E=1 local");
 }
 
+// A strong load-balancing loss (coefficient 1, 100 times the preset's) so that its gradient moves the
+// loss curve itself: per-chunk statistics would change the training loss and gradient norm, not only the
+// reported aux loss.
+TEST(CpTraining, TheLoadBalancingLossSeesWholeSequences) {
+  const int steps = 6;
+  auto strong = [&](int cp, int ep, const std::string& path) {
+    TrainConfig c = config(cp, ep, path, steps);
+    c.model.moe.aux_loss_coef = 1.0;
+    return c;
+  };
+  const TrainingRun base = run_training(2, strong(1, 2, "rowwise"));
+  expect_same_curve(run_training(2, strong(2, 2, "rowwise")).steps, base.steps, "W=2 C=2 aux 1");
+  TrainConfig accumulated = strong(2, 4, "block");  // D2 x C2, M_E = 4, with 2 microbatches
+  accumulated.microbatches = 2;
+  const TrainingRun base_accumulated = [&] {
+    TrainConfig c = strong(1, 2, "rowwise");
+    c.microbatches = 2;
+    return run_training(4, c);
+  }();
+  expect_same_curve(run_training(4, accumulated).steps, base_accumulated.steps, "W=4 D2 C2 2 mb aux 1");
+}
+
 TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
   const int steps = 5;
-  const TrainingRun base = run_training(2, config(1, 2, "rowwise", steps));
+  const TrainingRun base = run_training(4, config(1, 2, "rowwise", steps));
   for (const std::string& path : path_names()) {
     if (path == "local" || path_traits(path).decode_form) continue;         // M_E = 1; decode only
     const TrainingRun folded = run_training(4, config(2, 4, path, steps));  // D2 x C2, M_E = 4 = D*C, D_E = 1
@@ -69,7 +94,10 @@ TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
   composed.microbatches = 2;
   composed.recompute_moe = true;
   const TrainingRun with_both = run_training(4, composed);
-  expect_same_curve(with_both.steps, base.steps, "W=4 D2 C2 M_E=2, 2 microbatches, recomputed MoE");
+  TrainConfig composed_base = config(1, 2, "rowwise", steps);
+  composed_base.microbatches = 2;
+  expect_same_curve(with_both.steps, run_training(4, composed_base).steps,
+                    "W=4 D2 C2 M_E=2, 2 microbatches, recomputed MoE");
   EXPECT_NE(
       with_both.layout.find("CP groups (chunks of the same sequences; gather keys and values): {0,1} {2,3}"),
       std::string::npos)
@@ -122,6 +150,17 @@ TEST(CpTraining, RefusesASplitThatDoesNotDivide) {
   EXPECT_NE(seq.find("choose --seq-len a multiple of 2 or --cp in {1,3,5,15}"), std::string::npos) << seq;
   const std::string world = error_of(3, config(2, 1, "local", 1));
   EXPECT_NE(world.find("world size W=3 is not divisible by C*TP*PP=2*1*1=2"), std::string::npos) << world;
+  // A C = 1 rank's microbatch would be 3/2 sequences: no C = 1 run for the load-balancing loss to equal.
+  TrainConfig half = config(2, 1, "local", 1);
+  half.global_batch = 3;
+  const std::string aux = error_of(2, half);
+  EXPECT_NE(aux.find("global batch 3 is not divisible by ranks 2 x microbatches 1: with --cp 2 the "
+                     "load-balancing loss (--aux-coef 0.01)"),
+            std::string::npos)
+      << aux;
+  EXPECT_NE(aux.find("choose --batch a multiple of 2, or --aux-coef 0"), std::string::npos) << aux;
+  half.model.moe.aux_loss_coef = 0.0;  // the z-loss alone is a mean over tokens: it trains
+  EXPECT_EQ(run_training(2, half).steps.size(), 1u);
   const std::string ep = error_of(2, config(2, 4, "rowwise", 1));
   EXPECT_NE(ep.find("EP_MP degree M_E=4 does not divide the D*C*TP=1*2*1=2 ranks"), std::string::npos) << ep;
 }

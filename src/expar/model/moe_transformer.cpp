@@ -236,6 +236,12 @@ void MoeTransformer::init(uint64_t seed) {
   for (auto& b : blocks_) b->moe->init_params(seed);
 }
 
+void MoeTransformer::set_context_parallel(Comm* cp, int loss_batches) {
+  EXPAR_CHECK(loss_batches >= 1, "context parallelism: loss_batches={} must be at least 1", loss_batches);
+  cp_group_ = cp;
+  loss_batches_ = loss_batches;
+}
+
 void MoeTransformer::zero_grads() {
   for (Parameter& p : params_) p.grad.zero();
 }
@@ -249,6 +255,15 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
   if (acts) acts->blocks.resize(blocks_.size());
   Tensor h = nn::embedding_forward(embed_, int_tensor(tokens), acts ? &acts->embed : nullptr);
+  RouterLossScope loss_scope;  // this rank's tokens, one batch
+  if (acts && cp_group_) {
+    EXPAR_CHECK(batch % loss_batches_ == 0,
+                "a training forward of {} sequences cannot form the {} router loss batches of "
+                "set_context_parallel: pass a multiple of {} sequences",
+                batch, loss_batches_, loss_batches_);
+    loss_scope = {cp_group_, loss_batches_};
+  }
+  for (auto& b : blocks_) b->moe->set_loss_scope(loss_scope);
   double aux = 0, z = 0, drop = 0, util = 0;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];

@@ -72,8 +72,13 @@ class MoeTransformer {
   // Context parallelism (nn/context_parallel_attention.hpp): with a CP group of C > 1 ranks, every forward
   // that follows takes chunk cp->rank() of its sequences (`seq` is the chunk length S/C) and attention
   // gathers the other chunks' keys and values over the group; nullptr (the default): whole sequences. The
-  // group must outlive the model's use of it.
-  void set_context_parallel(Comm* cp) { cp_group_ = cp; }
+  // routers' aux and z losses of a training forward (forward_backward, forward_train) are then the mean over
+  // `loss_batches` equal consecutive groups of its sequences (which must divide them) of each group's
+  // losses, each over the group's whole sequences: statistics summed over the CP group (RouterLossScope).
+  // loss_batches = C makes each group the sequences one rank of a C = 1 run on as many ranks routes, so
+  // the losses and their gradients are that run's. Forward-only passes (evaluate, logits) have no backward
+  // and report each rank's own tokens' losses, with no collective. The group must outlive its use.
+  void set_context_parallel(Comm* cp, int loss_batches = 1);
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
   // parameters' grads; the loss gradient is divided by `loss_normalizer` (tokens of this rank over all
@@ -118,6 +123,7 @@ class MoeTransformer {
   ModelFeatures features_;
   Comm& ep_group_;
   Comm* cp_group_ = nullptr;  // set_context_parallel
+  int loss_batches_ = 1;
   nn::Rope rope_;
   std::vector<Parameter> params_;
   // Declared before blocks_: the blocks' paths hold leases on them, so they must be destroyed after.

@@ -160,8 +160,9 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
               dtype_name(x.dtype()), shape_string(x.shape()));
   const Tensor* bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
   PhaseScope router_phase(phase::kRouter);
-  RouterOutput routed = router_forward(config_.router(), x, params_.w_router, bias, state.router,
-                                       params_.router_bias.defined() ? &params_.router_bias : nullptr);
+  RouterOutput routed =
+      router_forward(config_.router(), x, params_.w_router, bias, state.router,
+                     params_.router_bias.defined() ? &params_.router_bias : nullptr, loss_scope_);
   router_phase.stop();
   PhaseScope route_map_phase(phase::kRouteMap);
   state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);

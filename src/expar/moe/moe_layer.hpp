@@ -83,8 +83,8 @@ struct MoeGrads {
 };
 
 struct MoeMetrics {
-  double aux_loss = 0.0;               // L_aux (unscaled)
-  double z_loss = 0.0;                 // L_z (unscaled)
+  double aux_loss = 0.0;               // L_aux (unscaled; over the forward's loss scope)
+  double z_loss = 0.0;                 // L_z (unscaled; likewise)
   double drop_rate = 0.0;              // dropped / (T·K), mean over the EP group's ranks
   double utilisation = 0.0;            // received rows / capacity rows, max over the EP group's ranks
   int64_t dropped = 0;                 // this rank's dropped routes
@@ -153,6 +153,10 @@ class MoeLayer {
   bool recompute() const { return recompute_; }
   // The microbatch the following forwards belong to (-1: none), carried into lease tags and their messages.
   void set_microbatch(int microbatch) { microbatch_ = microbatch; }
+  // Which tokens the router's aux and z losses of the following forwards are over (RouterLossScope; under
+  // context parallelism chunks of the same sequences over the CP group). The default: this rank's tokens.
+  // Collective over scope.group in every forward; the group must outlive the forwards that use it.
+  void set_loss_scope(RouterLossScope scope) { loss_scope_ = scope; }
   // The expert schedule of the following forwards (and of their backwards, which follow their forward's);
   // validated like MoeConfig::waves. Results are the same bits whatever it is.
   void set_waves(WaveConfig waves);
@@ -183,6 +187,7 @@ class MoeLayer {
   MoeGrads grads_;
   bool recompute_ = false;
   int microbatch_ = -1;
+  RouterLossScope loss_scope_;
 };
 
 }  // namespace expar

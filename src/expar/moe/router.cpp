@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
+#include <utility>
 
+#include "expar/comm/comm.hpp"
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
@@ -198,31 +201,69 @@ void write_topk(const RouterConfig& config, const float* lrow, const float* srow
   }
 }
 
-// The load-balancing aux loss (E/K · Σ_e f_e · mean score_e) and the z loss (mean squared logsumexp).
-void balance_losses(const RouterConfig& config, int64_t t_count, const std::vector<int64_t>& expert_counts,
-                    const std::vector<double>& score_sum, double z_sum, RouterOutput& out) {
-  if (t_count == 0) return;
+// The statistics both losses are computed from, per batch of the loss scope: routes per expert, summed
+// scores per expert, Σ lse², and the tokens they are over.
+struct LossStatistics {
+  std::vector<int64_t> counts;
+  std::vector<double> score_sum;
+  double z_sum = 0.0;
+  int64_t tokens = 0;
+};
+
+// Sums every batch's statistics over `group` in one all-reduce of batches·(2E + 2) doubles (counts and
+// tokens are integers far below 2^53, exact in a double).
+void sum_over(Comm& group, std::vector<LossStatistics>& batches) {
+  const size_t e_count = batches.front().counts.size(), stride = 2 * e_count + 2;
+  std::vector<double> packed(batches.size() * stride);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    double* p = packed.data() + b * stride;
+    for (size_t e = 0; e < e_count; ++e) {
+      p[e] = static_cast<double>(batches[b].counts[e]);
+      p[e_count + e] = batches[b].score_sum[e];
+    }
+    p[2 * e_count] = batches[b].z_sum;
+    p[2 * e_count + 1] = static_cast<double>(batches[b].tokens);
+  }
+  group.all_reduce(std::span<double>(packed));
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const double* p = packed.data() + b * stride;
+    for (size_t e = 0; e < e_count; ++e) {
+      batches[b].counts[e] = static_cast<int64_t>(p[e]);
+      batches[b].score_sum[e] = p[e_count + e];
+    }
+    batches[b].z_sum = p[2 * e_count];
+    batches[b].tokens = static_cast<int64_t>(p[2 * e_count + 1]);
+  }
+}
+
+// The load-balancing aux loss (E/K · Σ_e f_e · mean score_e) and the z loss (mean squared logsumexp) of one
+// batch; 0 for an empty one.
+std::pair<double, double> balance_losses(const RouterConfig& config, const LossStatistics& s) {
+  if (s.tokens == 0) return {0.0, 0.0};
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
   double aux = 0.0;
   for (int e = 0; e < e_count; ++e) {
     const double f =
-        static_cast<double>(expert_counts[static_cast<size_t>(e)]) / static_cast<double>(t_count * k_count);
-    aux += f * score_sum[static_cast<size_t>(e)] / static_cast<double>(t_count);
+        static_cast<double>(s.counts[static_cast<size_t>(e)]) / static_cast<double>(s.tokens * k_count);
+    aux += f * s.score_sum[static_cast<size_t>(e)] / static_cast<double>(s.tokens);
   }
-  out.aux_loss = aux * e_count / k_count;
-  out.z_loss = z_sum / static_cast<double>(t_count);
+  return {aux * e_count / k_count, s.z_sum / static_cast<double>(s.tokens)};
 }
 
 }  // namespace
 
 RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
-                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias) {
+                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias,
+                            const RouterLossScope& scope) {
   config.validate();
   check_router_inputs(config, x, w_router, score_bias, logit_bias);
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
   const int64_t t_count = x.dim(0);
+  EXPAR_ASSERT(scope.batches >= 1 && t_count % scope.batches == 0,
+               "router loss scope: {} batches do not divide the {} rows", scope.batches, t_count);
+  const int64_t batch_rows = t_count / scope.batches;
 
   state = {};
   state.x = x;
@@ -236,25 +277,40 @@ RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const T
   float* scores = state.scores.data<float>();
   const float* bias = score_bias ? score_bias->data<float>() : nullptr;
   RouterScratch scratch(e_count, config.n_group);
-  std::vector<double> score_sum(static_cast<size_t>(e_count), 0.0);
-  double z_sum = 0.0;
+  std::vector<LossStatistics> stats(static_cast<size_t>(scope.batches),
+                                    {std::vector<int64_t>(static_cast<size_t>(e_count), 0),
+                                     std::vector<double>(static_cast<size_t>(e_count))});
   for (int64_t t = 0; t < t_count; ++t) {
+    LossStatistics& batch = stats[static_cast<size_t>(t / batch_rows)];
     const float* lrow = logits + t * e_count;
     float* srow = scores + t * e_count;
-    const double lse = score_token(config, t, lrow, bias, srow, scratch, score_sum);
-    z_sum += lse * lse;
+    const double lse = score_token(config, t, lrow, bias, srow, scratch, batch.score_sum);
+    batch.z_sum += lse * lse;
+    ++batch.tokens;
     eligible_experts(config, scratch);
     std::partial_sort(scratch.order.begin(), scratch.order.begin() + k_count, scratch.order.end(),
                       ByScore{scratch.select.data()});
     write_topk(config, lrow, srow, scratch.order, state.topk_idx.data<int32_t>() + t * k_count,
-               state.topk_weight.data<float>() + t * k_count, state.expert_counts);
+               state.topk_weight.data<float>() + t * k_count, batch.counts);
   }
 
   RouterOutput out;
   out.topk_idx = state.topk_idx;
   out.topk_weight = state.topk_weight;
+  for (const LossStatistics& batch : stats)
+    for (int e = 0; e < e_count; ++e)
+      state.expert_counts[static_cast<size_t>(e)] += batch.counts[static_cast<size_t>(e)];
   out.expert_counts = state.expert_counts;
-  balance_losses(config, t_count, state.expert_counts, score_sum, z_sum, out);
+  if (scope.group != nullptr && scope.group->size() > 1) sum_over(*scope.group, stats);
+  for (const LossStatistics& batch : stats) {
+    const auto [aux, z] = balance_losses(config, batch);
+    out.aux_loss += aux;
+    out.z_loss += z;
+    state.loss_counts.insert(state.loss_counts.end(), batch.counts.begin(), batch.counts.end());
+    state.loss_tokens.push_back(batch.tokens);
+  }
+  out.aux_loss /= scope.batches;
+  out.z_loss /= scope.batches;
   return out;
 }
 
@@ -289,20 +345,27 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   Tensor grad_logits = Tensor::empty({t_count, e_count});
   float* gl = grad_logits.data<float>();
 
-  // d L_aux / d s_{t,e} = E/K · f_e / T (f_e is a count, held constant).
-  std::vector<double> aux_grad(static_cast<size_t>(e_count), 0.0);
+  // Per batch of the loss scope (f_e and T those its loss was over, the batches' mean a factor 1/batches):
+  // d L_aux / d s_{t,e} = E/K · f_e / T (f_e is a count, held constant), and the z-loss's 1/T.
+  const auto batches = static_cast<int64_t>(state.loss_tokens.size());
+  const int64_t batch_rows = t_count / batches;
+  std::vector<double> aux_grad(static_cast<size_t>(batches * e_count), 0.0);
   if (config.aux_loss_coef != 0.0)
-    for (int e = 0; e < e_count; ++e)
-      aux_grad[static_cast<size_t>(e)] = config.aux_loss_coef * e_count / k_count *
-                                         static_cast<double>(state.expert_counts[static_cast<size_t>(e)]) /
-                                         static_cast<double>(t_count * k_count) /
-                                         static_cast<double>(t_count);
+    for (int64_t b = 0; b < batches; ++b) {
+      const auto tokens = static_cast<double>(state.loss_tokens[static_cast<size_t>(b)]);
+      for (int64_t e = b * e_count; e < (b + 1) * e_count; ++e)
+        aux_grad[static_cast<size_t>(e)] = config.aux_loss_coef * e_count / k_count *
+                                           static_cast<double>(state.loss_counts[static_cast<size_t>(e)]) /
+                                           (tokens * k_count) / tokens / static_cast<double>(batches);
+    }
 
   std::vector<double> gs(static_cast<size_t>(e_count)), prob(static_cast<size_t>(e_count));
   for (int64_t t = 0; t < t_count; ++t) {
     const float* srow = scores + t * e_count;
     const float* lrow = logits + t * e_count;
-    for (int e = 0; e < e_count; ++e) gs[static_cast<size_t>(e)] = aux_grad[static_cast<size_t>(e)];
+    const int64_t b = t / batch_rows;
+    for (int e = 0; e < e_count; ++e)
+      gs[static_cast<size_t>(e)] = aux_grad[static_cast<size_t>(b * e_count + e)];
     if (config.softmax_over_topk) {
       // Handled on the logits below (the weights are a softmax of the K logits, not of the scores).
     } else if (config.renormalize) {
@@ -331,7 +394,9 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
       }
     }
     if (config.z_loss_coef != 0.0) {
-      const double zscale = config.z_loss_coef * 2.0 * lse / static_cast<double>(t_count);
+      const double zscale = config.z_loss_coef * 2.0 * lse /
+                            static_cast<double>(state.loss_tokens[static_cast<size_t>(b)]) /
+                            static_cast<double>(batches);
       for (int e = 0; e < e_count; ++e) grow[e] += static_cast<float>(zscale * prob[static_cast<size_t>(e)]);
     }
     if (config.softmax_over_topk) {

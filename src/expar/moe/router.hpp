@@ -20,6 +20,14 @@
 //  - Router z-loss: L_z = mean over tokens of logsumexp(logits_t)², whatever the score function.
 //  - The layer's loss gains aux_loss_coef·L_aux + z_loss_coef·L_z; the outputs report L_aux and L_z
 //    unscaled and router_backward adds the scaled gradients. With T = 0 both losses are 0.
+//  - A loss scope (RouterLossScope) says which tokens "this rank's tokens" are: the T rows form `batches`
+//    equal consecutive row ranges, each a batch of its own whose statistics (tokens, routes per expert,
+//    score sums, Σ logsumexp²) are summed over the scope's group (one all-reduce of batches·(2E + 2)
+//    doubles); L_aux and L_z are the means over the batches of each batch's loss, every rank of the group
+//    reports them, and each rank's backward adds their gradient w.r.t. its own tokens, so the group's
+//    gradient sum is that of the losses of the whole batches. Context parallelism uses it (the CP group's
+//    ranks hold chunks of the same sequences; model/moe_transformer.hpp). The default scope (no group, one
+//    batch) is the definition above, bit for bit.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +35,14 @@
 #include "expar/core/tensor.hpp"
 
 namespace expar {
+
+class Comm;
+
+// Which tokens the two losses are over (see above). Default: this rank's T tokens, one batch.
+struct RouterLossScope {
+  Comm* group = nullptr;  // ranks whose rows together form each batch; null: this rank alone
+  int batches = 1;        // equal consecutive row ranges of the T rows (must divide T), the losses' mean
+};
 
 enum class ScoreFunction : uint8_t { Softmax, Sigmoid };
 ScoreFunction score_function_from_name(const std::string& name);  // "softmax" | "sigmoid"
@@ -53,6 +69,10 @@ struct RouterState {
   Tensor topk_idx;                     // [T, K] int32
   Tensor topk_weight;                  // [T, K] f32
   std::vector<int64_t> expert_counts;  // [E] routes choosing each expert
+  // What the losses were computed over (RouterLossScope): per batch, its routes per expert (over the group)
+  // and its tokens.
+  std::vector<int64_t> loss_counts;  // [batches * E]
+  std::vector<int64_t> loss_tokens;  // [batches]
 };
 
 struct RouterOutput {
@@ -60,12 +80,14 @@ struct RouterOutput {
   Tensor topk_weight;                  // [T, K] f32
   double aux_loss = 0.0;               // L_aux, unscaled
   double z_loss = 0.0;                 // L_z, unscaled
-  std::vector<int64_t> expert_counts;  // [E]
+  std::vector<int64_t> expert_counts;  // [E] this rank's routes per expert
 };
 
-// x [T, d] f32, w_router [E, d] f32, score_bias [E] f32 or null, logit_bias [E] f32 or null.
+// x [T, d] f32, w_router [E, d] f32, score_bias [E] f32 or null, logit_bias [E] f32 or null. Collective
+// over scope.group when it has more than one rank.
 RouterOutput router_forward(const RouterConfig& config, const Tensor& x, const Tensor& w_router,
-                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias = nullptr);
+                            const Tensor* score_bias, RouterState& state, const Tensor* logit_bias = nullptr,
+                            const RouterLossScope& scope = {});
 
 // grad_topk_weight [T, K]: the gradient of the loss w.r.t. the K weights (from combine). ADDS the router's
 // contribution to grad_x [T, d] and to grad_w_router [E, d] (both must be initialised by the caller), and to

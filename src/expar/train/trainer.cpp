@@ -175,6 +175,24 @@ void check_layout_split(const TrainConfig& cfg, const TrainingLayout& layout) {
               cfg.seq_len, cfg.cp, cfg.cp, fmt::join(divisors(cfg.seq_len), ","));
 }
 
+// The loss batches of the routers under CP (MoeTransformer::set_context_parallel). At C = 1 the aux and
+// z losses are over each rank's microbatch, B/(W·M) sequences; a CP group's microbatch holds C of those
+// (D = W/C), so C loss batches make the losses and their gradients those of C = 1 on the same W ranks.
+// Without such a C = 1 run (C not dividing the group's microbatch) the load-balancing loss has no
+// C = 1 value to keep and is refused; the z-loss alone is a mean over tokens, equal over one batch.
+int router_loss_batches(const TrainConfig& cfg, const TrainingLayout& layout) {
+  const int mb_seqs = cfg.global_batch / layout.dp / cfg.microbatches;
+  if (mb_seqs % layout.cp == 0) return layout.cp;
+  EXPAR_CHECK(
+      cfg.model.moe.aux_loss_coef == 0.0,
+      "global batch {} is not divisible by ranks {} x microbatches {}: with --cp {} the load-balancing "
+      "loss (--aux-coef {}) is over the sequences one rank of a --cp 1 run on the same ranks routes per "
+      "microbatch, which must be whole; choose --batch a multiple of {}, or --aux-coef 0",
+      cfg.global_batch, layout.world, cfg.microbatches, layout.cp, cfg.model.moe.aux_loss_coef,
+      layout.world * cfg.microbatches);
+  return 1;
+}
+
 // Found before any work: a checkpoint target that cannot be written or holds another model, a resume
 // checkpoint of another model or with nothing left to train. Returns the first step to run.
 int first_step(const TrainConfig& cfg, int last) {
@@ -202,12 +220,11 @@ int first_step(const TrainConfig& cfg, int last) {
 ModelConfig run_model_config(const TrainConfig& cfg) {
   ModelConfig mc = cfg.model;
   mc.moe.path = cfg.path;
-  // The router adds coef·grad(L) per forward, over the forward's own tokens. With accumulation the step
-  // averages over microbatches; with CP the D*C-rank gradient sum holds C chunks of each sequence. The
-  // z-loss is a mean over tokens, so this makes it exact; the load-balancing loss is a product of the
-  // forward's statistics (over a microbatch, over a chunk), not additive, as under accumulation.
-  mc.moe.aux_loss_coef /= cfg.microbatches * cfg.cp;
-  mc.moe.z_loss_coef /= cfg.microbatches * cfg.cp;
+  // The router adds coef·grad(L) per forward, L over the forward's tokens: a microbatch's sequences (under
+  // CP, router_loss_batches). With accumulation the step averages over microbatches, as the loss gradient
+  // does; each microbatch's load-balancing loss is its own (a product of its statistics, not additive).
+  mc.moe.aux_loss_coef /= cfg.microbatches;
+  mc.moe.z_loss_coef /= cfg.microbatches;
   if (cfg.recompute_moe)
     for (int l = 0; l < mc.layers; ++l)
       if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
@@ -274,6 +291,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   const RunGroups g = make_groups(cfg, world);
   const TrainingLayout& layout = g.layout;
   check_layout_split(cfg, layout);
+  const int loss_batches = router_loss_batches(cfg, layout);
   const int last = cfg.stop_after >= 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   EXPAR_CHECK(cfg.format == ModelFormat::Expar || !cfg.hf_config_json.empty(),
               "a {} model needs the config.json its checkpoints are saved with (TrainConfig::hf_config_json)",
@@ -288,7 +306,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   const int64_t max_forward_tokens =
       static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * (cfg.seq_len / cfg.cp);
   MoeTransformer model(mc, *g.ep_mp, max_forward_tokens, cfg.features);
-  if (layout.cp > 1) model.set_context_parallel(g.cp.get());
+  if (layout.cp > 1) model.set_context_parallel(g.cp.get(), loss_batches);
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
   const int64_t pool_rows =
       max_capacity_rows(max_forward_tokens, mc.moe.top_k, model.moe(0).placement(), mc.moe.capacity);
