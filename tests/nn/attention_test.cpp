@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
+#include "expar/core/matmul.hpp"
+#include "expar/nn/attention_phases.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
@@ -320,6 +323,72 @@ TEST(Attention, CachedForwardWithBiasesSinksAndWindowMatchesTheReference) {
   const std::vector<int64_t> one = {1};
   EXPECT_THROW(attention_forward_cached(s, rope, w, randn({1, d}, 1), one, ptrs, bad), Error);
   EXPECT_EQ(cache.length, 0);
+}
+
+// Sequences longer than a row block (attention_phases' kAttentionRowBlock): each block of query rows is
+// multiplied against only the keys its last row sees. Chunks of 70, 1 and 66 rows of a 137-token sequence
+// cross block edges with and without a past, with windows and sinks, against the double reference; the
+// training forward over the whole sequence too, whose saved probabilities must stay zero where masked.
+// Then the heads spread over 2 compute threads give the same bits as 1 thread, also with batch-invariant
+// products on (the workers must take the caller's minimum row count).
+TEST(Attention, LongSequencesMatchTheReferenceAcrossRowBlocksAndThreadCounts) {
+  const AttentionShape s{4, 2, 4};
+  const int64_t d = 8, seq = 2 * nn::phases::kAttentionRowBlock + 9;
+  Rope rope(s.head_dim, seq, kTheta);
+  AttentionWeights w = random_weights(s, d, 80);
+  Tensor x = randn({seq, d}, 5);
+  const std::vector<int64_t> chunks = {70, 1, 66};
+  auto cached = [&](const AttentionOptions& o) {
+    KvCache cache = KvCache::create(seq, s);
+    std::vector<KvCache*> ptrs = {&cache};
+    Tensor y = Tensor::empty({seq, d});
+    int64_t row = 0;
+    for (int64_t chunk : chunks) {
+      const std::vector<int64_t> counts = {chunk};
+      Tensor part = attention_forward_cached(s, rope, w, x.rows(row, row + chunk).clone(), counts, ptrs, o);
+      std::memcpy(y.data<float>() + row * d, part.data<float>(),
+                  sizeof(float) * static_cast<size_t>(chunk * d));
+      row += chunk;
+    }
+    return y;
+  };
+  for (int64_t window : {0, 50}) {
+    for (bool sinks : {false, true}) {
+      AttentionOptions o;
+      o.window = window;
+      if (sinks) o.sinks = randn({4}, 81, 1.0f);
+      const std::vector<double> ref = reference_attention(s, w, x, 1, seq, o);
+      const Tensor y = cached(o);
+      AttentionSaved saved;
+      const Tensor yt = attention_forward(s, rope, w, x, 1, seq, &saved, o);
+      for (int64_t i = 0; i < seq * d; ++i) {
+        const double want = ref[static_cast<size_t>(i)];
+        ASSERT_NEAR(y.data<float>()[i], want, 1e-5 * (1 + std::fabs(want)))
+            << "cached, window " << window << " sinks " << sinks << " row " << i / d;
+        ASSERT_NEAR(yt.data<float>()[i], want, 1e-5 * (1 + std::fabs(want)))
+            << "training, window " << window << " sinks " << sinks << " row " << i / d;
+      }
+      const float* p = saved.probs.data<float>();
+      for (int64_t h = 0; h < s.n_heads; ++h)
+        for (int64_t i = 0; i < seq; ++i)
+          for (int64_t j = 0; j < seq; ++j)
+            if (j > i || (window > 0 && j <= i - window)) {
+              ASSERT_EQ(p[(h * seq + i) * seq + j], 0.0f) << i << " " << j;
+            }
+      for (const int64_t min_rows : {int64_t{0}, kBatchInvariantRows}) {
+        set_matmul_min_rows(min_rows);
+        set_compute_threads(2);
+        const Tensor y2 = cached(o);
+        const Tensor yt2 = attention_forward(s, rope, w, x, 1, seq, nullptr, o);
+        set_compute_threads(1);
+        const Tensor y1 = cached(o);
+        const Tensor yt1 = attention_forward(s, rope, w, x, 1, seq, nullptr, o);
+        set_matmul_min_rows(0);
+        EXPECT_EQ(std::memcmp(y1.raw(), y2.raw(), y1.nbytes()), 0) << "min rows " << min_rows;
+        EXPECT_EQ(std::memcmp(yt1.raw(), yt2.raw(), yt1.nbytes()), 0) << "min rows " << min_rows;
+      }
+    }
+  }
 }
 
 // The training functions with the families' options (biases, sinks, windows; q/k norms below): the forward

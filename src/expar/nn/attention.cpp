@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
+#include <vector>
 
+#include "expar/core/matmul.hpp"
 #include "expar/nn/attention_phases.hpp"
 #include "expar/nn/check.hpp"
 #include "expar/nn/qk_norm.hpp"
@@ -139,30 +141,37 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
   rope.apply(q.data<float>(), total, shape.n_heads, dims.qd, pos, false);
   rope.apply(k.data<float>(), total, shape.n_kv_heads, dims.kd, pos, false);
 
-  Tensor probs = Tensor::empty({longest});
   Tensor context = Tensor::empty({total, dims.qd});
-  int64_t row0 = 0;
+  // The new keys and values join each cache first; then every (sequence, head) attends, spread over the
+  // compute threads, each with probabilities of its own.
+  std::vector<int64_t> first_row(caches.size() + 1, 0);
   for (size_t i = 0; i < caches.size(); ++i) {
     KvCache& c = *caches[i];
-    const int64_t tq = new_tokens[i], past = c.length;
+    const int64_t tq = new_tokens[i], row0 = first_row[i];
     const size_t row_bytes = sizeof(float) * static_cast<size_t>(dims.kd);
     if (tq > 0) {
-      std::memcpy(c.k.data<float>() + past * dims.kd, k.data<float>() + row0 * dims.kd,
+      std::memcpy(c.k.data<float>() + c.length * dims.kd, k.data<float>() + row0 * dims.kd,
                   row_bytes * static_cast<size_t>(tq));
-      std::memcpy(c.v.data<float>() + past * dims.kd, v.data<float>() + row0 * dims.kd,
+      std::memcpy(c.v.data<float>() + c.length * dims.kd, v.data<float>() + row0 * dims.kd,
                   row_bytes * static_cast<size_t>(tq));
     }
-    for (int64_t h = 0; h < shape.n_heads; ++h) {
-      const int64_t g = h / group;
-      attend_head(
-          q.data<float>() + row0 * dims.qd + h * hd, dims.qd, c.k.data<float>() + g * hd,
-          c.v.data<float>() + g * hd, dims.kd, tq, past, hd, probs.data<float>(),
-          context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
-          options.sinks.defined() && options.sinks.numel() > 0 ? options.sinks.data<float>() + h : nullptr);
-    }
-    c.length += tq;
-    row0 += tq;
+    first_row[i + 1] = row0 + tq;
   }
+  const auto tasks = static_cast<int64_t>(caches.size()) * shape.n_heads;
+  Tensor probs = Tensor::empty({std::min<int64_t>(compute_threads(), std::max<int64_t>(tasks, 1)), longest});
+  const float* sinks =
+      options.sinks.defined() && options.sinks.numel() > 0 ? options.sinks.data<float>() : nullptr;
+  phases::for_each_head(tasks, [&](int64_t task, int thread) {
+    const auto i = static_cast<size_t>(task / shape.n_heads);
+    const int64_t h = task % shape.n_heads, g = h / group, tq = new_tokens[i], row0 = first_row[i];
+    if (tq == 0) return;
+    const KvCache& c = *caches[i];
+    attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, c.k.data<float>() + g * hd,
+                c.v.data<float>() + g * hd, dims.kd, tq, c.length, hd, probs.data<float>() + thread * longest,
+                context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
+                sinks ? sinks + h : nullptr);
+  });
+  for (size_t i = 0; i < caches.size(); ++i) caches[i]->length += new_tokens[i];
   Tensor y = Tensor::empty({total, dims.d});
   project(context, weights.wo, y.data<float>(), false);
   add_bias(y.data<float>(), total, dims.d, options.bo);

@@ -1,7 +1,11 @@
 #include "expar/nn/attention_phases.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <mutex>
 
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
@@ -122,48 +126,86 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                  int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
                  const float* sink) {
   const int64_t tk = past + tq;
-  MatmulArgs scores;
-  scores.a = q;
-  scores.b = k;
-  scores.c = probs;
-  scores.m = tq;
-  scores.n = tk;
-  scores.k = head_dim;
-  scores.trans_b = true;
-  scores.lda = ldq;
-  scores.ldb = ldkv;
-  scores.ldc = tk;
-  matmul(scores);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  for (int64_t i = 0; i < tq; ++i) {
-    float* row = probs + i * tk;
-    const int64_t visible = past + i + 1;
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
-    float max = row[lo] * scale;
-    for (int64_t j = lo + 1; j < visible; ++j) max = std::fmax(max, row[j] * scale);
-    if (sink) max = std::fmax(max, *sink);
-    double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
-    // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
-    // layer of a 512-token prefill on one thread. The sum stays in double, in order.
+  // Query rows in blocks: block [r0, r1) sees keys [0, past + r1) only, so the products skip most of the
+  // causal mask's upper triangle (a 512-token prefill computed twice the scores it needed).
+  for (int64_t r0 = 0; r0 < tq; r0 += kAttentionRowBlock) {
+    const int64_t r1 = std::min(tq, r0 + kAttentionRowBlock), keys = past + r1;
+    float* block = probs + r0 * tk;
+    MatmulArgs scores;
+    scores.a = q + r0 * ldq;
+    scores.b = k;
+    scores.c = block;
+    scores.m = r1 - r0;
+    scores.n = keys;
+    scores.k = head_dim;
+    scores.trans_b = true;
+    scores.lda = ldq;
+    scores.ldb = ldkv;
+    scores.ldc = tk;
+    matmul(scores);
+    for (int64_t i = r0; i < r1; ++i) {
+      float* row = probs + i * tk;
+      const int64_t visible = past + i + 1;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
+      float max = row[lo] * scale;
+      // The exact maximum in any order (not fmax: a libm call per score, and no NaN can be here).
+#pragma omp simd reduction(max : max)
+      for (int64_t j = lo + 1; j < visible; ++j) max = std::max(max, row[j] * scale);
+      if (sink) max = std::fmax(max, *sink);
+      double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
+      // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
+      // layer of a 512-token prefill on one thread. The sum stays in double, in order.
 #pragma omp simd
-    for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
-    for (int64_t j = lo; j < visible; ++j) sum += row[j];
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
-    for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
-    for (int64_t j = visible; j < tk; ++j) row[j] = 0.0f;
+      for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
+      for (int64_t j = lo; j < visible; ++j) sum += row[j];
+      const float inv = static_cast<float>(1.0 / sum);
+      std::fill(row, row + lo, 0.0f);
+#pragma omp simd
+      for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
+      std::fill(row + visible, row + tk, 0.0f);
+    }
+    MatmulArgs weighted;
+    weighted.a = block;
+    weighted.b = v;
+    weighted.c = out + r0 * ldo;
+    weighted.m = r1 - r0;
+    weighted.n = head_dim;
+    weighted.k = keys;
+    weighted.lda = tk;
+    weighted.ldb = ldkv;
+    weighted.ldc = ldo;
+    matmul(weighted);
   }
-  MatmulArgs weighted;
-  weighted.a = probs;
-  weighted.b = v;
-  weighted.c = out;
-  weighted.m = tq;
-  weighted.n = head_dim;
-  weighted.k = tk;
-  weighted.lda = tk;
-  weighted.ldb = ldkv;
-  weighted.ldc = ldo;
-  matmul(weighted);
+}
+
+void for_each_head(int64_t tasks, const std::function<void(int64_t task, int thread)>& fn) {
+  const int threads = static_cast<int>(std::min<int64_t>(compute_threads(), tasks));
+  if (threads <= 1) {
+    for (int64_t t = 0; t < tasks; ++t) fn(t, 0);
+    return;
+  }
+  // The workers take the caller's batch-invariance setting (it is per thread), and an exception may not
+  // leave an OpenMP region: the first is kept and rethrown here.
+  const int64_t min_rows = matmul_min_rows();
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t saved = matmul_min_rows();
+    set_matmul_min_rows(min_rows);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      try {
+        fn(t, omp_get_thread_num());
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+    set_matmul_min_rows(saved);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
@@ -211,19 +253,19 @@ Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, co
   const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads, tk = past + seq;
   // Without `probs` the probabilities of one head at a time are enough.
   const bool keep = probs != nullptr;
-  Tensor p_all = keep ? Tensor::empty({batch, shape.n_heads, seq, tk}) : Tensor::empty({seq, tk});
+  // Without `probs`, each compute thread keeps one head's probabilities at a time.
+  const int64_t scratch = std::min<int64_t>(compute_threads(), batch * shape.n_heads);
+  Tensor p_all = keep ? Tensor::empty({batch, shape.n_heads, seq, tk}) : Tensor::empty({scratch, seq, tk});
   Tensor context = Tensor::empty({batch * seq, dims.qd});
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < shape.n_heads; ++h) {
-      const int64_t g = h / group;
-      float* p = p_all.data<float>() + (keep ? (b * shape.n_heads + h) * seq * tk : 0);
-      attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
-                  k.data<float>() + b * key_rows * dims.kd + g * hd,
-                  v.data<float>() + b * key_rows * dims.kd + g * hd, dims.kd, seq, past, hd, p,
-                  context.data<float>() + b * seq * dims.qd + h * hd, dims.qd, options.window,
-                  has(options.sinks) ? options.sinks.data<float>() + h : nullptr);
-    }
-  }
+  for_each_head(batch * shape.n_heads, [&](int64_t task, int thread) {
+    const int64_t b = task / shape.n_heads, h = task % shape.n_heads, g = h / group;
+    float* p = p_all.data<float>() + (keep ? task : thread) * seq * tk;
+    attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
+                k.data<float>() + b * key_rows * dims.kd + g * hd,
+                v.data<float>() + b * key_rows * dims.kd + g * hd, dims.kd, seq, past, hd, p,
+                context.data<float>() + b * seq * dims.qd + h * hd, dims.qd, options.window,
+                has(options.sinks) ? options.sinks.data<float>() + h : nullptr);
+  });
   if (keep) *probs = p_all;
   return context;
 }

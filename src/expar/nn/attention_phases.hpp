@@ -7,6 +7,7 @@
 //   backward: output_backward -> attend_backward -> [reduce-scatter key/value gradients] -> input_backward
 // Not a public interface: model code calls attention.hpp or context_parallel_attention.hpp.
 #include <cstdint>
+#include <functional>
 
 #include "expar/nn/attention.hpp"
 
@@ -34,9 +35,17 @@ void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias);
 // [lo_i, past + i] with lo_i = 0, or past + i - window + 1 with a window. `sink` (nullable) is one extra
 // logit in the softmax denominator. Writes probs [tq, tk] (zero where masked) and out [tq, head_dim] (row
 // stride ldo).
+// Query rows go through the products in blocks of kAttentionRowBlock, each against only the keys its last
+// row sees.
 void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
                  int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
                  const float* sink);
+inline constexpr int64_t kAttentionRowBlock = 64;
+
+// fn(task, thread) for task in [0, tasks) (one head of one sequence each), spread over the calling thread's
+// compute threads (thread in [0, min(compute threads, tasks))); each head's products then run on one thread,
+// where before every head's small products were split over all of them and its softmax ran on one.
+void for_each_head(int64_t tasks, const std::function<void(int64_t task, int thread)>& fn);
 
 // The argument checks every training call makes (weights against the shape and Rope, options without
 // inference-only parts); returns the widths.
