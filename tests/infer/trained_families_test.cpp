@@ -4,8 +4,9 @@
 // (projection q/k norms, llama3 rope), Mixtral (sliding window) and gpt-oss (sinks, sliding/full layers,
 // YaRN, router bias with softmax over the top k, biased clamped-SwiGLU experts); every parameter's gradient,
 // the families' new kinds included, against finite differences; training runs whose saves are Hugging Face
-// checkpoints of the family that the inference engine reads under another layout, and that resume bit for
-// bit; and gpt-oss's MXFP4 experts dequantised when a fine-tuning run loads them.
+// checkpoints of the family that the inference engine reads under another layout, that resume bit for bit,
+// and that --format ours refuses naming the family; and gpt-oss's MXFP4 experts dequantised when a
+// fine-tuning run loads them.
 //
 // Links expar_train as well as expar_infer (tests/CMakeLists.txt): it is the one place both meet.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <tuple>
 
@@ -250,7 +252,8 @@ class TrainedFamilySaves : public ::testing::TestWithParam<SaveCase> {};
 
 // Trained on 2 ranks with EP 2, each save is a Hugging Face checkpoint of the family (config.json, index,
 // the family's names) that the engine loads on TP 2 with EP and that a single-rank training model loads
-// back, with the same logits; a run resumed from step 2 ends with the same weights as the uninterrupted run.
+// back, with the same logits (and that --format ours refuses, naming the family and its flag); a run resumed
+// from step 2 ends with the same weights as the uninterrupted run.
 TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
   const HfTestModel m = GetParam().make();
   const std::string tag = GetParam().name;
@@ -280,6 +283,29 @@ TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
   for (const auto& [name, t] : m.tensors)
     EXPECT_EQ(index.info(name).shape, t.shape()) << name << " is saved in another shape than the family's";
   EXPECT_TRUE(fs::exists(step / "optimizer-dense.safetensors"));
+
+  // --format ours (our own tensor names and architecture) on the family's save is refused before anything
+  // is loaded, naming the family, where the save says it, and the flag that reads it; so is `expar eval`.
+  const std::string family = model_format_name(m.format);
+  auto expect_refused = [&](const std::function<void()>& read, const std::string& how) {
+    try {
+      read();
+      ADD_FAILURE() << how << ": --format ours on a " << family << " save must be refused";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      for (const std::string& part : {std::string("--format ours"), "\"architecture\": \"" + family + "\"",
+                                      "pass --format " + family + " or --format auto"})
+        EXPECT_NE(what.find(part), std::string::npos) << how << ": " << what;
+    }
+  };
+  expect_refused([&] { open_model_spec(straight, ModelFormat::Expar); }, "open_model_spec");
+  expect_refused(
+      [&] {
+        EvaluateOptions o;
+        o.engine.format = ModelFormat::Expar;
+        evaluate(o, straight.string(), vocab_tokens(7, 10, m.vocab));
+      },
+      "evaluate");
 
   // Resumed == straight, tensor for tensor.
   ShardedCheckpoint other = ShardedCheckpoint::open_directory(resumed / "step-3");

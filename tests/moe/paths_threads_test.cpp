@@ -1,10 +1,11 @@
 // Every execution path against the single-rank reference (DESIGN "Tests"), on the threads backend:
 // layouts (ranks 1..4, M_E dividing the rank count, EP groups as subgroups of the world) x {dropless,
 // capacity with drops} x {softmax, sigmoid} x payload precisions {f32, bf16, mxfp8, a mix with a different
-// format on each leg}. Reduced precisions run the paths that encode rows (block, rowwise; local and agrs
-// refuse them) against a reference that applies the same codec round trips where the rows travel. Every rank
-// builds every rank's inputs from the same seed; the checks run on the test thread over what each rank
-// recorded.
+// format on each leg}, and gpt-oss's router and experts on four layouts (router bias with the softmax over
+// the top K, gate/up/down expert biases, the clamped SwiGLU; the bias gradients compared too). Reduced
+// precisions run the paths that encode rows (block, rowwise, aggregated; local and agrs refuse them) against
+// a reference that applies the same codec round trips where the rows travel. Every rank builds every rank's
+// inputs from the same seed; the checks run on the test thread over what each rank recorded.
 //
 // The reference is the local path on one rank over the concatenated tokens of one EP group, with exactly the
 // routes the EP run dropped marked invalid (a capacity policy decides per source rank, so a single-source
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,13 +80,15 @@ struct Case {
   ScoreFunction score = ScoreFunction::Softmax;
   Precision precision = kPrecisions[0];
   int ranks_per_node = 0;  // emulated nodes (0: one node): rows across nodes become put/get, not loads
+  bool gpt_oss = false;    // router bias + softmax over the top K, biased clamped-SwiGLU experts
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("W{}_EP{}_{}_{}_{}{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
+  return fmt::format("W{}_EP{}_{}_{}_{}{}{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
                      score_function_name(c.score), c.precision.name,
-                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "");
+                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "",
+                     c.gpt_oss ? "_gpt_oss" : "");
 }
 
 std::vector<Case> all_cases() {
@@ -101,6 +105,16 @@ std::vector<Case> all_cases() {
     for (int ep : {2, 4})
       for (int per_node : {1, 2})
         for (bool cap : {false, true}) cases.push_back({4, ep, cap, ScoreFunction::Softmax, p, per_node});
+  // gpt-oss (its router needs the softmax score): the single-rank paths; every f32 path with drops; the
+  // reduced-precision paths over EP subgroups with drops; the decode form and cross-node rows over EP 4.
+  const Precision& f32 = kPrecisions[0];
+  const Precision& mixed = kPrecisions[3];
+  for (const Case& c :
+       {Case{1, 1, false, ScoreFunction::Softmax, f32}, Case{4, 4, true, ScoreFunction::Softmax, f32},
+        Case{4, 2, true, ScoreFunction::Softmax, mixed}, Case{4, 4, false, ScoreFunction::Softmax, f32, 2}}) {
+    cases.push_back(c);
+    cases.back().gpt_oss = true;
+  }
   return cases;
 }
 
@@ -114,6 +128,12 @@ MoeConfig config_of(const Case& c, const std::string& path) {
   cfg.renormalize = c.score == ScoreFunction::Sigmoid;
   cfg.path = path;
   cfg.precision = c.precision.legs;
+  if (c.gpt_oss) {
+    cfg.softmax_over_topk = true;
+    cfg.router_bias = true;
+    cfg.expert_biases = true;
+    cfg.activation = ExpertMlpActivation::GptOssClamped;
+  }
   if (c.capacity) {
     // Cycle through the three rules so every one of them is seen by some layout.
     static const CapacityRule rules[] = {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert};
@@ -122,10 +142,26 @@ MoeConfig config_of(const Case& c, const std::string& path) {
   return cfg;
 }
 
-// init_params, then push the experts of the last EP rank of a group out of every top-K (a rank whose
-// experts receive nothing): a large negative weight on the constant channel.
+// init_params; with gpt-oss, biases that matter (init_params zeroes them; each global expert's from its own
+// stream, so the same whatever the layout) and gate/up weights scaled so that both clamps bite. Then push
+// the experts of the last EP rank of a group out of every top-K (a rank whose experts receive nothing): a
+// large negative weight on the constant channel.
 void init_layer(MoeLayer& layer, int ep) {
   layer.init_params(kSeed);
+  if (layer.config().expert_biases) {
+    MoeParams& p = layer.params();
+    fill_normal(p.router_bias, kSeed, 50, 0.5f);
+    for (int l = 0; l < layer.placement().local_count(); ++l) {
+      const auto e = static_cast<uint64_t>(layer.placement().global_expert(layer.ep_rank(), l));
+      const std::array<Tensor*, 3> biases{&p.experts.b1, &p.experts.b3, &p.experts.b2};
+      for (size_t k = 0; k < biases.size(); ++k) {
+        Tensor row = biases[k]->rows(l, l + 1);
+        fill_normal(row, kSeed, 100 + e * biases.size() + k, 1.0f);
+      }
+    }
+    for (Tensor* w : {&p.experts.w1, &p.experts.w3})
+      for (float& v : w->span<float>()) v *= 4.0f;
+  }
   if (ep < 2) return;
   const ExpertPlacement placement(kExperts, ep);
   for (int e : placement.local_experts(ep - 1)) layer.params().w_router.data<float>()[e * kD] = -50.0f;
@@ -133,7 +169,8 @@ void init_layer(MoeLayer& layer, int ep) {
 
 struct RankResult {
   Tensor y, grad_x, grad_router;
-  ExpertWeights grad_experts;
+  Tensor grad_router_bias;                   // gpt-oss only
+  ExpertWeights grad_experts;                // with gpt-oss, the bias gradients too
   Tensor dst_row;                            // the route map's rows (-1: dropped)
   Tensor topk_idx;                           // the router's choices [T, K]
   std::vector<int64_t> requested, accepted;  // the map's [M x E] matrices
@@ -143,8 +180,29 @@ struct RankResult {
   int64_t comm_scratch_peak = 0, symmetric_resident = 0;
 };
 
+// Two undefined tensors (a feature the case does not have) are the same.
 bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  if (!a.defined() && !b.defined()) return true;
+  return a.defined() == b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Every gradient of the experts, the biases included (each must be the same bits).
+bool same_expert_bits(const ExpertWeights& a, const ExpertWeights& b) {
+  return same_bits(a.w1, b.w1) && same_bits(a.w3, b.w3) && same_bits(a.w2, b.w2) && same_bits(a.b1, b.b1) &&
+         same_bits(a.b3, b.b3) && same_bits(a.b2, b.b2);
+}
+
+Tensor clone_if_defined(const Tensor& t) {
+  return t.defined() ? t.clone() : Tensor{};
+}
+
+ExpertWeights cloned(const ExpertWeights& w) {
+  ExpertWeights out{w.w1.clone(), w.w3.clone(), w.w2.clone()};
+  out.b1 = clone_if_defined(w.b1);
+  out.b3 = clone_if_defined(w.b3);
+  out.b2 = clone_if_defined(w.b2);
+  return out;
 }
 
 bool all_finite(const Tensor& t) {
@@ -185,6 +243,14 @@ double resolution_of(const PayloadPrecision& legs) {
   return r;
 }
 
+// expect_close's `loose` for a case: its coarsest leg's resolution; with gpt-oss's experts at least f32
+// rounding relative to the largest element (their pre-activations reach the clamps at ±7, so a gradient
+// element is a sum of terms of the tensor's magnitude that cancel, and its rounding error scales with those
+// terms; across layouts it stays under a tenth of this).
+double loose_of(const Case& c) {
+  return std::max(resolution_of(c.precision.legs), c.gpt_oss ? 1e-5 : 0.0);
+}
+
 RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, const Tensor& grad_y) {
   RankResult r;
   auto step = [&](RankResult& out) {
@@ -193,8 +259,8 @@ RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, cons
     out.y = layer.forward(x, state).clone();
     out.grad_x = layer.backward(grad_y, state).clone();
     out.grad_router = layer.grads().w_router.clone();
-    out.grad_experts = {layer.grads().experts.w1.clone(), layer.grads().experts.w3.clone(),
-                        layer.grads().experts.w2.clone()};
+    out.grad_router_bias = clone_if_defined(layer.grads().router_bias);
+    out.grad_experts = cloned(layer.grads().experts);
     out.dst_row = state.routes.dst_row.clone();
     out.topk_idx = state.router.topk_idx.clone();
     out.requested = state.routes.requested;
@@ -216,9 +282,8 @@ RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, cons
   step(again);
   r.second_step_identical = same_bits(r.y, again.y) && same_bits(r.grad_x, again.grad_x) &&
                             same_bits(r.grad_router, again.grad_router) &&
-                            same_bits(r.grad_experts.w1, again.grad_experts.w1) &&
-                            same_bits(r.grad_experts.w2, again.grad_experts.w2) &&
-                            same_bits(r.grad_experts.w3, again.grad_experts.w3);
+                            same_bits(r.grad_router_bias, again.grad_router_bias) &&
+                            same_expert_bits(r.grad_experts, again.grad_experts);
   return r;
 }
 
@@ -230,7 +295,8 @@ RankResult exported(const RankResult& r, MemoryTracker& host) {
   out.y = r.y.clone();
   out.grad_x = r.grad_x.clone();
   out.grad_router = r.grad_router.clone();
-  out.grad_experts = {r.grad_experts.w1.clone(), r.grad_experts.w3.clone(), r.grad_experts.w2.clone()};
+  out.grad_router_bias = clone_if_defined(r.grad_router_bias);
+  out.grad_experts = cloned(r.grad_experts);
   out.dst_row = r.dst_row.clone();
   out.topk_idx = r.topk_idx.clone();
   return out;
@@ -259,7 +325,8 @@ void expect_drops_follow_the_plan(const RankResult& r, int source) {
 
 struct Reference {
   Tensor y, grad_x, grad_router;
-  ExpertWeights grad_experts;  // all E experts
+  Tensor grad_router_bias;     // gpt-oss only
+  ExpertWeights grad_experts;  // all E experts (with gpt-oss, their bias gradients too)
 };
 
 Tensor concat_rows(const std::vector<Tensor>& parts, int64_t width) {
@@ -300,7 +367,9 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   MoeLayer layer(cfg, solo, "moe");
   init_layer(layer, c.ep);
   RouterState rs;
-  RouterOutput routed = router_forward(cfg.router(), x, layer.params().w_router, nullptr, rs);
+  const bool router_bias = layer.params().router_bias.defined();
+  RouterOutput routed = router_forward(cfg.router(), x, layer.params().w_router, nullptr, rs,
+                                       router_bias ? &layer.params().router_bias : nullptr);
   Tensor idx = routed.topk_idx.clone();
   for (size_t i = 0; i < dropped.size(); ++i)
     if (dropped[i]) idx.data<int32_t>()[i] = -1;
@@ -320,6 +389,19 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   Tensor in = path->dispatch_forward(x_arrived, map, ps);
   Tensor out = path->expert_output_buffer(map, kD, ps);
   expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, es);
+  if (c.gpt_oss) {
+    // Both clamps bite on some pre-activations and leave others free (the gradients flow through both).
+    const auto count = [&](const Tensor& pre, auto clamped) {
+      int64_t n = 0;
+      for (int64_t i = 0; i < map.recv_rows * kH; ++i) n += clamped(pre.data<float>()[i]);
+      return n;
+    };
+    const int64_t all = map.recv_rows * kH;
+    const int64_t gate = count(es.gate_pre, [](float v) { return v > kGptOssLimit; });
+    const int64_t up = count(es.up_pre, [](float v) { return std::abs(v) > kGptOssLimit; });
+    EXPECT_TRUE(gate > 0 && gate < all) << gate << " of " << all << " gate pre-activations clamped";
+    EXPECT_TRUE(up > 0 && up < all) << up << " of " << all << " up pre-activations clamped";
+  }
   round_trip_in_place(out, map.recv_rows, legs.combine);
   Reference ref;
   ref.y = path->combine_forward(out, routed.topk_weight, map, ps);
@@ -331,9 +413,11 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   expert_mlp_backward(grad_out, es, layer.params().experts, grad_in, layer.grads().experts);
   round_trip_in_place(grad_in, map.recv_rows, legs.dispatch_grad);
   ref.grad_x = path->dispatch_backward(grad_in, map, ps);
-  router_backward(cfg.router(), rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router);
+  router_backward(cfg.router(), rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router,
+                  router_bias ? &layer.grads().router_bias : nullptr);
   ref.grad_router = layer.grads().w_router.clone();
-  ref.grad_experts = layer.grads().experts;
+  ref.grad_router_bias = clone_if_defined(layer.grads().router_bias);
+  ref.grad_experts = cloned(layer.grads().experts);
   if (legs.all_f32() && std::none_of(dropped.begin(), dropped.end(), [](uint8_t v) { return v != 0; })) {
     // Without drops this reference is exactly MoeLayer with path "local" (a check on the test itself).
     MoeState st;
@@ -341,6 +425,8 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
     EXPECT_TRUE(same_bits(layer.forward(x, st), ref.y));
     EXPECT_TRUE(same_bits(layer.backward(grad_y, st), ref.grad_x));
     EXPECT_TRUE(same_bits(layer.grads().w_router, ref.grad_router));
+    EXPECT_TRUE(same_bits(layer.grads().router_bias, ref.grad_router_bias));
+    EXPECT_TRUE(same_expert_bits(layer.grads().experts, ref.grad_experts));
   }
   return ref;
 }
@@ -444,9 +530,8 @@ void expect_path_contract(const std::string& p, const RankResult& r, const RankR
     EXPECT_TRUE(same_bits(r.y, block.y));
     EXPECT_TRUE(same_bits(r.grad_x, block.grad_x));
     EXPECT_TRUE(same_bits(r.grad_router, block.grad_router));
-    EXPECT_TRUE(same_bits(r.grad_experts.w1, block.grad_experts.w1));
-    EXPECT_TRUE(same_bits(r.grad_experts.w3, block.grad_experts.w3));
-    EXPECT_TRUE(same_bits(r.grad_experts.w2, block.grad_experts.w2));
+    EXPECT_TRUE(same_bits(r.grad_router_bias, block.grad_router_bias));
+    EXPECT_TRUE(same_expert_bits(r.grad_experts, block.grad_experts));
   }
   if (p == "rowwise") {
     // No host split list: not one all_to_all_v on the EP group.
@@ -470,6 +555,25 @@ void expect_path_contract(const std::string& p, const RankResult& r, const RankR
   }
 }
 
+// The gradients of the local experts of EP rank `pos` (weights, and the biases a gpt-oss case has) against
+// those of the same global experts in the reference.
+void expect_local_experts_match(const Case& c, size_t pos, const ExpertWeights& got,
+                                const ExpertWeights& want, const std::string& what, double loose) {
+  const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
+  ASSERT_EQ(got.b1.defined(), c.gpt_oss);
+  ASSERT_EQ(want.b1.defined(), c.gpt_oss);
+  const std::array<std::pair<const char*, const Tensor*>, 6> got_all{
+      {{"w1", &got.w1}, {"w3", &got.w3}, {"w2", &got.w2}, {"b1", &got.b1}, {"b3", &got.b3}, {"b2", &got.b2}}};
+  const std::array<const Tensor*, 6> want_all{&want.w1, &want.w3, &want.w2, &want.b1, &want.b3, &want.b2};
+  for (size_t k = 0; k < got_all.size(); ++k) {
+    const auto& [name, g] = got_all[k];
+    if (!g->defined()) continue;
+    for (size_t l = 0; l < experts.size(); ++l)
+      expect_close(expert_slice(*g, static_cast<int64_t>(l)), expert_slice(*want_all[k], experts[l]),
+                   what + name + " of expert " + std::to_string(experts[l]), loose);
+  }
+}
+
 // One EP rank (position `pos` in its group, tokens from `offset` of the group's) of path `p` against the
 // group's reference: outputs, its local experts' gradients, its drops.
 void expect_rank_matches_reference(const Case& c, const RankResult& r, size_t pos, int64_t offset, int64_t t,
@@ -480,16 +584,7 @@ void expect_rank_matches_reference(const Case& c, const RankResult& r, size_t po
   expect_drops_follow_the_plan(r, static_cast<int>(pos));
   expect_close(r.y, ref.y.rows(offset, offset + t), "y", loose);
   expect_close(r.grad_x, ref.grad_x.rows(offset, offset + t), "grad_x", loose);
-  const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
-  for (size_t l = 0; l < experts.size(); ++l) {
-    const auto li = static_cast<int64_t>(l);
-    expect_close(expert_slice(r.grad_experts.w1, li), expert_slice(ref.grad_experts.w1, experts[l]), "w1",
-                 loose);
-    expect_close(expert_slice(r.grad_experts.w3, li), expert_slice(ref.grad_experts.w3, experts[l]), "w3",
-                 loose);
-    expect_close(expert_slice(r.grad_experts.w2, li), expert_slice(ref.grad_experts.w2, experts[l]), "w2",
-                 loose);
-  }
+  expect_local_experts_match(c, pos, r.grad_experts, ref.grad_experts, "", loose);
 }
 
 // Path `p` on every rank of one EP group: each rank against the reference and the path's contract, and the
@@ -497,7 +592,7 @@ void expect_rank_matches_reference(const Case& c, const RankResult& r, size_t po
 void expect_path_matches_reference(const Case& c, const std::string& p, const std::vector<int>& group,
                                    const PathResults& results, const Reference& ref, double loose) {
   SCOPED_TRACE("path " + p);
-  Tensor router_sum = Tensor::zeros({kExperts, kD});
+  Tensor router_sum = Tensor::zeros({kExperts, kD}), router_bias_sum = Tensor::zeros({kExperts});
   int64_t offset = 0;
   for (size_t pos = 0; pos < group.size(); ++pos) {
     const int member = group[pos];
@@ -508,6 +603,9 @@ void expect_path_matches_reference(const Case& c, const std::string& p, const st
     if (::testing::Test::HasFatalFailure()) return;
     for (int64_t i = 0; i < router_sum.numel(); ++i)
       router_sum.data<float>()[i] += r.grad_router.data<float>()[i];
+    if (c.gpt_oss)
+      for (int64_t i = 0; i < kExperts; ++i)
+        router_bias_sum.data<float>()[i] += r.grad_router_bias.data<float>()[i];
     expect_path_contract(p, r, results.at("block")[static_cast<size_t>(member)]);
     // The last EP rank's experts are pushed out of every top-K: it receives nothing.
     if (c.ep >= 2 && pos + 1 == group.size()) {
@@ -516,6 +614,10 @@ void expect_path_matches_reference(const Case& c, const std::string& p, const st
     offset += t;
   }
   expect_close(router_sum, ref.grad_router, "router weight gradient (summed over the EP group)", loose);
+  if (c.gpt_oss) {
+    expect_close(router_bias_sum, ref.grad_router_bias, "router bias gradient (summed over the EP group)",
+                 loose);
+  }
 }
 
 // The decode form on one EP group: every rank holds every token of the group, so its outputs and router
@@ -527,13 +629,14 @@ void expect_decode_matches_reference(const Case& c, const std::string& decode_pa
   for (size_t pos = 0; pos < group.size(); ++pos) {
     const RankResult& r = results.at(decode_path)[static_cast<size_t>(group[pos])];
     EXPECT_TRUE(r.second_step_identical);
-    expect_close(r.y, ref.y, "decode y");
-    expect_close(r.grad_x, ref.grad_x, "decode grad_x");
-    expect_close(r.grad_router, ref.grad_router, "decode router weight gradient");
-    const std::vector<int> experts = ExpertPlacement(kExperts, c.ep).local_experts(static_cast<int>(pos));
-    for (size_t l = 0; l < experts.size(); ++l)
-      expect_close(expert_slice(r.grad_experts.w2, static_cast<int64_t>(l)),
-                   expert_slice(ref.grad_experts.w2, experts[l]), "decode w2");
+    const double loose = loose_of(c);
+    expect_close(r.y, ref.y, "decode y", loose);
+    expect_close(r.grad_x, ref.grad_x, "decode grad_x", loose);
+    expect_close(r.grad_router, ref.grad_router, "decode router weight gradient", loose);
+    if (c.gpt_oss) {
+      expect_close(r.grad_router_bias, ref.grad_router_bias, "decode router bias gradient", loose);
+    }
+    expect_local_experts_match(c, pos, r.grad_experts, ref.grad_experts, "decode ", loose);
   }
 }
 
@@ -550,7 +653,7 @@ TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
     const Reference ref = group_reference(c, group, results, world_dropped);
     ASSERT_TRUE(all_finite(ref.y) && all_finite(ref.grad_x));
     for (const auto& p : u.paths) {
-      expect_path_matches_reference(c, p, group, results, ref, resolution_of(c.precision.legs));
+      expect_path_matches_reference(c, p, group, results, ref, loose_of(c));
       if (HasFatalFailure()) return;
     }
     if (u.decode) expect_decode_matches_reference(c, u.decode_path, group, results, ref);

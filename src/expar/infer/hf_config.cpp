@@ -4,6 +4,7 @@
 #include "expar/core/error.hpp"
 #include "expar/infer/tensor_store.hpp"
 #include "expar/io/checkpoint_dir.hpp"
+#include "expar/io/strict_json.hpp"
 
 namespace expar::infer {
 
@@ -19,10 +20,24 @@ std::string model_type_in(const fs::path& dir) {
 }
 
 // A save of expar train holds manifest.json and, for a Hugging Face family, config.json and that family's
-// tensor names too: the manifest's "architecture" says which (absent: ours).
-bool manifest_names_a_family(const fs::path& dir) {
+// tensor names too: the manifest's "architecture" says which (absent or "ours": our own, nullopt).
+std::optional<ModelFormat> family_in_manifest(const fs::path& dir) {
   const nlohmann::json j = read_manifest_json(dir);
-  return j.contains("architecture") && j.at("architecture") != "ours";
+  if (!j.contains("architecture")) return std::nullopt;
+  const std::string label = (dir / "manifest.json").string();
+  const nlohmann::json& arch = j.at("architecture");
+  EXPAR_CHECK(
+      arch.is_string(),
+      "{}: \"architecture\" must be a string naming the model family, got {}: the manifest is damaged; "
+      "use another step directory",
+      label, json_excerpt(arch));
+  ModelFormat format{};
+  try {
+    format = model_format_from_name(arch.get<std::string>());
+  } catch (const Error& e) {
+    fail("{}: \"architecture\": {}", label, e.what());
+  }
+  return format == ModelFormat::Expar ? std::nullopt : std::optional(format);
 }
 
 }  // namespace
@@ -61,7 +76,7 @@ ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> form
                 "'{}' holds neither manifest.json (an expar checkpoint) nor config.json (a Hugging Face "
                 "checkpoint): pass a checkpoint directory",
                 dir.string());
-    if (ours && (!hf || (path.filename() != "config.json" && !manifest_names_a_family(dir)))) {
+    if (ours && (!hf || (path.filename() != "config.json" && !family_in_manifest(dir)))) {
       format = ModelFormat::Expar;
     } else {
       const std::string type = model_type_in(dir);
@@ -79,6 +94,17 @@ ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> form
                 "format",
                 dir.string(),
                 hf ? " (it has config.json with model_type '" + model_type_in(dir) + "')" : std::string());
+    // A family's save also holds manifest.json (for --resume), but its tensors carry the family's names and
+    // its architecture is config.json's: neither is what our format reads.
+    if (const auto family = family_in_manifest(dir)) {
+      const std::string name = model_format_name(*family);
+      fail(
+          "--format ours but '{}' is a {} save of expar train (its manifest.json says \"architecture\": "
+          "\"{}\"): its tensors carry {}'s Hugging Face names and config.json describes its architecture, "
+          "which --format ours (expar's own tensor names and manifest) does not read; pass --format {} or "
+          "--format auto",
+          dir.string(), name, name, name, name);
+    }
     ModelSpec s;
     s.format = ModelFormat::Expar;
     s.dir = dir;
