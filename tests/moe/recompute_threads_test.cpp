@@ -175,8 +175,21 @@ TEST_P(RecomputeTest, GradientsAreBitIdenticalAndRecomputedPayloadsTakeNoLease) 
       EXPECT_EQ(recomputed.high_water, 1);
       EXPECT_EQ(recomputed.slot_count, 1);
       EXPECT_EQ(recomputed.scratch_count, 2);
+    } else if (c.path == "aggregated") {
+      // Kept: as rowwise (a dispatch lease per microbatch in flight, the gradient lease of a backward, the
+      // expert-output scratch).
+      EXPECT_EQ(kept.leased_after_forwards, 2);
+      EXPECT_EQ(kept.high_water, 3);
+      EXPECT_EQ(kept.slot_count, 3);
+      EXPECT_EQ(kept.scratch_count, 1);
+      // Recomputed: the dropped forward state gave its dispatch lease back; the re-dispatch leases again
+      // (aggregated has no dispatch scratch), beside the gradient lease, inside one block's backward.
+      EXPECT_EQ(recomputed.leased_after_forwards, 0);
+      EXPECT_EQ(recomputed.high_water, 2);
+      EXPECT_EQ(recomputed.slot_count, 2);
+      EXPECT_EQ(recomputed.scratch_count, 1);
     } else {
-      // Other paths never touch the shared pool (aggregated leases from a pool of its own).
+      // Other paths never touch the shared pool.
       EXPECT_EQ(kept.slot_count + kept.scratch_count + recomputed.slot_count + recomputed.scratch_count, 0);
     }
   });

@@ -55,7 +55,7 @@ struct TrainRun {
   std::vector<int64_t> symmetric_current, symmetric_peak;
 };
 
-TrainRun run(const TrainConfig& cfg) {
+TrainRun run(const TrainConfig& cfg, int ranks_per_node = 0) {
   TrainRun r;
   r.leases.resize(kRanks);
   r.symmetric_current.resize(kRanks);
@@ -64,6 +64,7 @@ TrainRun run(const TrainConfig& cfg) {
   LaunchOptions o;
   o.ranks = kRanks;
   o.timeout_seconds = 120;
+  o.ranks_per_node = ranks_per_node;
   run_ranks(o, [&](Comm& world) {
     TrainSummary s = train(cfg, world, corpus());
     std::lock_guard lock(m);
@@ -114,6 +115,45 @@ TEST(LeaseLifecycle, DryRunSizesThePoolByTheCapacityPolicyAndFreezesIt) {
   ASSERT_EQ(with_cf.size(), 3u);
   EXPECT_EQ(with_cf[0], with_cf[1]);
   EXPECT_EQ(with_cf[1], with_cf[2]);
+}
+
+// The aggregated path takes the model's shared pool as rowwise does (PathTraits::shared_heap): the same
+// slots (a dispatch lease per block, the input-gradient lease, the expert-output scratch), plus one pack
+// buffer per block on the shared heap, and curves bit-identical to block's, on one node and on two emulated
+// nodes (rows then cross nodes through the pack buffers).
+TEST(LeaseLifecycle, AggregatedSharesTheModelsPoolAndMatchesBlock) {
+  const int64_t row_bytes = 32 * sizeof(float);  // d = 32, f32
+  for (int per_node : {0, 2}) {
+    SCOPED_TRACE(per_node == 0 ? "one node" : "2 nodes x 2 ranks");
+    const TrainConfig cfg = config_of(4, "aggregated", CapacityPolicy::dropless());
+    const TrainRun r = run(cfg, per_node);
+    const TrainRun block = run(config_of(4, "block", CapacityPolicy::dropless()), per_node);
+    ASSERT_EQ(r.steps.size(), 3u);
+    ASSERT_EQ(block.steps.size(), 3u);
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      EXPECT_EQ(r.steps[i].loss, block.steps[i].loss) << "step " << i;
+      EXPECT_EQ(r.steps[i].grad_norm, block.steps[i].grad_norm) << "step " << i;
+    }
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const LeasePoolSummary& l = r.leases[static_cast<size_t>(rank)];
+      ASSERT_TRUE(l.present) << "the model made the shared pool for aggregated";
+      EXPECT_TRUE(l.frozen);
+      EXPECT_EQ(l.slots, 3);
+      EXPECT_EQ(l.high_water, 3);
+      EXPECT_EQ(l.scratch_slots, 1);
+      EXPECT_EQ(l.leased_at_end, 0);
+      EXPECT_EQ(l.resident_bytes, 4 * l.slot_bytes);
+      // Beside the pool: the 2 blocks' pack buffers. On one node nothing crosses a node, so each holds the
+      // minimum of one row.
+      const int64_t packs =
+          r.symmetric_peak[static_cast<size_t>(rank)] - static_cast<int64_t>(l.resident_bytes);
+      if (per_node == 0)
+        EXPECT_EQ(packs, 2 * row_bytes);
+      else
+        EXPECT_GT(packs, 2 * row_bytes);
+      EXPECT_EQ(r.symmetric_current[static_cast<size_t>(rank)], r.symmetric_peak[static_cast<size_t>(rank)]);
+    }
+  }
 }
 
 // Through the model: after a dry-run step with one microbatch in flight, a schedule with two in flight

@@ -5,6 +5,7 @@
 // own limits (oneDNN matmul FLOP/s, memcpy bandwidth) measured in the same run, and the per-rank peak
 // memory of one MoE layer training step by category with and without EP (Table 6).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,7 +23,10 @@ std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision);
 
 struct PathsBenchOptions : LayerBenchSetup {
   int ep = 0;              // EP degree (0: = ranks)
-  int ranks_per_node = 0;  // emulated nodes (LaunchOptions::ranks_per_node; 0: one node)
+  int ranks_per_node = 0;  // emulated nodes (LaunchOptions::ranks_per_node; 0: one node); threads only
+  // "threads": the ranks are threads of this process; "mpi": one rank per process under mpirun, whose world
+  // gives the ranks (`ranks` is set to its size) and the nodes (MPI_COMM_TYPE_SHARED).
+  std::string transport = "threads";
   // Barrier before every communication phase, booked as "wait for peers" (phase::kWait), so that the
   // communication phases measure moving rows and not the slowest peer.
   bool sync_comm = false;
@@ -32,9 +36,9 @@ struct PathsBenchOptions : LayerBenchSetup {
   PayloadPrecision precision;
 };
 
-// Throws expar::Error for a bad shape, an unknown path, or ranks x threads above the cores without
-// oversubscribe.
-void validate(const PathsBenchOptions& o);
+// Throws expar::Error for a bad shape, an unknown path, emulated nodes under MPI, or ranks x threads above
+// the cores without oversubscribe (under MPI: the ranks on this rank's node, `local_ranks`; 0: o.ranks).
+void validate(const PathsBenchOptions& o, int local_ranks = 0);
 
 // One pass (forward or backward) of one path: per phase the median over repeats of the max over ranks.
 struct PassTimes {
@@ -82,11 +86,22 @@ struct Limits {
 
 struct PathsReport {
   PathsBenchOptions options;
+  NodeMap nodes;  // of the world the paths ran on: emulated (threads) or MPI's
   Limits limits;
   std::vector<PathResult> results;
   const PathResult* find(const std::string& path) const;
 };
 
+// Runs fn(world, run) on every rank of o.transport: threads of this process (o.ranks of them on
+// o.ranks_per_node emulated nodes), or this process's rank of the MPI world (under mpirun). `run` is o with
+// ranks = the world's size, validated. Under MPI only world rank 0 should print.
+void run_on_ranks(const PathsBenchOptions& o,
+                  const std::function<void(Comm& world, const PathsBenchOptions& run)>& fn);
+
+// Collective over `world` (o validated, o.ranks = world.size()): every rank returns the same report, its
+// figures reduced over all ranks.
+PathsReport measure_paths(Comm& world, const PathsBenchOptions& o);
+// The same on the ranks of o.transport (run_on_ranks); under MPI each process returns the report.
 PathsReport measure_paths(const PathsBenchOptions& o);
 
 // Table 6: peak per-rank bytes by category of one MoE layer training step (forward + backward, parameters
@@ -96,6 +111,9 @@ struct MemoryRow {
   int ranks = 1;
   MemorySnapshot peak;  // per category and total: max over ranks of the peak
 };
+// Collective over `world`, as measure_paths: each row runs on the ranks it needs (no EP: world rank 0; EP:
+// the EP group of world rank 0), each rank counting into a tracker of its own for that row.
+std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o);
 std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o);
 
 // Phase kinds for limits and the chart.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/moe/moe_layer.hpp"
@@ -369,15 +371,14 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
   return it->second / report.limits.memcpy_bandwidth / seconds;
 }
 
-void validate(const PathsBenchOptions& o) {
+void validate(const PathsBenchOptions& o, int local_ranks) {
   validate_setup(o);
+  EXPAR_CHECK(o.transport == "threads" || o.transport == "mpi",
+              "--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", o.transport);
+  check_emulated_nodes(o.ranks_per_node, o.ranks, o.transport);
   const int ep = ep_of(o);
   EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0,
               "--ep {} does not divide --ranks {}: choose an EP degree that divides the ranks", ep, o.ranks);
-  EXPAR_CHECK(o.ranks_per_node >= 0 && (o.ranks_per_node == 0 || o.ranks % o.ranks_per_node == 0),
-              "--ranks-per-node {} does not divide --ranks {}: every emulated node holds the same number of "
-              "ranks; choose a divisor of {}",
-              o.ranks_per_node, o.ranks, o.ranks);
   EXPAR_CHECK(o.experts % ep == 0,
               "--experts {} is not divisible by the EP degree {}: choose E a multiple of {}", o.experts, ep,
               ep);
@@ -392,7 +393,7 @@ void validate(const PathsBenchOptions& o) {
                 fmt::join(o.paths, ","), p, o.precision.describe(),
                 fmt::join(benchmarked_paths(o.precision), ","));
   }
-  check_cores(o.ranks, o.threads, o.oversubscribe);
+  check_cores(local_ranks > 0 ? local_ranks : o.ranks, o.threads, o.oversubscribe);
 }
 
 std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision) {
@@ -402,74 +403,111 @@ std::vector<std::string> benchmarked_paths(const PayloadPrecision& precision) {
   return names;
 }
 
-PathsReport measure_paths(const PathsBenchOptions& o) {
-  validate(o);
-  PathsReport report;
-  report.options = o;
-  report.options.ep = ep_of(o);
-  const int ep = report.options.ep;
-  std::mutex mutex;
+void run_on_ranks(const PathsBenchOptions& o,
+                  const std::function<void(Comm& world, const PathsBenchOptions& run)>& fn) {
   LaunchOptions launch;
   launch.ranks = o.ranks;
   launch.ranks_per_node = o.ranks_per_node;
   launch.compute_threads = o.threads;
   launch.timeout_seconds = 3600;
-  run_ranks(launch, [&](Comm& world) {
-    const int rank = world.rank();
-    auto ep_group = world.split(rank / ep, rank, "ep");
-    auto solo = world.split(rank, 0, "solo");
-    const Tensor x = input_of(o, rank, 1);
-    const Tensor grad_y = input_of(o, rank, 2);
-    std::vector<PathResult> results;
-    int64_t gemm_rows = 0, copy_rows = 0;
-    for (const auto& path : o.paths) {
-      Comm& group = path_traits(path).single_rank ? *solo : *ep_group;
-      int64_t recv = 0, sent = 0;
-      results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
-      gemm_rows = std::max(gemm_rows, recv);
-      copy_rows = std::max(copy_rows, sent);
-    }
-    Limits limits = measure_limits(world, o, gemm_rows, copy_rows);
-    if (rank == 0) {
-      std::lock_guard lock(mutex);
-      report.results = std::move(results);
-      report.limits = limits;
-    }
+  if (o.transport != "mpi") {
+    validate(o);
+    run_ranks(launch, [&](Comm& world) { fn(world, o); });
+    return;
+  }
+  // Emulated nodes are refused before MPI starts (every process would print the same error otherwise).
+  check_emulated_nodes(o.ranks_per_node, o.ranks, o.transport);
+  run_mpi(nullptr, nullptr, launch, [&](Comm& world) {
+    PathsBenchOptions run = o;
+    run.ranks = world.size();
+    // The cores a rank competes for are those of its node: the ranks MPI placed there.
+    const auto& node_of = world.nodes().node_of;
+    const int local = static_cast<int>(std::count(node_of.begin(), node_of.end(), world.node()));
+    validate(run, local);
+    fn(world, run);
+  });
+}
+
+PathsReport measure_paths(Comm& world, const PathsBenchOptions& o) {
+  PathsReport report;
+  report.options = o;
+  report.options.ep = ep_of(o);
+  report.nodes = world.nodes();
+  const int ep = report.options.ep;
+  const int rank = world.rank();
+  auto ep_group = world.split(rank / ep, rank, "ep");
+  auto solo = world.split(rank, 0, "solo");
+  const Tensor x = input_of(o, rank, 1);
+  const Tensor grad_y = input_of(o, rank, 2);
+  int64_t gemm_rows = 0, copy_rows = 0;
+  for (const auto& path : o.paths) {
+    Comm& group = path_traits(path).single_rank ? *solo : *ep_group;
+    int64_t recv = 0, sent = 0;
+    report.results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
+    gemm_rows = std::max(gemm_rows, recv);
+    copy_rows = std::max(copy_rows, sent);
+  }
+  report.limits = measure_limits(world, o, gemm_rows, copy_rows);
+  return report;
+}
+
+PathsReport measure_paths(const PathsBenchOptions& o) {
+  PathsReport report;
+  std::mutex mutex;
+  run_on_ranks(o, [&](Comm& world, const PathsBenchOptions& run) {
+    PathsReport mine = measure_paths(world, run);
+    std::lock_guard lock(mutex);
+    if (world.rank() == 0 || run.transport == "mpi") report = std::move(mine);
   });
   return report;
 }
 
-std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
-  validate(o);
+std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o) {
   const int ep = ep_of(o);
+  const int rank = world.rank();
+  // The no-EP row on world rank 0 alone, each EP row on the EP group of world rank 0 (ranks [0, ep)).
+  auto solo = world.split(rank == 0 ? 0 : 1, rank, "memory.solo");
+  auto ep_group = world.split(rank < ep ? 0 : 1, rank, "memory.ep");
   std::vector<MemoryRow> rows;
-  auto run = [&](const std::string& path, int ranks, const std::string& label) {
-    LaunchOptions launch;
-    launch.ranks = ranks;
-    launch.compute_threads = 1;
-    launch.timeout_seconds = 3600;
-    const auto snapshots = run_ranks_tracked(launch, [&](Comm& world) {
-      MoeLayer layer(config_of(o, path), world, "bench");
+  auto run = [&](const std::string& path, Comm* group, int ranks, const std::string& label) {
+    MemoryTracker tracker;
+    if (group != nullptr) {
+      TrackerBinding binding(tracker);
+      MoeLayer layer(config_of(o, path), *group, "bench");
       layer.init_params(o.seed);
-      const Tensor x = input_of(o, world.rank(), 1);
-      const Tensor grad_y = input_of(o, world.rank(), 2);
+      const Tensor x = input_of(o, rank, 1);
+      const Tensor grad_y = input_of(o, rank, 2);
       MoeState state;
       layer.forward(x, state);
       layer.backward(grad_y, state);
-    });
+    }
+    const MemorySnapshot mine = tracker.snapshot();
+    std::vector<int64_t> peak(mine.peak.begin(), mine.peak.end());
+    peak.push_back(mine.total_peak);
+    world.all_reduce(peak.data(), peak.size(), DType::I64, ReduceOp::Max);
     MemoryRow row;
     row.label = label;
     row.ranks = ranks;
-    for (const auto& s : snapshots) {
-      for (size_t c = 0; c < kNumMemCategories; ++c) row.peak.peak[c] = std::max(row.peak.peak[c], s.peak[c]);
-      row.peak.total_peak = std::max(row.peak.total_peak, s.total_peak);
-    }
+    std::copy(peak.begin(), peak.begin() + kNumMemCategories, row.peak.peak.begin());
+    row.peak.total_peak = peak.back();
     rows.push_back(row);
   };
-  run("local", 1, "no EP (local, all experts)");
+  run("local", rank == 0 ? solo.get() : nullptr, 1, "no EP (local, all experts)");
   if (ep > 1)
     for (const auto& p : o.paths)
-      if (!path_traits(p).single_rank) run(p, ep, fmt::format("EP{} {}", ep, p));
+      if (!path_traits(p).single_rank)
+        run(p, rank < ep ? ep_group.get() : nullptr, ep, fmt::format("EP{} {}", ep, p));
+  return rows;
+}
+
+std::vector<MemoryRow> measure_memory(const PathsBenchOptions& o) {
+  std::vector<MemoryRow> rows;
+  std::mutex mutex;
+  run_on_ranks(o, [&](Comm& world, const PathsBenchOptions& run) {
+    std::vector<MemoryRow> mine = measure_memory(world, run);
+    std::lock_guard lock(mutex);
+    if (world.rank() == 0 || run.transport == "mpi") rows = std::move(mine);
+  });
   return rows;
 }
 

@@ -3,6 +3,7 @@
 // per-rank memory of one MoE layer training step with and without EP (Table 6), JSON and a Figure 17-style
 // SVG.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,17 @@ std::string cell(const PathsReport& report, const PathResult& r, const std::stri
   return f > 0.0 ? fmt::format("{} ({:.0f}%)", t, 100.0 * f) : t;
 }
 
+// Ranks per node of the world the paths ran on, in node order.
+std::vector<int> node_sizes(const NodeMap& nodes) {
+  std::vector<int> sizes(static_cast<size_t>(nodes.num_nodes), 0);
+  for (int n : nodes.node_of) ++sizes[static_cast<size_t>(n)];
+  return sizes;
+}
+
+bool uniform(const std::vector<int>& sizes) {
+  return std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == sizes[0]; });
+}
+
 }  // namespace
 
 std::string format_paths_table(const PathsReport& report) {
@@ -35,11 +47,11 @@ std::string format_paths_table(const PathsReport& report) {
   const auto& l = report.limits;
   std::string s;
   s += fmt::format(
-      "expar bench paths: {} ranks (EP {}) x {} compute thread(s); T={} tokens/rank, d={}, h={}, E={}, "
+      "expar bench paths: {} ranks{} (EP {}) x {} compute thread(s); T={} tokens/rank, d={}, h={}, E={}, "
       "top-{}; payload {}; "
       "median of {} repeats after {} warm-up, max over ranks{}\n",
-      o.ranks, o.ep, o.threads, o.tokens, o.model_dim, o.hidden_dim, o.experts, o.top_k,
-      o.precision.describe(), o.repeats, o.warmup,
+      o.ranks, o.transport == "mpi" ? " as MPI processes" : "", o.ep, o.threads, o.tokens, o.model_dim,
+      o.hidden_dim, o.experts, o.top_k, o.precision.describe(), o.repeats, o.warmup,
       o.sync_comm ? "; --sync-comm: a barrier before each communication phase, booked as 'wait for peers'"
                   : "");
   s += fmt::format(
@@ -111,12 +123,13 @@ std::string format_paths_table(const PathsReport& report) {
 }
 
 std::string format_traffic(const PathsReport& report) {
-  const auto& o = report.options;
-  const int per_node = o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node;
+  const std::vector<int> sizes = node_sizes(report.nodes);
   std::string s = fmt::format(
-      "\nMESSAGES per step (forward + backward), all ranks, {} node(s) of {} rank(s): collectives count one "
-      "message per peer with data, one-sided one per put/get\n",
-      o.ranks / per_node, per_node);
+      "\nMESSAGES per step (forward + backward), all ranks, {} node(s) of {} rank(s){}: collectives count "
+      "one message per peer with data, one-sided one per put/get\n",
+      report.nodes.num_nodes,
+      uniform(sizes) ? std::to_string(sizes[0]) : fmt::format("{}", fmt::join(sizes, ",")),
+      report.options.transport == "mpi" ? " (MPI_COMM_TYPE_SHARED)" : "");
   s += fmt::format("  {:<30}", "path");
   for (const auto& r : report.results) s += fmt::format("{:>18}", r.path);
   s += "\n";
@@ -171,7 +184,12 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
   const auto& o = report.options;
   json j;
   j["options"] = setup_json(o);
-  j["options"]["ranks_per_node"] = o.ranks_per_node == 0 ? o.ranks : o.ranks_per_node;
+  j["options"]["transport"] = o.transport;
+  // The nodes the ranks ran on (emulated or MPI's): ranks_per_node when every node holds as many ranks.
+  const std::vector<int> sizes = node_sizes(report.nodes);
+  j["options"]["nodes"] = report.nodes.num_nodes;
+  j["options"]["node_ranks"] = sizes;
+  j["options"]["ranks_per_node"] = uniform(sizes) ? json(sizes[0]) : json(nullptr);
   j["options"]["ep"] = o.ep;
   j["options"]["precision"] = {{"dispatch", payload_format_name(o.precision.dispatch)},
                                {"combine", payload_format_name(o.precision.combine)},

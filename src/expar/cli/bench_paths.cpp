@@ -32,10 +32,16 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   auto no_memory = std::make_shared<bool>(false);
   auto precision = std::make_shared<PrecisionFlags>();
   add_layer_bench_flags(cmd, *o);
+  auto* ranks = cmd->get_option("--ranks");
+  cmd->add_option("--transport", o->transport,
+                  "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun; "
+                  "rank 0 prints)")
+      ->capture_default_str()
+      ->check(one_of({"threads", "mpi"}));
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
   cmd->add_option("--ranks-per-node", o->ranks_per_node,
-                  "emulate nodes of this many ranks (a divisor of --ranks; default: all on one node): "
-                  "rows across nodes become counted messages")
+                  "threads: emulate nodes of this many ranks (a divisor of --ranks; default: all on one "
+                  "node): rows across nodes become counted messages (mpi: the real nodes)")
       ->check(integer_in(1, 256));
   auto* paths = cmd->add_option("--paths", o->paths,
                                 "paths to run (default: every registered path that takes the precision)")
@@ -47,18 +53,28 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
   add_precision_flags(cmd, *precision);
   add_json_option(cmd, *json, "the figures");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
-  table[cmd] = [o, json, svg_path, no_memory, precision, paths] {
+  table[cmd] = [o, json, svg_path, no_memory, precision, paths, ranks] {
     o->precision = precision->parse();
     if (paths->count() == 0) o->paths = benchmarked_paths(o->precision);
-    const PathsReport report = measure_paths(*o);
-    if (json->table_wanted()) fmt::print("{}", format_paths_table(report));
-    std::vector<MemoryRow> memory;
-    if (!*no_memory) {
-      memory = measure_memory(*o);
-      if (json->table_wanted()) fmt::print("{}", format_memory_table(memory));
-    }
-    json->write(paths_json(report, memory));
-    if (!svg_path->empty()) write_text_file(*svg_path, paths_svg(report));
+    EXPAR_CHECK(
+        o->transport == "threads" || ranks->count() == 0,
+        "--ranks {} with --transport mpi: the ranks are the MPI processes; leave --ranks out and start "
+        "them with scripts/mpirun-local -n R (or scripts/mpirun-nodes N_NODES RANKS_PER_NODE)",
+        o->ranks);
+    // Every rank measures (the figures are reduced over all of them); world rank 0 prints and writes.
+    run_on_ranks(*o, [&](Comm& world, const PathsBenchOptions& run) {
+      const bool prints = world.rank() == 0 && json->table_wanted();
+      const PathsReport report = measure_paths(world, run);
+      if (prints) fmt::print("{}", format_paths_table(report));
+      std::vector<MemoryRow> memory;
+      if (!*no_memory) {
+        memory = measure_memory(world, run);
+        if (prints) fmt::print("{}", format_memory_table(memory));
+      }
+      if (world.rank() != 0) return;
+      json->write(paths_json(report, memory));
+      if (!svg_path->empty()) write_text_file(*svg_path, paths_svg(report));
+    });
     return 0;
   };
 }

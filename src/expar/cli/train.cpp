@@ -221,15 +221,7 @@ void print_banner(const TrainArgs& a, const std::string& model_label, const std:
 LaunchOptions launch_options(TrainArgs& a) {
   LaunchOptions launch;
   launch.ranks = a.ranks;
-  EXPAR_CHECK(
-      a.ranks_per_node == 0 || a.transport == "threads",
-      "--ranks-per-node {} with --transport {}: MPI finds the real nodes of its ranks; emulated nodes are "
-      "for the threads transport (run under scripts/mpirun-nodes for nodes of processes)",
-      a.ranks_per_node, a.transport);
-  EXPAR_CHECK(a.ranks_per_node == 0 || a.ranks % a.ranks_per_node == 0,
-              "--ranks-per-node {} does not divide --ranks {}: every emulated node holds the same number of "
-              "ranks; choose a divisor of {}",
-              a.ranks_per_node, a.ranks, a.ranks);
+  check_emulated_nodes(a.ranks_per_node, a.ranks, a.transport);
   launch.ranks_per_node = a.ranks_per_node;
   if (a.threads <= 0) {
     // Ranks x compute threads should not exceed the cores; under mpirun the ranks on this node are the

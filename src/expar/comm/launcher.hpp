@@ -24,6 +24,10 @@ struct LaunchOptions {
   int ranks_per_node = 0;
 };
 
+// The rule of `--ranks-per-node K` wherever a command takes it: threads transport only (MPI finds the real
+// nodes of its ranks), and K divides the ranks. Throws expar::Error naming the flag and the fix.
+void check_emulated_nodes(int ranks_per_node, int ranks, const std::string& transport);
+
 // Threads backend: runs fn(world) on `ranks` threads of this process, each with its own memory tracker
 // bound and `compute_threads` compute threads. If any rank throws, every other rank's waits are woken with
 // an error and the first error is rethrown here, prefixed with its rank.

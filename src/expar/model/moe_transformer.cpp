@@ -83,7 +83,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
   auto& embed = add_param("embed", {config_.vocab, d}, ParamKind::Dense, false);
   embed_ = embed.value;
   embed_grad_ = embed.grad;
-  if (config_.moe.path == "rowwise" && max_microbatch_tokens > 0) {
+  if (path_traits(config_.moe.path).shared_heap && max_microbatch_tokens > 0) {
     // Slots hold the most rows any rank can receive under the capacity policy (dropless: the bound
     // M_E * T * min(K, E_L)), so with a capacity factor resident symmetric memory stays ~cf*T*K per rank.
     const ExpertPlacement placement(config_.moe.num_experts, ep_group.size(), config_.moe.placement);

@@ -78,7 +78,8 @@ std::string memory_table(Comm& world) {
   return out;
 }
 
-// How the rowwise lease pool's slots are sized: allocated by the dry-run step, not yet in the table above.
+// How the lease pool's slots (rowwise, aggregated: PathTraits::shared_heap) are sized: allocated by the
+// dry-run step, not yet in the table above.
 std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layout, int64_t rows,
                               int64_t tokens, size_t slot_bytes) {
   const int64_t m = layout.ep_mp, k = mc.moe.top_k, e_local = mc.moe.num_experts / layout.ep_mp;
@@ -90,9 +91,9 @@ std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layou
                         capacity_rule_name(p.rule), p.capacity_factor, tokens,
                         m * tokens * std::min(k, e_local));
   return fmt::format(
-      "symmetric buffers (rowwise lease pool, allocated by the dry-run step, then frozen): each slot {} = {} "
+      "symmetric buffers ({} lease pool, allocated by the dry-run step, then frozen): each slot {} = {} "
       "rows ({}) x {} bytes per row\n",
-      format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
+      mc.moe.path, format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
       rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
 }
 

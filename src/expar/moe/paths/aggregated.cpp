@@ -25,18 +25,20 @@
 //                     gradients are packed by the proxies and fetched with one GET per node; sum_routes.
 // The per-route arithmetic is route_rows.hpp's, so results are bit-identical to block and rowwise.
 //
-// Buffers (symmetric, this path's own, grown by powers of two and identical in size on every member because
-// they are sized from the accepted matrix): the dispatch slot [capacity_rows] is LEASED per step from the
-// path's LeasePool (seed 000 §5.7: the up-projection reads it again for Wgrad, so it must survive other
-// microbatches' forwards) and released by dispatch backward (or when a step without backward is dropped);
-// `grad_in` [capacity_rows] (expert input gradients), `output` [capacity_rows] (expert outputs; their
-// gradients) and `pack` [the most rows any proxy holds] (the blocks) serve one pass at a time. Hazards,
-// given that every rank runs the same passes in the same order: every pass starts with a barrier, so nobody
-// touches a buffer that a peer's previous pass still reads; after a pass's last barrier only the pack
-// buffers are still read (the GETs of combine forward and dispatch backward), and no pass writes a pack
-// buffer before its first barrier. The experts write `output` between dispatch forward and combine forward
-// and `grad_in` between combine backward and dispatch backward, when no peer accesses them; peers write a
-// dispatch slot only in the dispatch forward that leased it.
+// Buffers (symmetric, identical in size on every member because they are sized from the accepted matrix):
+// slots of a LeasePool (step_lease_pool: the model's pool shared by all its MoE blocks, as rowwise's, or the
+// path's own) and this block's `pack` buffer [the most rows any proxy holds] (the blocks, grown by powers of
+// two). The dispatch slot [capacity_rows] is LEASED per step (seed 000 §5.7: the up-projection reads it again
+// for Wgrad, so it must survive other blocks' and microbatches' passes) and released by dispatch backward (or
+// when a step without backward is dropped); `output` (expert outputs, then their gradients) is the pool's
+// shared scratch slot kOutputScratch and `grad_in` (expert input gradients) a lease from expert backward to
+// the end of dispatch backward: both serve one block's passes only, so the blocks share them. Hazards, given
+// that every rank runs the same passes in the same order: every pass starts with a barrier, so nobody
+// touches a buffer that a peer's previous pass (of this block or another) still reads; after a pass's last
+// barrier only the pack buffers are still read (the GETs of combine forward and dispatch backward), and no
+// pass writes a pack buffer before its first barrier. The experts write `output` between dispatch forward
+// and combine forward and `grad_in` between combine backward and dispatch backward, when no peer accesses
+// them; peers write a dispatch slot only in the dispatch forward that leased it.
 // Payload precision (PathOptions::precision): each leg moves rows encoded where they leave (the dispatch rows
 // once per token, the w·grad_y rows per route, the expert rows by their rank into its symmetric buffer) and
 // decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place. There
@@ -182,21 +184,31 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
   return step;
 }
 
-// What one step keeps between its passes: its movements, its leased dispatch slot, and the f32 rows the
-// experts write when their leg travels encoded (encoded into the symmetric buffer by the next pass).
+// The pool's shared scratch slot of the expert outputs and their gradients (LeasePool::acquire_scratch).
+constexpr int kOutputScratch = 0;
+
+// What one step keeps between its passes: its movements, its pool slots, and the f32 rows the experts write
+// when their leg travels encoded (encoded into the symmetric slot by the next pass).
 struct AggregatedStep {
   Moves moves;
-  std::shared_ptr<LeasePool> pool;  // keeps a replaced pool alive while this step holds its lease
-  LeasePool::Handle payload;
+  std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while this step holds its leases
+  LeasePool* pool = nullptr;
+  LeaseTag tag;
+  LeasePool::Handle payload;  // leased: the dispatch slot, read again by the expert backward
+  LeasePool::Handle output;   // scratch: expert outputs (forward), their gradients (backward)
+  LeasePool::Handle grad_in;  // leased: expert input gradients, from expert backward to dispatch backward
   Tensor expert_out, expert_grad_in;
 
   AggregatedStep() = default;
   AggregatedStep(const AggregatedStep&) = delete;
   AggregatedStep& operator=(const AggregatedStep&) = delete;
-  // A step that never ran its backward gives its lease back when its state is dropped. Safe without a
-  // barrier: peers wrote the slot only in its dispatch forward, and only this rank's experts read it.
+  // A step that never ran its backward gives its leases back when its state is dropped. Safe without a
+  // barrier: peers wrote the dispatch slot only in its dispatch forward, and only this rank's experts read
+  // it.
   ~AggregatedStep() {
-    if (pool != nullptr && payload.leased) pool->release(payload);
+    if (pool == nullptr) return;
+    if (payload.leased) pool->release(payload);
+    if (grad_in.leased) pool->release(grad_in);
   }
 };
 
@@ -228,9 +240,13 @@ class AggregatedPath final : public ExpertPath {
     const Moves& step = owned->moves;
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    ensure_buffers(map.capacity_rows, step.pack_rows, d);
-    LeasePool& pool = pool_for(map.capacity_rows, d, *owned);
-    owned->payload = pool.acquire({options_.block_index, state.microbatch});
+    ensure_pack(step.pack_rows, d);
+    LeasePool& pool =
+        step_lease_pool("aggregated", options_, *heap_, map.capacity_rows, d, own_pool_, pool_generation_);
+    owned->pool = &pool;
+    if (&pool != options_.lease_pool) owned->own_pool = own_pool_;
+    owned->tag = {options_.block_index, state.microbatch};
+    owned->payload = pool.acquire(owned->tag);
     const BufferId slot = owned->payload.buffer;
     // Each token row is encoded once (a reduced precision) and moves as bytes from then on.
     const PayloadFormat format = options_.precision.dispatch;
@@ -265,8 +281,9 @@ class AggregatedPath final : public ExpertPath {
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     AggregatedStep& owned = step_of(state, "expert_output_buffer");
-    // No peer accesses this buffer between dispatch forward's last barrier and combine forward's first.
-    return expert_side_buffer(output_, options_.precision.combine, map, d, owned.expert_out);
+    // No peer accesses this slot between dispatch forward's last barrier and combine forward's first.
+    owned.output = owned.pool->acquire_scratch(owned.tag, kOutputScratch);
+    return expert_side_buffer(owned.output.buffer, options_.precision.combine, map, d, owned.expert_out);
   }
 
   Tensor combine_forward(const Tensor& expert_out, const Tensor& topk_weight, const RouteMap& map,
@@ -275,24 +292,28 @@ class AggregatedPath final : public ExpertPath {
     const int64_t d = expert_out.dim(1);
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
-    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
-    stage_expert_rows(expert_out, map, output_, options_.precision.combine);
+    ensure_pack(owned.moves.pack_rows, d);
+    const BufferId output = owned.output.buffer;
+    stage_expert_rows(expert_out, map, output, options_.precision.combine);
     owned.expert_out = Tensor();
     state.combine_rows =
-        RouteRows::gathered(gather_routes(owned.moves, map, output_, d, options_.precision.combine), map);
+        RouteRows::gathered(gather_routes(owned.moves, map, output, d, options_.precision.combine), map);
     return merge_routes(state.combine_rows, topk_weight, map);
   }
 
   Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
                           PathState& state, Tensor& grad_topk_weight) override {
-    const Moves& step = step_of(state, "combine backward").moves;
+    AggregatedStep& owned = step_of(state, "combine backward");
+    const Moves& step = owned.moves;
     EXPAR_CHECK(state.combine_rows.defined(), "aggregated combine backward called before combine forward");
     const int64_t d = grad_y.dim(1);
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
     grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
-    ensure_buffers(map.capacity_rows, step.pack_rows, d);
-    start_pass({output_, pack_});
+    ensure_pack(step.pack_rows, d);
+    owned.output = owned.pool->acquire_scratch(owned.tag, kOutputScratch);
+    const BufferId output = owned.output.buffer;
+    start_pass({output, pack_});
     const PayloadFormat format = options_.precision.combine_grad;
     const size_t rb = payload_row_bytes(format, d);
     const float* gy = grad_y.data<float>();
@@ -314,11 +335,11 @@ class AggregatedPath final : public ExpertPath {
       const int64_t route = step.node_routes[i], t = route / k_count;
       const int k = static_cast<int>(route % k_count);
       std::byte* dst = bytes_of(staged) + static_cast<int64_t>(i * rb);
-      if (void* base = heap_->peer_ptr(map.rank_of(t, k), output_))
+      if (void* base = heap_->peer_ptr(map.rank_of(t, k), output))
         dst =
             static_cast<std::byte*>(base) + static_cast<int64_t>(map.row_of(t, k)) * static_cast<int64_t>(rb);
       route_grad(route, dst);
-      store_rows(map.rank_of(t, k), output_, map.row_of(t, k), dst, 1, rb);
+      store_rows(map.rank_of(t, k), output, map.row_of(t, k), dst, 1, rb);
     }
     std::vector<Tensor> packed;
     for (const Block& b : step.sent) {
@@ -329,17 +350,21 @@ class AggregatedPath final : public ExpertPath {
       store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
     }
     heap_->barrier();  // every block is at its proxy
-    forward_held(step, output_, rb);
+    forward_held(step, output, rb);
     heap_->barrier();  // every gradient row is at its dst_row
     // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
-    return decode_payload(borrow_payload(heap_->local(output_), format, map.capacity_rows, d), format,
+    return decode_payload(borrow_payload(heap_->local(output), format, map.capacity_rows, d), format,
                           format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
   }
 
   Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     AggregatedStep& owned = step_of(state, "expert_grad_input_buffer");
-    // No peer accesses this buffer between combine backward's last barrier and dispatch backward's first.
-    return expert_side_buffer(grad_in_, options_.precision.dispatch_grad, map, d, owned.expert_grad_in);
+    // A fresh lease: no peer accesses it between combine backward's last barrier and dispatch backward's
+    // first, and every peer's last access to the slot (another block's dispatch backward) ended before a
+    // barrier we all passed.
+    owned.grad_in = owned.pool->acquire(owned.tag);
+    return expert_side_buffer(owned.grad_in.buffer, options_.precision.dispatch_grad, map, d,
+                              owned.expert_grad_in);
   }
 
   Tensor dispatch_backward(const Tensor& grad_expert_in, const RouteMap& map, PathState& state) override {
@@ -347,12 +372,18 @@ class AggregatedPath final : public ExpertPath {
     const int64_t d = grad_expert_in.dim(1);
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    ensure_buffers(map.capacity_rows, owned.moves.pack_rows, d);
-    stage_expert_rows(grad_expert_in, map, grad_in_, options_.precision.dispatch_grad);
+    EXPAR_ASSERT(owned.grad_in.leased,
+                 "aggregated dispatch backward: the expert input gradient must be written into "
+                 "expert_grad_input_buffer() (peers fetch the route gradients from it)");
+    ensure_pack(owned.moves.pack_rows, d);
+    stage_expert_rows(grad_expert_in, map, owned.grad_in.buffer, options_.precision.dispatch_grad);
     owned.expert_grad_in = Tensor();
-    Tensor gathered = gather_routes(owned.moves, map, grad_in_, d, options_.precision.dispatch_grad);
-    // The expert backward, the slot's last reader, is done.
+    Tensor gathered =
+        gather_routes(owned.moves, map, owned.grad_in.buffer, d, options_.precision.dispatch_grad);
+    // The expert backward, the dispatch slot's last reader, is done; after gather_routes' last barrier no
+    // peer reads this rank's gradient slot any more.
     if (owned.payload.leased) owned.pool->release(owned.payload);
+    owned.pool->release(owned.grad_in);
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
@@ -361,7 +392,6 @@ class AggregatedPath final : public ExpertPath {
   // itself for an f32 leg, or an f32 staging tensor (kept in `staged`) that is encoded into it afterwards.
   Tensor expert_side_buffer(BufferId buffer, PayloadFormat format, const RouteMap& map, int64_t d,
                             Tensor& staged) {
-    ensure_buffers(map.capacity_rows, 0, d);
     if (poison_enabled()) fill_nan(heap_->local(buffer), heap_->bytes(buffer));
     if (format != PayloadFormat::F32) {
       staged = Tensor::empty({map.capacity_rows, d});
@@ -376,36 +406,16 @@ class AggregatedPath final : public ExpertPath {
     return *static_cast<AggregatedStep*>(state.path_data.get());
   }
 
-  // Bytes of a row in the largest format of the four legs: every buffer is sized by it.
-  size_t slot_row_bytes(int64_t d) const { return options_.precision.max_row_bytes(d); }
-
-  // The pool whose slots hold capacity_rows rows; capacity_rows is the same on every member, so a
-  // replacement (rounded up to a power of two, so that a slowly growing capacity replaces it rarely) is a
-  // matching collective allocation.
-  LeasePool& pool_for(int64_t capacity_rows, int64_t d, AggregatedStep& step) {
-    const size_t needed = static_cast<size_t>(std::max<int64_t>(capacity_rows, 1)) * slot_row_bytes(d);
-    if (!pool_ || pool_->slot_bytes() < needed)
-      pool_ = std::make_shared<LeasePool>(
-          *heap_, fmt::format("aggregated{}.dispatch.gen{}", options_.block_index, generation_++),
-          std::bit_ceil(needed));
-    step.pool = pool_;
-    return *pool_;
-  }
-
-  // Grows the pass buffers to hold `expert_rows` and `pack_rows` rows. Both counts are the same on every
-  // member (the accepted matrix), so every member allocates together; a replaced buffer stays allocated (the
-  // heap frees nothing), which the power-of-two growth bounds.
-  void ensure_buffers(int64_t expert_rows, int64_t pack_rows, int64_t d) {
-    auto grow = [&](BufferId& id, size_t& bytes, int64_t rows, const char* what) {
-      const size_t need = static_cast<size_t>(std::max<int64_t>(rows, 1)) * slot_row_bytes(d);
-      if (id >= 0 && bytes >= need) return;
-      bytes = std::bit_ceil(need);
-      id = heap_->allocate(fmt::format("aggregated{}.{}.gen{}", options_.block_index, what, generation_++),
-                           bytes);
-    };
-    grow(grad_in_, grad_in_bytes_, expert_rows, "grad_in");
-    grow(output_, output_bytes_, expert_rows, "output");
-    grow(pack_, pack_bytes_, pack_rows, "pack");
+  // Grows this block's pack buffer to hold `pack_rows` rows of the largest format of the four legs. The count
+  // is the same on every member (the accepted matrix), so every member allocates together; a replaced buffer
+  // stays allocated (the heap frees nothing), which the power-of-two growth bounds.
+  void ensure_pack(int64_t pack_rows, int64_t d) {
+    const size_t need =
+        static_cast<size_t>(std::max<int64_t>(pack_rows, 1)) * options_.precision.max_row_bytes(d);
+    if (pack_ >= 0 && pack_bytes_ >= need) return;
+    pack_bytes_ = std::bit_ceil(need);
+    pack_ = heap_->allocate(fmt::format("aggregated{}.pack.gen{}", options_.block_index, pack_generation_++),
+                            pack_bytes_);
   }
 
   // A pass that peers write into: once nobody reads what an earlier pass left in these buffers (the
@@ -521,10 +531,11 @@ class AggregatedPath final : public ExpertPath {
   NodeLayout nodes_;
   std::unique_ptr<SymmetricHeap> own_heap_;
   SymmetricHeap* heap_ = nullptr;
-  std::shared_ptr<LeasePool> pool_;  // the dispatch slots
-  BufferId grad_in_ = -1, output_ = -1, pack_ = -1;
-  size_t grad_in_bytes_ = 0, output_bytes_ = 0, pack_bytes_ = 0;
-  int generation_ = 0;
+  std::shared_ptr<LeasePool> own_pool_;  // without a shared pool (PathOptions::lease_pool)
+  int pool_generation_ = 0;
+  BufferId pack_ = -1;
+  size_t pack_bytes_ = 0;
+  int pack_generation_ = 0;
 };
 
 }  // namespace

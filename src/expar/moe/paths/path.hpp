@@ -100,8 +100,9 @@ struct PathOptions {
   int64_t model_dim = 0;  // d
   int top_k = 0;          // K
   const ExpertPlacement* placement = nullptr;
-  // rowwise: a symmetric heap over the EP group and a lease pool on it, shared by the MoE blocks of a model
-  // (null: the path makes its own heap with ep_group.make_heap() and its own pool). block_index tags the
+  // rowwise, aggregated (PathTraits::shared_heap): a symmetric heap over the EP group and a lease pool on it,
+  // shared by the MoE blocks of a model (null: the path makes its own heap with ep_group.make_heap() and its
+  // own pool). block_index tags the
   // leases of this block in the pool's messages.
   SymmetricHeap* heap = nullptr;
   LeasePool* lease_pool = nullptr;
@@ -122,6 +123,13 @@ struct PathOptions {
 // slot carries the dispatch payload, the expert outputs and their gradients, or the input gradients).
 size_t rowwise_slot_bytes(int64_t capacity_rows, int64_t d, const PayloadPrecision& precision);
 
+// The lease pool whose slots (rowwise_slot_bytes) a one-sided path's step of capacity_rows rows uses: the
+// shared options.lease_pool (an internal error when its slots are too small), else `own`, made on `heap` or
+// replaced by a larger one (rounded up to a power of two of rows) and named "<path><block>.gen<generation>".
+// capacity_rows is the same on every member, so every member makes the same choice and allocates together.
+LeasePool& step_lease_pool(const std::string& path, const PathOptions& options, SymmetricHeap& heap,
+                           int64_t capacity_rows, int64_t d, std::shared_ptr<LeasePool>& own,
+                           int& generation);
 // Throws expar::Error unless `precision` is all f32: for a path that does not encode its rows.
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision);
 
@@ -179,6 +187,9 @@ struct PathTraits {
   bool reduced_precision = false;   // takes non-f32 payloads (PathOptions::precision)
   bool decode_form = false;         // every rank of the group holds the group's tokens (agrs-decode)
   bool waves = false;               // runs the wave passes (MoeConfig::waves > 1)
+  // Takes PathOptions::heap and lease_pool: a model gives every MoE block of this path the same heap and
+  // pool (MoeTransformer), so that the blocks' symmetric slots are shared instead of one set per block.
+  bool shared_heap = false;
 };
 
 // The registry, the single list of paths: "local" (EP size 1), "block", "rowwise", "agrs", "agrs-decode",

@@ -1,10 +1,14 @@
 // Where paths are registered: one declaration and one table line per path.
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <bit>
+
 #include "expar/comm/comm.hpp"
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/moe/lease_pool.hpp"
 #include "expar/moe/paths/path.hpp"
 
 namespace expar {
@@ -25,14 +29,14 @@ struct PathEntry {
 };
 
 const std::vector<PathEntry>& entries() {
-  //                     name          single  =block  reduced decode waves
+  //                     name          single  =block  reduced decode waves  shared heap
   static const std::vector<PathEntry> paths = {
       {{"local", true, false, false, false}, make_local_path},
       {{"block", false, true, true, false, true}, make_block_path},
-      {{"rowwise", false, true, true, false, true}, make_rowwise_path},
+      {{"rowwise", false, true, true, false, true, true}, make_rowwise_path},
       {{"agrs", false, false, false, false}, make_agrs_path},
       {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
-      {{"aggregated", false, true, true, false, false}, make_aggregated_path},
+      {{"aggregated", false, true, true, false, false, true}, make_aggregated_path},
   };
   return paths;
 }
@@ -109,6 +113,33 @@ SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOpti
       "heap made by this EP group's make_heap()",
       path, heap->rank(), heap->size(), ep_group.name(), ep_group.rank(), ep_group.size());
   return *heap;
+}
+
+LeasePool& step_lease_pool(const std::string& path, const PathOptions& options, SymmetricHeap& heap,
+                           int64_t capacity_rows, int64_t d, std::shared_ptr<LeasePool>& own,
+                           int& generation) {
+  const size_t needed = rowwise_slot_bytes(capacity_rows, d, options.precision);
+  if (options.lease_pool != nullptr) {
+    EXPAR_ASSERT(options.lease_pool->slot_bytes() >= needed,
+                 "{} path: capacity_rows={} x d={} ({}) needs {} bytes per symmetric slot but the shared "
+                 "lease pool has "
+                 "slots of {} bytes: make the pool with rowwise_slot_bytes() >= {} (the capacity is the "
+                 "dropless bound "
+                 "sum_s T_s*min(K, E_L) or the capacity policy's, identical on every rank)",
+                 path, capacity_rows, d, options.precision.describe(), needed,
+                 options.lease_pool->slot_bytes(), needed);
+    return *options.lease_pool;
+  }
+  if (!own || own->slot_bytes() < needed) {
+    // Rounded up to a power of two of rows so that a slowly growing capacity reallocates rarely; a replaced
+    // pool stays alive (its symmetric memory stays resident) while earlier steps still hold its leases.
+    const int64_t rows =
+        static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(1, capacity_rows))));
+    own =
+        std::make_shared<LeasePool>(heap, fmt::format("{}{}.gen{}", path, options.block_index, generation++),
+                                    rowwise_slot_bytes(rows, d, options.precision));
+  }
+  return *own;
 }
 
 void check_dispatch_input(const std::string& path, const Comm& ep_group, const RouteMap& map,

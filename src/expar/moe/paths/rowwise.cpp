@@ -45,7 +45,6 @@
 // With poisoning enabled (debug builds, EXPAR_POISON=1) every symmetric buffer is filled with NaN before the
 // rows of a step land in it (one extra barrier where peers write into it), capacity tail included.
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -469,27 +468,10 @@ class RowwisePath final : public ExpertPath {
   // The pool whose slots hold [capacity_rows, d] f32. capacity_rows is identical on every rank of the group
   // (route map), so every rank makes the same decision and any growth is a matching collective allocation.
   LeasePool* pool_for(int64_t capacity_rows, int64_t d, RowwiseStep& step) {
-    const size_t needed = rowwise_slot_bytes(capacity_rows, d, options_.precision);
-    if (options_.lease_pool != nullptr) {
-      EXPAR_ASSERT(
-          options_.lease_pool->slot_bytes() >= needed,
-          "rowwise path: capacity_rows={} x d={} ({}) needs {} bytes per symmetric slot but the shared "
-          "lease pool has slots of {} bytes: make the pool with rowwise_slot_bytes() >= {} (the capacity is "
-          "the dropless bound sum_s T_s*min(K, E_L) or the capacity policy's, identical on every rank)",
-          capacity_rows, d, options_.precision.describe(), needed, options_.lease_pool->slot_bytes(), needed);
-      return options_.lease_pool;
-    }
-    if (!own_pool_ || own_pool_->slot_bytes() < needed) {
-      // Rounded up to a power of two of rows so that a slowly growing capacity reallocates rarely; a replaced
-      // pool stays alive (its symmetric memory stays resident) while earlier steps still hold its leases.
-      const int64_t rows =
-          static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(1, capacity_rows))));
-      own_pool_ = std::make_shared<LeasePool>(
-          *heap_, fmt::format("rowwise{}.gen{}", options_.block_index, pool_generation_++),
-          rowwise_slot_bytes(rows, d, options_.precision));
-    }
-    step.own_pool = own_pool_;
-    return own_pool_.get();
+    LeasePool& pool =
+        step_lease_pool("rowwise", options_, *heap_, capacity_rows, d, own_pool_, pool_generation_);
+    if (&pool != options_.lease_pool) step.own_pool = own_pool_;
+    return &pool;
   }
 
   // Poisons this rank's copy of `buffer` and waits until every member did, so that no peer's rows land
