@@ -29,13 +29,6 @@ namespace expar::serve {
 namespace {
 
 using nlohmann::json;
-using testing::answer;
-using testing::kMessages;
-using testing::Layout;
-using testing::MpiServe;
-using testing::MpiServer;
-using testing::post;
-using testing::threads_options;
 
 // Runs fn on a thread of its own inside the network namespace `ns` (setns moves only the calling thread, so
 // the test's other threads stay where they are). Returns what failed, "" when fn ran.
@@ -89,22 +82,24 @@ std::vector<std::pair<std::string, json>> requests() {
                                    {"temperature", 0.9},
                                    {"top_p", 0.95},
                                    {"seed", 42}}},
-          {"/v1/chat/completions", json{{"messages", kMessages}, {"max_tokens", 10}, {"temperature", 0}}},
           {"/v1/chat/completions",
-           json{{"messages", kMessages}, {"max_tokens", 10}, {"temperature", 0.7}, {"seed", 7}}}};
+           json{{"messages", testing::kMessages}, {"max_tokens", 10}, {"temperature", 0}}},
+          {"/v1/chat/completions",
+           json{{"messages", testing::kMessages}, {"max_tokens", 10}, {"temperature", 0.7}, {"seed", 7}}}};
 }
 
-class MpiNodes : public MpiServe, public ::testing::WithParamInterface<Layout> {};
+class MpiNodes : public testing::MpiServe, public ::testing::WithParamInterface<testing::Layout> {};
 
 TEST_P(MpiNodes, AnswersEqualTheThreadsTransportAndAKilledNodeEndsTheServer) {
   const std::filesystem::path dir = testing::serve_test_model_with_tokenizer();
   const std::vector<std::pair<std::string, json>> reqs = requests();
   std::vector<json> expected;
   {
-    testing::TestServer threads(threads_options(dir, GetParam()));
-    for (const auto& [route, body] : reqs) expected.push_back(answer(post(threads.port, route, body)));
+    testing::TestServer threads(testing::threads_options(dir, GetParam()));
+    for (const auto& [route, body] : reqs)
+      expected.push_back(testing::answer(testing::post(threads.port, route, body)));
   }
-  MpiServer mpi(dir, GetParam(), "60", {EXPAR_MPIRUN_NODES, "2", "1"});
+  testing::MpiServer mpi(dir, GetParam(), "60", {EXPAR_MPIRUN_NODES, "2", "1"});
   if (mpi.port == 0) {
     const ::expar::testing::ProcessResult r = mpi.process().finish(60);
     if (r.exit_code == 77) GTEST_SKIP() << r.output;
@@ -122,7 +117,8 @@ TEST_P(MpiNodes, AnswersEqualTheThreadsTransportAndAKilledNodeEndsTheServer) {
   std::vector<json> got;
   std::string metrics;
   const std::string joined = in_namespace(prefix + "0", [&] {
-    for (const auto& [route, body] : reqs) got.push_back(answer(post(mpi.port, route, body)));
+    for (const auto& [route, body] : reqs)
+      got.push_back(testing::answer(testing::post(mpi.port, route, body)));
     auto res = mpi.client().Get("/metrics");
     if (res) metrics = res->body;
   });
@@ -150,7 +146,7 @@ TEST_P(MpiNodes, AnswersEqualTheThreadsTransportAndAKilledNodeEndsTheServer) {
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MpiNodes, ::testing::Values(Layout{2, 1}, Layout{1, 2}),
+INSTANTIATE_TEST_SUITE_P(Layouts, MpiNodes, ::testing::Values(testing::Layout{2, 1}, testing::Layout{1, 2}),
                          [](const auto& info) {
                            return "tp" + std::to_string(info.param.tp) + "_dp" +
                                   std::to_string(info.param.dp);
