@@ -5,17 +5,14 @@
 // client that disconnects frees its slot; SIGTERM to mpirun-local finishes the stream in flight and every
 // rank exits 0; a rank that dies or stops takes the job down with a message. Skipped, saying why, where
 // Open MPI's mpirun is not installed.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <fstream>
 #include <future>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "run_process.hpp"
+#include "serve/mpi_server.hpp"
 #include "serve/openai_client.hpp"
 #include "serve/serve_test_model.hpp"
 #include "serve/stream_client.hpp"
@@ -25,106 +22,14 @@ namespace expar::serve {
 namespace {
 
 using nlohmann::json;
-
-bool mpirun_installed() {
-  return ::expar::testing::run_process({"mpirun", "--version"}, {}, 60).exit_code == 0;
-}
-
-// Every test here starts mpirun.
-class MpiServe : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!mpirun_installed())
-      GTEST_SKIP() << "Open MPI's mpirun is not installed here: `expar serve --transport mpi` cannot start "
-                      "(scripts/setup installs openmpi-bin)";
-  }
-};
-
-// The layouts under test: TP x DP over two processes.
-struct Layout {
-  int tp, dp;
-};
-
-RuntimeOptions threads_options(const std::filesystem::path& dir, Layout l) {
-  RuntimeOptions o;
-  o.path = dir.string();
-  o.model.tp = l.tp;
-  o.model.dp = l.dp;
-  o.model.compute_threads = 1;
-  o.kv_cache_mb = 4;
-  o.scheduler.prefill_chunk = 8;
-  o.scheduler.max_batch_tokens = 64;
-  return o;
-}
-
-// The same server under mpirun, one process per rank, with the options of threads_options.
-class MpiServer {
- public:
-  MpiServer(const std::filesystem::path& dir, Layout l, const std::string& comm_timeout = "60")
-      : process_({EXPAR_MPIRUN_LOCAL,
-                  "-n",
-                  std::to_string(l.tp * l.dp),
-                  EXPAR_BINARY,
-                  "serve",
-                  "--transport",
-                  "mpi",
-                  "--path",
-                  dir.string(),
-                  "--tp",
-                  std::to_string(l.tp),
-                  "--dp",
-                  std::to_string(l.dp),
-                  "--threads",
-                  "1",
-                  "--kv-cache-mb",
-                  "4",
-                  "--prefill-chunk",
-                  "8",
-                  "--max-batch-tokens",
-                  "64",
-                  "--model-name",
-                  "tiny",
-                  "--port",
-                  "0"},
-                 {{"EXPAR_COMM_TIMEOUT", comm_timeout}}) {
-    const std::string p =
-        process_.wait_for_output(std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)\n"), 120);
-    port = p.empty() ? 0 : std::stoi(p);
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  ::expar::testing::ChildProcess& process() { return process_; }
-  int port = 0;
-
- private:
-  ::expar::testing::ChildProcess process_;
-};
-
-json post(int port, const std::string& route, const json& body) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
-  auto res = c.Post(route, body.dump(), "application/json");
-  if (!res) return {{"transport_error", httplib::to_string(res.error())}};
-  json j = json::parse(res->body);
-  j["http_status"] = res->status;
-  return j;
-}
-
-// What must be equal between two servers: the choices' texts, tokens and finish reasons, the usage.
-json answer(const json& response) {
-  if (!response.contains("choices")) return response;
-  json a = {{"usage", response["usage"]}, {"http_status", response["http_status"]}};
-  for (json c : response["choices"]) {
-    c.erase("index");
-    a["choices"].push_back(c);
-  }
-  return a;
-}
-
-const json kMessages = {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}};
+using testing::answer;
+using testing::kMessages;
+using testing::Layout;
+using testing::MpiServe;
+using testing::MpiServer;
+using testing::post;
+using testing::rank_pid;
+using testing::threads_options;
 
 // The requests compared: greedy and seeded sampling, completions and chat.
 std::vector<std::pair<std::string, json>> requests() {
@@ -246,39 +151,6 @@ TEST_F(MpiServe, DisconnectFreesTheSlotAndSigtermFinishesTheStreamInFlight) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("finishing the requests in flight"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("expar serve: stopped"), std::string::npos) << r.output;
-}
-
-// The process of world rank `rank` among the descendants of `launcher` (mpirun-local -> mpirun -> ranks):
-// the one whose environment has OMPI_COMM_WORLD_RANK=rank. -1 if none.
-pid_t rank_pid(pid_t launcher, int rank) {
-  std::multimap<pid_t, pid_t> children;  // parent -> child
-  if (DIR* proc = ::opendir("/proc")) {
-    while (const dirent* e = ::readdir(proc)) {
-      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-      if (pid <= 0) continue;
-      std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t close = line.rfind(')');  // the command name may hold spaces
-      if (close == std::string::npos) continue;
-      char state = 0;
-      pid_t parent = 0;
-      if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &parent) == 2)
-        children.emplace(parent, pid);
-    }
-    ::closedir(proc);
-  }
-  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  std::vector<pid_t> todo = {launcher};
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
-    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
-    for (std::string var; std::getline(env, var, '\0');)
-      if (var == want) return p;
-    for (auto [it, end] = children.equal_range(p); it != end; ++it) todo.push_back(it->second);
-  }
-  return -1;
 }
 
 // A rank that dies takes the job down with a message naming it (Open MPI sees the process end).

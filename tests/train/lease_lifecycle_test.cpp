@@ -225,7 +225,8 @@ TEST(PayloadPrecisionTraining, BlockAndRowwiseStayBitIdenticalAndCloseToF32) {
 // `expar plan` states the symmetric buffers the trainer allocates (train/plan_buffers.hpp): for M_E = 1, 2,
 // 4, dropless and with a capacity factor, and with every block recomputed, the plan's slot rows, slot bytes,
 // slot counts and resident bytes equal what train()'s pool holds and what the memory tracker saw.
-TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
+// The plan's model: the tiny preset, 4 ranks, T = 2 sequences x 16 tokens per rank (config_of).
+PlanConfig tiny_plan_config() {
   const ModelConfig tiny = ModelConfig::preset("tiny");
   PlanConfig pc;
   pc.model.name = "tiny";
@@ -240,6 +241,11 @@ TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
   pc.model.expert_hidden = static_cast<int>(tiny.moe.hidden_dim);
   pc.world = kRanks;
   pc.tokens_per_rank = 2 * 16;  // config_of: batch 8 over 4 dense ranks, 16 bytes each, 1 microbatch
+  return pc;
+}
+
+TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
+  PlanConfig pc = tiny_plan_config();
   struct Variant {
     const char* name;
     double cf;
@@ -274,6 +280,93 @@ TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
         EXPECT_EQ(s.symmetric_bytes, r.symmetric_peak[static_cast<size_t>(rank)]);
       }
     }
+}
+
+// `expar plan --path aggregated`: the same pool plus one pack buffer per MoE layer. With the EP group in one
+// node (M_E = 2, 4 on one node) nothing is packed, and the plan's symmetric bytes equal what the trainer's
+// memory tracker saw exactly; on 2 emulated nodes x 2 ranks the routes size the packs, and the plan states
+// the most they can reach (less under a capacity rule): the trainer's packs lie above the one-node figure
+// and within the plan's.
+TEST(LeaseLifecycle, PlanStatesTheAggregatedPathsPackBuffers) {
+  PlanConfig pc = tiny_plan_config();
+  const int64_t t = pc.tokens_per_rank, k = 2, row_bytes = 32 * sizeof(float), blocks = 2;
+  struct Variant {
+    int ep, ranks_per_node;
+    double cf;  // 0: dropless, else source cf
+  };
+  for (const Variant& v : {Variant{2, 0, 0}, Variant{4, 0, 0}, Variant{4, 2, 0}, Variant{4, 2, 1.0}}) {
+    SCOPED_TRACE(fmt::format("M_E={} {} {}", v.ep, v.ranks_per_node == 0 ? "one node" : "2 nodes x 2 ranks",
+                             v.cf > 0 ? "source cf=1" : "dropless"));
+    TrainConfig tc =
+        config_of(v.ep, "aggregated",
+                  v.cf > 0 ? CapacityPolicy::with(CapacityRule::Source, v.cf) : CapacityPolicy::dropless());
+    tc.steps = 2;
+    const TrainRun r = run(tc, v.ranks_per_node);
+    pc.ep_mp = v.ep;
+    pc.capacity_factor = v.cf;
+    pc.capacity_policy = "source";
+    PlanBufferOptions buffers;
+    buffers.path = "aggregated";
+    buffers.ranks_per_node = v.ranks_per_node == 0 ? kRanks : v.ranks_per_node;
+    const Plan plan = plan_training(pc, buffers);
+    ASSERT_EQ(plan.stages.size(), 1u);
+    const StagePlan& s = plan.stages[0];
+    const bool one_node = v.ranks_per_node == 0;
+    EXPECT_EQ(plan.pack_exact, one_node);
+    // 2 nodes: a proxy serves the one member of the other node with its index, T*min(K, 4 experts) rows,
+    // or under source cf=1 at most B = ceil(T*K/M_E) rows into each of its node's 2 ranks.
+    const int64_t bound = v.cf > 0 ? 2 * ((t * k + 3) / 4) : t * k;
+    EXPECT_EQ(plan.pack_bound_rows, one_node ? 0 : bound);
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const LeasePoolSummary& l = r.leases[static_cast<size_t>(rank)];
+      ASSERT_TRUE(l.present);
+      const int64_t peak = r.symmetric_peak[static_cast<size_t>(rank)];
+      const int64_t packs = peak - static_cast<int64_t>(l.resident_bytes);
+      EXPECT_EQ(s.symmetric_bytes - s.symmetric_pack_bytes, static_cast<int64_t>(l.resident_bytes));
+      if (one_node) {
+        EXPECT_EQ(s.symmetric_pack_bytes, blocks * row_bytes);
+        EXPECT_EQ(s.symmetric_bytes, peak);
+      } else {
+        // At most every power of two from one row (128 B) to bit_ceil(bound rows x 128 B) per block (the
+        // bounds are powers of two rows here).
+        EXPECT_EQ(s.symmetric_pack_bytes, blocks * (2 * bound * row_bytes - row_bytes));
+        EXPECT_GT(packs, blocks * row_bytes);
+        EXPECT_LE(packs, s.symmetric_pack_bytes);
+        EXPECT_LE(peak, s.symmetric_bytes);
+      }
+    }
+  }
+}
+
+// The plan refuses what it cannot size, naming the values.
+TEST(LeaseLifecycle, PlanRefusesAnotherPathAndAnAggregatedGroupAcrossPartialNodes) {
+  PlanConfig pc = tiny_plan_config();
+  pc.ep_mp = 4;
+  PlanBufferOptions buffers;
+  buffers.path = "block";
+  EXPECT_THROW(
+      {
+        try {
+          plan_training(pc, buffers);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("--path block"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  buffers.path = "aggregated";
+  buffers.ranks_per_node = 3;
+  EXPECT_THROW(
+      {
+        try {
+          plan_training(pc, buffers);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("--ranks-per-node 3 with --ep 4"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 }  // namespace

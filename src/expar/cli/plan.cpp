@@ -40,6 +40,7 @@ struct PlanOptions {
   double capacity_factor = 1.25;
   std::string capacity_policy = "source";
   bool recompute_moe = false;
+  std::string path = "rowwise";
   PrecisionFlags precision;
   double device_gib = 0;
   JsonOutput json;
@@ -110,6 +111,8 @@ int run_plan(const PlanOptions& o) {
   PlanBufferOptions buffers;
   buffers.precision = o.precision.parse();
   buffers.recompute_moe = o.recompute_moe;
+  buffers.path = o.path;
+  buffers.ranks_per_node = o.messages.ranks_per_node;
   const Plan plan = plan_training(c, buffers);
   // The message model for the stage with the most MoE layers (all stages' ranks run concurrently).
   MessageModelInputs inputs = o.messages;
@@ -215,9 +218,15 @@ void add_plan(CLI::App& app, CommandTable& table) {
       ->check(one_of({"source", "rank", "expert"}));
   cmd->add_flag("--recompute-moe", opts->recompute_moe,
                 "every MoE block recomputed in backward (as expar train): no per-block dispatch lease");
+  cmd->add_option("--path", opts->path,
+                  "EP path whose symmetric buffers are sized (as expar train): rowwise | aggregated (adds "
+                  "one pack buffer per MoE layer; across nodes, see --ranks-per-node)")
+      ->capture_default_str()
+      ->check(one_of({"rowwise", "aggregated"}));
   add_precision_flags(cmd, opts->precision);
-  cmd->add_option("--ranks-per-node", opts->messages.ranks_per_node,
-                  "ranks per node for the message model (EP groups fill whole nodes)")
+  cmd->add_option(
+         "--ranks-per-node", opts->messages.ranks_per_node,
+         "ranks per node for the message model and aggregated's pack buffers (EP groups fill whole nodes)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 20));
   cmd->add_option("--link-gbytes-per-s", opts->link_gbytes,

@@ -72,6 +72,7 @@ struct StagePlan {
   // Symmetric buffers (train/plan_buffers.hpp): leased slots (a dispatch lease per MoE layer + the
   // input-gradient lease) and scratch slots of the rowwise lease pool, and their bytes.
   int symmetric_leased_slots = 0, symmetric_scratch_slots = 0;
+  int64_t symmetric_pack_bytes = 0;  // the aggregated path's pack buffers (part of symmetric_bytes)
   int64_t symmetric_bytes = 0;
   int64_t total_bytes = 0;
   bool fits = true;  // total_bytes <= device_memory_bytes (true when no device memory was given)
@@ -94,6 +95,9 @@ struct Plan {
   int64_t capacity_rows = 0;
   int64_t slot_bytes = 0;
   std::string buffer_sizing;
+  std::string symmetric_path;   // the path the symmetric buffers are sized for ("" from make_plan alone)
+  int64_t pack_bound_rows = 0;  // aggregated: the most rows a proxy's pack buffer holds (0: one node)
+  bool pack_exact = true;       // aggregated: the pack bytes are exact (one node), not a bound
   int64_t total_params = 0, active_params = 0;
   int64_t routed_expert_params = 0;  // P_E
   std::vector<StagePlan> stages;

@@ -48,6 +48,7 @@ nlohmann::json stage_json(const StagePlan& s) {
         {"dense_optimizer_state", s.dense_optimizer_bytes},
         {"expert_optimizer_state", s.expert_optimizer_bytes},
         {"symmetric_buffers", s.symmetric_bytes},
+        {"symmetric_pack_buffers", s.symmetric_pack_bytes},
         {"total", s.total_bytes}}},
       {"symmetric_slots", {{"leased", s.symmetric_leased_slots}, {"scratch", s.symmetric_scratch_slots}}},
       {"fits", s.fits},
@@ -112,7 +113,10 @@ nlohmann::json plan_to_json(const Plan& plan, int max_group_world) {
                  {"capacity_policy", c.capacity_factor > 0 ? c.capacity_policy : "dropless"},
                  {"capacity_rows", plan.capacity_rows},
                  {"slot_bytes", plan.slot_bytes},
-                 {"buffer_sizing", plan.buffer_sizing}};
+                 {"buffer_sizing", plan.buffer_sizing},
+                 {"symmetric_path", plan.symmetric_path},
+                 {"pack_bound_rows", plan.pack_bound_rows},
+                 {"pack_bytes_exact", plan.pack_exact}};
   j["device_memory_bytes"] = c.device_memory_bytes;
   j["reduction_algorithm"] = plan.reduction_algorithm;
   j["stages"] = nlohmann::json::array();
@@ -165,6 +169,9 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
   row("dense optimizer state", &StagePlan::dense_optimizer_bytes);
   row("expert optimizer state", &StagePlan::expert_optimizer_bytes);
   row("symmetric buffers", &StagePlan::symmetric_bytes);
+  if (plan.symmetric_path == "aggregated")
+    row(plan.pack_exact ? "  of which pack buffers" : "  of which pack (at most)",
+        &StagePlan::symmetric_pack_bytes);
   row("total", &StagePlan::total_bytes);
   if (c.device_memory_bytes > 0) {
     out += fmt::format("{:<28}", fmt::format("fits in {}", format_bytes(c.device_memory_bytes)));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "expar/core/error.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/symmetric_budget.hpp"
 
@@ -16,13 +17,24 @@ Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
           ? CapacityPolicy::with(capacity_rule_from_name(config.capacity_policy), config.capacity_factor)
           : CapacityPolicy::dropless();
   const ExpertPlacement placement = plan.layout.expert_placement(m.num_experts, config.placement);
+  const bool aggregated = buffers.path == "aggregated";
+  EXPAR_CHECK(
+      aggregated || buffers.path == "rowwise",
+      "--path {}: the plan sizes the symmetric buffers of rowwise and aggregated (the paths that lease "
+      "slots from the model's shared pool); pass --path rowwise or --path aggregated",
+      buffers.path);
+  PackBudget pack;
+  if (aggregated)
+    pack = aggregated_pack_budget(config.tokens_per_rank, m.top_k, placement, policy, buffers.ranks_per_node,
+                                  m.d_model, buffers.precision);
   for (StagePlan& s : plan.stages) {
     const RowwiseBudget b =
         rowwise_budget(config.tokens_per_rank, m.top_k, placement, policy, m.d_model, buffers.precision,
                        s.moe_layers, buffers.recompute_moe ? s.moe_layers : 0);
     s.symmetric_leased_slots = b.leased_slots;
     s.symmetric_scratch_slots = b.scratch_slots;
-    s.symmetric_bytes = b.resident_bytes();
+    s.symmetric_pack_bytes = aggregated ? s.moe_layers * pack.block_bytes : 0;
+    s.symmetric_bytes = b.resident_bytes() + s.symmetric_pack_bytes;
     s.total_bytes += s.symmetric_bytes;
     s.fits = config.device_memory_bytes == 0 || s.total_bytes <= config.device_memory_bytes;
     plan.capacity_rows = b.capacity_rows;
@@ -39,6 +51,22 @@ Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
       "{}+ 1 input-gradient lease + {} scratch slot(s), one microbatch in flight",
       plan.capacity_rows, rule, buffers.precision.max_row_bytes(m.d_model), buffers.precision.describe(),
       buffers.recompute_moe ? "(none: recomputed) " : "", buffers.recompute_moe ? 2 : 1);
+  plan.symmetric_path = buffers.path;
+  if (aggregated) {
+    plan.pack_bound_rows = pack.bound_rows;
+    plan.pack_exact = pack.exact();
+    plan.buffer_sizing +=
+        pack.exact()
+            ? fmt::format(
+                  "; aggregated: + 1 pack buffer per MoE layer of one row ({} bytes: the EP group of {} "
+                  "fits in a node of {} ranks, nothing is packed)",
+                  pack.block_bytes, plan.layout.ep_mp, buffers.ranks_per_node)
+            : fmt::format(
+                  "; aggregated: + 1 pack buffer per MoE layer, at most {} bytes each (the routes size "
+                  "it: a proxy holds at most {} rows, {} nodes of {} ranks; grown by powers of two, every "
+                  "generation kept)",
+                  pack.block_bytes, pack.bound_rows, pack.nodes, buffers.ranks_per_node);
+  }
   return plan;
 }
 

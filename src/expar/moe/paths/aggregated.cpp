@@ -44,7 +44,6 @@
 // decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place. There
 // are no wave passes (the registry refuses --waves > 1 naming the paths that have them).
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
@@ -57,6 +56,7 @@
 #include "expar/moe/lease_pool.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
+#include "expar/moe/symmetric_budget.hpp"
 
 namespace expar {
 
@@ -410,10 +410,9 @@ class AggregatedPath final : public ExpertPath {
   // is the same on every member (the accepted matrix), so every member allocates together; a replaced buffer
   // stays allocated (the heap frees nothing), which the power-of-two growth bounds.
   void ensure_pack(int64_t pack_rows, int64_t d) {
-    const size_t need =
-        static_cast<size_t>(std::max<int64_t>(pack_rows, 1)) * options_.precision.max_row_bytes(d);
+    const size_t need = aggregated_pack_bytes(pack_rows, d, options_.precision);
     if (pack_ >= 0 && pack_bytes_ >= need) return;
-    pack_bytes_ = std::bit_ceil(need);
+    pack_bytes_ = need;
     pack_ = heap_->allocate(fmt::format("aggregated{}.pack.gen{}", options_.block_index, pack_generation_++),
                             pack_bytes_);
   }
