@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 #include "expar/core/error.hpp"
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/parallel_tasks.hpp"
 #include "expar/moe/payload_precision.hpp"
 
 namespace expar {
@@ -59,10 +61,10 @@ void ExpertWeights::validate() const {
 
 namespace {
 
-// The SwiGLU elementwise passes run over all received rows at once, on the rank's compute threads, with the
-// vectorisable sigmoid (core/fast_exp.hpp): as scalar libm loops on one thread they were 12-14% of a
-// grouped-GEMM step (more with 2 compute threads, where the GEMMs ran on both and the loops on one).
-// Elementwise only, so the thread count never changes a result.
+// The SwiGLU elementwise passes use the vectorisable sigmoid (core/fast_exp.hpp): as scalar libm loops on one
+// thread they were 12-14% of a grouped-GEMM step. An expert that runs alone (the only one with rows) spreads
+// them over the compute threads; among experts spread over the threads they run on the expert's worker (the
+// nested region is inactive). Elementwise only, so the thread count never changes a result.
 constexpr int64_t kParallelMin = int64_t{1} << 15;
 
 // m = silu(a) * b.
@@ -126,6 +128,22 @@ int64_t max_expert_rows(std::span<const int64_t> offsets) {
   return rows;
 }
 
+// The local experts that have rows, most rows first (ties in expert order): the tasks for_each_task spreads
+// over the compute threads, the longest first so that the last ones to finish are short. Each expert's
+// products then run on one thread, as at one compute thread, so its results never depend on the thread
+// count; with a single expert holding rows there is one task, run on the calling thread with its products
+// on all compute threads.
+std::vector<int64_t> experts_by_rows(std::span<const int64_t> offsets) {
+  auto rows = [&](int64_t l) {
+    return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
+  };
+  std::vector<int64_t> order;
+  for (int64_t l = 0; l + 1 < static_cast<int64_t>(offsets.size()); ++l)
+    if (rows(l) > 0) order.push_back(l);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) { return rows(i) > rows(j); });
+  return order;
+}
+
 void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
   EXPAR_CHECK(t.dtype() == DType::F32 && t.ndim() == 2 && t.dim(0) >= rows && t.dim(1) == cols,
               "{} must be f32 [>= {}, {}], got {} {}", what, rows, cols, dtype_name(t.dtype()),
@@ -154,20 +172,22 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   state.offsets.assign(offsets.begin(), offsets.end());
   state.gate_pre = Tensor::empty({recv, h});
   state.up_pre = Tensor::empty({recv, h});
-  // The activation of one expert at a time, reused expert after expert: it is consumed by that expert's
-  // down product right away, so it is read back from cache instead of from a [recv, h] buffer.
-  Tensor act = Tensor::empty({max_expert_rows(offsets), h});
+  // The activation of one expert at a time per worker, reused expert after expert: it is consumed by that
+  // expert's down product right away, so it is read back from cache instead of from a [recv, h] buffer.
+  const std::vector<int64_t> order = experts_by_rows(offsets);
+  const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
+  Tensor act = Tensor::empty({task_threads(tasks), max_rows, h});
   const float* x = decoded.data<float>();
   float* a = state.gate_pre.data<float>();
   float* b = state.up_pre.data<float>();
-  float* m = act.data<float>();
   float* y = out.data<float>();
-  for (int64_t l = 0; l < e_local; ++l) {
+  for_each_task(tasks, [&](int64_t task, int thread) {
+    const int64_t l = order[static_cast<size_t>(task)];
     const int64_t begin = offsets[static_cast<size_t>(l)], n = offsets[static_cast<size_t>(l) + 1] - begin;
-    if (n == 0) continue;
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
+    float* m = act.data<float>() + thread * max_rows * h;
     float* yl = y + begin * d;
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
@@ -182,7 +202,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul(m, w2, yl, n, d, h, false, true, false);
     }
     if (has(weights.b2)) add_row_bias(yl, n, d, weights.b2.data<float>() + l * d);
-  }
+  });
 }
 
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
@@ -206,32 +226,35 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   check_rows(grad_out, recv, d, "expert output gradient");
   check_rows(grad_in, recv, d, "expert input gradient");
 
-  // Two [rows of the largest expert, h] scratch buffers, reused expert after expert so that each expert's
-  // activation and its gradients are produced and consumed while in cache: the first holds the recomputed
-  // activation m, then grad_a; the second grad_m, then grad_b (swiglu_grad works in place).
-  const int64_t max_rows = max_expert_rows(state.offsets);
-  Tensor scratch_m = Tensor::empty({max_rows, h});
-  Tensor scratch_gm = Tensor::empty({max_rows, h});
+  // Per worker, two [rows of the largest expert, h] scratch buffers, reused expert after expert so that each
+  // expert's activation and its gradients are produced and consumed while in cache: the first holds the
+  // recomputed activation m, then grad_a; the second grad_m, then grad_b (swiglu_grad works in place).
+  // Each expert writes only its own rows of grad_in and its own slices of the gradients.
+  const std::vector<int64_t> order = experts_by_rows(state.offsets);
+  const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(state.offsets);
+  const int workers = task_threads(tasks);
+  Tensor scratch_m = Tensor::empty({workers, max_rows, h});
+  Tensor scratch_gm = Tensor::empty({workers, max_rows, h});
   // The Wgrad input: the saved payload, decoded again if it was kept encoded.
   const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
   const float* x = decoded.data<float>();
   const float* a = state.gate_pre.data<float>();
   const float* b = state.up_pre.data<float>();
   const float* gy = grad_out.data<float>();
-  float* m = scratch_m.data<float>();
-  float* gm = scratch_gm.data<float>();
   float* gx = grad_in.data<float>();
-  for (int64_t l = 0; l < e_local; ++l) {
+  for_each_task(tasks, [&](int64_t task, int thread) {
+    const int64_t l = order[static_cast<size_t>(task)];
     const int64_t begin = state.offsets[static_cast<size_t>(l)];
     const int64_t n = state.offsets[static_cast<size_t>(l) + 1] - begin;
-    if (n == 0) continue;
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
+    float* m = scratch_m.data<float>() + thread * max_rows * h;
+    float* gm = scratch_gm.data<float>() + thread * max_rows * h;
     if (has(grads.b2)) add_column_sums(gy + begin * d, n, d, grads.b2.data<float>() + l * d);
     if (h == 0) {  // an empty intermediate shard: only the down bias had a gradient
       std::fill(gx + begin * d, gx + (begin + n) * d, 0.0f);
-      continue;
+      return;
     }
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
     activate(weights.activation, a + begin * h, b + begin * h, m, n * h);
@@ -247,7 +270,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     matmul(gb, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);
     matmul(ga, w1, gx + begin * d, n, d, h, false, false, false);
     matmul(gb, w3, gx + begin * d, n, d, h, false, false, true);
-  }
+  });
 }
 
 }  // namespace expar

@@ -5,9 +5,12 @@
 // biases before the activation, a down bias after the down product, and the clamped SwiGLU, forward and
 // backward (the biases' gradients included). The inference engine's experts and shared expert run here too.
 // Computed as grouped GEMMs over the expert-contiguous row intervals of the expert-side buffer (contract 3):
-// one oneDNN matmul per expert interval and product, expert after expert, with that expert's SwiGLU (and,
-// backward, its gradient) between its products so that the [rows, h] intermediates are consumed while in
-// cache. Rows at and past offsets[E_L] (the capacity tail) are never read or written.
+// one oneDNN matmul per expert interval and product, with that expert's SwiGLU (and, backward, its gradient)
+// between its products so that the [rows, h] intermediates are consumed while in cache. With several compute
+// threads and several experts holding rows, the experts are spread over the threads (core/parallel_tasks.hpp,
+// most rows first), each expert's products on one thread with its own scratch: small experts' products
+// split over all threads ran well below one big product's rate, and the results are those of one compute
+// thread. Rows at and past offsets[E_L] (the capacity tail) are never read or written.
 #include <cstdint>
 #include <span>
 #include <vector>

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "expar/core/matmul.hpp"
+#include "expar/core/parallel_tasks.hpp"
 #include "expar/nn/attention_phases.hpp"
 #include "expar/nn/check.hpp"
 #include "expar/nn/qk_norm.hpp"
@@ -158,10 +159,10 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     first_row[i + 1] = row0 + tq;
   }
   const auto tasks = static_cast<int64_t>(caches.size()) * shape.n_heads;
-  Tensor probs = Tensor::empty({std::min<int64_t>(compute_threads(), std::max<int64_t>(tasks, 1)), longest});
+  Tensor probs = Tensor::empty({task_threads(tasks), longest});
   const float* sinks =
       options.sinks.defined() && options.sinks.numel() > 0 ? options.sinks.data<float>() : nullptr;
-  phases::for_each_head(tasks, [&](int64_t task, int thread) {
+  for_each_task(tasks, [&](int64_t task, int thread) {
     const auto i = static_cast<size_t>(task / shape.n_heads);
     const int64_t h = task % shape.n_heads, g = h / group, tq = new_tokens[i], row0 = first_row[i];
     if (tq == 0) return;

@@ -1,14 +1,11 @@
 #include "expar/nn/attention_phases.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
-#include <exception>
-#include <mutex>
 
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/parallel_tasks.hpp"
 #include "expar/nn/check.hpp"
 
 namespace expar::nn::phases {
@@ -179,43 +176,6 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
   }
 }
 
-void for_each_head(int64_t tasks, const std::function<void(int64_t task, int thread)>& fn) {
-#if defined(__SANITIZE_THREAD__)
-  // ThreadSanitizer cannot see libgomp's barriers (it is not instrumented), so every write after a parallel
-  // region would read as a race with the workers. Under TSan the heads run in order on the caller: the
-  // results are the same bits (each head's products are single-threaded either way; tests/nn/attention_test
-  // checks 1 against 2 threads in the other builds).
-  const int threads = 1;
-#else
-  const int threads = static_cast<int>(std::min<int64_t>(compute_threads(), tasks));
-#endif
-  if (threads <= 1) {
-    for (int64_t t = 0; t < tasks; ++t) fn(t, 0);
-    return;
-  }
-  // The workers take the caller's batch-invariance setting (it is per thread), and an exception may not
-  // leave an OpenMP region: the first is kept and rethrown here.
-  const int64_t min_rows = matmul_min_rows();
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t saved = matmul_min_rows();
-    set_matmul_min_rows(min_rows);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      try {
-        fn(t, omp_get_thread_num());
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
-    }
-    set_matmul_min_rows(saved);
-  }
-  if (error) std::rethrow_exception(error);
-}
-
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
                          const AttentionOptions& options, const char* layer) {
   const Dims dims = check_weights(shape, rope, weights, layer);
@@ -262,10 +222,10 @@ Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, co
   // Without `probs` the probabilities of one head at a time are enough.
   const bool keep = probs != nullptr;
   // Without `probs`, each compute thread keeps one head's probabilities at a time.
-  const int64_t scratch = std::min<int64_t>(compute_threads(), batch * shape.n_heads);
+  const int64_t scratch = task_threads(batch * shape.n_heads);
   Tensor p_all = keep ? Tensor::empty({batch, shape.n_heads, seq, tk}) : Tensor::empty({scratch, seq, tk});
   Tensor context = Tensor::empty({batch * seq, dims.qd});
-  for_each_head(batch * shape.n_heads, [&](int64_t task, int thread) {
+  for_each_task(batch * shape.n_heads, [&](int64_t task, int thread) {
     const int64_t b = task / shape.n_heads, h = task % shape.n_heads, g = h / group;
     float* p = p_all.data<float>() + (keep ? task : thread) * seq * tk;
     attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,

@@ -7,7 +7,6 @@
 //   backward: output_backward -> attend_backward -> [reduce-scatter key/value gradients] -> input_backward
 // Not a public interface: model code calls attention.hpp or context_parallel_attention.hpp.
 #include <cstdint>
-#include <functional>
 
 #include "expar/nn/attention.hpp"
 
@@ -41,11 +40,6 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                  int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
                  const float* sink);
 inline constexpr int64_t kAttentionRowBlock = 64;
-
-// fn(task, thread) for task in [0, tasks) (one head of one sequence each), spread over the calling thread's
-// compute threads (thread in [0, min(compute threads, tasks))); each head's products then run on one thread,
-// where before every head's small products were split over all of them and its softmax ran on one.
-void for_each_head(int64_t tasks, const std::function<void(int64_t task, int thread)>& fn);
 
 // The argument checks every training call makes (weights against the shape and Rope, options without
 // inference-only parts); returns the widths.
