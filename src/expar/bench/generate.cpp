@@ -1,6 +1,7 @@
 #include "expar/bench/generate.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,7 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/parallel_tasks.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/infer/engine.hpp"
 
@@ -19,6 +21,11 @@ struct Gemm {
   int64_t m, n, k;
   const float* b;      // [n, k] (trans_b), or nullptr: a scratch operand
   double flops_scale;  // 0.5 for the causal attention products
+  // Products the engine spreads over the compute threads as tasks (core/parallel_tasks: the heads, the
+  // experts): consecutive products of one group >= 0 run through for_each_task, one task per run of equal
+  // `task`, each product on its worker's thread. -1: a product alone on all threads.
+  int group = -1;
+  int64_t task = 0;
 };
 
 // This rank's matrix products of one layer of a P-token prefill, at the shapes the engine runs them.
@@ -31,8 +38,8 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   g.push_back({p, kv * hd, d, lw.attn.wk.data<float>(), 1.0});
   g.push_back({p, kv * hd, d, lw.attn.wv.data<float>(), 1.0});
   for (int64_t h = 0; h < heads; ++h) {
-    g.push_back({p, p, hd, nullptr, 0.5});  // scores q·kᵀ, causal
-    g.push_back({p, hd, p, nullptr, 0.5});  // probabilities · v, causal
+    g.push_back({p, p, hd, nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
+    g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
   }
   g.push_back({p, d, heads * hd, lw.attn.wo.data<float>(), 1.0});
   g.push_back({(p + layout.tp() - 1) / layout.tp(), c.moe.num_experts, d, lw.router.data<float>(), 1.0});
@@ -43,9 +50,9 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();
   for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
-    g.push_back({rows, h, d, e.w1.data<float>() + l * h * d, 1.0});
-    g.push_back({rows, h, d, e.w3.data<float>() + l * h * d, 1.0});
-    g.push_back({rows, d, h, e.w2.data<float>() + l * d * h, 1.0});
+    g.push_back({rows, h, d, e.w1.data<float>() + l * h * d, 1.0, 1, l});
+    g.push_back({rows, h, d, e.w3.data<float>() + l * h * d, 1.0, 1, l});
+    g.push_back({rows, d, h, e.w2.data<float>() + l * d * h, 1.0, 1, l});
   }
   if (infer::present(lw.shared_w1)) {
     const int64_t hs = lw.shared_w1.dim(0);
@@ -54,6 +61,31 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
     g.push_back({p, d, hs, lw.shared_w2.data<float>(), 1.0});
   }
   return g;
+}
+
+// The products in order as the engine runs them: alone on all threads, or a group's tasks spread over the
+// threads (each worker writing its own c_size floats of c).
+void run_products(const std::vector<Gemm>& gemms, const Tensor& a, const Tensor& b, Tensor& c,
+                  int64_t c_size) {
+  auto product = [&](const Gemm& g, float* out) {
+    matmul(a.data<float>(), g.b ? g.b : b.data<float>(), out, g.m, g.n, g.k, false, true, false);
+  };
+  for (size_t i = 0; i < gemms.size();) {
+    if (gemms[i].group < 0) {
+      product(gemms[i++], c.data<float>());
+      continue;
+    }
+    size_t end = i;
+    std::vector<size_t> starts;
+    for (; end < gemms.size() && gemms[end].group == gemms[i].group; ++end)
+      if (end == i || gemms[end].task != gemms[end - 1].task) starts.push_back(end);
+    starts.push_back(end);
+    for_each_task(static_cast<int64_t>(starts.size()) - 1, [&](int64_t t, int thread) {
+      for (size_t k = starts[static_cast<size_t>(t)]; k < starts[static_cast<size_t>(t) + 1]; ++k)
+        product(gemms[k], c.data<float>() + thread * c_size);
+    });
+    i = end;
+  }
 }
 
 double gemm_flops(const std::vector<Gemm>& g) {
@@ -217,7 +249,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     c_size = std::max(c_size, head.m * head.n);
     Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
     Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
-    Tensor c = Tensor::empty({c_size}, DType::F32, MemCategory::Other);
+    // One output per worker: the task groups' products run side by side.
+    Tensor c = Tensor::empty({c_size * task_threads(std::numeric_limits<int64_t>::max())}, DType::F32,
+                             MemCategory::Other);
     fill_normal(a, o.seed, 9101, 1.0f);
     fill_normal(b, o.seed, 9102, 1.0f);
     const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
@@ -233,10 +267,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
       const auto [tp, td] = run();
       const double tl = timed_max(world, [&] {
-        for (int l = 0; l < config.layers; ++l)
-          for (const Gemm& g : gemms)
-            matmul(a.data<float>(), g.b ? g.b : b.data<float>(), c.data<float>(), g.m, g.n, g.k, false, true,
-                   false);
+        for (int l = 0; l < config.layers; ++l) run_products(gemms, a, b, c, c_size);
         matmul(a.data<float>(), head.b, c.data<float>(), head.m, head.n, head.k, false, true, false);
       });
       const double tr = timed_max(world, [&] { sink = sink + read_all(buffer.data<float>(), floats); });

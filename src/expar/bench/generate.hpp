@@ -3,7 +3,8 @@
 // generation length and layout, each beside the limit measured in the same run on the same ranks:
 //  - prefill: the time this rank's matrix products of the prompt take alone in oneDNN sgemm at their own
 //    shapes (q/k/v/o with the local heads, the router, each local expert at its mean rows P·K/E, attention
-//    scores at the q projection's rate, the last row's LM head slice), all ranks at once;
+//    scores at the q projection's rate, the last row's LM head slice), all ranks at once, the heads' and
+//    the experts' products spread over the compute threads as the engine spreads them (core/parallel_tasks);
 //  - decode: streaming read bandwidth (every rank reading its own buffer with its compute threads, all at
 //    once) divided into the bytes a decode step must read per rank: its dense weights, its expected share
 //    of the K active experts (K·E_L/E local experts at batch 1), its LM head slice and its KV cache;
