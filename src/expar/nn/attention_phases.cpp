@@ -129,18 +129,16 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
   for (int64_t r0 = 0; r0 < tq; r0 += kAttentionRowBlock) {
     const int64_t r1 = std::min(tq, r0 + kAttentionRowBlock), keys = past + r1;
     float* block = probs + r0 * tk;
-    MatmulArgs scores;
-    scores.a = q + r0 * ldq;
-    scores.b = k;
-    scores.c = block;
-    scores.m = r1 - r0;
-    scores.n = keys;
-    scores.k = head_dim;
-    scores.trans_b = true;
-    scores.lda = ldq;
-    scores.ldb = ldkv;
-    scores.ldc = tk;
-    matmul(scores);
+    matmul(MatmulArgs{.a = q + r0 * ldq,
+                      .b = k,
+                      .c = block,
+                      .m = r1 - r0,
+                      .n = keys,
+                      .k = head_dim,
+                      .trans_b = true,
+                      .lda = ldq,
+                      .ldb = ldkv,
+                      .ldc = tk});  // scores q·kᵀ
     for (int64_t i = r0; i < r1; ++i) {
       float* row = probs + i * tk;
       const int64_t visible = past + i + 1;
@@ -162,17 +160,15 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
       for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
       std::fill(row + visible, row + tk, 0.0f);
     }
-    MatmulArgs weighted;
-    weighted.a = block;
-    weighted.b = v;
-    weighted.c = out + r0 * ldo;
-    weighted.m = r1 - r0;
-    weighted.n = head_dim;
-    weighted.k = keys;
-    weighted.lda = tk;
-    weighted.ldb = ldkv;
-    weighted.ldc = ldo;
-    matmul(weighted);
+    matmul(MatmulArgs{.a = block,
+                      .b = v,
+                      .c = out + r0 * ldo,
+                      .m = r1 - r0,
+                      .n = head_dim,
+                      .k = keys,
+                      .lda = tk,
+                      .ldb = ldkv,
+                      .ldc = ldo});  // probabilities · v
   }
 }
 
