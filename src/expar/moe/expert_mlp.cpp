@@ -132,7 +132,7 @@ int64_t max_expert_rows(std::span<const int64_t> offsets) {
 // over the compute threads, the longest first so that the last ones to finish are short. Each expert's
 // products then run on one thread, as at one compute thread, so its results never depend on the thread
 // count; with a single expert holding rows there is one task, run on the calling thread with its products
-// on all compute threads.
+// on all compute threads (on one under batch invariance: core/parallel_tasks.hpp).
 std::vector<int64_t> experts_by_rows(std::span<const int64_t> offsets) {
   auto rows = [&](int64_t l) {
     return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
