@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "expar/core/matmul.hpp"
 
@@ -23,6 +24,7 @@ struct OneComputeThread {
   ~OneComputeThread() { set_compute_threads(saved); }
 };
 
+#if defined(__SANITIZE_THREAD__)
 // The tasks in order on the calling thread, every one run and the first exception rethrown after them: what
 // the region does, for the builds that cannot use it.
 void run_in_order(int64_t tasks, const std::function<void(int64_t task, int thread)>& fn) {
@@ -36,6 +38,7 @@ void run_in_order(int64_t tasks, const std::function<void(int64_t task, int thre
   }
   if (error) std::rethrow_exception(error);
 }
+#endif
 
 }  // namespace
 
@@ -45,12 +48,9 @@ void for_each_task(int64_t tasks, const std::function<void(int64_t task, int thr
   // all must not depend on how many tasks the batch makes (a lone expert, a lone head), so with several
   // compute threads every task's products run on one thread, alone or not.
   const bool invariant = compute_threads() > 1 && matmul_min_rows() > 0;
-  if (threads <= 1) {
-    if (invariant) {
-      OneComputeThread one;
-      run_in_order(tasks, fn);
-      return;
-    }
+  if (threads <= 1) {  // at most one task when compute threads > 1
+    std::optional<OneComputeThread> one;
+    if (invariant) one.emplace();
     for (int64_t t = 0; t < tasks; ++t) fn(t, 0);
     return;
   }

@@ -157,13 +157,13 @@ std::span<const Slot> GroupState::exchange(int rank, Slot slot) {
   return slots;
 }
 
-bool GroupState::spin_until_generation_moves(uint64_t generation) const {
+void GroupState::spin_until_generation_moves(uint64_t generation) const {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(world_->spin_seconds());
   for (uint32_t i = 1;; ++i) {
-    if (generation_.load(std::memory_order_acquire) != generation) return true;
+    if (generation_.load(std::memory_order_acquire) != generation) return;
     // The clock and the abort flag every 256 polls: an aborted run sleeps below and is woken with the rest.
-    if (i % 256 == 0 && (world_->aborted() || std::chrono::steady_clock::now() >= deadline)) return false;
+    if (i % 256 == 0 && (world_->aborted() || std::chrono::steady_clock::now() >= deadline)) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

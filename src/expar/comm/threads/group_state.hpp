@@ -109,8 +109,9 @@ class GroupState {
   void notify_all();
 
  private:
-  // Polls generation_ without the lock for at most the world's spin time; true when it moved on.
-  bool spin_until_generation_moves(uint64_t generation) const;
+  // Polls generation_ without the lock until it moves on, the run aborts or the world's spin time is up
+  // (the caller then checks under the lock either way).
+  void spin_until_generation_moves(uint64_t generation) const;
 
   std::shared_ptr<ThreadsWorld> world_;
   std::vector<int> world_ranks_;
