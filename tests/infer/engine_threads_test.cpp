@@ -240,6 +240,36 @@ TEST(Engine, CollectivePatternPerPhase) {
   }
 }
 
+// EngineStats::expert_weight_reads, per layer: one decode step of one token reads the weights of its K
+// experts once in the replica, each on the ranks holding it: the sum over the replica's ranks is K times
+// the ranks that share one expert (ep_tp_size), in every layer.
+TEST(Engine, CountsTheExpertWeightsEachLayerReads) {
+  const Reference& ref = reference();
+  const int layers = ref.config.layers, k = ref.config.moe.top_k;
+  for (const LayoutCase& c : {LayoutCase{1, 1, false, std::nullopt}, LayoutCase{2, 1, false, std::nullopt},
+                              LayoutCase{4, 1, true, std::nullopt}, LayoutCase{4, 1, true, 2}}) {
+    const InferenceLayout layout = make_layout(c, ref.config.moe.num_experts);
+    SCOPED_TRACE(fmt::format("TP {} EP {} (ep_tp_size {})", c.tp, layout.ep_degree(), layout.ep_tp_size()));
+    std::mutex mutex;
+    std::vector<int64_t> sum(static_cast<size_t>(layers), 0);
+    run_ranks(layout.world(), [&](Comm& world) {
+      auto store = ExparCheckpointStore::open(ref.dir);
+      Engine engine(layout, world,
+                    load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+      const int id = engine.add_sequence(16);
+      engine.prefill(std::vector<int>{id}, {ref.prompts[0][0]});
+      const std::vector<int64_t> before = engine.stats().expert_weight_reads;
+      engine.decode(std::vector<int>{id}, std::vector<int32_t>{1});
+      const std::vector<int64_t>& after = engine.stats().expert_weight_reads;
+      std::lock_guard lock(mutex);
+      ASSERT_EQ(after.size(), static_cast<size_t>(layers));
+      for (size_t l = 0; l < after.size(); ++l) sum[l] += after[l] - before[l];
+    });
+    for (int l = 0; l < layers; ++l)
+      EXPECT_EQ(sum[static_cast<size_t>(l)], int64_t{k} * layout.ep_tp_size()) << "layer " << l;
+  }
+}
+
 // Grouped key/value heads with TP above the key/value head count: each rank keeps the one key/value head its
 // query heads use.
 TEST(Engine, ReplicatesKeyValueHeadsWhenTpExceedsThem) {

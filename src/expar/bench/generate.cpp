@@ -207,8 +207,10 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
         infer::EngineOptions{o.engine.decode_moe});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
     // the decode steps (slowest rank).
-    // Per decode step of the last run: how many local experts' weights this rank read.
-    std::vector<double> step_experts(static_cast<size_t>(o.tokens - 1));
+    // Per decode step of the last run and per layer ([step][layer]): how many local experts' weights this
+    // rank read.
+    const size_t layers = static_cast<size_t>(config.layers);
+    std::vector<double> step_experts(static_cast<size_t>(o.tokens - 1) * layers);
     auto run = [&] {
       const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
       Tensor logits;
@@ -218,10 +220,11 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       int32_t next = infer::argmax_row(logits, 0);
       const double td = timed_max(world, [&] {
         for (int s = 1; s < o.tokens; ++s) {
-          const int64_t before = engine.stats().expert_weight_reads;
+          const std::vector<int64_t> before = engine.stats().expert_weight_reads;
           next = infer::argmax_row(engine.decode(std::vector<int>{id}, std::vector<int32_t>{next}), 0);
-          step_experts[static_cast<size_t>(s - 1)] =
-              static_cast<double>(engine.stats().expert_weight_reads - before);
+          for (size_t l = 0; l < layers; ++l)
+            step_experts[static_cast<size_t>(s - 1) * layers + l] =
+                static_cast<double>(engine.stats().expert_weight_reads[l] - before[l]);
         }
       });
       engine.remove_sequence(id);
@@ -279,14 +282,20 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     }
     double maxima[2] = {flops, step_bytes.expected()};
     world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
-    // The routes the run took: each step's bytes on its busiest rank, averaged over the steps. At batch 1
-    // the K experts may all sit on one rank (EP), which then reads more than its expected share.
-    std::vector<double> routed(step_experts.size());
-    for (size_t s = 0; s < routed.size(); ++s)
-      routed[s] = step_bytes.dense + step_bytes.per_expert * step_experts[s];
-    world.all_reduce(routed.data(), routed.size(), DType::F64, ReduceOp::Max);
+    // The routes the run took: per step, the dense bytes plus, layer by layer, the experts of the layer's
+    // busiest rank (every MoE layer ends in a collective, so the others wait for it there), averaged over
+    // the steps. At batch 1 the K experts may all sit on one rank (EP), which then reads more than its
+    // expected share. Taking the busiest rank of the whole step instead would let one layer's idle rank
+    // make up for another's and understate the bound.
+    world.all_reduce(step_experts.data(), step_experts.size(), DType::F64, ReduceOp::Max);
+    const size_t steps = static_cast<size_t>(o.tokens - 1);
     double routed_mean = 0.0;
-    for (const double v : routed) routed_mean += v / static_cast<double>(routed.size());
+    for (size_t s = 0; s < steps; ++s) {
+      double experts = 0.0;
+      for (size_t l = 0; l < layers; ++l) experts += step_experts[s * layers + l];
+      routed_mean += (step_bytes.dense + step_bytes.per_expert * experts) / static_cast<double>(steps);
+    }
+    world.all_reduce(&routed_mean, 1, DType::F64, ReduceOp::Max);
     double held_total = static_cast<double>(held_bytes(w));
     world.all_reduce(&held_total, 1, DType::F64, ReduceOp::Sum);
     if (world.rank() == 0) {

@@ -130,6 +130,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       };
   }
   stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.num_experts), 0);
+  stats_.expert_weight_reads.assign(static_cast<size_t>(weights_.config.layers), 0);
   // The route map places rows by layout_.placement(), so this rank's weights must hold its partition's
   // experts in the placement's local order.
   EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(partition_),
@@ -415,7 +416,7 @@ void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t>
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
   for (size_t l = 0; l + 1 < offsets.size(); ++l) {
     stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
-    stats_.expert_weight_reads += offsets[l + 1] > offsets[l] ? 1 : 0;
+    stats_.expert_weight_reads[static_cast<size_t>(layer)] += offsets[l + 1] > offsets[l] ? 1 : 0;
   }
   // moe/'s grouped expert MLP, with gpt-oss's biases (the down bias only where this rank holds it) and
   // activation.

@@ -72,9 +72,10 @@ struct EngineStats {
   // [E] token rows each expert computed on this rank, over all layers and steps (its shard of them under
   // variable EP or no EP): the routing load the server's metrics show per rank.
   std::vector<int64_t> expert_tokens;
-  // Local experts (one per layer and step) that got at least one row on this rank: how many experts'
-  // weights this rank read. A benchmark's bandwidth limit for the routes a run actually took uses it.
-  int64_t expert_weight_reads = 0;
+  // [layers] local experts that got at least one row on this rank, per layer, summed over the steps: how
+  // many experts' weights this rank read. A benchmark's bandwidth limit for the routes a run actually took
+  // uses it per layer, because the ranks wait for each other at every MoE layer's collective.
+  std::vector<int64_t> expert_weight_reads;
 };
 
 class Engine {
