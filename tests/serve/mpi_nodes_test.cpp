@@ -147,10 +147,7 @@ TEST_P(MpiNodes, AnswersEqualTheThreadsTransportAndAKilledNodeEndsTheServer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MpiNodes, ::testing::Values(testing::Layout{2, 1}, testing::Layout{1, 2}),
-                         [](const auto& info) {
-                           return "tp" + std::to_string(info.param.tp) + "_dp" +
-                                  std::to_string(info.param.dp);
-                         });
+                         [](const auto& info) { return testing::layout_name(info.param); });
 
 }  // namespace
 }  // namespace expar::serve

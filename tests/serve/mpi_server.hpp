@@ -36,16 +36,24 @@ class MpiServe : public ::testing::Test {
   }
 };
 
-// The layouts under test: TP x DP over two processes.
+// The layouts under test: TP x DP over two processes, with expert parallelism (full EP on TP 2, cross-DP EP
+// on DP 2: the step plans whose MoE phases span the replicas) unless expert_parallel is false.
 struct Layout {
   int tp, dp;
+  bool expert_parallel = true;
 };
+
+// "tp2_dp1_ep": the test name's suffix.
+inline std::string layout_name(Layout l) {
+  return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) + (l.expert_parallel ? "_ep" : "");
+}
 
 inline RuntimeOptions threads_options(const std::filesystem::path& dir, Layout l) {
   RuntimeOptions o;
   o.path = dir.string();
   o.model.tp = l.tp;
   o.model.dp = l.dp;
+  o.model.enable_expert_parallel = l.expert_parallel;
   o.model.compute_threads = 1;
   o.kv_cache_mb = 4;
   o.scheduler.prefill_chunk = 8;
@@ -103,6 +111,7 @@ class MpiServer {
                                  std::string("--port"),
                                  std::string("0")})
       argv.push_back(a);
+    if (l.expert_parallel) argv.emplace_back("--enable-expert-parallel");
     return argv;
   }
   ::expar::testing::ChildProcess process_;

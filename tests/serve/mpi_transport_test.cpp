@@ -106,10 +106,7 @@ TEST_P(MpiTransport, AnswersEqualTheThreadsTransport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MpiTransport, ::testing::Values(Layout{1, 2}, Layout{2, 1}),
-                         [](const auto& info) {
-                           return "tp" + std::to_string(info.param.tp) + "_dp" +
-                                  std::to_string(info.param.dp);
-                         });
+                         [](const auto& info) { return testing::layout_name(info.param); });
 
 // A long stream: hundreds of steps, still running when the test acts.
 json long_stream(int64_t max_tokens) {

@@ -123,7 +123,7 @@ TEST(InferenceLayout, RoundRobinPlacementIsSupported) {
 
 TEST(InferenceLayout, EpDegreeRequiresEnableExpertParallel) {
   const auto msg = error_of(config(8, 1, false, 2, 32));
-  EXPECT_THAT(msg, HasSubstr("ep_degree=2 requires enable_expert_parallel"));
+  EXPECT_THAT(msg, HasSubstr("ep_degree=2 requires expert parallelism: pass --enable-expert-parallel"));
   EXPECT_THAT(msg, HasSubstr("defaults to TP*DP=8"));
 }
 

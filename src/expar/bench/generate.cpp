@@ -191,6 +191,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
 
   GenerateBenchReport r;
   r.ranks = layout.world();
+  r.ep_degree = layout.ep_degree();
   r.threads = o.engine.compute_threads;
   std::mutex mutex;
   LaunchOptions launch;
@@ -333,6 +334,8 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
   const nlohmann::json j{{"path", o.path},
                          {"tp", o.engine.tp},
                          {"dp", o.engine.dp},
+                         {"enable_expert_parallel", o.engine.enable_expert_parallel},
+                         {"ep_degree", r.ep_degree},
                          {"threads", r.threads},
                          {"prompt_tokens", o.prompt_tokens},
                          {"tokens", o.tokens},

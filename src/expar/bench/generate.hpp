@@ -33,6 +33,7 @@ struct GenerateBenchOptions {
 
 struct GenerateBenchReport {
   int ranks = 1, threads = 1;
+  int ep_degree = 1;                                             // the layout's (1: no EP)
   double prefill_seconds = 0.0, decode_seconds_per_token = 0.0;  // medians, slowest rank
   double prefill_tokens_per_s = 0.0, decode_tokens_per_s = 0.0;  // per DP replica
   double prefill_limit_seconds = 0.0;   // the prompt's matrix products alone (max over ranks)

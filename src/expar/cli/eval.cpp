@@ -48,8 +48,8 @@ int run_eval(const EvalArgs& a) {
   fmt::print("loss {:.6f} nats/token, perplexity {:.4f} over {} predicted tokens ({} windows)\n", r.mean_loss,
              r.perplexity, r.predicted, r.windows);
   fmt::print(stderr, "[{}, {} data, TP {} x DP {}, EP {}: {:.1f} tokens/s]\n",
-             infer::model_format_name(r.format), file.kind, a.layout.tp, a.layout.dp, ep_label(a.layout),
-             r.tokens_per_s);
+             infer::model_format_name(r.format), file.kind, a.layout.tp, a.layout.dp,
+             ep_label(r.ep_degree, a.layout.tp), r.tokens_per_s);
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // `expar generate`: text from a checkpoint (ours, or Hugging Face Mixtral, Qwen-MoE, gpt-oss).
 //  - greedy (the default): the inference engine of seed 002 (infer/): TP x DP ranks as threads, attention
-//    heads split over TP, experts over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
+//    heads split over TP, experts sharded on the intermediate dimension over TP or, with
+//    --enable-expert-parallel, over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
 //    prefill all-gather -> experts -> reduce-scatter and decode all-reduce (or, with --decode-moe rowwise and
 //    full EP, the rowwise path: rows to their experts' owners and back); prints prefill/decode tokens/s.
 //    --path (or --checkpoint) is a checkpoint directory or a file in one; --format says which layout it is
@@ -8,8 +9,9 @@
 //    tokenizer.json, --prompt is encoded by it (--chat: as one user message through its chat template) and
 //    the output is decoded text; otherwise the prompt is --prompt-ids (or the prompt's bytes) and the output
 //    ids.
-//  - --temperature > 0: sampling (temperature, top-k) with the training model over TP*DP ranks with EP
-//    degree --ep; each new byte reruns the forward over the window (no KV cache on this path; ours only).
+//  - --temperature > 0: sampling (temperature, top-k) with the training model over TP*DP ranks with the EP
+//    degree greedy decoding would use; each new byte reruns the forward over the window (no KV cache on this
+//    path; ours only).
 #include "expar/infer/generate.hpp"
 
 #include <fmt/format.h>
@@ -101,7 +103,7 @@ int run_engine(const GenerateArgs& a) {
   fmt::print(stderr,
              "[{}, TP {} x DP {}, EP {}, {} thread(s) per rank: prefill {:.1f} tokens/s, decode ({}) {:.1f} "
              "tokens/s]\n",
-             infer::model_format_name(r.format), a.layout.tp, a.layout.dp, ep_label(a.layout),
+             infer::model_format_name(r.format), a.layout.tp, a.layout.dp, ep_label(r.ep_degree, a.layout.tp),
              o.compute_threads, r.prefill_tokens_per_s, a.layout.decode_moe, r.decode_tokens_per_s);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
     fmt::print(stderr, "rank {} memory (current at the end, peak):\n{}", rank, format_memory(r.memory[rank]));
@@ -140,7 +142,8 @@ int run_generate(const GenerateArgs& a) {
   CheckpointInfo info = read_checkpoint_info(checkpoint);
   ModelConfig config = info.model;
   const LayoutArgs& lay = a.layout;
-  const int ranks = lay.tp * lay.dp, ep = lay.no_ep ? 1 : (lay.ep > 0 ? lay.ep : ranks);
+  // The EP degree by the inference layout's rules (seed 002), so --ep means the same as for greedy decoding.
+  const int ranks = lay.tp * lay.dp, ep = infer::inference_layout(engine_options(lay), config).ep_degree();
   config.moe.path = ep == 1 ? "local" : a.expert_path;
   config.moe.placement = placement_from_name(lay.placement);
   EXPAR_CHECK(

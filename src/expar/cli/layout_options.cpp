@@ -1,5 +1,7 @@
 #include "expar/cli/layout_options.hpp"
 
+#include <fmt/format.h>
+
 #include "expar/cli/option_checks.hpp"
 
 namespace expar::cli {
@@ -9,10 +11,14 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
       ->capture_default_str()
       ->check(integer_in(1, 256));
   cmd->add_option("--dp", a.dp, "Data-parallel replicas")->capture_default_str()->check(integer_in(1, 256));
-  cmd->add_option("--ep", a.ep, "EP degree (0: TP*DP; < TP: variable EP+TP)")
+  cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
+                "MoE layers assign whole experts to ranks (EP, seed 002); default: every expert sharded on "
+                "the intermediate dimension over TP");
+  cmd->add_option("--ep", a.ep,
+                  "EP degree (0: TP*DP with --enable-expert-parallel, else 1; > 1 needs "
+                  "--enable-expert-parallel; < TP: variable EP+TP)")
       ->capture_default_str()
       ->check(integer_in(0, 65536));
-  cmd->add_flag("--no-ep", a.no_ep, "Shard experts on the intermediate dimension over TP instead of EP");
   cmd->add_option("--placement", a.placement, "Expert placement: contiguous | round-robin")
       ->capture_default_str()
       ->check(one_of({"contiguous", "round-robin"}));
@@ -32,7 +38,7 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   infer::GenerateOptions o;
   o.tp = a.tp;
   o.dp = a.dp;
-  o.enable_expert_parallel = !a.no_ep;
+  o.enable_expert_parallel = a.enable_expert_parallel;
   if (a.ep > 0) o.ep_degree = a.ep;
   o.placement = placement_from_name(a.placement);
   o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
@@ -40,8 +46,9 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   return o;
 }
 
-std::string ep_label(const LayoutArgs& a) {
-  return a.no_ep ? "off" : (a.ep > 0 ? std::to_string(a.ep) : "TP*DP");
+std::string ep_label(int ep_degree, int tp) {
+  if (ep_degree == 1) return "off";
+  return fmt::format("{} ({})", ep_degree, ep_degree < tp ? "variable: EP+TP" : "full");
 }
 
 }  // namespace expar::cli

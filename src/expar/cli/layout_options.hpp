@@ -1,6 +1,7 @@
 #pragma once
-// The inference layout flags (--tp, --dp, --ep, --no-ep, --placement, --decode-moe, --threads,
-// --oversubscribe), defined once for `expar generate`, `expar eval` and `expar bench generate`.
+// The inference layout flags (--tp, --dp, --enable-expert-parallel, --ep, --placement, --decode-moe,
+// --threads, --oversubscribe), defined once for `expar generate`, `expar eval`, `expar bench generate`,
+// `expar serve` and `expar bench serve`.
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -10,8 +11,10 @@ namespace expar::cli {
 
 struct LayoutArgs {
   int tp = 1, dp = 1;
-  int ep = 0;  // 0: TP*DP (full EP)
-  bool no_ep = false;
+  // EP is opt-in, as seed 002 and vLLM have it: without --enable-expert-parallel the MoE layers shard every
+  // expert on the intermediate dimension over TP (at batch 1 on 2 cores also the faster decode).
+  bool enable_expert_parallel = false;
+  int ep = 0;  // 0: unset (TP*DP with EP, 1 without); > 1 needs enable_expert_parallel
   std::string placement = "contiguous";
   std::string decode_moe = "allreduce";  // allreduce | rowwise
   int threads = 0;                       // compute threads per rank; 0: cores / ranks
@@ -21,9 +24,11 @@ struct LayoutArgs {
 // with_decode_moe: also --decode-moe (commands that decode).
 void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe);
 // The engine options of the flags; throws expar::Error when ranks x threads exceed the cores without
-// --oversubscribe (threads_per_rank).
+// --oversubscribe (threads_per_rank). --ep is passed through as set, so the layout's own rule refuses
+// --ep N > 1 without --enable-expert-parallel.
 infer::GenerateOptions engine_options(const LayoutArgs& a);
-// "TP*DP", "off" or the degree, for the one-line summaries.
-std::string ep_label(const LayoutArgs& a);
+// "off", "N (full)" or "N (variable: EP+TP)" for the one-line summaries, from the EP degree of the layout
+// that ran (GenerateResult::ep_degree and the like), not from the flags.
+std::string ep_label(int ep_degree, int tp);
 
 }  // namespace expar::cli

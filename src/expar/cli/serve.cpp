@@ -73,10 +73,11 @@ int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_wor
     server.stop();
   });
   fmt::print(stderr,
-             "expar serve: model '{}' ({}, {} layers, {} experts) on TP {} x DP {} ({}), {} KV tokens per "
-             "replica; listening on http://{}:{}\n",
+             "expar serve: model '{}' ({}, {} layers, {} experts) on TP {} x DP {}, EP {} ({}), {} KV tokens "
+             "per replica; listening on http://{}:{}\n",
              h.model_name, infer::model_format_name(runtime->spec().format), runtime->spec().config.layers,
-             runtime->spec().config.moe.num_experts, a.runtime.tp, a.runtime.dp,
+             runtime->spec().config.moe.num_experts, runtime->layout().tp(), runtime->layout().dp(),
+             ep_label(runtime->layout().ep_degree(), runtime->layout().tp()),
              mpi_world ? "MPI processes" : "threads", runtime->scheduler().kv_tokens(), a.host, port);
   server.listen();  // returns after stop(), which the watcher calls once nothing is in flight
   runtime->shutdown(false);
@@ -115,7 +116,8 @@ int run_serve(const ServeArgs& a) {
 }  // namespace
 
 void add_serve(CLI::App& app, CommandTable& table) {
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with EP across TP x DP ranks");
+  auto* cmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server on TP x DP ranks (EP with --enable-expert-parallel)");
   auto a = std::make_shared<ServeArgs>();
   add_runtime_options(cmd, a->runtime);
   cmd->add_option("--model-name", a->model_name,

@@ -1,18 +1,18 @@
 #pragma once
 // The flags of the serving runtime (model, layout, threads, batch invariance, KV cache, scheduler), defined
-// once for `expar serve` and `expar bench serve`.
+// once for `expar serve` and `expar bench serve`; the layout flags are generate's (layout_options.hpp).
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "expar/cli/layout_options.hpp"
 #include "expar/serve/runtime.hpp"
 
 namespace expar::cli {
 
 struct RuntimeArgs {
-  std::string path, format = "auto", placement = "contiguous", decode_moe = "allreduce";
-  int tp = 1, dp = 1, ep = 0;
-  int threads = 0;  // compute threads per rank; 0: cores / ranks
-  bool no_ep = false, oversubscribe = false, no_batch_invariant = false;
+  std::string path, format = "auto";
+  LayoutArgs layout;
+  bool no_batch_invariant = false;
   int64_t kv_cache_mb = 256;
   serve::SchedulerOptions scheduler;
 };

@@ -79,7 +79,8 @@ void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode) {
   fail(
       "rowwise decode needs every expert whole on one rank (ep_tp_size 1, i.e. full EP with ep_degree = "
       "TP*DP = {}), but TP {} x DP {} with {} shards each expert's intermediate dimension over {} ranks: "
-      "enable expert parallelism with ep_degree {} (or unset), or decode with allreduce",
+      "pass --enable-expert-parallel (enable_expert_parallel) with ep_degree {} (or unset), or decode with "
+      "allreduce",
       layout.world(), layout.tp(), layout.dp(),
       layout.expert_parallel() ? fmt::format("ep_degree {}", layout.ep_degree()) : std::string("no EP"),
       layout.ep_tp_size(), layout.world());

@@ -71,6 +71,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
   });
   EvaluateResult result;
   result.format = spec.format;
+  result.ep_degree = layout.ep_degree();
   result.predicted = predicted;
   result.windows = windows;
   double total = 0.0;

@@ -20,6 +20,7 @@ struct EvaluateOptions {
 
 struct EvaluateResult {
   ModelFormat format = ModelFormat::Expar;
+  int ep_degree = 1;      // the layout's (1: no EP)
   int64_t predicted = 0;  // tokens scored (the stream's length - 1)
   int64_t windows = 0;
   double mean_loss = 0.0;     // nats per predicted token

@@ -65,6 +65,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   check_decode_moe(layout, options.decode_moe);  // refuse before loading anything
   GenerateResult result;
   result.format = spec.format;
+  result.ep_degree = layout.ep_degree();
   std::mutex mutex;
   LaunchOptions launch;
   launch.ranks = layout.world();

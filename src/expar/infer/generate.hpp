@@ -36,6 +36,7 @@ InferenceLayout inference_layout(const GenerateOptions& options, const ModelConf
 
 struct GenerateResult {
   ModelFormat format = ModelFormat::Expar;  // the checkpoint's format
+  int ep_degree = 1;                        // the layout's (1: no EP)
   std::vector<int32_t> tokens;              // the generated tokens (DP replica 0's)
   double prefill_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;

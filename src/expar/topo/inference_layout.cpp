@@ -31,8 +31,9 @@ int validated_ep_degree(const InferenceConfig& c) {
   }
   if (!c.enable_expert_parallel) {
     EXPAR_CHECK(!c.ep_degree || *c.ep_degree == 1,
-                "ep_degree={} requires enable_expert_parallel: set enable_expert_parallel (ep_degree then "
-                "defaults to TP*DP={}) or drop ep_degree",
+                "ep_degree={} requires expert parallelism: pass --enable-expert-parallel "
+                "(enable_expert_parallel in the options; ep_degree then defaults to TP*DP={}) or drop --ep "
+                "(ep_degree)",
                 *c.ep_degree, world);
     return 1;
   }
