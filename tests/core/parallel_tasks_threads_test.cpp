@@ -67,7 +67,7 @@ TEST(ParallelTasks, ALoneTaskRunsOnOneThreadOnlyUnderBatchInvariance) {
   int seen = 0;
   for_each_task(1, [&](int64_t, int) { seen = compute_threads(); });
   EXPECT_EQ(seen, 2);
-  set_matmul_min_rows(kBatchInvariantRows);
+  set_matmul_min_rows(batch_invariant_rows());
   for_each_task(1, [&](int64_t, int) { seen = compute_threads(); });
   EXPECT_EQ(seen, 1);
   EXPECT_EQ(compute_threads(), 2);  // given back

@@ -47,8 +47,8 @@ TEST_P(PrefillLogitsLayouts, LastRowIsTheLastRowOfEachSequence) {
   const std::vector<std::vector<int32_t>> prompts{random_tokens(1, 7), random_tokens(2, 1),
                                                   random_tokens(3, 12)};
   run_ranks(layout.world(), [&](Comm& world) {
-    // Both calls see row counts with the same bits (>= kBatchInvariantRows after padding): equal, not close.
-    set_matmul_min_rows(kBatchInvariantRows);
+    // Both calls see row counts with the same bits (multiples of batch_invariant_rows() after padding): equal, not close.
+    set_matmul_min_rows(batch_invariant_rows());
     auto store = ExparCheckpointStore::open(checkpoint());
     Engine engine(layout, world,
                   load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));

@@ -108,7 +108,7 @@ TEST(ExpertMlpThreads, TwoComputeThreadsGiveTheBitsOfOne) {
   };
   for (const auto& rows : layouts)
     for (bool gpt_oss : {false, true})
-      for (int64_t min_rows : {int64_t{0}, kBatchInvariantRows}) {
+      for (int64_t min_rows : {int64_t{0}, batch_invariant_rows()}) {
         const std::string what = fmt::format("layout [{}], {}, min rows {}", fmt::join(rows, " "),
                                              gpt_oss ? "gpt-oss" : "swiglu", min_rows);
         const Outcome one = run(rows, gpt_oss, 1, min_rows);

@@ -375,7 +375,7 @@ TEST(Attention, LongSequencesMatchTheReferenceAcrossRowBlocksAndThreadCounts) {
             if (j > i || (window > 0 && j <= i - window)) {
               ASSERT_EQ(p[(h * seq + i) * seq + j], 0.0f) << i << " " << j;
             }
-      for (const int64_t min_rows : {int64_t{0}, kBatchInvariantRows}) {
+      for (const int64_t min_rows : {int64_t{0}, batch_invariant_rows()}) {
         set_matmul_min_rows(min_rows);
         set_compute_threads(2);
         const Tensor y2 = cached(o);

@@ -3,6 +3,7 @@
 #include <dnnl.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -38,7 +39,38 @@ void matmul_padded(const MatmulArgs& p, int64_t rows, int64_t lda, int64_t ldc) 
     std::memcpy(p.c + i * ldc, c_pad.data() + i * p.n, sizeof(float) * static_cast<size_t>(p.n));
 }
 
+// Batch invariance (matmul.hpp): p in calls of a multiple of `quantum` rows, at most kBatchInvariantBlocks
+// quanta each, the last zero-padded.
+void matmul_in_blocks(const MatmulArgs& p, int64_t quantum, int64_t lda, int64_t ldc) {
+  const int64_t block = kBatchInvariantBlocks * quantum;
+  const int64_t saved = tl_min_rows;
+  tl_min_rows = 0;
+  for (int64_t begin = 0; begin < p.m; begin += block) {
+    MatmulArgs q = p;
+    q.a = p.a + begin * lda;
+    q.c = p.c + begin * ldc;
+    q.m = std::min(block, p.m - begin);
+    q.lda = lda;
+    q.ldc = ldc;
+    const int64_t rows = (q.m + quantum - 1) / quantum * quantum;
+    if (rows == q.m)
+      matmul(q);
+    else
+      matmul_padded(q, rows, lda, ldc);
+  }
+  tl_min_rows = saved;
+}
+
 }  // namespace
+
+int64_t batch_invariant_rows() {
+  // AVX-512 kernels: every m >= 16 gives a row the same bits (up to the block size); the AVX2 kernel works on
+  // 6 rows, so 24. Below AVX2 (no FMA) oneDNN's kernels were not measured; 24 is kept.
+  // The ISA values are bit sets: AVX-512 kernels run when every bit of avx512_core is set.
+  static const int64_t rows =
+      (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 16 : 24;
+  return rows;
+}
 
 void set_matmul_min_rows(int64_t rows) {
   EXPAR_CHECK(rows >= 0, "matmul minimum rows = {}: must be 0 (off) or positive", rows);
@@ -61,8 +93,9 @@ void matmul(const MatmulArgs& p) {
         std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
     return;
   }
-  if (p.m < tl_min_rows && !p.trans_a) {
-    matmul_padded(p, tl_min_rows, lda, ldc);
+  if (tl_min_rows > 0 && !p.trans_a &&
+      (p.m % tl_min_rows != 0 || p.m > kBatchInvariantBlocks * tl_min_rows)) {
+    matmul_in_blocks(p, tl_min_rows, lda, ldc);
     return;
   }
   // oneDNN's row-major sgemm: no primitive to create per shape, which matters because grouped expert GEMMs

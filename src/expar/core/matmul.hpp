@@ -34,16 +34,27 @@ inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t 
   matmul(args);
 }
 
-// Batch invariance (expar serve): oneDNN's sgemm picks its kernel by the row count m, so row i of a product
-// depends on how many other rows share the call (measured here, 1 and 2 threads: m = 1, m = 2..8 and
-// m = 9, 12, 15 give bits of their own; every m tried from 16 to 512 gives the same bits). With a minimum of R rows set on the calling
-// thread, products with fewer than R rows (and A not transposed) run as R-row products over zero-padded
-// copies, so a row's result no longer depends on its batch. 0 (the default) turns it off. Per thread, like
-// the compute threads: each rank sets its own.
+// Batch invariance (expar serve): oneDNN's sgemm picks its kernels and blocking by the row count m, so row i
+// of a product can depend on how many other rows share the call and on where in the call it sits. Measured
+// (probe programs not kept; tests/core/matmul_rows_test checks the rule below, also under AVX2 dispatch):
+// - AVX-512 (this development VM): m = 1, 2..8 and 9, 12, 15 give bits of their own; every m from 16 to 512
+//   gives the same bits at 1 thread, but at 2 threads m = 1024 changes the blocking (k >= 2048);
+// - AVX2 (oneDNN capped with DNNL_MAX_CPU_ISA=AVX2): a 6-row kernel whose tail of 1-3 rows rounds
+//   differently, so a row's bits depend on its position modulo 6; and from m = 270-546 rows (by shape) a
+//   different blocking changes every row.
+// So under batch invariance, with a row quantum q set on the calling thread, a product (A not transposed)
+// runs as calls of exactly a multiple of q rows and at most kBatchInvariantBlocks · q rows: m is cut into
+// blocks of that many rows from the first, and the last block is zero-padded up to a multiple of q. Every
+// call then has a row count in {q, 2q, ..., 10q} and every row a position that is a multiple of q plus its
+// offset in the block, which for q a multiple of the kernel's rows is the same kernel: a row's result no
+// longer depends on its batch. q = batch_invariant_rows(): 16 where oneDNN runs AVX-512 kernels, else 24
+// (a multiple of 6 and 8). 0 (the default) turns it off. Per thread, like the compute threads: each rank
+// sets its own.
 void set_matmul_min_rows(int64_t rows);
 int64_t matmul_min_rows();
-// The row count from which this build's sgemm gives batch-independent rows (see above).
-inline constexpr int64_t kBatchInvariantRows = 16;
+inline constexpr int64_t kBatchInvariantBlocks = 10;
+// The row quantum for batch invariance on this machine's oneDNN kernels (see above).
+int64_t batch_invariant_rows();
 
 // Number of compute (OpenMP) threads oneDNN uses on the calling thread. Each rank sets its own, so that
 // ranks x compute threads never exceeds the cores.

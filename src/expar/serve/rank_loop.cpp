@@ -48,7 +48,7 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
   const int64_t kv_bytes = int64_t{2} * weights.config.layers * attn.n_kv_heads * attn.head_dim *
                            static_cast<int64_t>(sizeof(float));
   infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe});
-  set_matmul_min_rows(options.batch_invariant ? kBatchInvariantRows : 0);
+  set_matmul_min_rows(options.batch_invariant ? batch_invariant_rows() : 0);
   const int dp_rank = engine.dp_rank();
   const bool samples = layout.rank_info(world.rank()).tp_rank == 0;
   channel.loaded(kv_bytes);
