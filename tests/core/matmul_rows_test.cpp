@@ -42,16 +42,15 @@ TEST(MatmulRows, RowsDoNotDependOnTheirBatch) {
         // Rows [first, first + m) of A as one product: a batch of m rows in which these sit from position 0.
         auto product = [&](int64_t first, int64_t m) {
           std::vector<float> c(c0.begin() + first * n, c0.begin() + (first + m) * n);
-          MatmulArgs p;
-          p.a = a.data() + first * lda;
-          p.b = w.data();
-          p.c = c.data();
-          p.m = m;
-          p.n = n;
-          p.k = k;
-          p.lda = lda;
-          p.trans_b = true;
-          p.accumulate = accumulate;
+          const MatmulArgs p{.a = a.data() + first * lda,
+                             .b = w.data(),
+                             .c = c.data(),
+                             .m = m,
+                             .n = n,
+                             .k = k,
+                             .trans_b = true,
+                             .accumulate = accumulate,
+                             .lda = lda};
           matmul(p);
           return c;
         };
