@@ -1,9 +1,11 @@
 #include "expar/bench/generate.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "expar/bench/measure.hpp"
 #include "expar/comm/launcher.hpp"
@@ -207,32 +209,35 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
         }(),
         infer::EngineOptions{o.engine.decode_moe});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
-    // the decode steps (slowest rank).
+    // the decode steps (slowest rank). `between`, when given, runs after each decode step outside its
+    // timing (the read probe of the bandwidth limit); the sum of the seconds it returns comes back third.
     // Per decode step of the last run and per layer ([step][layer]): how many local experts' weights this
     // rank read.
     const size_t layers = static_cast<size_t>(config.layers);
     std::vector<double> step_experts(static_cast<size_t>(o.tokens - 1) * layers);
-    auto run = [&] {
+    auto run = [&](const std::function<double()>& between) {
       const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
       Tensor logits;
       const double tp = timed_max(world, [&] {
         logits = engine.prefill(std::vector<int>{id}, {prompt}, infer::PrefillLogits::LastRow);
       });
       int32_t next = infer::argmax_row(logits, 0);
-      const double td = timed_max(world, [&] {
-        for (int s = 1; s < o.tokens; ++s) {
-          const std::vector<int64_t> before = engine.stats().expert_weight_reads;
+      double td = 0.0, tb = 0.0;
+      for (int s = 1; s < o.tokens; ++s) {
+        const std::vector<int64_t> before = engine.stats().expert_weight_reads;
+        td += timed_max(world, [&] {
           next = infer::argmax_row(engine.decode(std::vector<int>{id}, std::vector<int32_t>{next}), 0);
-          for (size_t l = 0; l < layers; ++l)
-            step_experts[static_cast<size_t>(s - 1) * layers + l] =
-                static_cast<double>(engine.stats().expert_weight_reads[l] - before[l]);
-        }
-      });
+        });
+        for (size_t l = 0; l < layers; ++l)
+          step_experts[static_cast<size_t>(s - 1) * layers + l] =
+              static_cast<double>(engine.stats().expert_weight_reads[l] - before[l]);
+        if (between) tb += between();
+      }
       engine.remove_sequence(id);
-      return std::pair{tp, td};
+      return std::tuple{tp, td, tb};
     };
-    run();  // untimed: the memory figures below include a whole run
-    {       // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
+    run({});  // untimed: the memory figures below include a whole run
+    {  // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
       std::lock_guard lock(mutex);
       r.memory[static_cast<size_t>(world.rank())] = current_tracker().snapshot();
     }
@@ -259,27 +264,43 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     fill_normal(a, o.seed, 9101, 1.0f);
     fill_normal(b, o.seed, 9102, 1.0f);
     const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
-    // Streaming read bandwidth over 256 MiB per rank, far beyond the caches.
+    // Streaming read bandwidth, each rank through a buffer of max(256 MiB, 1 GiB / ranks): far beyond what
+    // the caches hold. On the 2-core development VM (whose share of a large L3 is not fixed) reads of
+    // 64 MiB ran at 45 GB/s and of 256 MiB at 22-28 GB/s (partly cached), of 512 MiB to 2 GiB at 22-23.
+    // The probe reads, after every decode step, as many bytes as a step reads (the expected bytes, at
+    // most the buffer), through the buffer in turn: the limit is sampled at the same moments as the
+    // steps, so the machine's speed drifting within a run (seen here: the same products 14 against
+    // 21 GB/s a few seconds apart) moves both alike.
     const DecodeBytes step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
-    const int64_t floats = int64_t{256} * 1024 * 1024 / static_cast<int64_t>(sizeof(float));
+    const int64_t read_bytes = std::max<int64_t>(int64_t{256} << 20, (int64_t{1} << 30) / world.size());
+    const int64_t floats = read_bytes / static_cast<int64_t>(sizeof(float));
+    const int64_t window = std::clamp<int64_t>(
+        static_cast<int64_t>(step_bytes.expected()) / static_cast<int64_t>(sizeof(float)), 1, floats);
     Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
     buffer.fill(1.0f);
     volatile float sink = 0.0f;
-    // Each repeat measures the run and both limits back to back, so a change in the machine's load
-    // between repeats moves them together (the fractions are their medians' ratios).
+    int64_t offset = 0;
+    auto read_probe = [&] {
+      if (offset + window > floats) offset = 0;
+      const float* p = buffer.data<float>() + offset;
+      offset += window;
+      return timed_max(world, [&] { sink = sink + read_all(p, window); });
+    };
+    // Each repeat measures the run (with the read probe between its decode steps) and the prefill limit
+    // back to back, so a change in the machine's load between repeats moves them together (the fractions
+    // are their medians' ratios).
     std::vector<double> prefill, decode, limit, read;
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      const auto [tp, td] = run();
+      const auto [tp, td, tr] = run(read_probe);
       const double tl = timed_max(world, [&] {
         for (int l = 0; l < config.layers; ++l) run_products(gemms, a, b, c, c_size);
         matmul(a.data<float>(), head.b, c.data<float>(), head.m, head.n, head.k, false, true, false);
       });
-      const double tr = timed_max(world, [&] { sink = sink + read_all(buffer.data<float>(), floats); });
       if (i < o.warmup) continue;
       prefill.push_back(tp);
       decode.push_back(td / static_cast<double>(o.tokens - 1));
       limit.push_back(tl);
-      read.push_back(tr);
+      read.push_back(tr / static_cast<double>(o.tokens - 1));
     }
     double maxima[2] = {flops, step_bytes.expected()};
     world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
@@ -307,7 +328,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       r.prefill_flops = maxima[0];
       r.decode_bytes_per_token = maxima[1];
       r.decode_routed_bytes_per_token = routed_mean;
-      r.read_bandwidth = static_cast<double>(floats) * sizeof(float) / median(read);
+      r.read_bandwidth = static_cast<double>(window) * sizeof(float) / median(read);
       r.weight_bytes = static_cast<int64_t>(held_total);
     }
   });
