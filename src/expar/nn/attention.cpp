@@ -26,6 +26,7 @@ void AttentionShape::validate() const {
 }
 
 using phases::add_bias;
+using phases::attend_group_one_token;
 using phases::attend_head;
 using phases::Dims;
 using phases::project;
@@ -121,7 +122,8 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
                 "{}: sequence {} would reach position {}, beyond the Rope's max_positions={}", layer, i,
                 c->length + new_tokens[i] - 1, rope.max_positions());
     total += new_tokens[i];
-    longest = std::max(longest, new_tokens[i] * (c->length + new_tokens[i]));
+    // A one-token step's probabilities are the group's rows at once (attend_group_one_token).
+    longest = std::max(longest, (new_tokens[i] == 1 ? group : new_tokens[i]) * (c->length + new_tokens[i]));
   }
   check_f32(x, layer, "x (Σ new_tokens rows)", {total, dims.d});
 
@@ -158,19 +160,32 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     }
     first_row[i + 1] = row0 + tq;
   }
-  const auto tasks = static_cast<int64_t>(caches.size()) * shape.n_heads;
+  // One task per (sequence, key/value head): a one-token step attends with the group's query heads as one
+  // product's rows (decode), a longer one head after head. The split depends on the step's tokens only,
+  // never on the thread count.
+  const auto tasks = static_cast<int64_t>(caches.size()) * shape.n_kv_heads;
   Tensor probs = Tensor::empty({task_threads(tasks), longest});
   const float* sinks =
       options.sinks.defined() && options.sinks.numel() > 0 ? options.sinks.data<float>() : nullptr;
   for_each_task(tasks, [&](int64_t task, int thread) {
-    const auto i = static_cast<size_t>(task / shape.n_heads);
-    const int64_t h = task % shape.n_heads, g = h / group, tq = new_tokens[i], row0 = first_row[i];
+    const auto i = static_cast<size_t>(task / shape.n_kv_heads);
+    const int64_t g = task % shape.n_kv_heads, tq = new_tokens[i], row0 = first_row[i];
     if (tq == 0) return;
     const KvCache& c = *caches[i];
-    attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, c.k.data<float>() + g * hd,
-                c.v.data<float>() + g * hd, dims.kd, tq, c.length, hd, probs.data<float>() + thread * longest,
-                context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
-                sinks ? sinks + h : nullptr);
+    float* p = probs.data<float>() + thread * longest;
+    const float* kg = c.k.data<float>() + g * hd;
+    const float* vg = c.v.data<float>() + g * hd;
+    const int64_t h0 = g * group;
+    if (tq == 1) {
+      attend_group_one_token(q.data<float>() + row0 * dims.qd + h0 * hd, group, kg, vg, dims.kd, c.length, hd,
+                             p, context.data<float>() + row0 * dims.qd + h0 * hd, options.window,
+                             sinks ? sinks + h0 : nullptr);
+      return;
+    }
+    for (int64_t h = h0; h < h0 + group; ++h)
+      attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, kg, vg, dims.kd, tq, c.length, hd, p,
+                  context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
+                  sinks ? sinks + h : nullptr);
   });
   for (size_t i = 0; i < caches.size(); ++i) caches[i]->length += new_tokens[i];
   Tensor y = Tensor::empty({total, dims.d});

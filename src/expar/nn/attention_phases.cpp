@@ -119,11 +119,40 @@ void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias) {
     for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += b[c];
 }
 
+namespace {
+
+// One query's scores row [tk] becomes its probabilities: softmax of scale·row over keys [lo, visible) (and
+// the sink logit, when given, in the denominator), zero elsewhere.
+void softmax_row(float* row, int64_t lo, int64_t visible, int64_t tk, float scale, const float* sink) {
+  float max = row[lo] * scale;
+  // The exact maximum in any order (not fmax: a libm call per score, and no NaN can be here).
+#pragma omp simd reduction(max : max)
+  for (int64_t j = lo + 1; j < visible; ++j) max = std::max(max, row[j] * scale);
+  if (sink) max = std::fmax(max, *sink);
+  double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
+  // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
+  // layer of a 512-token prefill on one thread. The sum stays in double, in order.
+#pragma omp simd
+  for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
+  for (int64_t j = lo; j < visible; ++j) sum += row[j];
+  const float inv = static_cast<float>(1.0 / sum);
+  std::fill(row, row + lo, 0.0f);
+#pragma omp simd
+  for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
+  std::fill(row + visible, row + tk, 0.0f);
+}
+
+float score_scale(int64_t head_dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+}  // namespace
+
 void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
                  int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
                  const float* sink) {
   const int64_t tk = past + tq;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float scale = score_scale(head_dim);
   // Query rows in blocks: block [r0, r1) sees keys [0, past + r1) only, so the products skip most of the
   // causal mask's upper triangle (a 512-token prefill computed twice the scores it needed).
   for (int64_t r0 = 0; r0 < tq; r0 += kAttentionRowBlock) {
@@ -140,25 +169,9 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                       .ldb = ldkv,
                       .ldc = tk});  // scores q·kᵀ
     for (int64_t i = r0; i < r1; ++i) {
-      float* row = probs + i * tk;
       const int64_t visible = past + i + 1;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
-      float max = row[lo] * scale;
-      // The exact maximum in any order (not fmax: a libm call per score, and no NaN can be here).
-#pragma omp simd reduction(max : max)
-      for (int64_t j = lo + 1; j < visible; ++j) max = std::max(max, row[j] * scale);
-      if (sink) max = std::fmax(max, *sink);
-      double sum = sink ? std::exp(static_cast<double>(*sink) - max) : 0.0;
-      // The vectorisable exp (core/fast_exp.hpp, within 2 ulp): scalar libm exp here was ~2 M calls per
-      // layer of a 512-token prefill on one thread. The sum stays in double, in order.
-#pragma omp simd
-      for (int64_t j = lo; j < visible; ++j) row[j] = fast_exp(row[j] * scale - max);
-      for (int64_t j = lo; j < visible; ++j) sum += row[j];
-      const float inv = static_cast<float>(1.0 / sum);
-      std::fill(row, row + lo, 0.0f);
-#pragma omp simd
-      for (int64_t j = lo; j < visible; ++j) row[j] *= inv;
-      std::fill(row + visible, row + tk, 0.0f);
+      softmax_row(probs + i * tk, window > 0 ? std::max<int64_t>(0, visible - window) : 0, visible, tk, scale,
+                  sink);
     }
     matmul(MatmulArgs{.a = block,
                       .b = v,
@@ -170,6 +183,36 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                       .ldb = ldkv,
                       .ldc = ldo});  // probabilities · v
   }
+}
+
+void attend_group_one_token(const float* q, int64_t group, const float* k, const float* v, int64_t ldkv,
+                            int64_t past, int64_t head_dim, float* probs, float* out, int64_t window,
+                            const float* sinks) {
+  const int64_t tk = past + 1;
+  const float scale = score_scale(head_dim);
+  // The group's query heads as the rows of one product: each K and V row is read once for all of them.
+  matmul(MatmulArgs{.a = q,
+                    .b = k,
+                    .c = probs,
+                    .m = group,
+                    .n = tk,
+                    .k = head_dim,
+                    .trans_b = true,
+                    .lda = head_dim,
+                    .ldb = ldkv,
+                    .ldc = tk});
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, tk - window) : 0;
+  for (int64_t r = 0; r < group; ++r)
+    softmax_row(probs + r * tk, lo, tk, tk, scale, sinks ? sinks + r : nullptr);
+  matmul(MatmulArgs{.a = probs,
+                    .b = v,
+                    .c = out,
+                    .m = group,
+                    .n = head_dim,
+                    .k = tk,
+                    .lda = tk,
+                    .ldb = ldkv,
+                    .ldc = head_dim});
 }
 
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,

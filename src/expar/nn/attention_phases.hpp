@@ -41,6 +41,15 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                  const float* sink);
 inline constexpr int64_t kAttentionRowBlock = 64;
 
+// One new token's `group` query heads that share a key/value head (grouped-query attention; group 1 is
+// attend_head with tq = 1), at position `past` against its past + 1 keys, as the rows of one product each:
+// q [group, head_dim] and out [group, head_dim] contiguous (adjacent heads of one row), probs [group,
+// past + 1]; sinks (nullable) one logit per head of the group. The decode step's attention: each cached
+// key and value row is read once for the whole group instead of once per head.
+void attend_group_one_token(const float* q, int64_t group, const float* k, const float* v, int64_t ldkv,
+                            int64_t past, int64_t head_dim, float* probs, float* out, int64_t window,
+                            const float* sinks);
+
 // The argument checks every training call makes (weights against the shape and Rope, options without
 // inference-only parts); returns the widths.
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
