@@ -38,8 +38,8 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
       "decode", r.decode_tokens_per_s, r.read_bandwidth / r.decode_bytes_per_token,
       r.decode_bandwidth_fraction, r.read_bandwidth * 1e-9, r.decode_bytes_per_token * 1e-6);
   fmt::print(
-      "{:<8} {:>12} {:>12.2f} {:>9.3f}  the same with the experts the routes put on the busiest rank: "
-      "{:.1f} MB per token\n",
+      "{:<8} {:>12} {:>12.2f} {:>9.3f}  the same with the experts the routes put on each layer's busiest "
+      "rank: {:.1f} MB per token\n",
       "routed", "", r.read_bandwidth / r.decode_routed_bytes_per_token, r.decode_routed_fraction,
       r.decode_routed_bytes_per_token * 1e-6);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
