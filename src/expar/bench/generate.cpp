@@ -274,8 +274,11 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     const DecodeBytes step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
     const int64_t read_bytes = std::max<int64_t>(int64_t{256} << 20, (int64_t{1} << 30) / world.size());
     const int64_t floats = read_bytes / static_cast<int64_t>(sizeof(float));
-    const int64_t window = std::clamp<int64_t>(
-        static_cast<int64_t>(step_bytes.expected()) / static_cast<int64_t>(sizeof(float)), 1, floats);
+    // The largest rank's step bytes, read by every rank: the bandwidth below is then one figure for all.
+    double maxima[2] = {flops, step_bytes.expected()};
+    world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
+    const int64_t window =
+        std::clamp<int64_t>(static_cast<int64_t>(maxima[1]) / static_cast<int64_t>(sizeof(float)), 1, floats);
     Tensor buffer = Tensor::empty({floats}, DType::F32, MemCategory::Other);
     buffer.fill(1.0f);
     volatile float sink = 0.0f;
@@ -302,8 +305,6 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       limit.push_back(tl);
       read.push_back(tr / static_cast<double>(o.tokens - 1));
     }
-    double maxima[2] = {flops, step_bytes.expected()};
-    world.all_reduce(maxima, 2, DType::F64, ReduceOp::Max);
     // The routes the run took: per step, the dense bytes plus, layer by layer, the experts of the layer's
     // busiest rank (every MoE layer ends in a collective, so the others wait for it there), averaged over
     // the steps. At batch 1 the K experts may all sit on one rank (EP), which then reads more than its

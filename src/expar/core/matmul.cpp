@@ -15,7 +15,8 @@ namespace {
 
 thread_local int64_t tl_min_rows = 0;
 
-// Runs p (m < rows, A not transposed) as a `rows`-row product over zero-padded copies of A and C.
+// Runs p (m < rows, A not transposed) as a `rows`-row product over zero-padded copies of A and C, with the
+// quantum off (matmul_in_blocks).
 void matmul_padded(const MatmulArgs& p, int64_t rows, int64_t lda, int64_t ldc) {
   thread_local std::vector<float> a_pad, c_pad;
   a_pad.assign(static_cast<size_t>(rows * p.k), 0.0f);
@@ -31,10 +32,7 @@ void matmul_padded(const MatmulArgs& p, int64_t rows, int64_t lda, int64_t ldc) 
   q.m = rows;
   q.lda = p.k;
   q.ldc = p.n;
-  const int64_t saved = tl_min_rows;
-  tl_min_rows = 0;
-  matmul(q);
-  tl_min_rows = saved;
+  matmul(q);  // the caller (matmul_in_blocks) has the quantum off
   for (int64_t i = 0; i < p.m; ++i)
     std::memcpy(p.c + i * ldc, c_pad.data() + i * p.n, sizeof(float) * static_cast<size_t>(p.n));
 }
@@ -43,8 +41,12 @@ void matmul_padded(const MatmulArgs& p, int64_t rows, int64_t lda, int64_t ldc) 
 // quanta each, the last zero-padded.
 void matmul_in_blocks(const MatmulArgs& p, int64_t quantum, int64_t lda, int64_t ldc) {
   const int64_t block = kBatchInvariantBlocks * quantum;
-  const int64_t saved = tl_min_rows;
-  tl_min_rows = 0;
+  // The blocks themselves run as plain products (restored on the way out, an exception included).
+  struct QuantumOff {
+    int64_t saved = tl_min_rows;
+    QuantumOff() { tl_min_rows = 0; }
+    ~QuantumOff() { tl_min_rows = saved; }
+  } off;
   for (int64_t begin = 0; begin < p.m; begin += block) {
     MatmulArgs q = p;
     q.a = p.a + begin * lda;
@@ -58,7 +60,6 @@ void matmul_in_blocks(const MatmulArgs& p, int64_t quantum, int64_t lda, int64_t
     else
       matmul_padded(q, rows, lda, ldc);
   }
-  tl_min_rows = saved;
 }
 
 }  // namespace

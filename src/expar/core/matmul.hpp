@@ -38,7 +38,8 @@ inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t 
 // of a product can depend on how many other rows share the call and on where in the call it sits. Measured
 // (probe programs not kept; tests/core/matmul_rows_test checks the rule below, also under AVX2 dispatch):
 // - AVX-512 (this development VM): m = 1, 2..8 and 9, 12, 15 give bits of their own; every m from 16 to 512
-//   gives the same bits at 1 thread, but at 2 threads m = 1024 changes the blocking (k >= 2048);
+//   gives the same bits at 1 and 2 threads, but at 2 threads m = 1024 changes the blocking (seen at k = 1024
+//   with n = 32000 and at k = 2048 and 4096);
 // - AVX2 (oneDNN capped with DNNL_MAX_CPU_ISA=AVX2): a 6-row kernel whose tail of 1-3 rows rounds
 //   differently, so a row's bits depend on its position modulo 6; and from m = 270-546 rows (by shape) a
 //   different blocking changes every row.
