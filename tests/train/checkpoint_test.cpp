@@ -298,13 +298,28 @@ TEST_F(Checkpoints, UnwritableTargetIsFoundBeforeTheFirstStep) {
       << m;
 }
 
+// What `latest` names now ("" while there is none). It is replaced by a rename, so a read sees the old or the
+// new name whole.
+std::string latest_name(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir / "latest", ec)) return "";
+  try {
+    return read_text_file(dir / "latest");
+  } catch (const Error&) {
+    return "";  // replaced between the check and the read
+  }
+}
+
 // A real `expar train` killed with SIGKILL at random moments while it checkpoints every step: after every
-// kill, the checkpoint `latest` names is complete and loads, and the run resumes from it.
+// kill, the checkpoint `latest` names is complete and loads, and the run resumes from it. Each round kills
+// at a random moment after the run has saved at least once in that round (a fixed delay from the start was
+// machine-dependent: under a sanitizer on a busy machine every kill could land before the first save).
 TEST_F(Checkpoints, KillNineLoopLeavesALoadableCheckpoint) {
   const std::vector<std::string> base = checkpointing_train(dir_, "2", dir_.string() + ".jsonl", {});
   std::mt19937 rng(12345);
   int loaded = 0;
   for (int round = 0; round < 8; ++round) {
+    const std::string before = latest_name(dir_);
     std::vector<std::string> argv = base;
     argv.insert(argv.end(), {"--steps", "100000"});
     if (holds_checkpoint(dir_)) argv.insert(argv.end(), {"--resume", dir_.string()});
@@ -317,19 +332,32 @@ TEST_F(Checkpoints, KillNineLoopLeavesALoadableCheckpoint) {
       execv(args[0], args.data());
       _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 400));
-    kill(pid, SIGKILL);
+    // Until this round's run has saved (its `latest` moved), or it ended, or two minutes passed.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
     int status = 0;
-    waitpid(pid, &status, 0);
+    bool ended = false;
+    while (latest_name(dir_) == before && std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        ended = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const bool saved = latest_name(dir_) != before;
+    if (!ended) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
     ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the run ended by itself";
-    if (!holds_checkpoint(dir_)) continue;  // killed before the first save
+    ASSERT_TRUE(saved) << "round " << round << ": no save within two minutes";
     const CheckpointInfo info = read_checkpoint_info(dir_.string());
     EXPECT_GE(info.step, 1);
     EXPECT_EQ(error_of([&] { load_one_rank(dir_.string(), small_config(1).model); }), "(no error)")
         << "round " << round;
     ++loaded;
   }
-  EXPECT_GE(loaded, 4);
+  EXPECT_EQ(loaded, 8);
   // And the survivor resumes to the end with status 0.
   std::vector<std::string> argv = base;
   const int64_t step = read_checkpoint_info(dir_.string()).step;
