@@ -1,7 +1,7 @@
 // The MoE layer's wave schedules under Open MPI (processes, not threads; moe/waves.hpp): wave-sequential and
-// wave-overlapped steps of block and rowwise (on the shared-memory window and over MPI_Put/MPI_Get) give the
-// no-wave bits, forward and backward. The overlapped schedule calls MPI from its communication thread
-// (run_mpi asks for MPI_THREAD_SERIALIZED), so this is also the test of that.
+// wave-overlapped steps of block, rowwise and aggregated (on the shared-memory window and over
+// MPI_Put/MPI_Get) give the no-wave bits, forward and backward. The overlapped schedule calls MPI from its
+// communication thread (run_mpi asks for MPI_THREAD_SERIALIZED), so this is also the test of that.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -85,6 +85,19 @@ TEST(WavesMpi, RowwiseOnTheSharedWindowSchedulesGiveTheNoWaveBits) {
 TEST(WavesMpi, RowwiseOverMpiPutAndGetSchedulesGiveTheNoWaveBits) {
   setenv("EXPAR_MPI_FORCE_REMOTE", "1", 1);
   every_schedule("rowwise");
+  unsetenv("EXPAR_MPI_FORCE_REMOTE");
+}
+
+// Under scripts/mpirun-nodes the world spans nodes: the blocks travel to their proxies by MPI_Put and back
+// by MPI_Get.
+TEST(WavesMpi, AggregatedSchedulesGiveTheNoWaveBits) {
+  unsetenv("EXPAR_MPI_FORCE_REMOTE");
+  every_schedule("aggregated");
+}
+
+TEST(WavesMpi, AggregatedOverMpiPutAndGetSchedulesGiveTheNoWaveBits) {
+  setenv("EXPAR_MPI_FORCE_REMOTE", "1", 1);
+  every_schedule("aggregated");
   unsetenv("EXPAR_MPI_FORCE_REMOTE");
 }
 

@@ -4,7 +4,9 @@
 // EP groups of 2, 3 and 4 ranks with uneven token counts (one rank without tokens, one whose experts get no
 // rows), dropless and with a capacity that drops, f32 and a mixed payload precision, with and without
 // activation recomputation, and with gpt-oss's router (bias, softmax over the top k) and biased
-// clamped-SwiGLU experts (their bias gradients compared too); and block and rowwise give each other's bits.
+// clamped-SwiGLU experts (their bias gradients compared too), on one node and on emulated nodes of 1 and 2
+// ranks (the aggregated path's blocks and proxies, and puts and gets for the other paths); and the paths that
+// move block's rows (block, rowwise, aggregated) give each other's bits.
 // Also the wave split itself and the refusals (flags named).
 #include <gtest/gtest.h>
 
@@ -61,14 +63,16 @@ struct Case {
   bool capacity = false;
   bool mixed_precision = false;
   bool recompute = false;
-  bool gpt_oss = false;  // router bias + softmax over the top k, biased clamped-SwiGLU experts
+  bool gpt_oss = false;    // router bias + softmax over the top k, biased clamped-SwiGLU experts
+  int ranks_per_node = 0;  // emulated nodes of this many ranks (0: one node)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("EP{}_{}_{}{}{}", c.ep, c.capacity ? "capacity" : "dropless",
+  return fmt::format("EP{}_{}_{}{}{}{}", c.ep, c.capacity ? "capacity" : "dropless",
                      c.mixed_precision ? "mixed" : "f32", c.recompute ? "_recompute" : "",
-                     c.gpt_oss ? "_gpt_oss" : "");
+                     c.gpt_oss ? "_gpt_oss" : "",
+                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "");
 }
 
 MoeConfig config_of(const Case& c, const std::string& path, WaveConfig waves) {
@@ -140,12 +144,13 @@ TEST_P(WavesTest, EveryScheduleGivesTheNoWaveBits) {
   std::vector<std::string> paths;
   for (const PathTraits& t : path_registry())
     if (t.waves) paths.push_back(t.name);
-  ASSERT_GE(paths.size(), 2u) << "block and rowwise run waves";
+  ASSERT_GE(paths.size(), 3u) << "block, rowwise and aggregated run waves";
   std::mutex mutex;
   std::vector<std::string> failures;
   int compared = 0;
   LaunchOptions launch;
   launch.ranks = c.ep;
+  launch.ranks_per_node = c.ranks_per_node;
   launch.timeout_seconds = 120;
   run_ranks(launch, [&](Comm& world) {
     std::optional<Step> first_path;
@@ -197,6 +202,11 @@ std::vector<Case> all_cases() {
   cases.push_back({2, false, false, false, true});
   cases.push_back({3, true, false, false, true});
   cases.push_back({4, true, true, true, true});
+  // Emulated nodes: rows to another node travel through its proxy (aggregated) or by put and get.
+  cases.push_back({4, true, true, false, false, 2});
+  cases.push_back({3, false, false, false, false, 1});
+  cases.push_back({4, false, false, true, false, 1});
+  cases.push_back({4, true, false, false, true, 2});
   return cases;
 }
 

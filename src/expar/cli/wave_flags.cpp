@@ -6,8 +6,8 @@ namespace expar::cli {
 
 void add_wave_flags(CLI::App* cmd, WaveConfig& waves) {
   cmd->add_option("--waves", waves.waves,
-                  "split each MoE layer's experts into N waves of local experts (1: no waves; block and "
-                  "rowwise; at most E / M_E); results are bit-identical to no waves")
+                  "split each MoE layer's experts into N waves of local experts (1: no waves; block, rowwise "
+                  "and aggregated; at most E / M_E); results are bit-identical to no waves")
       ->capture_default_str()
       ->check(integer_in(1, 4096));
   cmd->add_flag("--wave-overlap", waves.overlap,

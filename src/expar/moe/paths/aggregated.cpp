@@ -41,8 +41,12 @@
 // them; peers write a dispatch slot only in the dispatch forward that leased it.
 // Payload precision (PathOptions::precision): each leg moves rows encoded where they leave (the dispatch rows
 // once per token, the w·grad_y rows per route, the expert rows by their rank into its symmetric buffer) and
-// decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place. There
-// are no wave passes (the registry refuses --waves > 1 naming the paths that have them).
+// decoded where they are consumed, as in rowwise; the experts read the encoded dispatch slot in place.
+// Wave passes (moe/waves.hpp): each wave moves the routes to its local experts as the passes above do, with
+// its own blocks (make_moves over the wave's experts: one message per source, node and wave), so a wave's
+// rows land in its rows of every expert-side buffer while the experts of another wave read or write theirs.
+// The waves reuse the pack buffer one after another: every wave call, like every pass, starts with a
+// barrier before anything writes a pack buffer, and only the communication thread runs them.
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
@@ -108,7 +112,16 @@ struct Moves {
   int64_t pack_rows = 0;             // rows of the largest pack buffer of the group this step
 };
 
-Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const NodeLayout& nodes) {
+// The routes and local experts one pass moves: every one, or those of one wave (moe/waves.hpp).
+struct MoveFilter {
+  ExpertWave experts;                // local experts [begin, end) of every member
+  const int32_t* wave_of = nullptr;  // [T*K]: the wave of each route (null: every route)
+  int wave = 0;
+  bool take(int64_t route) const { return wave_of == nullptr || wave_of[route] == wave; }
+};
+
+Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const NodeLayout& nodes,
+                 const MoveFilter& filter) {
   const int m = map.ep_size, me = map.ep_rank, e_count = map.num_experts, e_local = placement.local_count();
   const int my_node = nodes.node_of[static_cast<size_t>(me)];
   // offset[r][l]: first row of member r's local expert l; before[s][e]: rows of expert e from sources < s.
@@ -128,7 +141,8 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
   auto rows_for = [&](int s, int n) {
     int64_t rows = 0;
     for (int r : nodes.members[static_cast<size_t>(n)])
-      for (int e : placement.local_experts(r)) rows += map.accepted_of(s, e);
+      for (int l = filter.experts.begin; l < filter.experts.end; ++l)
+        rows += map.accepted_of(s, placement.global_expert(r, l));
     return rows;
   };
 
@@ -145,7 +159,7 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
       if (p == me && rows > 0) {
         Block held{s, pack_at[static_cast<size_t>(p)], rows, {}, {}};
         for (int r : nodes.members[static_cast<size_t>(n)])
-          for (int l = 0; l < e_local; ++l) {
+          for (int l = filter.experts.begin; l < filter.experts.end; ++l) {
             const int e = placement.global_expert(r, l);
             const int64_t a = map.accepted_of(s, e);
             if (a > 0)
@@ -164,7 +178,7 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
   std::vector<std::vector<int64_t>> to_node(nodes.members.size());
   for (int64_t t = 0; t < map.tokens; ++t)
     for (int k = 0; k < map.top_k; ++k) {
-      if (!map.valid(t, k)) continue;
+      if (!map.valid(t, k) || !filter.take(t * map.top_k + k)) continue;
       const int n = nodes.node_of[static_cast<size_t>(map.rank_of(t, k))];
       (n == my_node ? step.node_routes : to_node[static_cast<size_t>(n)]).push_back(t * map.top_k + k);
     }
@@ -190,7 +204,14 @@ constexpr int kOutputScratch = 0;
 // What one step keeps between its passes: its movements, its pool slots, and the f32 rows the experts write
 // when their leg travels encoded (encoded into the symmetric slot by the next pass).
 struct AggregatedStep {
-  Moves moves;
+  Moves moves;  // the single-call passes' movements (a wave step: empty)
+  // Wave passes: where each wave's rows are, each wave's movements, the token rows encoded once for every
+  // wave's dispatch (a reduced-precision dispatch), the [T, K, d] rows gathered so far (combine forward,
+  // then dispatch backward) and the decoded expert-output gradient (a reduced-precision combine backward).
+  WaveRoutes waves;
+  std::vector<Moves> wave_moves;
+  Tensor encoded_x, gathered, grad_out;
+  int64_t pack_rows = 0;                // the most rows any pack buffer holds in one pass of this step
   std::shared_ptr<LeasePool> own_pool;  // keeps a replaced own pool alive while this step holds its leases
   LeasePool* pool = nullptr;
   LeaseTag tag;
@@ -232,51 +253,30 @@ class AggregatedPath final : public ExpertPath {
   std::string name() const override { return "aggregated"; }
 
   Tensor dispatch_forward(const Tensor& x, const RouteMap& map, PathState& state) override {
-    check_dispatch_input("aggregated", group_, map, x);
-    const int64_t d = x.dim(1);
-    auto owned = std::make_shared<AggregatedStep>();
-    owned->moves = make_moves(map, *options_.placement, nodes_);
-    state.path_data = owned;
-    const Moves& step = owned->moves;
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    ensure_pack(step.pack_rows, d);
-    LeasePool& pool =
-        step_lease_pool("aggregated", options_, *heap_, map.capacity_rows, d, own_pool_, pool_generation_);
-    owned->pool = &pool;
-    if (&pool != options_.lease_pool) owned->own_pool = own_pool_;
-    owned->tag = {options_.block_index, state.microbatch};
-    owned->payload = pool.acquire(owned->tag);
-    const BufferId slot = owned->payload.buffer;
-    // Each token row is encoded once (a reduced precision) and moves as bytes from then on.
-    const PayloadFormat format = options_.precision.dispatch;
-    const size_t rb = payload_row_bytes(format, d);
-    Tensor encoded;
-    const std::byte* src = static_cast<const std::byte*>(x.raw());
-    if (format != PayloadFormat::F32) {
-      encoded = byte_rows(map.tokens, rb);
-      encode_rows(format, x.data<float>(), map.tokens, d, bytes_of(encoded));
-      src = bytes_of(encoded);
-    }
-    start_pass({slot, pack_});
-    for (int64_t route : step.node_routes) {
-      const int64_t t = route / map.top_k;
-      const int k = static_cast<int>(route % map.top_k);
-      store_rows(map.rank_of(t, k), slot, map.row_of(t, k), src + t * static_cast<int64_t>(rb), 1, rb);
-    }
-    std::vector<Tensor> packed;  // the put sources stay alive until the barrier completes the puts
-    for (const Block& b : step.sent) {
-      packed.push_back(byte_rows(b.rows, rb));
-      std::byte* out = bytes_of(packed.back());
-      for (int64_t i = 0; i < b.rows; ++i)
-        std::memcpy(out + i * static_cast<int64_t>(rb),
-                    src + (b.routes[static_cast<size_t>(i)] / map.top_k) * static_cast<int64_t>(rb), rb);
-      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
-    }
-    heap_->barrier();  // every block is at its proxy
-    forward_held(step, slot, rb);
-    heap_->barrier();  // every row is at its dst_row
-    return borrow_payload(pool.data(owned->payload), format, map.capacity_rows, d);
+    AggregatedStep& step = start_dispatch(x, map, state, false);
+    start_pass({step.payload.buffer, pack_});
+    send_dispatch_rows(x, map, step, step.moves);
+    return borrow_payload(step.pool->data(step.payload), options_.precision.dispatch, map.capacity_rows,
+                          x.dim(1));
+  }
+
+  Tensor dispatch_forward_begin(const Tensor& x, const RouteMap& map, PathState& state) override {
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    AggregatedStep& step = start_dispatch(x, map, state, true);
+    start_pass({step.payload.buffer});  // each wave's rows land in the poisoned slot
+    return borrow_payload(step.pool->data(step.payload), options_.precision.dispatch, map.capacity_rows,
+                          x.dim(1));
+  }
+
+  void dispatch_forward_wave(const Tensor& x, const RouteMap& map, PathState& state, int wave) override {
+    AggregatedStep& step = step_of(state, "dispatch forward");
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    start_pass({pack_});
+    send_dispatch_rows(x, map, step, wave_moves_of(step, wave));
   }
 
   Tensor expert_output_buffer(const RouteMap& map, int64_t d, PathState& state) override {
@@ -292,28 +292,99 @@ class AggregatedPath final : public ExpertPath {
     const int64_t d = expert_out.dim(1);
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
-    ensure_pack(owned.moves.pack_rows, d);
+    ensure_pack(owned.pack_rows, d);
     const BufferId output = owned.output.buffer;
-    stage_expert_rows(expert_out, map, output, options_.precision.combine);
+    stage_expert_rows(expert_out, output, options_.precision.combine, 0, map.recv_rows);
     owned.expert_out = Tensor();
-    state.combine_rows =
-        RouteRows::gathered(gather_routes(owned.moves, map, output, d, options_.precision.combine), map);
+    Tensor gathered;
+    gather_routes(owned.moves, map, output, d, options_.precision.combine, gathered);
+    state.combine_rows = RouteRows::gathered(std::move(gathered), map);
+    return merge_routes(state.combine_rows, topk_weight, map);
+  }
+
+  void combine_forward_wave(const Tensor& expert_out, const RouteMap& map, PathState& state,
+                            int wave) override {
+    AggregatedStep& owned = step_of(state, "combine forward");
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    stage_and_gather_wave(expert_out, map, owned, wave, owned.output.buffer, options_.precision.combine);
+  }
+
+  Tensor combine_forward_end(const Tensor& topk_weight, const RouteMap& map, PathState& state) override {
+    AggregatedStep& owned = step_of(state, "combine forward");
+    EXPAR_ASSERT(owned.gathered.defined(), "aggregated combine_forward_end before any combine_forward_wave");
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    owned.expert_out = Tensor();
+    state.combine_rows = RouteRows::gathered(std::move(owned.gathered), map);
+    owned.gathered = Tensor();
     return merge_routes(state.combine_rows, topk_weight, map);
   }
 
   Tensor combine_backward(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
                           PathState& state, Tensor& grad_topk_weight) override {
-    AggregatedStep& owned = step_of(state, "combine backward");
-    const Moves& step = owned.moves;
-    EXPAR_CHECK(state.combine_rows.defined(), "aggregated combine backward called before combine forward");
-    const int64_t d = grad_y.dim(1);
     sync_before_comm(group_);
     PhaseScope combine_phase(phase::kRowGatherReduce);
-    grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
-    ensure_pack(step.pack_rows, d);
-    owned.output = owned.pool->acquire_scratch(owned.tag, kOutputScratch);
+    AggregatedStep& owned = start_combine_backward(grad_y, map, state, grad_topk_weight);
     const BufferId output = owned.output.buffer;
     start_pass({output, pack_});
+    send_route_grads(grad_y, topk_weight, map, owned.moves, output);
+    const PayloadFormat format = options_.precision.combine_grad;
+    const int64_t d = grad_y.dim(1);
+    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
+    return decode_payload(borrow_payload(heap_->local(output), format, map.capacity_rows, d), format,
+                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
+  }
+
+  Tensor combine_backward_begin(const Tensor& grad_y, const Tensor& /*topk_weight*/, const RouteMap& map,
+                                PathState& state, Tensor& grad_topk_weight) override {
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    AggregatedStep& owned = start_combine_backward(grad_y, map, state, grad_topk_weight);
+    start_pass({owned.output.buffer});  // each wave's rows land in the poisoned slot
+    const int64_t d = grad_y.dim(1);
+    if (options_.precision.combine_grad == PayloadFormat::F32)
+      return Tensor::borrow(heap_->local(owned.output.buffer), {map.capacity_rows, d}, DType::F32);
+    owned.grad_out = Tensor::empty({map.capacity_rows, d});  // each wave's rows are decoded as they arrive
+    return owned.grad_out;
+  }
+
+  void combine_backward_wave(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                             PathState& state, int wave) override {
+    AggregatedStep& owned = step_of(state, "combine backward");
+    const Moves& moves = wave_moves_of(owned, wave);
+    sync_before_comm(group_);
+    PhaseScope combine_phase(phase::kRowGatherReduce);
+    start_pass({pack_});
+    send_route_grads(grad_y, topk_weight, map, moves, owned.output.buffer);
+    const PayloadFormat format = options_.precision.combine_grad;
+    if (format == PayloadFormat::F32) return;
+    const int64_t d = grad_y.dim(1), begin = owned.waves.row_begin(map.ep_rank, wave);
+    const int64_t end = owned.waves.row_end(map.ep_rank, wave);
+    const size_t rb = payload_row_bytes(format, d);
+    decode_payload_rows(
+        format,
+        static_cast<const std::byte*>(heap_->local(owned.output.buffer)) + begin * static_cast<int64_t>(rb),
+        end - begin, d, owned.grad_out.data<float>() + begin * d);
+  }
+
+ private:
+  // Combine backward's set-up: the routing-weight gradient and the output slot again (expert-output
+  // gradients now).
+  AggregatedStep& start_combine_backward(const Tensor& grad_y, const RouteMap& map, const PathState& state,
+                                         Tensor& grad_topk_weight) {
+    AggregatedStep& owned = step_of(state, "combine backward");
+    EXPAR_CHECK(state.combine_rows.defined(), "aggregated combine backward called before combine forward");
+    grad_topk_weight = route_weight_grads(grad_y, state.combine_rows, map);
+    ensure_pack(owned.pack_rows, grad_y.dim(1));
+    owned.output = owned.pool->acquire_scratch(owned.tag, kOutputScratch);
+    return owned;
+  }
+
+  // One pass's w·grad_y rows (moves: every route or one wave's), encoded in the combine-gradient format, to
+  // their dst_row of `output` on their expert rank: as dispatch forward moves the token rows.
+  void send_route_grads(const Tensor& grad_y, const Tensor& topk_weight, const RouteMap& map,
+                        const Moves& step, BufferId output) {
+    const int64_t d = grad_y.dim(1);
     const PayloadFormat format = options_.precision.combine_grad;
     const size_t rb = payload_row_bytes(format, d);
     const float* gy = grad_y.data<float>();
@@ -352,11 +423,9 @@ class AggregatedPath final : public ExpertPath {
     heap_->barrier();  // every block is at its proxy
     forward_held(step, output, rb);
     heap_->barrier();  // every gradient row is at its dst_row
-    // The expert backward reads f32 rows: decoded from the encoded ones that arrived.
-    return decode_payload(borrow_payload(heap_->local(output), format, map.capacity_rows, d), format,
-                          format == PayloadFormat::F32 ? map.capacity_rows : map.recv_rows, d);
   }
 
+ public:
   Tensor expert_grad_input_buffer(const RouteMap& map, int64_t d, PathState& state) override {
     AggregatedStep& owned = step_of(state, "expert_grad_input_buffer");
     // A fresh lease: no peer accesses it between combine backward's last barrier and dispatch backward's
@@ -372,18 +441,37 @@ class AggregatedPath final : public ExpertPath {
     const int64_t d = grad_expert_in.dim(1);
     sync_before_comm(group_);
     PhaseScope dispatch_phase(phase::kRowDispatch);
-    EXPAR_ASSERT(owned.grad_in.leased,
-                 "aggregated dispatch backward: the expert input gradient must be written into "
-                 "expert_grad_input_buffer() (peers fetch the route gradients from it)");
-    ensure_pack(owned.moves.pack_rows, d);
-    stage_expert_rows(grad_expert_in, map, owned.grad_in.buffer, options_.precision.dispatch_grad);
-    owned.expert_grad_in = Tensor();
-    Tensor gathered =
-        gather_routes(owned.moves, map, owned.grad_in.buffer, d, options_.precision.dispatch_grad);
-    // The expert backward, the dispatch slot's last reader, is done; after gather_routes' last barrier no
-    // peer reads this rank's gradient slot any more.
-    if (owned.payload.leased) owned.pool->release(owned.payload);
-    owned.pool->release(owned.grad_in);
+    check_grad_in(owned);
+    ensure_pack(owned.pack_rows, d);
+    stage_expert_rows(grad_expert_in, owned.grad_in.buffer, options_.precision.dispatch_grad, 0,
+                      map.recv_rows);
+    Tensor gathered;
+    gather_routes(owned.moves, map, owned.grad_in.buffer, d, options_.precision.dispatch_grad, gathered);
+    finish_dispatch_backward(owned);
+    return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
+  }
+
+  // A wave's route gradients are gathered to [T, K, d] as they become ready (the sum over k needs every
+  // wave's rows, so it waits for dispatch_backward_end).
+  void dispatch_backward_wave(const Tensor& grad_expert_in, const RouteMap& map, PathState& state,
+                              int wave) override {
+    AggregatedStep& owned = step_of(state, "dispatch backward");
+    sync_before_comm(group_);
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    check_grad_in(owned);
+    stage_and_gather_wave(grad_expert_in, map, owned, wave, owned.grad_in.buffer,
+                          options_.precision.dispatch_grad);
+  }
+
+  Tensor dispatch_backward_end(const RouteMap& map, PathState& state) override {
+    AggregatedStep& owned = step_of(state, "dispatch backward");
+    check_grad_in(owned);
+    EXPAR_ASSERT(owned.gathered.defined(),
+                 "aggregated dispatch_backward_end before any dispatch_backward_wave");
+    PhaseScope dispatch_phase(phase::kRowDispatch);
+    finish_dispatch_backward(owned);
+    Tensor gathered = std::move(owned.gathered);
+    owned.gathered = Tensor();
     return sum_routes(RouteRows::gathered(std::move(gathered), map), map);
   }
 
@@ -398,6 +486,100 @@ class AggregatedPath final : public ExpertPath {
       return staged;
     }
     return Tensor::borrow(heap_->local(buffer), {map.capacity_rows, d}, DType::F32);
+  }
+
+  static void check_grad_in(const AggregatedStep& owned) {
+    EXPAR_ASSERT(owned.grad_in.leased,
+                 "aggregated dispatch backward: the expert input gradient must be written into "
+                 "expert_grad_input_buffer() (peers fetch the route gradients from it)");
+  }
+
+  // The expert backward, the dispatch slot's last reader, is done; after the last gather_routes' second
+  // barrier no peer reads this rank's gradient slot any more: both slots go back.
+  void finish_dispatch_backward(AggregatedStep& owned) {
+    if (owned.payload.leased) owned.pool->release(owned.payload);
+    owned.pool->release(owned.grad_in);
+    owned.expert_grad_in = Tensor();
+  }
+
+  // Dispatch forward's set-up: the step and its movements (per wave for a wave step), the pack buffer, the
+  // leased dispatch slot, and the token rows encoded once (a reduced precision) for every pass that sends
+  // them.
+  AggregatedStep& start_dispatch(const Tensor& x, const RouteMap& map, PathState& state, bool waves) {
+    check_dispatch_input("aggregated", group_, map, x);
+    const int64_t d = x.dim(1);
+    auto owned = std::make_shared<AggregatedStep>();
+    const ExpertPlacement& placement = *options_.placement;
+    if (waves) {
+      owned->waves = make_wave_routes(map, placement, state.waves);
+      for (int w = 0; w < owned->waves.waves; ++w) {
+        owned->wave_moves.push_back(make_moves(
+            map, placement, nodes_, {state.waves[static_cast<size_t>(w)], owned->waves.wave_of.data(), w}));
+        owned->pack_rows = std::max(owned->pack_rows, owned->wave_moves.back().pack_rows);
+      }
+    } else {
+      owned->moves = make_moves(map, placement, nodes_, {{0, placement.local_count()}});
+      owned->pack_rows = owned->moves.pack_rows;
+    }
+    state.path_data = owned;
+    ensure_pack(owned->pack_rows, d);
+    LeasePool& pool =
+        step_lease_pool("aggregated", options_, *heap_, map.capacity_rows, d, own_pool_, pool_generation_);
+    owned->pool = &pool;
+    if (&pool != options_.lease_pool) owned->own_pool = own_pool_;
+    owned->tag = {options_.block_index, state.microbatch};
+    owned->payload = pool.acquire(owned->tag);
+    const PayloadFormat format = options_.precision.dispatch;
+    if (format != PayloadFormat::F32) {
+      owned->encoded_x = byte_rows(map.tokens, payload_row_bytes(format, d));
+      encode_rows(format, x.data<float>(), map.tokens, d, bytes_of(owned->encoded_x));
+    }
+    return *owned;
+  }
+
+  // One pass's token rows (moves: every route or one wave's) to their dst_row of the dispatch slot: rows to
+  // this node stored directly, rows to another node packed into one block per node and PUT to its proxy,
+  // which forwards them; returns once every row is in place.
+  void send_dispatch_rows(const Tensor& x, const RouteMap& map, const AggregatedStep& owned,
+                          const Moves& step) {
+    const PayloadFormat format = options_.precision.dispatch;
+    const size_t rb = payload_row_bytes(format, x.dim(1));
+    const std::byte* src =
+        static_cast<const std::byte*>(format == PayloadFormat::F32 ? x.raw() : owned.encoded_x.raw());
+    const BufferId slot = owned.payload.buffer;
+    for (int64_t route : step.node_routes) {
+      const int64_t t = route / map.top_k;
+      const int k = static_cast<int>(route % map.top_k);
+      store_rows(map.rank_of(t, k), slot, map.row_of(t, k), src + t * static_cast<int64_t>(rb), 1, rb);
+    }
+    std::vector<Tensor> packed;  // the put sources stay alive until the barrier completes the puts
+    for (const Block& b : step.sent) {
+      packed.push_back(byte_rows(b.rows, rb));
+      std::byte* out = bytes_of(packed.back());
+      for (int64_t i = 0; i < b.rows; ++i)
+        std::memcpy(out + i * static_cast<int64_t>(rb),
+                    src + (b.routes[static_cast<size_t>(i)] / map.top_k) * static_cast<int64_t>(rb), rb);
+      store_rows(b.peer, pack_, b.offset, out, b.rows, rb);
+    }
+    heap_->barrier();  // every block is at its proxy
+    forward_held(step, slot, rb);
+    heap_->barrier();  // every row is at its dst_row
+  }
+
+  // Combine forward and dispatch backward, one wave: the rows its experts wrote into this rank's `buffer`
+  // (encoded there in `format`), then its routes gathered into the step's [T, K, d] rows.
+  void stage_and_gather_wave(const Tensor& written, const RouteMap& map, AggregatedStep& owned, int wave,
+                             BufferId buffer, PayloadFormat format) {
+    const Moves& moves = wave_moves_of(owned, wave);
+    stage_expert_rows(written, buffer, format, owned.waves.row_begin(map.ep_rank, wave),
+                      owned.waves.row_end(map.ep_rank, wave));
+    gather_routes(moves, map, buffer, written.dim(1), format, owned.gathered);
+  }
+
+  static const Moves& wave_moves_of(const AggregatedStep& owned, int wave) {
+    EXPAR_ASSERT(wave >= 0 && wave < static_cast<int>(owned.wave_moves.size()),
+                 "aggregated path: wave {} of a step planned with {} waves", wave, owned.wave_moves.size());
+    return owned.wave_moves[static_cast<size_t>(wave)];
   }
 
   static AggregatedStep& step_of(const PathState& state, const char* pass) {
@@ -426,15 +608,19 @@ class AggregatedPath final : public ExpertPath {
     heap_->barrier();
   }
 
-  // The experts' f32 rows [0, recv_rows) into this rank's `buffer` in `format`: encoded from the staging
-  // tensor the buffer hook handed out, or (f32) copied unless the experts wrote the buffer itself.
-  void stage_expert_rows(const Tensor& written, const RouteMap& map, BufferId buffer, PayloadFormat format) {
-    void* local = heap_->local(buffer);
+  // The experts' f32 rows [begin, end) (every row: [0, recv_rows); a wave: its rows) into this rank's
+  // `buffer` in `format`: encoded from the staging tensor the buffer hook handed out, or (f32) copied unless
+  // the experts wrote the buffer itself.
+  void stage_expert_rows(const Tensor& written, BufferId buffer, PayloadFormat format, int64_t begin,
+                         int64_t end) {
+    auto* local = static_cast<std::byte*>(heap_->local(buffer));
     const int64_t d = written.dim(1);
+    const int64_t rb = static_cast<int64_t>(payload_row_bytes(format, d));
     if (format != PayloadFormat::F32)
-      encode_rows(format, written.data<float>(), map.recv_rows, d, static_cast<std::byte*>(local));
+      encode_rows(format, written.data<float>() + begin * d, end - begin, d, local + begin * rb);
     else if (written.raw() != local)
-      std::memcpy(local, written.raw(), static_cast<size_t>(map.recv_rows * d) * sizeof(float));
+      std::memcpy(local + begin * rb, written.data<float>() + begin * d,
+                  static_cast<size_t>((end - begin) * d) * sizeof(float));
   }
 
   // Rows [row, row + rows) (of rb bytes) of member `peer`'s `buffer` = src: stores where the peer is mapped
@@ -471,17 +657,18 @@ class AggregatedPath final : public ExpertPath {
     }
   }
 
-  // Combine forward and dispatch backward: [T, K, d] f32, the row of every valid route from `buffer` of its
-  // expert rank (encoded there in `format`), where every expert rank already wrote its rows into its own
-  // `buffer`. Rows on this node are read in place; each proxy packs the rows of the sources it serves; each
-  // source fetches one block per other node; the rows are decoded where they arrive.
-  Tensor gather_routes(const Moves& step, const RouteMap& map, BufferId buffer, int64_t d,
-                       PayloadFormat format) {
+  // Combine forward and dispatch backward: into `gathered` ([T, K, d] f32, made here if undefined), the row
+  // of every route of `step` (every valid route, or one wave's) from `buffer` of its expert rank (encoded
+  // there in `format`), where every expert rank already wrote those rows into its own `buffer`. Rows on this
+  // node are read in place; each proxy packs the rows of the sources it serves; each source fetches one block
+  // per other node; the rows are decoded where they arrive.
+  void gather_routes(const Moves& step, const RouteMap& map, BufferId buffer, int64_t d, PayloadFormat format,
+                     Tensor& gathered) {
     const size_t rb = payload_row_bytes(format, d);
     const bool f32 = format == PayloadFormat::F32;
     heap_->barrier();  // every expert rank's rows are in `buffer`; nobody reads a pack buffer any more
     if (poison_enabled()) fill_nan(heap_->local(pack_), heap_->bytes(pack_));  // only this rank writes it
-    Tensor gathered = Tensor::empty({map.tokens, map.top_k, d});
+    if (!gathered.defined()) gathered = Tensor::empty({map.tokens, map.top_k, d});
     float* out = gathered.data<float>();
     // f32 rows land at their (t, k) directly; encoded ones are staged and decoded after quiet().
     Tensor node_rows = byte_rows(f32 ? 0 : static_cast<int64_t>(step.node_routes.size()), rb);
@@ -522,7 +709,6 @@ class AggregatedPath final : public ExpertPath {
       for (int64_t j = 0; j < b.rows; ++j)
         place(b.routes[static_cast<size_t>(j)], bytes_of(fetched[i]) + j * static_cast<int64_t>(rb));
     }
-    return gathered;
   }
 
   Comm& group_;

@@ -36,7 +36,7 @@ const std::vector<PathEntry>& entries() {
       {{"rowwise", false, true, true, false, true, true}, make_rowwise_path},
       {{"agrs", false, false, false, false}, make_agrs_path},
       {{"agrs-decode", false, false, false, true}, make_agrs_decode_path},
-      {{"aggregated", false, true, true, false, false, true}, make_aggregated_path},
+      {{"aggregated", false, true, true, false, true, true}, make_aggregated_path},
   };
   return paths;
 }
