@@ -45,8 +45,9 @@
 // Wave passes (moe/waves.hpp): each wave moves the routes to its local experts as the passes above do, with
 // its own blocks (make_moves over the wave's experts: one message per source, node and wave), so a wave's
 // rows land in its rows of every expert-side buffer while the experts of another wave read or write theirs.
-// The waves reuse the pack buffer one after another: every wave call, like every pass, starts with a
-// barrier before anything writes a pack buffer, and only the communication thread runs them.
+// The waves reuse the pack buffer one after another: the wave calls run one at a time (on the layer's
+// communication thread when overlapped), and every one, like every pass, starts with a barrier before
+// anything writes a pack buffer.
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
