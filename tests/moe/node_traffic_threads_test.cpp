@@ -1,7 +1,8 @@
 // Messages across emulated nodes (LaunchOptions::ranks_per_node) per execution path, read from the EP group's
 // Comm::stats().traffic and its heap's SymmetricHeap::stats(): the rowwise path sends one message per route
 // row that crosses a node (seed 000 §5.8: the NIC message-rate problem), the block path one per peer and
-// exchange, whatever the number of rows, and the aggregated path one per (source rank, other node) and leg.
+// exchange, whatever the number of rows, and the aggregated path one per (source rank, other node) and leg
+// (with waves: and wave).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -14,6 +15,7 @@
 #include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/moe_layer.hpp"
+#include "expar/moe/waves.hpp"
 #include "moe/counting_heap.hpp"
 
 namespace expar {
@@ -29,6 +31,9 @@ struct Traffic {
   int64_t peers_across_with_rows = 0;
   int64_t nodes_across_with_rows = 0;  // other nodes that some accepted route of this rank goes to
   int64_t rows_within = 0;             // accepted routes of this rank whose expert is on its own node
+  // (other node, wave) pairs that some accepted route of this rank goes to: a wave's local experts on that
+  // node's ranks (Launch::waves; with one wave, nodes_across_with_rows).
+  int64_t node_waves_across_with_rows = 0;
   // As the aggregated path's proxy on its node (the member with the source's index on its node): the runs
   // of rows it forwards, one per (source on another node, local expert of a member of this node) with rows.
   int64_t proxy_runs = 0;
@@ -38,6 +43,7 @@ struct Traffic {
 struct Launch {
   int ranks = kRanks, per_node = kPerNode;
   bool counted = false;  // the heap maps no peer (testing::CountingHeap): every row is a logged put or get
+  int waves = 1;         // MoeConfig::waves (wave-sequential)
 };
 
 // One training step of `path` with `tokens` tokens per rank; every rank's traffic, index = world rank.
@@ -55,6 +61,7 @@ std::vector<Traffic> step_traffic(const std::string& path, int64_t tokens, Launc
     cfg.model_dim = kD;
     cfg.hidden_dim = 8;
     cfg.path = path;
+    cfg.waves = {how.waves, false};
     std::unique_ptr<SymmetricHeap> heap = world.make_heap();
     testing::CountingHeap* counting = nullptr;
     if (how.counted) {
@@ -92,6 +99,16 @@ std::vector<Traffic> step_traffic(const std::string& path, int64_t tokens, Launc
       for (int r = n * how.per_node; r < (n + 1) * how.per_node; ++r)
         rows += map.send_counts[static_cast<size_t>(r)];
       if (n != nodes.node_of[static_cast<size_t>(me)] && rows > 0) ++t.nodes_across_with_rows;
+    }
+    const std::vector<ExpertWave> waves = split_expert_waves(placement.local_count(), how.waves);
+    for (int n = 0; n < nodes.num_nodes; ++n) {
+      if (n == nodes.node_of[static_cast<size_t>(me)]) continue;
+      for (const ExpertWave& w : waves) {
+        int64_t rows = 0;
+        for (int r = n * how.per_node; r < (n + 1) * how.per_node; ++r)
+          for (int l = w.begin; l < w.end; ++l) rows += map.accepted_of(me, placement.global_expert(r, l));
+        if (rows > 0) ++t.node_waves_across_with_rows;
+      }
     }
     for (int s = 0; s < how.ranks; ++s) {
       if (!nodes.across(me, s) || s % how.per_node != me % how.per_node) continue;
@@ -165,6 +182,24 @@ TEST(NodeTraffic, AggregatedSendsOneMessagePerRankAndOtherNodeAndLeg) {
         EXPECT_EQ(t.collective.intra_node_messages, w.collective.intra_node_messages);
       }
     }
+}
+
+// With waves, each wave moves its own blocks: per leg one message from each source rank to each other node
+// it has rows of that wave for, the same bytes as without waves (2 nodes of 2, 4 nodes of 1; 2 waves of the
+// 2 local experts).
+TEST(NodeTraffic, AggregatedWavesSendOneMessagePerRankOtherNodeWaveAndLeg) {
+  for (Launch how : {Launch{4, 2, false, 2}, Launch{4, 1, false, 2}}) {
+    const auto traffic = step_traffic("aggregated", 48, how);
+    for (int r = 0; r < how.ranks; ++r) {
+      SCOPED_TRACE(
+          fmt::format("{} ranks, {} per node, {} waves: rank {}", how.ranks, how.per_node, how.waves, r));
+      const Traffic& t = traffic[static_cast<size_t>(r)];
+      ASSERT_GT(t.node_waves_across_with_rows, t.nodes_across_with_rows) << "both waves reach another node";
+      EXPECT_EQ(t.one_sided.inter_node_messages, 4 * t.node_waves_across_with_rows);
+      EXPECT_EQ(t.one_sided.inter_node_bytes, 4 * t.rows_across * kRowBytes);
+      EXPECT_EQ(t.one_sided.intra_node_messages, 0);
+    }
+  }
 }
 
 // The same path on a heap that maps no peer (every row a logged put or get): across nodes still exactly one
