@@ -50,12 +50,7 @@ void validate(const WavesBenchOptions& o) {
               "--experts {} is not divisible by --ranks {}: choose E a multiple of the ranks", o.experts,
               o.ranks);
   EXPAR_CHECK(path_traits(o.path).waves, "--path {} has no wave schedule: choose a path that runs waves ({})",
-              o.path, [] {
-                std::string names;
-                for (const PathTraits& t : path_registry())
-                  if (t.waves) names += (names.empty() ? "" : ", ") + t.name;
-                return names;
-              }());
+              o.path, paths_with(&PathTraits::waves));
   EXPAR_CHECK(!o.waves.empty(), "--waves is empty: list wave counts such as 2,4 (no-wave always runs)");
   const int local = o.experts / o.ranks;
   for (int w : o.waves)

@@ -1,11 +1,7 @@
 #include "expar/moe/moe_layer.hpp"
 
-#include <fmt/ranges.h>
-
 #include <chrono>
 #include <cmath>
-#include <string>
-#include <vector>
 
 #include "expar/comm/comm.hpp"
 #include "expar/core/error.hpp"
@@ -39,13 +35,9 @@ void MoeConfig::validate(int ep_size) const {
               "bias_update_rate={} must be finite and >= 0", bias_update_rate);
   ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
   waves.validate(check.local_count());
-  if (waves.waves > 1 && !path_traits(path).waves) {
-    std::vector<std::string> with;
-    for (const PathTraits& t : path_registry())
-      if (t.waves) with.push_back(t.name);
-    fail("path '{}' has no wave schedule (--waves {}): pass --waves 1, or choose path {}", path, waves.waves,
-         fmt::join(with, " or "));
-  }
+  EXPAR_CHECK(waves.waves == 1 || path_traits(path).waves,
+              "path '{}' has no wave schedule (--waves {}): pass --waves 1, or choose path {}", path,
+              waves.waves, paths_with(&PathTraits::waves));
 }
 
 namespace {

@@ -198,6 +198,9 @@ struct PathTraits {
 std::unique_ptr<ExpertPath> make_path(const std::string& name, Comm& ep_group, const PathOptions& options);
 const std::vector<PathTraits>& path_registry();
 std::vector<std::string> path_names();
+// The paths whose `trait` is set (e.g. &PathTraits::waves), in registry order, joined by " or ": the choices
+// an error that refuses a path names.
+std::string paths_with(bool PathTraits::*trait);
 // Throws expar::Error naming the known paths for an unknown name.
 const PathTraits& path_traits(const std::string& name);
 

@@ -54,11 +54,8 @@ Tensor ExpertPath::expert_grad_input_buffer(const RouteMap& map, int64_t d, Path
 namespace {
 
 [[noreturn]] void no_waves(const ExpertPath& path) {
-  std::vector<std::string> with;
-  for (const PathEntry& p : entries())
-    if (p.traits.waves) with.push_back(p.traits.name);
   fail("path '{}' has no wave schedule: pass --waves 1, or choose path {}", path.name(),
-       fmt::join(with, " or "));
+       paths_with(&PathTraits::waves));
 }
 
 }  // namespace
@@ -91,13 +88,10 @@ Tensor ExpertPath::dispatch_backward_end(const RouteMap&, PathState&) {
 
 void require_f32_payloads(const std::string& path, const PayloadPrecision& precision) {
   if (precision.all_f32()) return;
-  std::vector<std::string> with;
-  for (const PathEntry& p : entries())
-    if (p.traits.reduced_precision) with.push_back(p.traits.name);
   fail(
       "path '{}' moves its rows in f32 only, but the payload precision is {}: choose path {} for "
       "reduced-precision payloads, or set every --*-precision to f32",
-      path, precision.describe(), fmt::join(with, " or "));
+      path, precision.describe(), paths_with(&PathTraits::reduced_precision));
 }
 
 SymmetricHeap& path_heap(const std::string& path, Comm& ep_group, const PathOptions& options,
@@ -171,6 +165,13 @@ std::vector<std::string> path_names() {
   std::vector<std::string> names;
   for (const PathTraits& p : path_registry()) names.push_back(p.name);
   return names;
+}
+
+std::string paths_with(bool PathTraits::*trait) {
+  std::vector<std::string> names;
+  for (const PathTraits& p : path_registry())
+    if (p.*trait) names.push_back(p.name);
+  return fmt::format("{}", fmt::join(names, " or "));
 }
 
 const PathTraits& path_traits(const std::string& name) {
