@@ -144,6 +144,8 @@ ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
     if (cmd.count("--preset") > 0) {
       ModelConfig preset = m;
       preset.moe.score = checkpoint.moe.score;
+      preset.moe.use_score_bias =
+          checkpoint.moe.use_score_bias;  // the checkpoint's, as --score-bias-rate says
       const std::string difference = model_config_difference(preset, checkpoint);
       EXPAR_CHECK(
           difference.empty(),
@@ -153,6 +155,8 @@ ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
     }
     m = model_config_from_json(model_config_to_json(checkpoint), m);
   }
+  // A new run balanced by a score bias gets one (zeros); a resumed run has its checkpoint's, or none.
+  if (a.config.resume_from.empty() && a.config.score_bias_rate > 0) m.moe.use_score_bias = true;
   if (cmd.count("--aux-coef") > 0) m.moe.aux_loss_coef = a.aux_coef;
   if (cmd.count("--z-coef") > 0) m.moe.z_loss_coef = a.z_coef;
   if (a.capacity_factor > 0)
@@ -397,6 +401,13 @@ void add_train(CLI::App& app, CommandTable& table) {
       ->check(finite_in(0, 100));
   cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)")
       ->check(finite_in(0, 100));
+  cmd->add_option(
+         "--score-bias-rate", c.score_bias_rate,
+         "Auxiliary-loss-free balancing (DeepSeek-V3): after each step a per-expert score bias, used "
+         "for expert selection only, moves by this rate towards balanced loads (0: off; a new run "
+         "gets the bias, a resumed one keeps its checkpoint's)")
+      ->capture_default_str()
+      ->check(finite_in(0, 1));
   cmd->add_flag("--shard-optimizer", c.shard_optimizer, "Shard expert Adam state over EP_DP");
   cmd->add_flag("--recompute-moe", c.recompute_moe,
                 "Activation recomputation of every block's MoE MLP: backward redoes dispatch, experts and "

@@ -5,20 +5,24 @@
 namespace expar {
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return nlohmann::json{{"model_dim", c.model_dim},
-                        {"layers", c.layers},
-                        {"heads", c.heads},
-                        {"kv_heads", c.kv_heads},
-                        {"head_dim", c.head_dim},
-                        {"max_seq", c.max_seq},
-                        {"shared_expert_hidden", c.shared_expert_hidden},
-                        {"norm_eps", c.norm_eps},
-                        {"rope_theta", c.rope_theta},
-                        {"num_experts", c.moe.num_experts},
-                        {"top_k", c.moe.top_k},
-                        {"expert_hidden", c.moe.hidden_dim},
-                        {"score", score_function_name(c.moe.score)},
-                        {"renormalize", c.moe.renormalize}};
+  nlohmann::json j{{"model_dim", c.model_dim},
+                   {"layers", c.layers},
+                   {"heads", c.heads},
+                   {"kv_heads", c.kv_heads},
+                   {"head_dim", c.head_dim},
+                   {"max_seq", c.max_seq},
+                   {"shared_expert_hidden", c.shared_expert_hidden},
+                   {"norm_eps", c.norm_eps},
+                   {"rope_theta", c.rope_theta},
+                   {"num_experts", c.moe.num_experts},
+                   {"top_k", c.moe.top_k},
+                   {"expert_hidden", c.moe.hidden_dim},
+                   {"score", score_function_name(c.moe.score)},
+                   {"renormalize", c.moe.renormalize}};
+  // Written only when present, so that the manifests (and config hashes) of models without one stay as they
+  // were: the routing's selection bias of auxiliary-loss-free balancing, a tensor of every checkpoint.
+  if (c.moe.use_score_bias) j["score_bias"] = true;
+  return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j, const ModelConfig& base) {
@@ -39,6 +43,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const ModelConfig& b
     c.moe.hidden_dim = j.at("expert_hidden");
     c.moe.score = score_function_from_name(j.at("score").get<std::string>());
     c.moe.renormalize = j.at("renormalize");
+    c.moe.use_score_bias = j.contains("score_bias") && j.at("score_bias").get<bool>();
     return c;
   } catch (const nlohmann::json::exception& e) {
     fail("the model config in the manifest is malformed ({}): write it again with expar train", e.what());

@@ -265,6 +265,7 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   }
   for (auto& b : blocks_) b->moe->set_loss_scope(loss_scope);
   double aux = 0, z = 0, drop = 0, util = 0;
+  metrics.expert_counts.clear();
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];
     Activations::PerBlock* a = acts ? &acts->blocks[l] : nullptr;
@@ -301,6 +302,8 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     h = add(h1, m);
     aux += moe_state.metrics.aux_loss;
     z += moe_state.metrics.z_loss;
+    const std::vector<int64_t>& counts = moe_state.metrics.expert_counts;
+    metrics.expert_counts.insert(metrics.expert_counts.end(), counts.begin(), counts.end());
     drop += moe_state.metrics.drop_rate;
     util = std::max(util, moe_state.metrics.utilisation);
   }

@@ -35,6 +35,8 @@ struct StepMetrics {
   double drop_rate = 0.0;    // mean over the blocks
   double utilisation = 0.0;  // max over the blocks
   int64_t tokens = 0;
+  std::vector<int64_t>
+      expert_counts;  // [layers x E]: this rank's routes per block and expert (before capacity)
 };
 
 class MoeTransformer {

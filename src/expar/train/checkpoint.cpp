@@ -500,7 +500,11 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
   for (int l = 0; l < model.config().layers; ++l) {
     Tensor& bias = model.moe(l).params().score_bias;
     const std::string name = names.weight("layers." + std::to_string(l) + ".moe.score_bias");
-    if (bias.defined() && bias.numel() > 0 && dense.contains(name)) copy_into(bias, dense, name);
+    if (!bias.defined() || bias.numel() == 0) continue;
+    EXPAR_CHECK(dense.contains(name),
+                "checkpoint '{}': tensor '{}' (the score bias its model config names) is missing from {}",
+                label, name, dense.label());
+    copy_into(bias, dense, name);
   }
   if (stacked_experts)
     load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {

@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+#include <vector>
 
+#include "expar/comm/comm.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/moe/score_bias.hpp"
 #include "expar/topo/divisors.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/adamw.hpp"
@@ -155,6 +160,17 @@ void check_train_config(const TrainConfig& c) {
   non_negative(c.min_lr_ratio, "min_lr_ratio");
   non_negative(c.model.moe.aux_loss_coef, "aux loss coefficient (--aux-coef)");
   non_negative(c.model.moe.z_loss_coef, "z loss coefficient (--z-coef)");
+  non_negative(c.score_bias_rate, "score bias update rate (--score-bias-rate)");
+  EXPAR_CHECK(
+      c.score_bias_rate == 0 || c.model.moe.use_score_bias,
+      "--score-bias-rate {} needs a model with a score bias (ModelConfig moe.use_score_bias); a checkpoint "
+      "trained without one cannot gain one on resume: start a new run",
+      c.score_bias_rate);
+  EXPAR_CHECK(
+      !c.model.moe.use_score_bias || c.format == ModelFormat::Expar,
+      "a score bias (--score-bias-rate) is not part of the {} architecture, so its checkpoints could not "
+      "hold it: train it in expar's own format (no --model), or drop --score-bias-rate",
+      model_format_name(c.format));
   for (auto [v, name] : {std::pair{c.warmup, "warmup steps (--warmup)"},
                          {c.eval_every, "--eval-every"},
                          {c.checkpoint_every, "--checkpoint-every"},
@@ -234,8 +250,9 @@ ModelConfig run_model_config(const TrainConfig& cfg) {
 
 // The forward/backward passes of one step on this rank (gradients accumulate in the model); the record's
 // losses are this rank's means over its tokens.
+// `expert_counts` ([layers x E]) gets this rank's routes per block and expert, summed over the microbatches.
 StepRecord run_microbatches(MoeTransformer& model, const TrainConfig& cfg, const TokenCorpus& corpus,
-                            const RunGroups& g, int step) {
+                            const RunGroups& g, int step, std::vector<int64_t>& expert_counts) {
   const int local_seqs = cfg.global_batch / g.layout.dp, mb_seqs = local_seqs / cfg.microbatches;
   StepRecord rec;
   rec.step = step;
@@ -253,8 +270,27 @@ StepRecord run_microbatches(MoeTransformer& model, const TrainConfig& cfg, const
     rec.z_loss += m.z_loss / cfg.microbatches;
     rec.drop_rate += m.drop_rate / cfg.microbatches;
     rec.utilisation = std::max(rec.utilisation, m.utilisation);
+    if (expert_counts.empty()) expert_counts.assign(m.expert_counts.size(), 0);
+    EXPAR_ASSERT(expert_counts.size() == m.expert_counts.size(), "microbatch {} counted {} routes, not {}",
+                 mb, m.expert_counts.size(), expert_counts.size());
+    for (size_t i = 0; i < expert_counts.size(); ++i) expert_counts[i] += m.expert_counts[i];
   }
   return rec;
+}
+
+// Auxiliary-loss-free balancing after a step: every block's score bias from the step's routes per expert,
+// summed over every rank (each holds the routers; TP peers count the same tokens alike, which the sign
+// ignores), in the same order everywhere, so every rank keeps the same bias.
+void update_score_biases(MoeTransformer& model, std::vector<int64_t>& counts, double rate, Comm& world) {
+  world.all_reduce(counts.data(), counts.size(), DType::I64, ReduceOp::Sum);
+  const int e = model.config().moe.num_experts;
+  EXPAR_ASSERT(counts.size() == static_cast<size_t>(model.config().layers) * static_cast<size_t>(e),
+               "{} route counts for {} blocks of {} experts", counts.size(), model.config().layers, e);
+  for (int l = 0; l < model.config().layers; ++l)
+    update_score_bias(
+        model.moe(l).params().score_bias.span<float>(),
+        std::span<const int64_t>(counts).subspan(static_cast<size_t>(l) * e, static_cast<size_t>(e)),
+        static_cast<float>(rate));
 }
 
 // The step's losses as means over every rank (each holds as many tokens), the utilisation as the maximum.
@@ -345,12 +381,14 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();
-    StepRecord rec = run_microbatches(model, cfg, corpus, g, step);
+    std::vector<int64_t> expert_counts;
+    StepRecord rec = run_microbatches(model, cfg, corpus, g, step, expert_counts);
     // The first step is the dry run that sizes the shared lease pool; after it the pool is frozen.
     if (step == start) model.freeze_leases();
     reducer.reduce();
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
+    if (cfg.score_bias_rate > 0) update_score_biases(model, expert_counts, cfg.score_bias_rate, world);
     average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;

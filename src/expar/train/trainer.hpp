@@ -51,6 +51,11 @@ struct TrainConfig {
   // less resident memory (no expert activations kept; rowwise: no dispatch lease per block and microbatch),
   // one more dispatch + expert forward + combine gather per block in backward.
   bool recompute_moe = false;
+  // Auxiliary-loss-free balancing (DeepSeek-V3, moe/score_bias.hpp): after every step each block's score
+  // bias, added to the router's scores for selection only, moves by this rate times sign(mean − count) per
+  // expert, the counts summed over every rank's microbatches. > 0 needs model.moe.use_score_bias (--score-
+  // bias-rate sets both); 0 leaves a checkpoint's bias as it is.
+  double score_bias_rate = 0;
   size_t bucket_bytes = size_t{4} << 20;
   uint64_t seed = 1234;
   int eval_every = 50;  // 0: only at the end
