@@ -2,15 +2,18 @@
 // every layout of TP 1..4 x {no EP, full EP, variable EP} x DP {1, 2}, contiguous and round-robin placement,
 // gives the reference's prefill and decode logits within 1e-5 relative and the same greedy tokens; a DP
 // replica with no tokens runs the dummy step while its peer decodes; the collective pattern of each phase
-// is the one seed 002 lists.
+// is the one seed 002 lists; a saved score bias routes as in training.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <set>
 
+#include "expar/core/error.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
+#include "expar/io/durable_file.hpp"
 #include "infer_test_util.hpp"
 #include "recording_comm.hpp"
 
@@ -310,6 +313,60 @@ TEST(Engine, GenerateLoadsTheCheckpointAndMatchesTheReference) {
   EXPECT_EQ(r.tokens, ref.greedy[0][1]);
   EXPECT_GT(r.prefill_tokens_per_s, 0.0);
   EXPECT_GT(r.decode_tokens_per_s, 0.0);
+}
+
+// Auxiliary-loss-free balancing's selection bias (train --score-bias-rate): the engine routes with the saved
+// bias as the training model does, on TP 1 and on TP 2 with full EP; a bias large enough to change the routes
+// (the logits without it differ). A store that holds the bias while its manifest does not name it is
+// refused, naming the tensor.
+TEST(Engine, RoutesWithTheSavedScoreBias) {
+  const fs::path dir = temp_dir("engine_score_bias");
+  ModelConfig config = test_config();
+  config.moe.use_score_bias = true;
+  const std::vector<int32_t> prompt = random_tokens(5, 9);
+  Tensor want, unbiased;
+  MemoryTracker& host = current_tracker();
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(config, *group);
+    model.init(11);
+    for (int l = 0; l < config.layers; ++l)
+      fill_normal(model.moe(l).params().score_bias, 5, static_cast<uint64_t>(l), 0.5f);
+    write_expar_checkpoint(dir, model, 4);
+    want = export_to(host, model.logits(prompt, 1, static_cast<int64_t>(prompt.size())));
+    for (int l = 0; l < config.layers; ++l)
+      for (float& v : model.moe(l).params().score_bias.span<float>()) v = 0.0f;
+    unbiased = export_to(host, model.logits(prompt, 1, static_cast<int64_t>(prompt.size())));
+  });
+  EXPECT_FALSE(close(want, unbiased)) << "the bias changes no route: the test would not see it ignored";
+  for (const LayoutCase& c : {LayoutCase{1, 1, false, std::nullopt}, LayoutCase{2, 1, true, std::nullopt}}) {
+    const InferenceLayout layout = make_layout(c, config.moe.num_experts);
+    run_ranks(layout.world(), [&](Comm& world) {
+      auto store = ExparCheckpointStore::open(dir);
+      ASSERT_TRUE(store->model().moe.use_score_bias) << "the manifest names the bias";
+      Engine engine(layout, world,
+                    load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+      const std::vector<int> ids = {engine.add_sequence(config.max_seq)};
+      Tensor logits = engine.prefill(ids, {prompt});
+      EXPECT_TRUE(close(logits, want)) << "TP " << c.tp << (c.ep ? " EP" : "") << ", rank " << world.rank();
+    });
+  }
+  // The manifest without the key: the bias in the store is refused by name.
+  nlohmann::json manifest = nlohmann::json::parse(read_text_file(dir / "manifest.json"));
+  manifest["model"].erase("score_bias");
+  std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
+  auto store = ExparCheckpointStore::open(dir);
+  const InferenceLayout one = make_layout(LayoutCase{1, 1, false, std::nullopt}, config.moe.num_experts);
+  std::string message = "(no error)";
+  try {
+    load_rank_weights(*store, expar_weight_names(), store->model(), one, 0);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("holds 'layers.0.moe.score_bias' but its model config has no score bias"),
+            std::string::npos)
+      << message;
+  fs::remove_all(dir);
 }
 
 TEST(Engine, RejectsALayoutThatDoesNotFitTheModel) {

@@ -104,6 +104,11 @@ inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, i
                                                  p.name.substr(dot)] = p.value.rows(e, e + 1).reshape(s);
     }
   }
+  // Auxiliary-loss-free balancing's selection bias is no parameter: saved beside them, as training does.
+  for (int l = 0; l < c.layers; ++l) {
+    const Tensor& bias = model.moe(l).params().score_bias;
+    if (bias.defined() && bias.numel() > 0) dense["layers." + std::to_string(l) + ".moe.score_bias"] = bias;
+  }
   write_safetensors(dir / "dense.safetensors", dense);
   nlohmann::json files = nlohmann::json::object();
   for (int m = 0; m < expert_files; ++m) {

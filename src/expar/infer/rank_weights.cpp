@@ -141,7 +141,16 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     }
     expect_shape(store, name("router"), {config.moe.num_experts, d});
     lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
-    if (store.contains(name("score_bias"))) lw.score_bias = load_dense(store, name("score_bias"));
+    // Auxiliary-loss-free balancing's selection bias: there exactly when the model config says so.
+    if (config.moe.use_score_bias) {
+      expect_shape(store, name("score_bias"), {config.moe.num_experts});
+      lw.score_bias = load_dense(store, name("score_bias"));
+    } else {
+      EXPAR_CHECK(!store.contains(name("score_bias")),
+                  "checkpoint '{}' holds '{}' but its model config has no score bias: its manifest must say "
+                  "\"score_bias\": true (write it again with expar train)",
+                  store.label(), name("score_bias"));
+    }
     if (features.router == RouterKind::BiasedTopkSoftmax) {
       expect_shape(store, name("router_bias"), {config.moe.num_experts});
       lw.router_bias = load_dense(store, name("router_bias"));
