@@ -144,8 +144,8 @@ ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
     if (cmd.count("--preset") > 0) {
       ModelConfig preset = m;
       preset.moe.score = checkpoint.moe.score;
-      preset.moe.use_score_bias =
-          checkpoint.moe.use_score_bias;  // the checkpoint's, as --score-bias-rate says
+      // A score bias is the checkpoint's to have (--score-bias-rate only moves it), as the score is.
+      preset.moe.use_score_bias = checkpoint.moe.use_score_bias;
       const std::string difference = model_config_difference(preset, checkpoint);
       EXPAR_CHECK(
           difference.empty(),
