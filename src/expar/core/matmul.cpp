@@ -9,6 +9,7 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matvec.hpp"
 
 namespace expar {
 namespace {
@@ -97,6 +98,13 @@ void matmul(const MatmulArgs& p) {
   if (tl_min_rows > 0 && !p.trans_a &&
       (p.m % tl_min_rows != 0 || p.m > kBatchInvariantBlocks * tl_min_rows)) {
     matmul_in_blocks(p, tl_min_rows, lda, ldc);
+    return;
+  }
+  // One row against a transposed matrix (the weights of decode's products): core/matvec reads them closer
+  // to memory bandwidth than oneDNN's m = 1 kernel, whose bits were already its own (matmul.hpp). Batch
+  // invariance never gets here with m = 1 (the quantum pads it above).
+  if (p.m == 1 && !p.trans_a && p.trans_b) {
+    matvec_transposed(p.a, p.b, p.c, p.n, p.k, ldb, p.accumulate);
     return;
   }
   // oneDNN's row-major sgemm: no primitive to create per shape, which matters because grouped expert GEMMs

@@ -1,5 +1,6 @@
 #pragma once
-// Every matrix product in expar goes through oneDNN's matmul primitive (f32, row-major).
+// Every matrix product in expar goes through here (f32, row-major): oneDNN's sgemm, except one row against a
+// transposed matrix (decode's products), which core/matvec reads closer to memory bandwidth.
 #include <cstdint>
 
 namespace expar {

@@ -1,0 +1,22 @@
+#pragma once
+// One row times a transposed matrix, c[n] (+)= a[k] · B[n, k]ᵀ: the m = 1 products of decode (every linear
+// layer, expert and LM head row of a batch-1 step), which read each weight once and do 2 FLOPs per float
+// read, so they run at memory bandwidth or not at all.
+//
+// Why not oneDNN: its sgemm at m = 1 read weights at 0.71-0.91 of a plain streaming read on the AMD EPYC
+// (Zen 5) development VM (2 threads; 0.77-0.80 on one), this loop at 0.87-1.04 (0.86-0.94 on one), paired
+// in one probe cycling through 1 GiB of [2048, 1024] matrices (docs/performance.md, "decode's products").
+//
+// Each output is one thread's dot product over k in a fixed order (16-lane partial sums, then the lanes in
+// order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
+// one register, AVX2 as two, SSE as four (no instruction set assumed beyond what -march gives).
+#include <cstdint>
+
+namespace expar {
+
+// c[j] = Σ_i a[i]·b[j·ldb + i] for j < n (c[j] += ... when accumulate; otherwise c is never read, so a
+// poisoned output stays harmless). Spread over the compute threads when not inside a parallel region.
+void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int64_t k, int64_t ldb,
+                       bool accumulate);
+
+}  // namespace expar

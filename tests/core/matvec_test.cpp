@@ -1,0 +1,101 @@
+// core/matvec: one row against a transposed matrix, the m = 1 products matmul() sends there. Checked against
+// a double-precision dot product at shapes with every tail (k below, at and past the 16 lanes, n not a
+// multiple of the 4-row block), a leading dimension wider than k, plain (a NaN-poisoned output is never
+// read) and accumulating; the same bits at 1 and 2 compute threads, and matmul() with m = 1 and a
+// transposed B gives exactly matvec's result.
+#include "expar/core/matvec.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "expar/core/matmul.hpp"
+#include "expar/core/rng.hpp"
+
+namespace expar {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint64_t stream) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = random_normal(5, stream, i);
+  return v;
+}
+
+struct Shape {
+  int64_t n, k, ldb;
+};
+
+// c[j] (+)= Σ a[i]·b[j·ldb + i] in double; the float result is within a few ulp of Σ|a·b| of it.
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c0,
+                  const std::vector<float>& c, const Shape& s, bool accumulate) {
+  for (int64_t j = 0; j < s.n; ++j) {
+    double dot = 0.0, magnitude = 0.0;
+    for (int64_t i = 0; i < s.k; ++i) {
+      const double term =
+          static_cast<double>(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(j * s.ldb + i)];
+      dot += term;
+      magnitude += std::fabs(term);
+    }
+    if (accumulate) {
+      dot += c0[static_cast<size_t>(j)];
+      magnitude += std::fabs(c0[static_cast<size_t>(j)]);
+    }
+    ASSERT_NEAR(c[static_cast<size_t>(j)], dot, 1e-6 * magnitude + 1e-30)
+        << "row " << j << " of n " << s.n << ", k " << s.k << ", ldb " << s.ldb
+        << (accumulate ? ", accumulating" : "");
+  }
+}
+
+TEST(Matvec, MatchesADoubleDotProductAtEveryTail) {
+  const int saved_threads = compute_threads();
+  for (const Shape s :
+       {Shape{1, 1, 1}, Shape{3, 15, 15}, Shape{4, 16, 20}, Shape{5, 17, 17}, Shape{7, 33, 40},
+        Shape{64, 1000, 1003}, Shape{1027, 1024, 1024}, Shape{2048, 512, 520}}) {
+    const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 1);
+    const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 2);
+    const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 3);
+    for (const bool accumulate : {false, true}) {
+      std::vector<float> by_threads[2];
+      for (const int threads : {1, 2}) {
+        set_compute_threads(threads);
+        std::vector<float> c = accumulate ? c0
+                                          : std::vector<float>(static_cast<size_t>(s.n),
+                                                               std::numeric_limits<float>::quiet_NaN());
+        matvec_transposed(a.data(), b.data(), c.data(), s.n, s.k, s.ldb, accumulate);
+        expect_close(a, b, c0, c, s, accumulate);
+        by_threads[threads - 1] = c;
+      }
+      EXPECT_EQ(by_threads[0], by_threads[1])
+          << "n " << s.n << " k " << s.k << ": the thread count changed bits";
+    }
+  }
+  set_compute_threads(saved_threads);
+}
+
+TEST(Matvec, IsWhatMatmulRunsForOneRowAgainstATransposedMatrix) {
+  const Shape s{300, 257, 260};
+  const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 4);
+  const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 5);
+  const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 6);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> direct = c0, through = c0;
+    matvec_transposed(a.data(), b.data(), direct.data(), s.n, s.k, s.ldb, accumulate);
+    MatmulArgs p;
+    p.a = a.data();
+    p.b = b.data();
+    p.c = through.data();
+    p.m = 1;
+    p.n = s.n;
+    p.k = s.k;
+    p.trans_b = true;
+    p.ldb = s.ldb;
+    p.accumulate = accumulate;
+    matmul(p);
+    EXPECT_EQ(direct, through) << (accumulate ? "accumulating" : "plain");
+  }
+}
+
+}  // namespace
+}  // namespace expar
