@@ -11,17 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/random_vector.hpp"
 #include "expar/core/matmul.hpp"
-#include "expar/core/rng.hpp"
 
 namespace expar {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint64_t stream) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = random_normal(3, stream, i);
-  return v;
-}
 
 struct Shape {
   int64_t n, k;
@@ -32,9 +26,9 @@ TEST(MatmulRows, RowsDoNotDependOnTheirBatch) {
   const int saved_threads = compute_threads();
   for (const Shape s : {Shape{96, 80}, Shape{1024, 512}, Shape{512, 1024}}) {
     const int64_t n = s.n, k = s.k, lda = k + 8, total = 2 * block + q + 5;
-    const std::vector<float> a = random_vector(static_cast<size_t>(total * lda), 1);
-    const std::vector<float> w = random_vector(static_cast<size_t>(n * k), 2);
-    const std::vector<float> c0 = random_vector(static_cast<size_t>(total * n), 3);
+    const std::vector<float> a = random_vector(static_cast<size_t>(total * lda), 3, 1);
+    const std::vector<float> w = random_vector(static_cast<size_t>(n * k), 3, 2);
+    const std::vector<float> c0 = random_vector(static_cast<size_t>(total * n), 3, 3);
     set_matmul_min_rows(q);
     for (const int threads : {1, 2}) {
       set_compute_threads(threads);
@@ -84,8 +78,8 @@ TEST(MatmulRows, RowsDoNotDependOnTheirBatch) {
 // necessary), for some m the test above covers: AVX-512 at m < 16, AVX2 at rows in the 6-row kernel's tail.
 TEST(MatmulRows, PlainProductsDependOnTheirBatch) {
   const int64_t n = 96, k = 80, total = 40;
-  const std::vector<float> a = random_vector(static_cast<size_t>(total * k), 1);
-  const std::vector<float> w = random_vector(static_cast<size_t>(n * k), 2);
+  const std::vector<float> a = random_vector(static_cast<size_t>(total * k), 3, 1);
+  const std::vector<float> w = random_vector(static_cast<size_t>(n * k), 3, 2);
   auto product = [&](int64_t m) {
     std::vector<float> c(static_cast<size_t>(m * n));
     matmul(a.data(), w.data(), c.data(), m, n, k, false, true, false);

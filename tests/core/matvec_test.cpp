@@ -11,17 +11,11 @@
 #include <limits>
 #include <vector>
 
+#include "core/random_vector.hpp"
 #include "expar/core/matmul.hpp"
-#include "expar/core/rng.hpp"
 
 namespace expar {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint64_t stream) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = random_normal(5, stream, i);
-  return v;
-}
 
 struct Shape {
   int64_t n, k, ldb;
@@ -53,9 +47,9 @@ TEST(Matvec, MatchesADoubleDotProductAtEveryTail) {
   for (const Shape s :
        {Shape{1, 1, 1}, Shape{3, 15, 15}, Shape{4, 16, 20}, Shape{5, 17, 17}, Shape{7, 33, 40},
         Shape{64, 1000, 1003}, Shape{1027, 1024, 1024}, Shape{2048, 512, 520}}) {
-    const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 1);
-    const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 2);
-    const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 3);
+    const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 5, 1);
+    const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 5, 2);
+    const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 5, 3);
     for (const bool accumulate : {false, true}) {
       std::vector<float> by_threads[2];
       for (const int threads : {1, 2}) {
@@ -76,9 +70,9 @@ TEST(Matvec, MatchesADoubleDotProductAtEveryTail) {
 
 TEST(Matvec, IsWhatMatmulRunsForOneRowAgainstATransposedMatrix) {
   const Shape s{300, 257, 260};
-  const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 4);
-  const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 5);
-  const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 6);
+  const std::vector<float> a = random_vector(static_cast<size_t>(s.k), 5, 4);
+  const std::vector<float> b = random_vector(static_cast<size_t>(s.n * s.ldb), 5, 5);
+  const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), 5, 6);
   for (const bool accumulate : {false, true}) {
     std::vector<float> direct = c0, through = c0;
     matvec_transposed(a.data(), b.data(), direct.data(), s.n, s.k, s.ldb, accumulate);

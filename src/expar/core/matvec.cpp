@@ -11,8 +11,8 @@ constexpr int64_t kLanes = 16;
 // Below this many weights a product stays on the calling thread (the region would cost more than it saves).
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
-// Four rows at a time: four independent accumulators (eight on AVX2) hide the FMA latency, and four weight
-// streams plus `a` stay within what the hardware prefetchers follow.
+// Four rows at a time: of 2, 4 and 8 rows per block (and one row with 4 or 8 accumulators), 4 read the
+// weights fastest in a probe on the Zen 5 VM (docs/performance.md).
 constexpr int64_t kRows = 4;
 
 template <int64_t R>
