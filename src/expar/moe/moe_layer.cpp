@@ -7,7 +7,6 @@
 #include "expar/core/error.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/phase_timer.hpp"
-#include "expar/moe/score_bias.hpp"
 
 namespace expar {
 
@@ -31,8 +30,6 @@ void MoeConfig::validate(int ep_size) const {
   EXPAR_CHECK(hidden_dim >= 1, "hidden_dim={} (expert MLP width) must be at least 1", hidden_dim);
   capacity.validate();
   precision.validate(model_dim);
-  EXPAR_CHECK(std::isfinite(bias_update_rate) && bias_update_rate >= 0.0f,
-              "bias_update_rate={} must be finite and >= 0", bias_update_rate);
   ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
   waves.validate(check.local_count());
   EXPAR_CHECK(waves.waves == 1 || path_traits(path).waves,
@@ -340,13 +337,6 @@ void MoeLayer::set_waves(WaveConfig waves) {
   check.waves = waves;
   check.validate(ep_group_.size());
   config_.waves = waves;
-}
-
-void MoeLayer::update_score_bias(const MoeState& state, Comm& dp_group) {
-  EXPAR_CHECK(config_.use_score_bias,
-              "MoE layer '{}' has no score bias: set use_score_bias to balance with it", name_);
-  expar::update_score_bias(params_.score_bias.span<float>(), state.metrics.expert_counts,
-                           config_.bias_update_rate, dp_group);
 }
 
 }  // namespace expar

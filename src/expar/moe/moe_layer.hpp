@@ -44,9 +44,8 @@ struct MoeConfig {
   ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
   int n_group = 1;
   int topk_group = 1;
-  bool use_score_bias = false;  // auxiliary-loss-free balancing
-  float bias_update_rate = 1e-3f;
-  CapacityPolicy capacity;  // dropless by default
+  bool use_score_bias = false;  // auxiliary-loss-free balancing (the trainer moves it: --score-bias-rate)
+  CapacityPolicy capacity;      // dropless by default
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   std::string path = "local";
@@ -165,8 +164,6 @@ class MoeLayer {
   Tensor forward(const Tensor& x, MoeState& state);
   // grad_y [T, d] -> grad_x [T, d]; ADDS parameter gradients into grads(). Collective over the EP group.
   Tensor backward(const Tensor& grad_y, MoeState& state);
-  // Auxiliary-loss-free balancing step with the counts of `state`, summed over dp_group (collective).
-  void update_score_bias(const MoeState& state, Comm& dp_group);
 
  private:
   MoeConfig config_;
