@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "expar/core/memory.hpp"
 #include "expar/core/tensor.hpp"
@@ -54,6 +57,53 @@ TEST(HostCache, AFreedLargeBlockIsReusedForTheSameClass) {
   host_free(c, size_t{8} << 20);
   host_cache_release();
   EXPECT_EQ(host_cache_stats().cached_bytes, 0);
+}
+
+// The transparent-huge-page mode of this kernel ("always", "madvise", "never"), or "" where it has none.
+std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  const size_t open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos ? ""
+                                                                 : line.substr(open + 1, close - open - 1);
+}
+
+// The flags (smaps "VmFlags", e.g. "hg" for MADV_HUGEPAGE) of the mapping that holds address p.
+std::string mapping_flags(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> begin >> dash >> end && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = begin <= address && address < end;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+TEST(HostAlloc, LargeBlocksAreHugePageAlignedAndMarkedForHugePages) {
+  void* small = host_alloc(kHugePageMinBytes - 4096);
+  void* large = host_alloc(kHugePageMinBytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % kHugePageBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % 64, 0u);
+  const std::string mode = thp_mode();
+  if (mode == "always" || mode == "madvise") {
+    const std::string flags = mapping_flags(large);
+    ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds the block";
+    EXPECT_NE(flags.find(" hg"), std::string::npos) << "not marked MADV_HUGEPAGE: " << flags;
+  }
+  host_free(large, kHugePageMinBytes);
+  host_free(small, kHugePageMinBytes - 4096);
+  host_cache_release();
+  if (mode != "always" && mode != "madvise")
+    GTEST_SKIP() << "transparent huge pages are '" << mode << "' here: only the alignment was checked";
 }
 
 TEST(HostCache, TensorAccountingIsUnchangedByTheCache) {

@@ -1,5 +1,7 @@
 #include "expar/core/host_allocator.hpp"
 
+#include <sys/mman.h>
+
 #include <bit>
 #include <cstdlib>
 #include <mutex>
@@ -58,9 +60,15 @@ Cache& cache() {
 }
 
 void* system_alloc(size_t bytes) {
-  void* p = std::aligned_alloc(64, bytes);
+  const bool huge = bytes >= kHugePageMinBytes;
+  // aligned_alloc wants a size that is a multiple of the alignment; the rounding is never touched.
+  const size_t size = huge ? (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes : bytes;
+  void* p = std::aligned_alloc(huge ? kHugePageBytes : 64, size);
   EXPAR_CHECK(p != nullptr, "host allocation of {} failed: reduce the sizes (batch, model) or the ranks",
               format_bytes(static_cast<int64_t>(bytes)));
+  // A hint: where transparent huge pages are off ("never") or absent the block keeps 4 KiB pages, so the
+  // result is not checked.
+  if (huge) madvise(p, size, MADV_HUGEPAGE);
   return p;
 }
 
