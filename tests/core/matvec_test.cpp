@@ -2,7 +2,7 @@
 // a double-precision dot product at shapes with every tail (k below, at and past the 16 lanes, n not a
 // multiple of the 4-row block), a leading dimension wider than k, plain (a NaN-poisoned output is never
 // read) and accumulating; the same bits at 1 and 2 compute threads, and matmul() with m = 1 and a
-// transposed B gives exactly matvec's result; a batch of products in one region gives each its own bits.
+// transposed B gives exactly matvec's result.
 #include "expar/core/matvec.hpp"
 
 #include <gtest/gtest.h>
@@ -89,43 +89,6 @@ TEST(Matvec, IsWhatMatmulRunsForOneRowAgainstATransposedMatrix) {
     matmul(p);
     EXPECT_EQ(direct, through) << (accumulate ? "accumulating" : "plain");
   }
-}
-
-// A batch in one region (its rows dealt out in chunks of ~128 KiB) gives every product exactly the bits it
-// has alone on one thread: shapes with a tail row, ldb wider than k, an empty product, one accumulating and
-// one large enough to be cut into many chunks, at 1 and 2 compute threads; the plain outputs NaN-poisoned.
-TEST(Matvec, ABatchGivesEachProductItsOwnBits) {
-  const int saved_threads = compute_threads();
-  const std::vector<Shape> shapes{Shape{1027, 1024, 1024}, Shape{2048, 512, 520}, Shape{0, 64, 64},
-                                  Shape{3, 15, 15}, Shape{513, 1000, 1003}};
-  const std::vector<bool> accumulating{false, false, false, true, true};
-  std::vector<std::vector<float>> a, b, c0, alone;
-  set_compute_threads(1);
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const Shape& s = shapes[i];
-    a.push_back(random_vector(static_cast<size_t>(s.k), 7, 10 * i + 1));
-    b.push_back(random_vector(static_cast<size_t>(s.n * s.ldb), 7, 10 * i + 2));
-    c0.push_back(random_vector(static_cast<size_t>(s.n), 7, 10 * i + 3));
-    alone.push_back(c0.back());
-    matvec_transposed(a[i].data(), b[i].data(), alone[i].data(), s.n, s.k, s.ldb, accumulating[i]);
-  }
-  for (const int threads : {1, 2}) {
-    set_compute_threads(threads);
-    std::vector<std::vector<float>> c;
-    std::vector<MatvecProduct> batch;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      c.push_back(accumulating[i] ? c0[i]
-                                  : std::vector<float>(static_cast<size_t>(shapes[i].n),
-                                                       std::numeric_limits<float>::quiet_NaN()));
-      batch.push_back(MatvecProduct{a[i].data(), b[i].data(), c[i].data(), shapes[i].n, shapes[i].k,
-                                    shapes[i].ldb, accumulating[i]});
-    }
-    matvec_transposed(batch);
-    for (size_t i = 0; i < shapes.size(); ++i)
-      EXPECT_EQ(c[i], alone[i]) << "product " << i << " (n " << shapes[i].n << ", k " << shapes[i].k
-                                << ") at " << threads << " thread(s)";
-  }
-  set_compute_threads(saved_threads);
 }
 
 }  // namespace

@@ -12,29 +12,15 @@
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
 // one register, AVX2 as two, SSE as four (no instruction set assumed beyond what -march gives).
 #include <cstdint>
-#include <span>
 
 namespace expar {
 
-// One product of a batch: c[j] (+)= Σ_i a[i]·b[j·ldb + i] for j < n.
-struct MatvecProduct {
-  const float* a = nullptr;
-  const float* b = nullptr;
-  float* c = nullptr;
-  int64_t n = 0, k = 0, ldb = 0;
-  bool accumulate = false;
-};
-
-// Independent products in one parallel region (the q, k and v of a decode step, the experts' products):
-// their rows are cut into chunks of about 128 KiB of weights, dealt one at a time to whichever compute
-// thread is free, so a thread that reads faster for a moment takes more of them instead of waiting for the
-// other at the end of each product. A chunk is whole rows, each still one thread's sum in the order above:
-// the same bits as each product alone, at any thread count. On the calling thread alone inside a parallel
-// region, with one compute thread, or under 64 Ki weights in all.
-void matvec_transposed(std::span<const MatvecProduct> products);
-
 // c[j] = Σ_i a[i]·b[j·ldb + i] for j < n (c[j] += ... when accumulate; otherwise c is never read, so a
-// poisoned output stays harmless). A batch of one (above).
+// poisoned output stays harmless). Spread over the compute threads when not inside a parallel region (and
+// from 64 Ki weights on): the rows are cut into chunks of about 128 KiB of weights, dealt one at a time to
+// whichever thread is free, so a thread that reads faster for a moment takes more of them instead of
+// waiting for the other at the end of the product. A chunk is whole rows, each still one thread's sum in the
+// order above: the same bits at any thread count.
 void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int64_t k, int64_t ldb,
                        bool accumulate);
 
