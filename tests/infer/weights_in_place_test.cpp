@@ -1,6 +1,7 @@
-// load_rank_weights uses F32 row ranges of a mapped checkpoint in place (views charged to
-// MemCategory::MappedWeights, no copy) and copies only what must change layout (stacked experts, column
-// shards); the mapping lives as long as a weight views it.
+// load_rank_weights keeps the embedding table's F32 rows of a mapped checkpoint in place (a view charged to
+// MemCategory::MappedWeights: a step gathers one row per token) and copies every weight a step streams
+// whole (DenseWeights: attention, norms, router, LM head; ExpertWeights: the stacked experts), giving the
+// file pages it read back; the mapping lives as long as the embedding views it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -27,7 +28,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
-TEST(WeightsInPlace, DenseRowsAreViewsOfTheFileAndExpertsOneCopy) {
+TEST(WeightsInPlace, TheEmbeddingIsAViewOfTheFileAndStreamedWeightsOneCopy) {
   const HfTestModel m = mixtral_test_model();
   const fs::path dir = temp_dir("in_place");
   RemoveTempDirs::dirs().push_back(dir);
@@ -43,32 +44,32 @@ TEST(WeightsInPlace, DenseRowsAreViewsOfTheFileAndExpertsOneCopy) {
         std::unique_ptr<TensorStore> store = open_store(spec);
         w = load_rank_weights(*store, spec, layout, 0);
       }
-      // The store is gone; the weights used in place keep the file mapped.
+      // The store is gone; the embedding used in place keeps the file mapped.
       EXPECT_TRUE(maps_file_under(dir)) << "TP " << tp;
       const RankWeights& cw = w;
       const LayerWeights& l0 = cw.layers[0];
-      for (const Tensor* t : {&cw.embed, &cw.lm_head, &cw.final_norm, &l0.attn_norm, &l0.attn.wq, &l0.attn.wk,
-                              &l0.attn.wv, &l0.router})
-        EXPECT_EQ(t->category(), MemCategory::MappedWeights) << "TP " << tp;
-      // Wo's columns of the local heads are a strided copy under TP; whole at TP 1.
-      EXPECT_EQ(l0.attn.wo.category(), tp == 1 ? MemCategory::MappedWeights : MemCategory::DenseWeights);
+      EXPECT_EQ(cw.embed.category(), MemCategory::MappedWeights) << "TP " << tp;
+      for (const Tensor* t : {&cw.lm_head, &cw.final_norm, &l0.attn_norm, &l0.attn.wq, &l0.attn.wk,
+                              &l0.attn.wv, &l0.attn.wo, &l0.router})
+        EXPECT_EQ(t->category(), MemCategory::DenseWeights) << "TP " << tp;
       EXPECT_EQ(l0.experts.w1.category(), MemCategory::ExpertWeights);
-      // The views read the checkpoint's values: TP rank 0's rows.
+      // The view and the copies hold the checkpoint's values: TP rank 0's rows.
       EXPECT_TRUE(same_bytes(w.embed, m.tensors.at("model.embed_tokens.weight").rows(0, m.vocab / tp)));
+      EXPECT_TRUE(same_bytes(w.lm_head, m.tensors.at("lm_head.weight").rows(0, m.vocab / tp)));
       EXPECT_TRUE(same_bytes(
           l0.attn.wq,
           m.tensors.at(m.layer(0) + "self_attn.q_proj.weight").rows(0, m.heads * m.head_dim / tp)));
-      // Where every byte is: the views are charged to MappedWeights, the copies to their categories.
-      int64_t mapped = 0;
-      for (const Tensor* t : {&w.embed, &w.lm_head, &w.final_norm})
-        mapped += static_cast<int64_t>(t->nbytes());
-      for (const LayerWeights& l : cw.layers) {
-        for (const Tensor* t : {&l.attn_norm, &l.mlp_norm, &l.attn.wq, &l.attn.wk, &l.attn.wv, &l.router})
-          mapped += static_cast<int64_t>(t->nbytes());
-        if (tp == 1) mapped += static_cast<int64_t>(l.attn.wo.nbytes());
-      }
+      // Where every byte is: the view is charged to MappedWeights, the copies to their categories.
+      int64_t dense = 0;
+      for (const Tensor* t : {&w.lm_head, &w.final_norm}) dense += static_cast<int64_t>(t->nbytes());
+      for (const LayerWeights& l : cw.layers)
+        for (const Tensor* t :
+             {&l.attn_norm, &l.mlp_norm, &l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.router})
+          dense += static_cast<int64_t>(t->nbytes());
       const MemorySnapshot s = tracker.snapshot();
-      EXPECT_EQ(s.current_of(MemCategory::MappedWeights), mapped) << "TP " << tp;
+      EXPECT_EQ(s.current_of(MemCategory::MappedWeights), static_cast<int64_t>(w.embed.nbytes()))
+          << "TP " << tp;
+      EXPECT_EQ(s.current_of(MemCategory::DenseWeights), dense) << "TP " << tp;
       int64_t experts = 0;
       for (const LayerWeights& l : w.layers)
         experts +=

@@ -74,7 +74,10 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   const int64_t v0 = config.vocab * info.tp_rank / layout.tp(),
                 v1 = config.vocab * (info.tp_rank + 1) / layout.tp();
   w.vocab_begin = v0;
-  w.embed = load_rows(store, names.embed, v0, v1);
+  // The table is gathered one row per token, so it stays in the file where it can; tied to the LM head it is
+  // streamed whole every step, and copied like the other streamed weights.
+  w.embed =
+      features.tied_embeddings ? load_rows(store, names.embed, v0, v1) : map_rows(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)

@@ -136,12 +136,16 @@ Tensor load_dense(const TensorStore& store, const std::string& name) {
 }
 
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  Tensor copy = to_f32(store.view_rows(name, begin, end), MemCategory::DenseWeights);
+  store.release_rows(name, begin, end);
+  return copy;
+}
+
+Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   Tensor v = store.view_rows(name, begin, end);
   // F32 rows of a mapped file are used where they lie: the view keeps the mapping alive.
   if (v.dtype() == DType::F32 && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
-  Tensor copy = to_f32(v, MemCategory::DenseWeights);
-  store.release_rows(name, begin, end);
-  return copy;
+  return load_rows(store, name, begin, end);
 }
 
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {

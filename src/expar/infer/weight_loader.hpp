@@ -39,11 +39,17 @@ ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t
 Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base);
 
 // Dense helpers: a whole tensor, rows [begin, end) of the first dimension, or columns [begin, end) of a 2-D
-// tensor, as f32. Whole tensors and row ranges stored as F32 in a mapped file are views onto the mapping
-// (charged to MemCategory::MappedWeights; no copy); anything else is one f32 copy (DenseWeights) after
-// which the mapped pages read are given back (TensorStore::release_rows).
+// tensor, as one f32 copy (MemCategory::DenseWeights) after which the mapped pages read are given back
+// (TensorStore::release_rows), so file pages and copies do not both stay resident. Copied although F32 rows
+// of a mapped file could be used in place: every decode step streams these weights whole, and copies of
+// 8 MiB and more sit in transparent huge pages (core/host_allocator), which the file's pages are not; with
+// the copies `expar generate` decoded 1-8 % faster (docs/performance.md, "Huge pages").
 Tensor load_dense(const TensorStore& store, const std::string& name);
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+// Rows that a step gathers a few of (the embedding table, one row per token): stored as F32 in a mapped
+// file they are a view onto the mapping (charged to MemCategory::MappedWeights; the view keeps the mapping
+// alive), so only the rows the tokens touch become resident; anything else is load_rows's copy.
+Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 
 }  // namespace expar::infer
