@@ -16,9 +16,10 @@
 // block goes back to the system. EXPAR_HOST_CACHE=0 turns the cache off; sanitizer builds turn it off by
 // default so that AddressSanitizer still sees every use after free.
 //
-// Blocks of at least kHugePageMinBytes (the weights, the KV cache, large activations) start on a 2 MiB
-// boundary and are marked for transparent huge pages (madvise MADV_HUGEPAGE; Debian's default THP mode is
-// "madvise", so without the mark they get 4 KiB pages). Why: batch-1 decode streams every weight once per
+// Blocks of at least kHugePageMinBytes (the expert weights and the copied dense weights of inference, any
+// other tensor this large) start on a 2 MiB boundary and are marked for transparent huge pages (madvise
+// MADV_HUGEPAGE: where the kernel's THP mode is "madvise", as on the Zen 5 development VM, a block without
+// the mark gets 4 KiB pages). Why: batch-1 decode streams every weight once per
 // token, and with the expert weights in huge pages `expar generate` decoded 7-26 % faster on the Zen 5 VM
 // (docs/performance.md, "Huge pages"). The last huge page of a block may be touched only in part: at most
 // 2 MiB more resident memory per block, hence the 8 MiB floor.
