@@ -1,6 +1,6 @@
-// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones): forward against a per-row f64 computation,
-// every gradient (biases included) by central finite differences, and the capacity tail (and experts without
-// rows) left unread and unwritten.
+// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form: forward against
+// a per-row f64 computation, every gradient (biases included) by central finite differences, and the capacity
+// tail (and experts without rows) left unread and unwritten.
 #include "expar/moe/expert_mlp.hpp"
 
 #include <gtest/gtest.h>
@@ -15,8 +15,11 @@
 namespace expar {
 namespace {
 
-constexpr int64_t kD = 4, kH = 5, kLocal = 3, kCapacity = 8;
-const std::vector<int64_t> kOffsets{0, 2, 2, 5};  // local expert 1 has no rows; rows 5..7 are the tail
+// Local expert 0 has 2 rows (the row form), expert 1 none, expert 2 one more than the column form's threshold
+// (expert_mlp.hpp); the rows past the last offset are the tail.
+constexpr int64_t kD = 4, kH = 5, kLocal = 3;
+const std::vector<int64_t> kOffsets{0, 2, 2, 3 + kExpertColumnFormMinRows};
+const int64_t kCapacity = kOffsets.back() + 3;
 
 ExpertWeights random_weights(uint64_t seed) {
   ExpertWeights w{Tensor::empty({kLocal, kH, kD}), Tensor::empty({kLocal, kH, kD}),

@@ -391,9 +391,11 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, es);
   if (c.gpt_oss) {
     // Both clamps bite on some pre-activations and leave others free (the gradients flow through both).
+    // The saved rows have a padded stride (ExpertMlpState): their first kH columns.
     const auto count = [&](const Tensor& pre, auto clamped) {
       int64_t n = 0;
-      for (int64_t i = 0; i < map.recv_rows * kH; ++i) n += clamped(pre.data<float>()[i]);
+      for (int64_t r = 0; r < map.recv_rows; ++r)
+        for (int64_t c = 0; c < kH; ++c) n += clamped(pre.data<float>()[r * pre.dim(1) + c]);
       return n;
     };
     const int64_t all = map.recv_rows * kH;

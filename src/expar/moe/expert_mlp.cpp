@@ -9,6 +9,7 @@
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/parallel_tasks.hpp"
+#include "expar/core/transpose.hpp"
 #include "expar/moe/payload_precision.hpp"
 
 namespace expar {
@@ -64,24 +65,45 @@ namespace {
 // The SwiGLU elementwise passes use the vectorisable sigmoid (core/fast_exp.hpp): as scalar libm loops on one
 // thread they were 12-14% of a grouped-GEMM step. An expert that runs alone (the only one with rows) spreads
 // them over the compute threads; among experts spread over the threads they run on the expert's worker (the
-// nested region is inactive). Elementwise only, so the thread count never changes a result.
+// nested region is inactive). Elementwise only, so the thread count never changes a result. Every pass works
+// on `rows` rows of `cols` values, each operand with its own row stride (the backward's scratch is padded).
 constexpr int64_t kParallelMin = int64_t{1} << 15;
 
+// A row-major operand of an elementwise pass: row r starts at p + r * ld.
+template <typename T>
+struct Rows {
+  T* p;
+  int64_t ld;
+  T* row(int64_t r) const { return p + r * ld; }
+};
+using In = Rows<const float>;
+using Out = Rows<float>;
+
 // m = silu(a) * b.
-void swiglu(const float* a, const float* b, float* m, int64_t count) {
-#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
-  for (int64_t i = 0; i < count; ++i) m[i] = a[i] * fast_sigmoid(a[i]) * b[i];
+void swiglu(In a, In b, Out m, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *ar = a.row(r), *br = b.row(r);
+    float* mr = m.row(r);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) mr[c] = ar[c] * fast_sigmoid(ar[c]) * br[c];
+  }
 }
 
 // From grad_m: grad_b = grad_m * silu(a); grad_a = grad_m * b * silu'(a), silu'(a) = s·(1 + a·(1 − s)).
 // Element i of gm is read before element i of ga or gb is written, so either may be gm itself.
-void swiglu_grad(const float* a, const float* b, const float* gm, float* ga, float* gb, int64_t count) {
-#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gm[i];
-    const float s = fast_sigmoid(a[i]);
-    gb[i] = g * (a[i] * s);
-    ga[i] = g * b[i] * s * (1.0f + a[i] * (1.0f - s));
+void swiglu_grad(In a, In b, In gm, Out ga, Out gb, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *ar = a.row(r), *br = b.row(r), *gr = gm.row(r);
+    float *gar = ga.row(r), *gbr = gb.row(r);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = gr[c];
+      const float s = fast_sigmoid(ar[c]);
+      gbr[c] = g * (ar[c] * s);
+      gar[c] = g * br[c] * s * (1.0f + ar[c] * (1.0f - s));
+    }
   }
 }
 
@@ -90,36 +112,56 @@ bool has(const Tensor& t) {
 }
 
 // m = the experts' activation of the pre-activations a (gate) and b (up).
-void activate(ExpertMlpActivation activation, const float* a, const float* b, float* m, int64_t count) {
-  if (activation == ExpertMlpActivation::GptOssClamped) {
-    for (int64_t i = 0; i < count; ++i) m[i] = gpt_oss_swiglu(a[i], b[i]);
-  } else {
-    swiglu(a, b, m, count);
-  }
+void activate(ExpertMlpActivation activation, In a, In b, Out m, int64_t rows, int64_t cols) {
+  if (activation != ExpertMlpActivation::GptOssClamped) return swiglu(a, b, m, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) m.row(r)[c] = gpt_oss_swiglu(a.row(r)[c], b.row(r)[c]);
 }
 
 // The activation's gradient (swiglu_grad's contract: gm may be ga or gb).
-void activate_grad(ExpertMlpActivation activation, const float* a, const float* b, const float* gm, float* ga,
-                   float* gb, int64_t count) {
-  if (activation != ExpertMlpActivation::GptOssClamped) return swiglu_grad(a, b, gm, ga, gb, count);
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gm[i];
-    const GptOssSwigluGrad d = gpt_oss_swiglu_grad(a[i], b[i]);
-    ga[i] = g * d.d_gate;
-    gb[i] = g * d.d_up;
-  }
+void activate_grad(ExpertMlpActivation activation, In a, In b, In gm, Out ga, Out gb, int64_t rows,
+                   int64_t cols) {
+  if (activation != ExpertMlpActivation::GptOssClamped) return swiglu_grad(a, b, gm, ga, gb, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = gm.row(r)[c];
+      const GptOssSwigluGrad d = gpt_oss_swiglu_grad(a.row(r)[c], b.row(r)[c]);
+      ga.row(r)[c] = g * d.d_gate;
+      gb.row(r)[c] = g * d.d_up;
+    }
 }
 
-// acc [cols] += Σ over the n rows of rows [n, cols], row after row.
-void add_column_sums(const float* rows, int64_t n, int64_t cols, float* acc) {
+// acc [cols] += Σ over the n rows of `rows`, row after row.
+void add_column_sums(In rows, int64_t n, int64_t cols, float* acc) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < cols; ++c) acc[c] += rows[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) acc[c] += rows.row(r)[c];
 }
 
 // rows [n, cols] += bias (one row of it) on every row.
-void add_row_bias(float* rows, int64_t n, int64_t cols, const float* bias) {
+void add_row_bias(Out rows, int64_t n, int64_t cols, const float* bias) {
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] += bias[c];
+    for (int64_t c = 0; c < cols; ++c) rows.row(r)[c] += bias[c];
+}
+
+// The column form's bias: row j of the transposed pre-activation [h, n] += bias[j].
+void add_column_bias(float* columns, int64_t h, int64_t n, const float* bias) {
+  for (int64_t j = 0; j < h; ++j)
+    for (int64_t i = 0; i < n; ++i) columns[j * n + i] += bias[j];
+}
+
+// The row stride of the saved pre-activations and of the backward's [rows, h] scratch: h plus one cache line,
+// so that a stride is never a multiple of 4 KiB. At h = 1024 the weight-gradient product gaᵀ·x read ga down
+// 4 KiB-strided columns at 142-146 GFLOP/s against 168 with the padded stride, and a transpose into 1024-float
+// rows took 93 us against 25 into 1040-float ones (one thread, 128 rows, d = 512; the Zen 5 VM).
+int64_t padded_stride(int64_t h) {
+  return h + 16;
+}
+
+// Whether experts of kExpertColumnFormMinRows rows or more compute in the column form (expert_mlp.hpp) on the
+// calling thread: never under batch invariance, whose row quantum is a rule about the rows of the row form
+// (core/matmul.hpp).
+bool column_form_allowed_here() {
+  return matmul_min_rows() == 0;
 }
 
 int64_t max_expert_rows(std::span<const int64_t> offsets) {
@@ -170,13 +212,20 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   state.input = input;
   state.input_format = input_format;
   state.offsets.assign(offsets.begin(), offsets.end());
-  state.gate_pre = Tensor::empty({recv, h});
-  state.up_pre = Tensor::empty({recv, h});
-  // The activation of one expert at a time per worker, reused expert after expert: it is consumed by that
-  // expert's down product right away, so it is read back from cache instead of from a [recv, h] buffer.
+  // The pre-activations [recv, h] saved for the backward, their rows padded (padded_stride).
+  const int64_t ldp = padded_stride(h);
+  state.gate_pre = Tensor::empty({recv, ldp});
+  state.up_pre = Tensor::empty({recv, ldp});
+  // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
+  // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
   const std::vector<int64_t> order = experts_by_rows(offsets);
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
-  Tensor act = Tensor::empty({task_threads(tasks), max_rows, h});
+  const int workers = task_threads(tasks);
+  // Decided here, on the calling thread: the batch-invariance setting is per thread.
+  const bool column_form_allowed = column_form_allowed_here();
+  const bool any_column_form = column_form_allowed && max_rows >= kExpertColumnFormMinRows;
+  Tensor act = Tensor::empty({workers, max_rows, h});
+  Tensor columns = Tensor::empty({any_column_form ? workers : 0, max_rows, h + 2 * d});
   const float* x = decoded.data<float>();
   float* a = state.gate_pre.data<float>();
   float* b = state.up_pre.data<float>();
@@ -189,19 +238,42 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     const float* w2 = weights.w2.data<float>() + l * d * h;
     float* m = act.data<float>() + thread * max_rows * h;
     float* yl = y + begin * d;
+    float* al = a + begin * ldp;
+    float* bl = b + begin * ldp;
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
+    } else if (column_form_allowed && n >= kExpertColumnFormMinRows) {
+      // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
+      // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
+      // as rows, transposed while in cache.
+      float* bt = columns.data<float>() + thread * max_rows * (h + 2 * d);
+      float* xt = bt + h * n;
+      float* yt = xt + d * n;
+      float* at = m;
+      transpose(x + begin * d, n, d, d, xt, n);
+      matmul(w1, xt, at, h, n, d, false, false, false);
+      matmul(w3, xt, bt, h, n, d, false, false, false);
+      if (has(weights.b1)) add_column_bias(at, h, n, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_column_bias(bt, h, n, weights.b3.data<float>() + l * h);
+      transpose(at, h, n, n, al, ldp);
+      transpose(bt, h, n, n, bl, ldp);
+      activate(weights.activation, In{at, n}, In{bt, n}, Out{m, n}, h, n);  // mᵀ over aᵀ, in place
+      matmul(w2, m, yt, d, n, h, false, false, false);
+      transpose(yt, d, n, n, yl, d);
     } else {
-      float* al = a + begin * h;
-      float* bl = b + begin * h;
-      matmul(x + begin * d, w1, al, n, h, d, false, true, false);
-      matmul(x + begin * d, w3, bl, n, h, d, false, true, false);
-      if (has(weights.b1)) add_row_bias(al, n, h, weights.b1.data<float>() + l * h);
-      if (has(weights.b3)) add_row_bias(bl, n, h, weights.b3.data<float>() + l * h);
-      activate(weights.activation, al, bl, m, n * h);
+      MatmulArgs gate{x + begin * d, w1, al, n, h, d, false, true, false};
+      gate.ldc = ldp;
+      matmul(gate);
+      MatmulArgs up = gate;
+      up.b = w3;
+      up.c = bl;
+      matmul(up);
+      if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
+      activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
       matmul(m, w2, yl, n, d, h, false, true, false);
     }
-    if (has(weights.b2)) add_row_bias(yl, n, d, weights.b2.data<float>() + l * d);
+    if (has(weights.b2)) add_row_bias(Out{yl, d}, n, d, weights.b2.data<float>() + l * d);
   });
 }
 
@@ -226,15 +298,16 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   check_rows(grad_out, recv, d, "expert output gradient");
   check_rows(grad_in, recv, d, "expert input gradient");
 
-  // Per worker, two [rows of the largest expert, h] scratch buffers, reused expert after expert so that each
-  // expert's activation and its gradients are produced and consumed while in cache: the first holds the
-  // recomputed activation m, then grad_a; the second grad_m, then grad_b (swiglu_grad works in place).
-  // Each expert writes only its own rows of grad_in and its own slices of the gradients.
+  // Per worker, two [rows of the largest expert, h] scratch buffers with padded rows (padded_stride), reused
+  // expert after expert so that each expert's activation and its gradients are produced and consumed while in
+  // cache: the first holds the recomputed activation m (unpadded: gyᵀ·m read it fastest so), then grad_a; the
+  // second grad_m, then grad_b (swiglu_grad works in place). Each expert writes only its own rows of grad_in
+  // and its own slices of the gradients.
   const std::vector<int64_t> order = experts_by_rows(state.offsets);
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(state.offsets);
   const int workers = task_threads(tasks);
-  Tensor scratch_m = Tensor::empty({workers, max_rows, h});
-  Tensor scratch_gm = Tensor::empty({workers, max_rows, h});
+  const int64_t ldp = padded_stride(h);
+  Tensor scratch = Tensor::empty({workers, 2, max_rows, ldp});
   // The Wgrad input: the saved payload, decoded again if it was kept encoded.
   const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
   const float* x = decoded.data<float>();
@@ -249,27 +322,39 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
-    float* m = scratch_m.data<float>() + thread * max_rows * h;
-    float* gm = scratch_gm.data<float>() + thread * max_rows * h;
-    if (has(grads.b2)) add_column_sums(gy + begin * d, n, d, grads.b2.data<float>() + l * d);
+    float* m = scratch.data<float>() + thread * 2 * max_rows * ldp;
+    float* gm = m + max_rows * ldp;
+    if (has(grads.b2)) add_column_sums(In{gy + begin * d, d}, n, d, grads.b2.data<float>() + l * d);
     if (h == 0) {  // an empty intermediate shard: only the down bias had a gradient
       std::fill(gx + begin * d, gx + (begin + n) * d, 0.0f);
       return;
     }
+    const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
-    activate(weights.activation, a + begin * h, b + begin * h, m, n * h);
-    matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
-    matmul(gy + begin * d, w2, gm, n, h, d, false, false, false);
+    activate(weights.activation, al, bl, Out{m, h}, n, h);
+    MatmulArgs w2_grad{gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true};
+    matmul(w2_grad);
+    MatmulArgs m_grad{gy + begin * d, w2, gm, n, h, d, false, false, false};
+    m_grad.ldc = ldp;
+    matmul(m_grad);
     float* ga = m;   // m is no longer needed
     float* gb = gm;  // in place
-    activate_grad(weights.activation, a + begin * h, b + begin * h, gm, ga, gb, n * h);
-    if (has(grads.b1)) add_column_sums(ga, n, h, grads.b1.data<float>() + l * h);
-    if (has(grads.b3)) add_column_sums(gb, n, h, grads.b3.data<float>() + l * h);
+    activate_grad(weights.activation, al, bl, In{gm, ldp}, Out{ga, ldp}, Out{gb, ldp}, n, h);
+    if (has(grads.b1)) add_column_sums(In{ga, ldp}, n, h, grads.b1.data<float>() + l * h);
+    if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
     // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
-    matmul(ga, x + begin * d, grads.w1.data<float>() + l * h * d, h, d, n, true, false, true);
-    matmul(gb, x + begin * d, grads.w3.data<float>() + l * h * d, h, d, n, true, false, true);
-    matmul(ga, w1, gx + begin * d, n, d, h, false, false, false);
-    matmul(gb, w3, gx + begin * d, n, d, h, false, false, true);
+    for (auto [g, grad_w] : {std::pair{ga, grads.w1.data<float>()}, std::pair{gb, grads.w3.data<float>()}}) {
+      MatmulArgs w_grad{g, x + begin * d, grad_w + l * h * d, h, d, n, true, false, true};
+      w_grad.lda = ldp;
+      matmul(w_grad);
+    }
+    MatmulArgs x_grad{ga, w1, gx + begin * d, n, d, h, false, false, false};
+    x_grad.lda = ldp;
+    matmul(x_grad);
+    x_grad.a = gb;
+    x_grad.b = w3;
+    x_grad.accumulate = true;
+    matmul(x_grad);
   });
 }
 

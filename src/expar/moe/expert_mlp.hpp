@@ -11,6 +11,23 @@
 // most rows first), each expert's products on one thread with its own scratch: small experts' products
 // split over all threads ran well below one big product's rate, and the results are those of one compute
 // thread. Rows at and past offsets[E_L] (the capacity tail) are never read or written.
+//
+// The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed,
+// aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
+// their columns (x, y and the saved pre-activations are transposed in and out while in cache). oneDNN's sgemm
+// packs each weight matrix per call, and in the row form x·w1ᵀ that packing is a large share of a product
+// with few rows: alone (one thread, 16 experts, d = 512, h = 1024, the Zen 5 VM) the three forward products
+// of 32-row experts ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
+// --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
+// 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on
+// how many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results
+// stay independent of the path and the wave schedule, whose experts hold the same rows either way. Below
+// the threshold (decode's one row, which core/matvec reads) and under batch invariance (its row quantum is a
+// rule of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert
+// runs in the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h]
+// gradients and the saved pre-activations at a padded row stride. (Its products in the column form measured
+// no faster; keeping the pre-activations transposed for it made it slower by more than the forward gained:
+// the backward reads them cold, and transposing cold rows cost ~3 ms per pass.)
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -53,13 +70,18 @@ struct ExpertWeights {
   void validate() const;
 };
 
+// The fewest rows an expert computes in the column form with (above).
+inline constexpr int64_t kExpertColumnFormMinRows = 8;
+
 struct ExpertMlpState {
   // Expert-side input rows, saved by reference (the dispatch buffer in EP) in the format they arrived in:
   // an encoded payload (u8 rows) is kept encoded and decoded again for Wgrad (moe/payload_precision.hpp).
   Tensor input;
   PayloadFormat input_format = PayloadFormat::F32;
-  Tensor gate_pre;               // [recv_rows, h] w1·x
-  Tensor up_pre;                 // [recv_rows, h] w3·x
+  // w1·x and w3·x (biases added), [recv_rows, h] in rows of a padded stride: columns [h, dim(1)) are never
+  // written (the backward's products read 4 KiB-strided rows slowly; expert_mlp.cpp's padded_stride).
+  Tensor gate_pre;
+  Tensor up_pre;
   std::vector<int64_t> offsets;  // [E_L + 1]
 };
 
