@@ -94,7 +94,7 @@ void BM_GroupedGemmForward(benchmark::State& state) {
   Tensor out = Tensor::empty({map.capacity_rows, d});
   for (auto _ : state) {
     ExpertMlpState mlp;
-    expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, w, out, mlp);
+    expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, w, out, &mlp);
     benchmark::DoNotOptimize(out.raw());
   }
   const double flops =

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "expar/core/error.hpp"
@@ -56,12 +57,23 @@ int expert_of_row(int64_t row) {
   return -1;
 }
 
+// The forward keeping a state for the backward (training) and keeping none (inference: the column form then
+// skips the pre-activations' transposes, the row form computes them into scratch): the same bits, the
+// poisoned tail included.
+Tensor forward_with_and_without_state(const ExpertWeights& w, const Tensor& x) {
+  Tensor y = poisoned({kCapacity, kD});
+  ExpertMlpState state;
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, &state);
+  Tensor unsaved = poisoned({kCapacity, kD});
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, unsaved, nullptr);
+  EXPECT_EQ(std::memcmp(y.raw(), unsaved.raw(), y.nbytes()), 0) << "the forward without a state differs";
+  return y;
+}
+
 TEST(ExpertMlp, ForwardMatchesPerRowReferenceAndLeavesTheTailAlone) {
   ExpertWeights w = random_weights(3);
   Tensor x = random_input(3);
-  Tensor y = poisoned({kCapacity, kD});
-  ExpertMlpState state;
-  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
+  Tensor y = forward_with_and_without_state(w, x);
   for (int64_t r = 0; r < kCapacity; ++r) {
     const int l = expert_of_row(r);
     for (int64_t i = 0; i < kD; ++i) {
@@ -91,8 +103,7 @@ void expect_gradients_match_finite_differences(ExpertWeights w, Tensor x, uint64
   fill_normal(proj, seed, 10, 1.0f);
   auto loss = [&]() {
     Tensor y = poisoned({kCapacity, kD});
-    ExpertMlpState s;
-    expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, s);
+    expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, nullptr);
     double l = 0.0;
     for (int64_t i = 0; i < kOffsets.back() * kD; ++i)
       l += double(y.data<float>()[i]) * proj.data<float>()[i];
@@ -100,7 +111,7 @@ void expect_gradients_match_finite_differences(ExpertWeights w, Tensor x, uint64
   };
   Tensor y = poisoned({kCapacity, kD});
   ExpertMlpState state;
-  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
+  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, &state);
   ExpertWeights grads = zero_like(w);
   // Accumulation: start the gradients at 1 and check they grew by exactly the gradient.
   grads.w1.fill(1.0f);
@@ -172,9 +183,7 @@ Tensor gpt_oss_input(uint64_t seed) {
 TEST(ExpertMlp, GptOssClampedExpertsWithBiasesMatchPerRowComputation) {
   ExpertWeights w = gpt_oss_weights(21);
   Tensor x = gpt_oss_input(22);
-  Tensor y = poisoned({kCapacity, kD});
-  ExpertMlpState state;
-  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, state);
+  Tensor y = forward_with_and_without_state(w, x);
   int clamped = 0;
   for (int64_t r = 0; r < kOffsets.back(); ++r) {
     const int l = expert_of_row(r);

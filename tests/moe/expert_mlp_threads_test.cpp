@@ -80,7 +80,7 @@ Outcome run(const std::vector<int64_t>& rows, bool gpt_oss, int threads, int64_t
   r.y = rows_of(recv, 1);
   fill_nan(r.y.raw(), r.y.nbytes());
   ExpertMlpState state;
-  expert_mlp_forward(rows_of(recv, 2), PayloadFormat::F32, offsets, w, r.y, state);
+  expert_mlp_forward(rows_of(recv, 2), PayloadFormat::F32, offsets, w, r.y, &state);
   r.gate_pre = state.gate_pre;
   r.up_pre = state.up_pre;
   r.grad_in = rows_of(recv, 3);

@@ -388,7 +388,7 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   const Tensor x_arrived = round_trip(x, x.dim(0), legs.dispatch);
   Tensor in = path->dispatch_forward(x_arrived, map, ps);
   Tensor out = path->expert_output_buffer(map, kD, ps);
-  expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, es);
+  expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, &es);
   if (c.gpt_oss) {
     // Both clamps bite on some pre-activations and leave others free (the gradients flow through both).
     // The saved rows have a padded stride (ExpertMlpState): their first kH columns.

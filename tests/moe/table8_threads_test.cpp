@@ -96,7 +96,7 @@ TEST_P(Table8Test, RowwisePassesUseTheTransfersOfTable8) {
     Tensor in = path.dispatch_forward(x, map, ps);
     const testing::OneSidedLog dispatch_fwd = heap.take();
     Tensor out = path.expert_output_buffer(map, kD, ps);
-    expert_mlp_forward(in, cfg.precision.dispatch, map.expert_offsets, layer.params().experts, out, es);
+    expert_mlp_forward(in, cfg.precision.dispatch, map.expert_offsets, layer.params().experts, out, &es);
     path.combine_forward(out, routed.topk_weight, map, ps);
     const testing::OneSidedLog combine_fwd = heap.take();
     Tensor grad_w;

@@ -426,8 +426,7 @@ void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t>
   w.b3 = lw.expert_b3;
   w.b2 = lw.expert_b2;
   w.activation = weights_.features.activation;
-  ExpertMlpState state;
-  expert_mlp_forward(rows, PayloadFormat::F32, offsets, w, out, state);
+  expert_mlp_forward(rows, PayloadFormat::F32, offsets, w, out, nullptr);
 }
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
@@ -439,8 +438,7 @@ void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
                   lw.shared_w2.reshape({1, d, h})};
   const std::vector<int64_t> offsets{0, m};
   Tensor y = Tensor::empty({m, d});
-  ExpertMlpState state;
-  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, state);
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, nullptr);
   const float* py = y.data<float>();
   if (!present(lw.shared_gate)) {
     for (int64_t i = 0; i < m * d; ++i) out[i] += py[i];

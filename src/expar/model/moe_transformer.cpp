@@ -284,8 +284,7 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
       const int64_t rows = n2.dim(0), d = n2.dim(1);
       const std::vector<int64_t> offsets{0, rows};
       Tensor so = Tensor::empty({rows, d});
-      ExpertMlpState unsaved;
-      expert_mlp_forward(n2, PayloadFormat::F32, offsets, b.shared, so, a ? a->shared : unsaved);
+      expert_mlp_forward(n2, PayloadFormat::F32, offsets, b.shared, so, a ? &a->shared : nullptr);
       if (b.shared_scale.defined()) {
         // Qwen-MoE: the shared expert's output scaled by sigmoid(x · w), one scalar per token.
         std::vector<float> sig = shared_expert_gate(n2, b.shared_scale);

@@ -195,7 +195,7 @@ void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
 }  // namespace
 
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
-                        const ExpertWeights& weights, Tensor& out, ExpertMlpState& state) {
+                        const ExpertWeights& weights, Tensor& out, ExpertMlpState* state) {
   weights.validate();
   const int64_t e_local = weights.local_count(), h = weights.hidden(), d = weights.model();
   EXPAR_CHECK(offsets.size() == static_cast<size_t>(e_local + 1) && offsets[0] == 0,
@@ -209,40 +209,46 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   check_rows(decoded, recv, d, "expert input");
   check_rows(out, recv, d, "expert output");
 
-  state.input = input;
-  state.input_format = input_format;
-  state.offsets.assign(offsets.begin(), offsets.end());
-  // The pre-activations [recv, h] saved for the backward, their rows padded (padded_stride).
-  const int64_t ldp = padded_stride(h);
-  state.gate_pre = Tensor::empty({recv, ldp});
-  state.up_pre = Tensor::empty({recv, ldp});
-  // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
-  // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
   const std::vector<int64_t> order = experts_by_rows(offsets);
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
   const int workers = task_threads(tasks);
   // Decided here, on the calling thread: the batch-invariance setting is per thread.
   const bool column_form_allowed = column_form_allowed_here();
-  const bool any_column_form = column_form_allowed && max_rows >= kExpertColumnFormMinRows;
+  auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
+  auto rows_of = [&](int64_t l) { return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)]; };
+  const bool any_row_form = !order.empty() && !in_column_form(rows_of(order.back()));  // fewest rows last
+  // The pre-activations as rows [rows, h] at a padded stride (padded_stride): saved for the backward, or
+  // without a state (inference) per worker where the row form computes them; the column form, which
+  // computes them transposed, then never transposes them back.
+  const int64_t ldp = padded_stride(h);
+  if (state) {
+    state->input = input;
+    state->input_format = input_format;
+    state->offsets.assign(offsets.begin(), offsets.end());
+    state->gate_pre = Tensor::empty({recv, ldp});
+    state->up_pre = Tensor::empty({recv, ldp});
+  }
+  Tensor unsaved_pre = Tensor::empty({!state && any_row_form ? workers : 0, 2, max_rows, ldp});
+  // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
+  // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
   Tensor act = Tensor::empty({workers, max_rows, h});
-  Tensor columns = Tensor::empty({any_column_form ? workers : 0, max_rows, h + 2 * d});
+  Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_rows, h + 2 * d});
   const float* x = decoded.data<float>();
-  float* a = state.gate_pre.data<float>();
-  float* b = state.up_pre.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
     const int64_t l = order[static_cast<size_t>(task)];
-    const int64_t begin = offsets[static_cast<size_t>(l)], n = offsets[static_cast<size_t>(l) + 1] - begin;
+    const int64_t begin = offsets[static_cast<size_t>(l)], n = rows_of(l);
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
     float* m = act.data<float>() + thread * max_rows * h;
     float* yl = y + begin * d;
-    float* al = a + begin * ldp;
-    float* bl = b + begin * ldp;
+    float* al = state ? state->gate_pre.data<float>() + begin * ldp
+                      : unsaved_pre.data<float>() + thread * 2 * max_rows * ldp;
+    float* bl = state ? state->up_pre.data<float>() + begin * ldp : al + max_rows * ldp;
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
-    } else if (column_form_allowed && n >= kExpertColumnFormMinRows) {
+    } else if (in_column_form(n)) {
       // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
       // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
       // as rows, transposed while in cache.
@@ -255,8 +261,10 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul(w3, xt, bt, h, n, d, false, false, false);
       if (has(weights.b1)) add_column_bias(at, h, n, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_column_bias(bt, h, n, weights.b3.data<float>() + l * h);
-      transpose(at, h, n, n, al, ldp);
-      transpose(bt, h, n, n, bl, ldp);
+      if (state) {
+        transpose(at, h, n, n, al, ldp);
+        transpose(bt, h, n, n, bl, ldp);
+      }
       activate(weights.activation, In{at, n}, In{bt, n}, Out{m, n}, h, n);  // mᵀ over aᵀ, in place
       matmul(w2, m, yt, d, n, h, false, false, false);
       transpose(yt, d, n, n, yl, d);
@@ -332,8 +340,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
     activate(weights.activation, al, bl, Out{m, h}, n, h);
-    MatmulArgs w2_grad{gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true};
-    matmul(w2_grad);
+    matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
     MatmulArgs m_grad{gy + begin * d, w2, gm, n, h, d, false, false, false};
     m_grad.ldc = ldp;
     matmul(m_grad);

@@ -14,10 +14,11 @@
 //
 // The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed,
 // aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
-// their columns (x, y and the saved pre-activations are transposed in and out while in cache). oneDNN's sgemm
-// packs each weight matrix per call, and in the row form x·w1ᵀ that packing is a large share of a product
-// with few rows: alone (one thread, 16 experts, d = 512, h = 1024, the Zen 5 VM) the three forward products
-// of 32-row experts ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
+// their columns (x and y are transposed in and out while in cache, and the pre-activations back into rows
+// when a state is kept for the backward). oneDNN's sgemm packs each weight matrix per call, and in the row
+// form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread, 16 experts,
+// d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts (products, activation and the transposes of
+// x and y) ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
 // --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
 // 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on
 // how many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results
@@ -86,9 +87,11 @@ struct ExpertMlpState {
 };
 
 // input [>= offsets[E_L], d] f32, or encoded rows in input_format (payload_tensor's layout), decoded to f32
-// for the products; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any capacity).
+// for the products; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any capacity). `state`
+// receives what expert_mlp_backward needs; nullptr (inference) keeps nothing, so the column form skips
+// transposing the pre-activations back into rows.
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
-                        const ExpertWeights& weights, Tensor& out, ExpertMlpState& state);
+                        const ExpertWeights& weights, Tensor& out, ExpertMlpState* state);
 
 // grad_out [>= recv, d]; writes rows [0, recv) of grad_in and ADDS the weight gradients into `grads`
 // (tensors shaped like the weights, initialised by the caller; with biased experts, bias gradients too:

@@ -241,7 +241,7 @@ Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, Moe
         [&](int) {
           gemm([&] {
             expert_mlp_forward(expert_in, config_.precision.dispatch, map.expert_offsets, params_.experts,
-                               expert_out, state.experts);
+                               expert_out, &state.experts);
           });
         },
         [&](int) { y = path_->combine_forward(expert_out, topk_weight, map, ps); });
@@ -263,7 +263,7 @@ Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, Moe
         Tensor out = expert_out.rows(s.row_begin, s.row_end);
         gemm([&] {
           expert_mlp_forward(expert_in.rows(s.row_begin, s.row_end), config_.precision.dispatch, s.offsets,
-                             s.weights, out, state.expert_waves[static_cast<size_t>(w)]);
+                             s.weights, out, &state.expert_waves[static_cast<size_t>(w)]);
         });
       },
       [&](int w) { path_->combine_forward_wave(expert_out, map, ps, w); });
