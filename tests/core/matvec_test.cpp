@@ -2,7 +2,7 @@
 // a double-precision dot product at shapes with every tail (k below, at and past the 16 lanes, n not a
 // multiple of the 4-row block), a leading dimension wider than k, plain (a NaN-poisoned output is never
 // read) and accumulating; the same bits at 1 and 2 compute threads, and matmul() with m = 1 and a
-// transposed B gives exactly matvec's result.
+// transposed B gives exactly matvec's result; several products in one region give each product's own bits.
 #include "expar/core/matvec.hpp"
 
 #include <gtest/gtest.h>
@@ -89,6 +89,40 @@ TEST(Matvec, IsWhatMatmulRunsForOneRowAgainstATransposedMatrix) {
     matmul(p);
     EXPECT_EQ(direct, through) << (accumulate ? "accumulating" : "plain");
   }
+}
+
+// Several products in one region (decode's experts): each output is exactly what the product gives alone,
+// at 1, 2 and 4 compute threads (4 puts more runs than chunks on the small products, and threads take chunks
+// from each other's runs), with an empty product between the others and products of different widths.
+TEST(Matvec, ManyProductsInOneRegionGiveEachProductsOwnBits) {
+  const std::vector<Shape> shapes{Shape{2048, 512, 520}, Shape{0, 64, 64}, Shape{7, 33, 40},
+                                  Shape{1027, 1024, 1024}, Shape{300, 257, 260}};
+  std::vector<std::vector<float>> a, b, alone;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    a.push_back(random_vector(static_cast<size_t>(s.k), 7, 3 * i));
+    b.push_back(random_vector(static_cast<size_t>(s.n * s.ldb), 7, 3 * i + 1));
+    alone.emplace_back(static_cast<size_t>(s.n));
+    set_compute_threads(1);
+    matvec_transposed(a[i].data(), b[i].data(), alone[i].data(), s.n, s.k, s.ldb, false);
+  }
+  const int saved_threads = compute_threads();
+  for (const int threads : {1, 2, 4}) {
+    set_compute_threads(threads);
+    for (int repeat = 0; repeat < 20; ++repeat) {
+      std::vector<std::vector<float>> c;
+      std::vector<MatvecProduct> products;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const Shape& s = shapes[i];
+        c.emplace_back(static_cast<size_t>(s.n), std::numeric_limits<float>::quiet_NaN());
+        products.push_back({a[i].data(), b[i].data(), c[i].data(), s.n, s.k, s.ldb, false});
+      }
+      matvec_transposed_many(products);
+      for (size_t i = 0; i < shapes.size(); ++i)
+        ASSERT_EQ(c[i], alone[i]) << "product " << i << " at " << threads << " threads, repeat " << repeat;
+    }
+  }
+  set_compute_threads(saved_threads);
 }
 
 }  // namespace

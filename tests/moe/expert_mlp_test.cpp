@@ -1,4 +1,4 @@
-// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form: forward against
+// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form and decode's one-row form: forward against
 // a per-row f64 computation, every gradient (biases included) by central finite differences, and the capacity
 // tail (and experts without rows) left unread and unwritten.
 #include "expar/moe/expert_mlp.hpp"
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
 
 namespace expar {
@@ -215,6 +216,91 @@ TEST(ExpertMlp, GptOssClampedExpertsWithBiasesMatchPerRowComputation) {
 // (a clamped pre-activation passes no gradient, which the differences see as a flat loss).
 TEST(ExpertMlp, GptOssClampedExpertsGradientsMatchFiniteDifferences) {
   expect_gradients_match_finite_differences(gpt_oss_weights(23), gpt_oss_input(24), 25);
+}
+
+// Decode's experts, one row each (expert_mlp.cpp's forward_one_row_experts: every gate and up product in one
+// matvec region, every down product in another): against the per-row double computation, SwiGLU and gpt-oss's
+// biased, clamped experts, at a shape small enough for one thread and one whose products spread over the
+// threads; the same bits with and without a state and at 1 and 2 compute threads; the saved pre-activations
+// are w1·x and w3·x (biases added); the rows past the last offset and the expert without rows untouched.
+void check_one_row_experts(int64_t d, int64_t h, bool gpt_oss, uint64_t seed) {
+  const int64_t local = 3, capacity = 4;
+  const std::vector<int64_t> offsets{0, 1, 1, 2};
+  ExpertWeights w{Tensor::empty({local, h, d}), Tensor::empty({local, h, d}), Tensor::empty({local, d, h})};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  fill_normal(w.w1, seed, 1, scale);
+  fill_normal(w.w3, seed, 2, scale);
+  fill_normal(w.w2, seed, 3, scale);
+  if (gpt_oss) {
+    w.b1 = Tensor::empty({local, h});
+    w.b3 = Tensor::empty({local, h});
+    w.b2 = Tensor::empty({local, d});
+    fill_normal(w.b1, seed, 4, 8.0f);
+    fill_normal(w.b3, seed, 5, 8.0f);
+    fill_normal(w.b2, seed, 6, 1.0f);
+    w.activation = ExpertMlpActivation::GptOssClamped;
+  }
+  Tensor x = poisoned({capacity, d});
+  Tensor live = x.rows(0, 2);
+  fill_normal(live, seed, 9, 1.0f);
+  const int saved_threads = compute_threads();
+  Tensor by_threads[2];
+  for (const int threads : {1, 2}) {
+    set_compute_threads(threads);
+    Tensor y = poisoned({capacity, d});
+    ExpertMlpState state;
+    expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, &state);
+    Tensor unsaved = poisoned({capacity, d});
+    expert_mlp_forward(x, PayloadFormat::F32, offsets, w, unsaved, nullptr);
+    ASSERT_EQ(std::memcmp(y.raw(), unsaved.raw(), y.nbytes()), 0) << "the forward without a state differs";
+    by_threads[threads - 1] = y;
+    int clamped = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t l = r == 0 ? 0 : 2;  // the rows' experts (expert 1 has none)
+      const float* xr = x.data<float>() + r * d;
+      std::vector<double> m(static_cast<size_t>(h));
+      for (int64_t j = 0; j < h; ++j) {
+        double g = gpt_oss ? w.b1.data<float>()[l * h + j] : 0.0, u = gpt_oss ? w.b3.data<float>()[l * h + j] : 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          g += static_cast<double>(w.w1.data<float>()[(l * h + j) * d + c]) * xr[c];
+          u += static_cast<double>(w.w3.data<float>()[(l * h + j) * d + c]) * xr[c];
+        }
+        const int64_t ldp = state.gate_pre.dim(1);
+        EXPECT_NEAR(state.gate_pre.data<float>()[r * ldp + j], g, 1e-4 * (1.0 + std::fabs(g))) << "gate " << j;
+        EXPECT_NEAR(state.up_pre.data<float>()[r * ldp + j], u, 1e-4 * (1.0 + std::fabs(u))) << "up " << j;
+        if (gpt_oss) {
+          clamped += (g > 7.0) + (std::fabs(u) > 7.0);
+          g = std::min(g, 7.0);
+          u = std::clamp(u, -7.0, 7.0);
+          m[static_cast<size_t>(j)] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+        } else {
+          m[static_cast<size_t>(j)] = g / (1.0 + std::exp(-g)) * u;
+        }
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        double want = gpt_oss ? w.b2.data<float>()[l * d + c] : 0.0;
+        for (int64_t j = 0; j < h; ++j)
+          want += static_cast<double>(w.w2.data<float>()[(l * d + c) * h + j]) * m[static_cast<size_t>(j)];
+        EXPECT_NEAR(y.data<float>()[r * d + c], want, 1e-4 * (1.0 + std::fabs(want))) << "row " << r << " col " << c;
+      }
+    }
+    if (gpt_oss) {
+      EXPECT_GT(clamped, 0) << "the inputs never reached a clamp";
+    }
+    for (int64_t i = 2 * d; i < capacity * d; ++i)
+      ASSERT_TRUE(std::isnan(y.data<float>()[i])) << "tail written at " << i;
+  }
+  set_compute_threads(saved_threads);
+  EXPECT_EQ(std::memcmp(by_threads[0].raw(), by_threads[1].raw(), by_threads[0].nbytes()), 0)
+      << "the thread count changed bits";
+}
+
+TEST(ExpertMlp, DecodeExpertsOfOneRowEachMatchPerRowComputation) {
+  check_one_row_experts(kD, kH, false, 31);
+  check_one_row_experts(kD, kH, true, 32);
+  // w1 of one expert is 128 Ki weights: the products spread over the threads (core/matvec).
+  check_one_row_experts(256, 512, false, 33);
+  check_one_row_experts(256, 512, true, 34);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <vector>
 
 namespace expar {
 namespace {
@@ -45,32 +47,107 @@ void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, 
   }
 }
 
-// Rows [begin, end): whole 4-row blocks, then single rows (only the product's last rows).
-void rows(const float* a, const float* b, float* c, int64_t begin, int64_t end, int64_t k, int64_t ldb,
-          bool accumulate) {
+// Rows [begin, end) of a product: whole 4-row blocks, then single rows (only the product's last rows).
+void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
   int64_t j = begin;
-  for (; j + kRows <= end; j += kRows) rows_dot<kRows>(a, b + j * ldb, ldb, k, c + j, accumulate);
-  for (; j < end; ++j) rows_dot<1>(a, b + j * ldb, ldb, k, c + j, accumulate);
+  for (; j + kRows <= end; j += kRows) rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+  for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+}
+
+// The rows of a product's chunk: about kChunkBytes of weights, whole 4-row blocks.
+int64_t chunk_rows(const MatvecProduct& p) {
+  const int64_t row_bytes = std::max<int64_t>(p.k, 1) * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, kChunkBytes / row_bytes / kRows) * kRows;
+}
+
+// A thread's run of chunks [next, end), both in one atomic word (next in the low half) so that the owner
+// taking from the front and a thief taking from the back never hand out the same chunk.
+struct alignas(64) ChunkRun {
+  std::atomic<uint64_t> bounds{0};
+  void reset(int64_t next, int64_t end) {
+    bounds.store(static_cast<uint64_t>(next) | static_cast<uint64_t>(end) << 32, std::memory_order_relaxed);
+  }
+  static int64_t next_of(uint64_t b) { return static_cast<int64_t>(b & 0xffffffffu); }
+  static int64_t end_of(uint64_t b) { return static_cast<int64_t>(b >> 32); }
+  // The front chunk (owner) or the back chunk (thief), or -1 when the run is empty.
+  int64_t take(bool front) {
+    uint64_t b = bounds.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t next = next_of(b), end = end_of(b);
+      if (next >= end) return -1;
+      const uint64_t taken = front ? b + 1 : b - (uint64_t{1} << 32);
+      if (bounds.compare_exchange_weak(b, taken, std::memory_order_relaxed)) return front ? next : end - 1;
+    }
+  }
+  int64_t left() const {
+    const uint64_t b = bounds.load(std::memory_order_relaxed);
+    return std::max<int64_t>(0, end_of(b) - next_of(b));
+  }
+};
+
+// The calling thread's next chunk: its own run's front, then the back of the fullest other run; -1 when
+// every run is empty.
+int64_t take_chunk(std::vector<ChunkRun>& runs, int self) {
+  if (self < static_cast<int>(runs.size())) {
+    const int64_t own = runs[self].take(true);
+    if (own >= 0) return own;
+  }
+  for (;;) {
+    int victim = -1;
+    int64_t most = 0;
+    for (int t = 0; t < static_cast<int>(runs.size()); ++t) {
+      const int64_t left = runs[t].left();
+      if (left > most) most = left, victim = t;
+    }
+    if (victim < 0) return -1;
+    const int64_t stolen = runs[victim].take(false);
+    if (stolen >= 0) return stolen;
+  }
 }
 
 }  // namespace
 
 void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int64_t k, int64_t ldb,
                        bool accumulate) {
-  if (n * k < kParallelMin || omp_in_parallel() || omp_get_max_threads() == 1) {
-    rows(a, b, c, 0, n, k, ldb, accumulate);
+  const MatvecProduct product{a, b, c, n, k, ldb, accumulate};
+  matvec_transposed_many({&product, 1});
+}
+
+void matvec_transposed_many(std::span<const MatvecProduct> products) {
+  int64_t weights = 0;
+  for (const MatvecProduct& p : products) weights += p.n * p.k;
+  if (weights < kParallelMin || omp_in_parallel() || omp_get_max_threads() == 1) {
+    for (const MatvecProduct& p : products) rows(p, 0, p.n);
     return;
   }
-  // Chunks dealt one at a time to whichever thread is free (schedule dynamic): the threads read at
-  // different speeds from moment to moment, and a static split left the faster one waiting at the end of
-  // every region (libgomp's spin was 18.7 % of a decode profile's samples at TP 1 on the Zen 5 VM, 9.8 %
-  // with the chunks; docs/performance.md, "Huge pages and m = 1 products dealt in chunks").
-  const int64_t row_bytes = std::max<int64_t>(k, 1) * static_cast<int64_t>(sizeof(float));
-  const int64_t step = std::max<int64_t>(1, kChunkBytes / row_bytes / kRows) * kRows;
-  const int64_t chunks = (n + step - 1) / step;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk)
-    rows(a, b, c, chunk * step, std::min(n, (chunk + 1) * step), k, ldb, accumulate);
+  // The products' chunks in order, product after product: first_chunk[i] is product i's first.
+  std::vector<int64_t> first_chunk(products.size() + 1, 0);
+  for (size_t i = 0; i < products.size(); ++i)
+    first_chunk[i + 1] = first_chunk[i] + (products[i].n + chunk_rows(products[i]) - 1) / chunk_rows(products[i]);
+  const int64_t chunks = first_chunk.back();
+  // Each thread starts on its own contiguous run of chunks, taken from the front, so it streams through
+  // its part of the weights as the read probe does; a thread whose run is empty takes chunks from the back
+  // of the run with the most left. The threads read at different speeds from moment to moment: a static
+  // split left the faster one waiting at the end of every region (libgomp's spin was 18.7 % of a decode
+  // profile's samples at TP 1 on the Zen 5 VM), and chunks dealt in order to whichever thread was free
+  // balanced that but interleaved the threads' reads chunk by chunk (docs/performance.md, "Huge pages and
+  // m = 1 products dealt in chunks", and the paragraph on runs after it).
+  const int threads = omp_get_max_threads();
+  std::vector<ChunkRun> runs(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) runs[t].reset(chunks * t / threads, chunks * (t + 1) / threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int self = omp_get_thread_num();
+    size_t i = 0;
+    for (int64_t chunk; (chunk = take_chunk(runs, self)) >= 0;) {
+      // The product holding the chunk (few products: a scan from where the last chunk was).
+      while (chunk < first_chunk[i]) --i;
+      while (chunk >= first_chunk[i + 1]) ++i;
+      const MatvecProduct& p = products[i];
+      const int64_t step = chunk_rows(p), begin = (chunk - first_chunk[i]) * step;
+      rows(p, begin, std::min(p.n, begin + step));
+    }
+  }
 }
 
 }  // namespace expar

@@ -12,15 +12,30 @@
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
 // one register, AVX2 as two, SSE as four (no instruction set assumed beyond what -march gives).
 #include <cstdint>
+#include <span>
 
 namespace expar {
 
 // c[j] = Σ_i a[i]·b[j·ldb + i] for j < n (c[j] += ... when accumulate; otherwise c is never read, so a
-// poisoned output stays harmless). Spread over the compute threads when not inside a parallel region (and
-// from 64 Ki weights on): the rows are cut into chunks of about 128 KiB of weights, dealt one at a time to
-// whichever thread is free, so a thread that reads faster for a moment takes more of them instead of
-// waiting for the other at the end of the product. A chunk is whole rows, each still one thread's sum in the
-// order above: the same bits at any thread count.
+// poisoned output stays harmless).
+struct MatvecProduct {
+  const float* a;
+  const float* b;
+  float* c;
+  int64_t n, k, ldb;
+  bool accumulate;
+};
+
+// Every product, spread over the compute threads when not inside a parallel region (and from 64 Ki weights
+// in all): the products' rows are cut into chunks of about 128 KiB of weights, in order, product after
+// product; each thread starts on its own contiguous run of them and, when it is done, takes chunks from the
+// back of the run with the most left, so a thread that reads faster for a moment takes more of them instead
+// of waiting for the other at the end of the region. Several products in one region (decode's experts) cost
+// one region's start and end, not one per product. A chunk is whole rows of one product, each still one
+// thread's sum in the order above: the same bits at any thread count and in any grouping of products.
+void matvec_transposed_many(std::span<const MatvecProduct> products);
+
+// One product (matvec_transposed_many of one).
 void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int64_t k, int64_t ldb,
                        bool accumulate);
 

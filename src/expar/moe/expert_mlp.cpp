@@ -8,6 +8,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/matvec.hpp"
 #include "expar/core/parallel_tasks.hpp"
 #include "expar/core/transpose.hpp"
 #include "expar/moe/payload_precision.hpp"
@@ -192,6 +193,55 @@ void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
               shape_string(t.shape()));
 }
 
+// Decode's experts: every expert holding rows holds one, so each product is one row against a weight
+// matrix (core/matvec). They run as two regions of matvec_transposed_many, every gate and up product and
+// then every down product, the activations between them, instead of one task per expert: a thread that
+// finishes its expert first takes chunks of the other's rows instead of waiting for it, where with two
+// experts over two threads the faster had idled at the end of every MoE block. Each output is the same
+// dot product either way (matvec's bits do not depend on the grouping), so the results are those of the
+// row form. Not under batch invariance (its row quantum sends m = 1 products to sgemm: core/matmul.hpp).
+void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> offsets,
+                             std::span<const int64_t> order, const ExpertWeights& weights, Tensor& out,
+                             ExpertMlpState* state) {
+  const int64_t h = weights.hidden(), d = weights.model(), ldp = padded_stride(h);
+  const int64_t tasks = static_cast<int64_t>(order.size());
+  // Without a state (inference) the pre-activations go to scratch, one [2, ldp] pair per expert.
+  Tensor unsaved_pre = Tensor::empty({state ? 0 : tasks, 2, ldp});
+  Tensor act = Tensor::empty({tasks, h});
+  auto row_of = [&](int64_t task) { return offsets[static_cast<size_t>(order[static_cast<size_t>(task)])]; };
+  auto pre = [&](int64_t task, int up) {
+    if (state) return (up ? state->up_pre : state->gate_pre).data<float>() + row_of(task) * ldp;
+    return unsaved_pre.data<float>() + (task * 2 + up) * ldp;
+  };
+  const float* x = decoded.data<float>();
+  float* y = out.data<float>();
+  std::vector<MatvecProduct> products;
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t l = order[static_cast<size_t>(task)];
+    const float* xl = x + row_of(task) * d;
+    products.push_back({xl, weights.w1.data<float>() + l * h * d, pre(task, 0), h, d, d, false});
+    products.push_back({xl, weights.w3.data<float>() + l * h * d, pre(task, 1), h, d, d, false});
+  }
+  matvec_transposed_many(products);
+  products.clear();
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t l = order[static_cast<size_t>(task)];
+    float* a = pre(task, 0);
+    float* b = pre(task, 1);
+    float* m = act.data<float>() + task * h;
+    if (has(weights.b1)) add_row_bias(Out{a, ldp}, 1, h, weights.b1.data<float>() + l * h);
+    if (has(weights.b3)) add_row_bias(Out{b, ldp}, 1, h, weights.b3.data<float>() + l * h);
+    activate(weights.activation, In{a, ldp}, In{b, ldp}, Out{m, h}, 1, h);
+    products.push_back({m, weights.w2.data<float>() + l * d * h, y + row_of(task) * d, d, h, h, false});
+  }
+  matvec_transposed_many(products);
+  if (has(weights.b2))
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t l = order[static_cast<size_t>(task)];
+      add_row_bias(Out{y + row_of(task) * d, d}, 1, d, weights.b2.data<float>() + l * d);
+    }
+}
+
 }  // namespace
 
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
@@ -227,6 +277,10 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     state->offsets.assign(offsets.begin(), offsets.end());
     state->gate_pre = Tensor::empty({recv, ldp});
     state->up_pre = Tensor::empty({recv, ldp});
+  }
+  if (h > 0 && max_rows == 1 && column_form_allowed) {
+    forward_one_row_experts(decoded, offsets, order, weights, out, state);
+    return;
   }
   Tensor unsaved_pre = Tensor::empty({!state && any_row_form ? workers : 0, 2, max_rows, ldp});
   // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
