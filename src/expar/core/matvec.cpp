@@ -25,6 +25,21 @@ constexpr int64_t kRows = 4;
 // enough that a chunk streams (32 rows of a 1024-wide matrix), small enough that a region of 2 MiB has 16.
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
+// The first bytes of each of the next block's rows, asked for before the current block is read: every row
+// is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
+// one 4 KiB page), and its first lines otherwise arrive at memory latency. Of 4, 8 and 16 lines at the block's
+// start, or a line one block ahead at every step, 4-8 lines at the start read fastest in a probe on the Zen 5
+// VM: the 4-row loop went from 0.91-1.00 of a plain streaming read to 0.99-1.08 (one and two threads,
+// [2048, 1024] and [1024, 2048] matrices; docs/performance.md). A prefetch changes no result.
+constexpr int64_t kPrefetchBytes = 512;
+
+void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
+  const int64_t floats = std::min<int64_t>(k, kPrefetchBytes / static_cast<int64_t>(sizeof(float)));
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t i = 0; i < floats; i += 64 / static_cast<int64_t>(sizeof(float)))
+      __builtin_prefetch(rows + r * ldb + i);
+}
+
 template <int64_t R>
 void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, bool accumulate) {
   Lanes sum[R];
@@ -50,7 +65,12 @@ void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, 
 // Rows [begin, end) of a product: whole 4-row blocks, then single rows (only the product's last rows).
 void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
   int64_t j = begin;
-  for (; j + kRows <= end; j += kRows) rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+  for (; j + kRows <= end; j += kRows) {
+    // The next block's rows, as far as the product has them (the chunk after this one is usually the same
+    // thread's next).
+    prefetch_row_starts(p.b + (j + kRows) * p.ldb, std::min(kRows, p.n - j - kRows), p.ldb, p.k);
+    rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+  }
   for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
 }
 
