@@ -83,6 +83,10 @@ int64_t matmul_min_rows() {
   return tl_min_rows;
 }
 
+bool matmul_runs_matvec(int64_t m, bool trans_a, bool trans_b) {
+  return m == 1 && !trans_a && trans_b && tl_min_rows == 0;
+}
+
 void matmul(const MatmulArgs& p) {
   EXPAR_ASSERT(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul with negative size m={} n={} k={}", p.m, p.n, p.k);
   if (p.m == 0 || p.n == 0) return;
@@ -103,7 +107,7 @@ void matmul(const MatmulArgs& p) {
   // One row against a transposed matrix (the weights of decode's products): core/matvec reads them closer
   // to memory bandwidth than oneDNN's m = 1 kernel, whose bits were already its own (matmul.hpp). Batch
   // invariance never gets here with m = 1 (the quantum pads it above).
-  if (p.m == 1 && !p.trans_a && p.trans_b) {
+  if (matmul_runs_matvec(p.m, p.trans_a, p.trans_b)) {
     matvec_transposed(p.a, p.b, p.c, p.n, p.k, ldb, p.accumulate);
     return;
   }

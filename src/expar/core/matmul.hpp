@@ -19,6 +19,11 @@ struct MatmulArgs {
 // C (+)= op(A)·op(B). Zero-sized products are no-ops (a k = 0 product clears C unless accumulating).
 void matmul(const MatmulArgs& args);
 
+// Whether matmul() hands a product of m rows with these operand layouts to core/matvec on the calling
+// thread: m = 1, A as stored, B transposed, batch invariance off. A caller with several such products may run
+// them as one matvec_transposed_many region instead (decode's q/k/v and experts): the same bits.
+bool matmul_runs_matvec(int64_t m, bool trans_a, bool trans_b);
+
 // Convenience: C[m,n] = A[m,k]·B[k,n] (+ C when accumulate), with optional transposes.
 inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, bool trans_a,
                    bool trans_b, bool accumulate) {

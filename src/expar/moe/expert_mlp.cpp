@@ -199,7 +199,8 @@ void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
 // finishes its expert first takes chunks of the other's rows instead of waiting for it, where with two
 // experts over two threads the faster had idled at the end of every MoE block. Each output is the same
 // dot product either way (matvec's bits do not depend on the grouping), so the results are those of the
-// row form. Not under batch invariance (its row quantum sends m = 1 products to sgemm: core/matmul.hpp).
+// row form. Only where matmul() would run each of them through core/matvec (not under batch invariance,
+// whose row quantum sends m = 1 products to sgemm: core/matmul.hpp).
 void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> offsets,
                              std::span<const int64_t> order, const ExpertWeights& weights, Tensor& out,
                              ExpertMlpState* state) {
@@ -278,7 +279,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     state->gate_pre = Tensor::empty({recv, ldp});
     state->up_pre = Tensor::empty({recv, ldp});
   }
-  if (h > 0 && max_rows == 1 && column_form_allowed) {
+  if (h > 0 && max_rows == 1 && matmul_runs_matvec(1, false, true)) {
     forward_one_row_experts(decoded, offsets, order, weights, out, state);
     return;
   }
