@@ -27,10 +27,12 @@ constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
 // The first bytes of each of the next block's rows, asked for before the current block is read: every row
 // is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
-// one 4 KiB page), and its first lines otherwise arrive at memory latency. Of 4, 8 and 16 lines at the block's
-// start, or a line one block ahead at every step, 4-8 lines at the start read fastest in a probe on the Zen 5
-// VM: the 4-row loop went from 0.91-1.00 of a plain streaming read to 0.99-1.08 (one and two threads,
-// [2048, 1024] and [1024, 2048] matrices; docs/performance.md). A prefetch changes no result.
+// one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe on the Zen 5 VM (1 GiB
+// of matrices cycled, against a streaming read in the same rounds, medians of 8; one and two threads,
+// [2048, 1024] and [1024, 2048] matrices), the 4-row loop read at 0.91-1.03 of the streaming read alone and at
+// 0.99-1.14 with 8 lines of each next row fetched at the block's start; 4 or 16 lines did about as well, a line
+// one block ahead at every step (0.86-1.01) or 1 KiB ahead in the same row (0.89-0.93) worse
+// (docs/performance.md). A prefetch changes no result.
 constexpr int64_t kPrefetchBytes = 512;
 
 void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
