@@ -84,8 +84,8 @@ KvCache KvCache::create(int64_t capacity, const AttentionShape& shape) {
   shape.validate();
   EXPAR_CHECK(capacity >= 0, "KvCache::create: capacity={} must not be negative", capacity);
   KvCache cache;
-  cache.k = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
-  cache.v = Tensor::empty({capacity, shape.n_kv_heads * shape.head_dim}, DType::F32, MemCategory::KvCache);
+  cache.k = Tensor::empty({shape.n_kv_heads, capacity, shape.head_dim}, DType::F32, MemCategory::KvCache);
+  cache.v = Tensor::empty({shape.n_kv_heads, capacity, shape.head_dim}, DType::F32, MemCategory::KvCache);
   return cache;
 }
 
@@ -109,10 +109,11 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     EXPAR_CHECK(seen.insert(c).second, "{}: cache {} appears twice: each sequence needs its own cache", layer,
                 i);
     EXPAR_CHECK(new_tokens[i] >= 0, "{}: new_tokens[{}]={} must not be negative", layer, i, new_tokens[i]);
-    check_f32_matrix(c->k, layer, "cache.k");
-    const int64_t capacity = c->k.dim(0);
-    check_f32(c->k, layer, "cache.k", {capacity, dims.kd});
-    check_f32(c->v, layer, "cache.v", {capacity, dims.kd});
+    EXPAR_ASSERT(c->k.defined() && c->k.ndim() == 3, "{}: cache {}'s keys are not [n_kv_heads, capacity, "
+                 "head_dim]: create caches with KvCache::create", layer, i);
+    const int64_t capacity = c->capacity();
+    check_f32(c->k, layer, "cache.k", {shape.n_kv_heads, capacity, hd});
+    check_f32(c->v, layer, "cache.v", {shape.n_kv_heads, capacity, hd});
     EXPAR_CHECK(
         c->length >= 0 && c->length + new_tokens[i] <= capacity,
         "{}: sequence {} holds {} cached tokens and adds {}, beyond the cache capacity {}: create the "
@@ -150,14 +151,14 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
   std::vector<int64_t> first_row(caches.size() + 1, 0);
   for (size_t i = 0; i < caches.size(); ++i) {
     KvCache& c = *caches[i];
-    const int64_t tq = new_tokens[i], row0 = first_row[i];
-    const size_t row_bytes = sizeof(float) * static_cast<size_t>(dims.kd);
-    if (tq > 0) {
-      std::memcpy(c.k.data<float>() + c.length * dims.kd, k.data<float>() + row0 * dims.kd,
-                  row_bytes * static_cast<size_t>(tq));
-      std::memcpy(c.v.data<float>() + c.length * dims.kd, v.data<float>() + row0 * dims.kd,
-                  row_bytes * static_cast<size_t>(tq));
-    }
+    const int64_t tq = new_tokens[i], row0 = first_row[i], capacity = c.capacity();
+    const size_t head_bytes = sizeof(float) * static_cast<size_t>(hd);
+    for (int64_t g = 0; g < shape.n_kv_heads; ++g)
+      for (int64_t t = 0; t < tq; ++t) {
+        const int64_t from = (row0 + t) * dims.kd + g * hd, to = (g * capacity + c.length + t) * hd;
+        std::memcpy(c.k.data<float>() + to, k.data<float>() + from, head_bytes);
+        std::memcpy(c.v.data<float>() + to, v.data<float>() + from, head_bytes);
+      }
     first_row[i + 1] = row0 + tq;
   }
   // One task per (sequence, key/value head): a one-token step attends with the group's query heads as one
@@ -173,17 +174,17 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     if (tq == 0) return;
     const KvCache& c = *caches[i];
     float* p = probs.data<float>() + thread * longest;
-    const float* kg = c.k.data<float>() + g * hd;
-    const float* vg = c.v.data<float>() + g * hd;
+    const float* kg = c.k.data<float>() + g * c.capacity() * hd;
+    const float* vg = c.v.data<float>() + g * c.capacity() * hd;
     const int64_t h0 = g * group;
     if (tq == 1) {
-      attend_group_one_token(q.data<float>() + row0 * dims.qd + h0 * hd, group, kg, vg, dims.kd, c.length, hd,
+      attend_group_one_token(q.data<float>() + row0 * dims.qd + h0 * hd, group, kg, vg, hd, c.length, hd,
                              p, context.data<float>() + row0 * dims.qd + h0 * hd, options.window,
                              sinks ? sinks + h0 : nullptr);
       return;
     }
     for (int64_t h = h0; h < h0 + group; ++h)
-      attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, kg, vg, dims.kd, tq, c.length, hd, p,
+      attend_head(q.data<float>() + row0 * dims.qd + h * hd, dims.qd, kg, vg, hd, tq, c.length, hd, p,
                   context.data<float>() + row0 * dims.qd + h * hd, dims.qd, options.window,
                   sinks ? sinks + h : nullptr);
   });

@@ -105,10 +105,14 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
                           const AttentionOptions& options = {}, AttentionOptionGrads* option_grads = nullptr);
 
 // One sequence's cache for one layer, for the key/value heads held here.
+// Head-major: a key/value head's positions are contiguous, so a decode step's attention reads each head's
+// keys and values as one stream (position-major, a head's 64 floats of every position lay 2 KiB apart at
+// Mixtral's 8 key/value heads).
 struct KvCache {
-  Tensor k;            // [capacity, n_kv_heads·head_dim], keys after RoPE
-  Tensor v;            // [capacity, n_kv_heads·head_dim]
+  Tensor k;            // [n_kv_heads, capacity, head_dim], keys after RoPE
+  Tensor v;            // [n_kv_heads, capacity, head_dim]
   int64_t length = 0;  // positions [0, length) hold valid entries
+  int64_t capacity() const { return k.dim(1); }
   static KvCache create(int64_t capacity, const AttentionShape& shape);
 };
 
