@@ -37,7 +37,6 @@ struct Fixture {
   std::vector<int32_t> tokens = vocab_tokens(77, 70, 64);
   Fixture() {
     model.write(dir);
-    RemoveTempDirs::dirs().push_back(dir);
   }
 };
 

@@ -42,7 +42,6 @@ Reference build_reference(HfTestModel model, const std::string& name) {
   Reference r;
   r.model = std::move(model);
   r.dir = temp_dir(name);
-  RemoveTempDirs::dirs().push_back(r.dir);
   r.model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   const int v = r.model.vocab;

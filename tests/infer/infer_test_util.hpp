@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -76,6 +77,8 @@ inline ModelConfig test_config() {
   return c;
 }
 
+// A fresh directory for this process, removed at the end of the run (RemoveTempDirs) even when the test
+// that made it does not remove it (the serve tests' shared checkpoints, the engine tests' models).
 inline fs::path temp_dir(const std::string& name) {
   fs::path p =
       fs::temp_directory_path() /
@@ -83,6 +86,9 @@ inline fs::path temp_dir(const std::string& name) {
        std::to_string(static_cast<long>(::getpid())));
   fs::remove_all(p);
   fs::create_directories(p);
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  RemoveTempDirs::dirs().push_back(p);
   return p;
 }
 

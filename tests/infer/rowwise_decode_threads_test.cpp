@@ -32,7 +32,6 @@ const Checkpoint& expar_checkpoint() {
   static Checkpoint c = [] {
     Checkpoint r;
     r.dir = temp_dir("rowwise_ours");
-    RemoveTempDirs::dirs().push_back(r.dir);
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(test_config(), *group);
@@ -48,7 +47,6 @@ const Checkpoint& expar_checkpoint() {
 Checkpoint hf_checkpoint(HfTestModel model, const std::string& name) {
   Checkpoint r;
   r.dir = temp_dir(name);
-  RemoveTempDirs::dirs().push_back(r.dir);
   model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   return r;
