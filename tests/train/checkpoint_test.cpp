@@ -138,7 +138,10 @@ class Checkpoints : public ::testing::Test {
     dir_ = fs::temp_directory_path() / fmt::format("expar_checkpoint_test_{}", ::getpid());
     fs::remove_all(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    fs::remove(dir_.string() + ".jsonl");  // the kill loop's metrics file
+  }
   // A run of `steps` steps saving every step into dir_, keeping `keep`.
   void save_run(int steps, int keep = 0) {
     TrainConfig c = small_config(steps);
