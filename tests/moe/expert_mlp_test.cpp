@@ -60,13 +60,15 @@ int expert_of_row(int64_t row) {
 
 // The forward keeping a state for the backward (training) and keeping none (inference: the column form then
 // skips the pre-activations' transposes, the row form computes them into scratch): the same bits, the
-// poisoned tail included.
-Tensor forward_with_and_without_state(const ExpertWeights& w, const Tensor& x) {
-  Tensor y = poisoned({kCapacity, kD});
-  ExpertMlpState state;
-  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, &state);
-  Tensor unsaved = poisoned({kCapacity, kD});
-  expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, unsaved, nullptr);
+// poisoned tail included. `state` (optional) receives the state the first kept.
+Tensor forward_with_and_without_state(const ExpertWeights& w, const Tensor& x,
+                                      const std::vector<int64_t>& offsets = kOffsets,
+                                      ExpertMlpState* state = nullptr) {
+  Tensor y = poisoned({x.dim(0), x.dim(1)});
+  ExpertMlpState kept;
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, state ? state : &kept);
+  Tensor unsaved = poisoned({x.dim(0), x.dim(1)});
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, unsaved, nullptr);
   EXPECT_EQ(std::memcmp(y.raw(), unsaved.raw(), y.nbytes()), 0) << "the forward without a state differs";
   return y;
 }
@@ -159,15 +161,22 @@ TEST(ExpertMlp, GradientsMatchFiniteDifferences) {
 namespace expar {
 namespace {
 
-ExpertWeights gpt_oss_weights(uint64_t seed) {
-  ExpertWeights w = random_weights(seed);
-  w.b1 = Tensor::empty({kLocal, kH});
-  w.b3 = Tensor::empty({kLocal, kH});
-  w.b2 = Tensor::empty({kLocal, kD});
-  fill_normal(w.b1, seed, 4, 2.0f);
-  fill_normal(w.b3, seed, 5, 2.0f);
+// gpt-oss's experts from SwiGLU ones: gate/up biases of standard deviation `gate_up_bias`, a down bias of 1,
+// the clamped activation.
+void make_gpt_oss(ExpertWeights& w, uint64_t seed, float gate_up_bias) {
+  const int64_t local = w.local_count(), h = w.hidden(), d = w.model();
+  w.b1 = Tensor::empty({local, h});
+  w.b3 = Tensor::empty({local, h});
+  w.b2 = Tensor::empty({local, d});
+  fill_normal(w.b1, seed, 4, gate_up_bias);
+  fill_normal(w.b3, seed, 5, gate_up_bias);
   fill_normal(w.b2, seed, 6, 1.0f);
   w.activation = ExpertMlpActivation::GptOssClamped;
+}
+
+ExpertWeights gpt_oss_weights(uint64_t seed) {
+  ExpertWeights w = random_weights(seed);
+  make_gpt_oss(w, seed, 2.0f);
   return w;
 }
 
@@ -231,15 +240,7 @@ void check_one_row_experts(int64_t d, int64_t h, bool gpt_oss, uint64_t seed) {
   fill_normal(w.w1, seed, 1, scale);
   fill_normal(w.w3, seed, 2, scale);
   fill_normal(w.w2, seed, 3, scale);
-  if (gpt_oss) {
-    w.b1 = Tensor::empty({local, h});
-    w.b3 = Tensor::empty({local, h});
-    w.b2 = Tensor::empty({local, d});
-    fill_normal(w.b1, seed, 4, 8.0f);
-    fill_normal(w.b3, seed, 5, 8.0f);
-    fill_normal(w.b2, seed, 6, 1.0f);
-    w.activation = ExpertMlpActivation::GptOssClamped;
-  }
+  if (gpt_oss) make_gpt_oss(w, seed, 8.0f);
   Tensor x = poisoned({capacity, d});
   Tensor live = x.rows(0, 2);
   fill_normal(live, seed, 9, 1.0f);
@@ -247,12 +248,8 @@ void check_one_row_experts(int64_t d, int64_t h, bool gpt_oss, uint64_t seed) {
   Tensor by_threads[2];
   for (const int threads : {1, 2}) {
     set_compute_threads(threads);
-    Tensor y = poisoned({capacity, d});
     ExpertMlpState state;
-    expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, &state);
-    Tensor unsaved = poisoned({capacity, d});
-    expert_mlp_forward(x, PayloadFormat::F32, offsets, w, unsaved, nullptr);
-    ASSERT_EQ(std::memcmp(y.raw(), unsaved.raw(), y.nbytes()), 0) << "the forward without a state differs";
+    Tensor y = forward_with_and_without_state(w, x, offsets, &state);
     by_threads[threads - 1] = y;
     int clamped = 0;
     for (int64_t r = 0; r < 2; ++r) {
