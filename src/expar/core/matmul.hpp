@@ -21,7 +21,7 @@ void matmul(const MatmulArgs& args);
 
 // Whether matmul() hands a product of m rows with these operand layouts to core/matvec on the calling
 // thread: m = 1, A as stored, B transposed, batch invariance off. A caller with several such products may run
-// them as one matvec_transposed_many region instead (decode's q/k/v and experts): the same bits.
+// them as one matvec_transposed_many region instead (decode's experts): the same bits.
 bool matmul_runs_matvec(int64_t m, bool trans_a, bool trans_b);
 
 // Convenience: C[m,n] = A[m,k]·B[k,n] (+ C when accumulate), with optional transposes.

@@ -21,8 +21,9 @@ constexpr int64_t kParallelMin = int64_t{1} << 16;
 // weights fastest in a probe on the Zen 5 VM (docs/performance.md).
 constexpr int64_t kRows = 4;
 
-// About this many weight bytes per chunk a thread takes at a time (rounded to whole 4-row blocks): large
-// enough that a chunk streams (32 rows of a 1024-wide matrix), small enough that a region of 2 MiB has 16.
+// About this many weight bytes per chunk (rounded to whole 4-row blocks): the grain at which a thread takes
+// work from another's run at the end of a region (a thread's own chunks are contiguous, so they stream as
+// one). 32 KiB chunks measured no different in decode (docs/performance.md).
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
 // The first bytes of each of the next block's rows, asked for before the current block is read: every row
@@ -70,7 +71,8 @@ void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
   for (; j + kRows <= end; j += kRows) {
     // The next block's rows, as far as the product has them (the chunk after this one is usually the same
     // thread's next).
-    prefetch_row_starts(p.b + (j + kRows) * p.ldb, std::min(kRows, p.n - j - kRows), p.ldb, p.k);
+    const int64_t next = std::min(kRows, p.n - j - kRows);
+    if (next > 0) prefetch_row_starts(p.b + (j + kRows) * p.ldb, next, p.ldb, p.k);
     rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
   }
   for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
@@ -144,8 +146,10 @@ void matvec_transposed_many(std::span<const MatvecProduct> products) {
   }
   // The products' chunks in order, product after product: first_chunk[i] is product i's first.
   std::vector<int64_t> first_chunk(products.size() + 1, 0);
-  for (size_t i = 0; i < products.size(); ++i)
-    first_chunk[i + 1] = first_chunk[i] + (products[i].n + chunk_rows(products[i]) - 1) / chunk_rows(products[i]);
+  for (size_t i = 0; i < products.size(); ++i) {
+    const int64_t step = chunk_rows(products[i]);
+    first_chunk[i + 1] = first_chunk[i] + (products[i].n + step - 1) / step;
+  }
   const int64_t chunks = first_chunk.back();
   // Each thread starts on its own contiguous run of chunks, taken from the front, so it streams through
   // its part of the weights as the read probe does; a thread whose run is empty takes chunks from the back

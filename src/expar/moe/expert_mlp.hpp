@@ -10,7 +10,11 @@
 // threads and several experts holding rows, the experts are spread over the threads (core/parallel_tasks.hpp,
 // most rows first), each expert's products on one thread with its own scratch: small experts' products
 // split over all threads ran well below one big product's rate, and the results are those of one compute
-// thread. Rows at and past offsets[E_L] (the capacity tail) are never read or written.
+// thread. Decode is the exception: when every expert holding rows holds one (and matmul() would send its
+// m = 1 products to core/matvec), the forward runs every gate and up product as one matvec region and every
+// down product as a second, so a thread that finishes its expert takes rows of another's instead of waiting
+// (the same bits: matvec's do not depend on how products are grouped). Rows at and past offsets[E_L] (the
+// capacity tail) are never read or written.
 //
 // The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed,
 // aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
@@ -23,7 +27,7 @@
 // 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on
 // how many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results
 // stay independent of the path and the wave schedule, whose experts hold the same rows either way. Below
-// the threshold (decode's one row, which core/matvec reads) and under batch invariance (its row quantum is a
+// the threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a
 // rule of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert
 // runs in the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h]
 // gradients and the saved pre-activations at a padded row stride. (Its products in the column form measured
