@@ -306,7 +306,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     } else if (in_column_form(n)) {
       // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
       // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
-      // as rows, transposed while in cache.
+      // as rows, transposed while in cache and written past the cache: the backward reads them long after.
       float* bt = columns.data<float>() + thread * max_rows * (h + 2 * d);
       float* xt = bt + h * n;
       float* yt = xt + d * n;
@@ -317,8 +317,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       if (has(weights.b1)) add_column_bias(at, h, n, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_column_bias(bt, h, n, weights.b3.data<float>() + l * h);
       if (state) {
-        transpose(at, h, n, n, al, ldp);
-        transpose(bt, h, n, n, bl, ldp);
+        transpose_streaming(at, h, n, n, al, ldp);
+        transpose_streaming(bt, h, n, n, bl, ldp);
       }
       activate(weights.activation, In{at, n}, In{bt, n}, Out{m, n}, h, n);  // mᵀ over aᵀ, in place
       matmul(w2, m, yt, d, n, h, false, false, false);
