@@ -17,43 +17,71 @@ constexpr int64_t kLanes = 16;
 // saves).
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
-// About this many weight bytes per chunk (whole rows): the grain at which a thread takes work from another's
-// run at the end of a region (a thread's own chunks are contiguous, so they stream as one). 32 KiB chunks
-// measured no different in decode (docs/performance.md).
+// Four rows at a time: of 2, 4 and 8 rows per block (and one row with 4 or 8 accumulators), 4 read the
+// weights fastest in a probe on the Zen 5 VM (docs/performance.md).
+constexpr int64_t kRows = 4;
+
+// About this many weight bytes per chunk (rounded to whole 4-row blocks): the grain at which a thread takes
+// work from another's run at the end of a region (a thread's own chunks are contiguous, so they stream as
+// one). 32 KiB chunks measured no different in decode (docs/performance.md).
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
-// One row at a time, each row's weights read front to back, so a thread's run of chunks is one sequential
-// stream through memory, which the hardware prefetcher follows best. Blocks of 2, 4 and 8 rows read side by
-// side (sharing each load of a), with the first 512 bytes of the next block's rows prefetched, had measured
-// fastest in earlier probes; on the Zen 5 VM (2026-12-03) one row at a time with no software prefetch read
-// faster both when the machine's streaming read ran at 39-48 GB/s and at 58-86 GB/s, and `expar bench
-// generate` decoded a few percent faster where the memory was fast (+1.6 to +6.2 % in five pairs at TP 1)
-// and as fast where it was slow (docs/performance.md, "One row at a time").
-// Each row's sum is the same either way (the order below), so the grouping changes no result.
-void row_dot(const float* a, const float* b, int64_t k, float* c, bool accumulate) {
-  Lanes sum{};
+// The first bytes of each of the next block's rows, asked for before the current block is read: every row
+// is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
+// one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe on the Zen 5 VM (1 GiB
+// of matrices cycled, against a streaming read in the same rounds, medians of 8; one and two threads,
+// [2048, 1024] and [1024, 2048] matrices), the 4-row loop read at 0.91-1.03 of the streaming read alone and at
+// 0.99-1.14 with 8 lines of each next row fetched at the block's start; 4 or 16 lines did about as well, a line
+// one block ahead at every step (0.86-1.01) or 1 KiB ahead in the same row (0.89-0.93) worse
+// (docs/performance.md). A prefetch changes no result.
+constexpr int64_t kPrefetchBytes = 512;
+
+void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
+  const int64_t floats = std::min<int64_t>(k, kPrefetchBytes / static_cast<int64_t>(sizeof(float)));
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t i = 0; i < floats; i += 64 / static_cast<int64_t>(sizeof(float)))
+      __builtin_prefetch(rows + r * ldb + i);
+}
+
+template <int64_t R>
+void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, bool accumulate) {
+  Lanes sum[R];
+  for (int64_t r = 0; r < R; ++r) sum[r] = Lanes{};
   int64_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
-    Lanes x, w;
+    Lanes x;
     std::memcpy(&x, a + i, sizeof x);
-    std::memcpy(&w, b + i, sizeof w);
-    sum += x * w;
+    for (int64_t r = 0; r < R; ++r) {
+      Lanes w;
+      std::memcpy(&w, b + r * ldb + i, sizeof w);
+      sum[r] += x * w;
+    }
   }
-  float total = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) total += sum[l];
-  for (int64_t j = i; j < k; ++j) total += a[j] * b[j];
-  *c = accumulate ? *c + total : total;
+  for (int64_t r = 0; r < R; ++r) {
+    float total = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) total += sum[r][l];
+    for (int64_t j = i; j < k; ++j) total += a[j] * b[r * ldb + j];
+    c[r] = accumulate ? c[r] + total : total;
+  }
 }
 
-// Rows [begin, end) of a product.
+// Rows [begin, end) of a product: whole 4-row blocks, then single rows (only the product's last rows).
 void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
-  for (int64_t j = begin; j < end; ++j) row_dot(p.a, p.b + j * p.ldb, p.k, p.c + j, p.accumulate);
+  int64_t j = begin;
+  for (; j + kRows <= end; j += kRows) {
+    // The next block's rows, as far as the product has them (the chunk after this one is usually the same
+    // thread's next).
+    const int64_t next = std::min(kRows, p.n - j - kRows);
+    if (next > 0) prefetch_row_starts(p.b + (j + kRows) * p.ldb, next, p.ldb, p.k);
+    rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+  }
+  for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
 }
 
-// The rows of a product's chunk: about kChunkBytes of weights, at least one row.
+// The rows of a product's chunk: about kChunkBytes of weights, whole 4-row blocks.
 int64_t chunk_rows(const MatvecProduct& p) {
   const int64_t row_bytes = std::max<int64_t>(p.k, 1) * static_cast<int64_t>(sizeof(float));
-  return std::max<int64_t>(1, kChunkBytes / row_bytes);
+  return std::max<int64_t>(1, kChunkBytes / row_bytes / kRows) * kRows;
 }
 
 // A thread's run of chunks [next, end), both in one atomic word (next in the low half) so that the owner

@@ -4,9 +4,9 @@
 // read, so they run at memory bandwidth or not at all.
 //
 // Why not oneDNN: its sgemm at m = 1 read weights at 0.71-0.91 of a plain streaming read on the AMD EPYC
-// (Zen 5) development VM (2 threads; 0.77-0.80 on one), this loop (then four rows at a time) at 0.87-1.04
-// (0.86-0.94 on one), paired in one probe cycling through 1 GiB of [2048, 1024] matrices (docs/performance.md,
-// the Zen 5 VM paragraphs of the `bench generate` section).
+// (Zen 5) development VM (2 threads; 0.77-0.80 on one), this loop at 0.87-1.04 (0.86-0.94 on one), paired
+// in one probe cycling through 1 GiB of [2048, 1024] matrices (docs/performance.md, the Zen 5 VM paragraphs
+// of the `bench generate` section).
 //
 // Each output is one thread's dot product over k in a fixed order (16-lane partial sums, then the lanes in
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
