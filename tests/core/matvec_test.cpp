@@ -1,6 +1,6 @@
 // core/matvec: one row against a transposed matrix, the m = 1 products matmul() sends there. Checked against
 // a double-precision dot product at shapes with every tail (k below, at and past the 16 lanes, n not a
-// multiple of the 4-row block), a leading dimension wider than k, plain (a NaN-poisoned output is never
+// multiple of the row block), a leading dimension wider than k, plain (a NaN-poisoned output is never
 // read) and accumulating; the same bits at 1 and 2 compute threads, and matmul() with m = 1 and a
 // transposed B gives exactly matvec's result; several products in one region give each product's own bits.
 #include "expar/core/matvec.hpp"

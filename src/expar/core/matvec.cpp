@@ -17,11 +17,20 @@ constexpr int64_t kLanes = 16;
 // saves).
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
-// Four rows at a time: of 2, 4 and 8 rows per block (and one row with 4 or 8 accumulators), 4 read the
-// weights fastest in a probe on the Zen 5 VM (docs/performance.md).
+// Eight rows at a time. Variants of this loop built into one probe and timed round by round in the same
+// process (the decode step's 630 MB of products, 20 rounds, three processes; docs/performance.md, "Rows per
+// block, compared in one process"): 6 and 8 rows read 1-7 % faster than 4 in 15-20 of 20 rounds at one and
+// two threads, 12 and 2 rows slower, one row 17-20 % slower. Probes that alternated separate binaries had
+// ranked 4 rows first and, later, one row: on this VM a process's moment moved the figures more than the
+// loops differed. Each row's sum has the same order at any block size. Only with AVX-512's 32 registers:
+// under AVX2 each Lanes takes two of 16 registers, so 8 rows' sums alone would fill them.
+#if defined(__AVX512F__)
+constexpr int64_t kRows = 8;
+#else
 constexpr int64_t kRows = 4;
+#endif
 
-// About this many weight bytes per chunk (rounded to whole 4-row blocks): the grain at which a thread takes
+// About this many weight bytes per chunk (rounded to whole kRows blocks): the grain at which a thread takes
 // work from another's run at the end of a region (a thread's own chunks are contiguous, so they stream as
 // one). 32 KiB chunks measured no different in decode (docs/performance.md).
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
@@ -30,10 +39,10 @@ constexpr int64_t kChunkBytes = int64_t{128} << 10;
 // is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
 // one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe on the Zen 5 VM (1 GiB
 // of matrices cycled, against a streaming read in the same rounds, medians of 8; one and two threads,
-// [2048, 1024] and [1024, 2048] matrices), the 4-row loop read at 0.91-1.03 of the streaming read alone and at
-// 0.99-1.14 with 8 lines of each next row fetched at the block's start; 4 or 16 lines did about as well, a line
-// one block ahead at every step (0.86-1.01) or 1 KiB ahead in the same row (0.89-0.93) worse
-// (docs/performance.md). A prefetch changes no result.
+// [2048, 1024] and [1024, 2048] matrices), the loop, then 4 rows a block, read at 0.91-1.03 of the streaming
+// read alone and at 0.99-1.14 with 8 lines of each next row fetched at the block's start; 4 or 16 lines did
+// about as well, a line one block ahead at every step (0.86-1.01) or 1 KiB ahead in the same row (0.89-0.93)
+// worse (docs/performance.md). A prefetch changes no result.
 constexpr int64_t kPrefetchBytes = 512;
 
 void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
@@ -65,7 +74,7 @@ void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, 
   }
 }
 
-// Rows [begin, end) of a product: whole 4-row blocks, then single rows (only the product's last rows).
+// Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
 void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
   int64_t j = begin;
   for (; j + kRows <= end; j += kRows) {
@@ -78,7 +87,7 @@ void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
   for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
 }
 
-// The rows of a product's chunk: about kChunkBytes of weights, whole 4-row blocks.
+// The rows of a product's chunk: about kChunkBytes of weights, whole kRows blocks.
 int64_t chunk_rows(const MatvecProduct& p) {
   const int64_t row_bytes = std::max<int64_t>(p.k, 1) * static_cast<int64_t>(sizeof(float));
   return std::max<int64_t>(1, kChunkBytes / row_bytes / kRows) * kRows;
