@@ -21,7 +21,7 @@ constexpr int64_t kParallelMin = int64_t{1} << 16;
 // process (the decode step's 630 MB of products, 20 rounds, several processes; docs/performance.md, "Rows
 // per block, compared in one process"): 6 and 8 rows read 1-9 % faster than 4 on average at one and two
 // threads (6 rows faster in 15-20 of a process's 20 rounds, 8 in 11-19), 12 and 2 rows slower, one row
-// 17-20 % slower. Probes that alternated separate binaries had ranked 4 rows first and, later, one row: on
+// 17-21 % slower. Probes that alternated separate binaries had ranked 4 rows first and, later, one row: on
 // this VM a process's moment moved the figures more than the loops differed. Each row's sum has the same
 // order at any block size. Only with AVX-512's 32 registers: under AVX2 each Lanes takes two of 16
 // registers, so 8 rows' sums alone would fill them.
