@@ -1,4 +1,4 @@
-// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), with matmul() and core/weight_product and in decode's one-row form: forward against
+// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form and decode's one-row form: forward against
 // a per-row f64 computation, every gradient (biases included) by central finite differences, and the capacity
 // tail (and experts without rows) left unread and unwritten.
 #include "expar/moe/expert_mlp.hpp"
@@ -17,10 +17,10 @@
 namespace expar {
 namespace {
 
-// Local expert 0 has 2 rows (matmul()), expert 1 none, expert 2 one more than core/weight_product's threshold
+// Local expert 0 has 2 rows (the row form), expert 1 none, expert 2 one more than the column form's threshold
 // (expert_mlp.hpp); the rows past the last offset are the tail.
 constexpr int64_t kD = 4, kH = 5, kLocal = 3;
-const std::vector<int64_t> kOffsets{0, 2, 2, 3 + kExpertWeightProductMinRows};
+const std::vector<int64_t> kOffsets{0, 2, 2, 3 + kExpertColumnFormMinRows};
 const int64_t kCapacity = kOffsets.back() + 3;
 
 ExpertWeights random_weights(uint64_t seed) {
@@ -58,8 +58,9 @@ int expert_of_row(int64_t row) {
   return -1;
 }
 
-// The forward keeping a state for the backward (training) and keeping none (inference: the pre-activations go
-// to scratch): the same bits, the poisoned tail included. `state` (optional) receives the state the first kept.
+// The forward keeping a state for the backward (training) and keeping none (inference: the column form then
+// skips the pre-activations' transposes, the row form computes them into scratch): the same bits, the
+// poisoned tail included. `state` (optional) receives the state the first kept.
 Tensor forward_with_and_without_state(const ExpertWeights& w, const Tensor& x,
                                       const std::vector<int64_t>& offsets = kOffsets,
                                       ExpertMlpState* state = nullptr) {

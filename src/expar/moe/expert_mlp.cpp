@@ -10,7 +10,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/matvec.hpp"
 #include "expar/core/parallel_tasks.hpp"
-#include "expar/core/weight_product.hpp"
+#include "expar/core/transpose.hpp"
 #include "expar/moe/payload_precision.hpp"
 
 namespace expar {
@@ -144,6 +144,12 @@ void add_row_bias(Out rows, int64_t n, int64_t cols, const float* bias) {
     for (int64_t c = 0; c < cols; ++c) rows.row(r)[c] += bias[c];
 }
 
+// The column form's bias: row j of the transposed pre-activation [h, n] += bias[j].
+void add_column_bias(float* columns, int64_t h, int64_t n, const float* bias) {
+  for (int64_t j = 0; j < h; ++j)
+    for (int64_t i = 0; i < n; ++i) columns[j * n + i] += bias[j];
+}
+
 // The row stride of the saved pre-activations and of the backward's [rows, h] scratch: h plus one cache line,
 // so that a stride is never a multiple of 4 KiB. At h = 1024 the weight-gradient product gaᵀ·x read ga down
 // 4 KiB-strided columns at 142-146 GFLOP/s against 168 with the padded stride, and a transpose into 1024-float
@@ -152,10 +158,10 @@ int64_t padded_stride(int64_t h) {
   return h + 16;
 }
 
-// Whether experts of kExpertWeightProductMinRows rows or more compute their products with core/weight_product
-// (expert_mlp.hpp) on the calling thread: never under batch invariance, whose row quantum is a rule about
-// matmul()'s products (core/matmul.hpp), which experts of fewer rows still run.
-bool weight_product_allowed_here() {
+// Whether experts of kExpertColumnFormMinRows rows or more compute in the column form (expert_mlp.hpp) on the
+// calling thread: never under batch invariance, whose row quantum is a rule about the rows of the row form
+// (core/matmul.hpp).
+bool column_form_allowed_here() {
   return matmul_min_rows() == 0;
 }
 
@@ -258,13 +264,13 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
   const int workers = task_threads(tasks);
   // Decided here, on the calling thread: the batch-invariance setting is per thread.
-  const bool weight_product_allowed = weight_product_allowed_here();
-  auto with_weight_product = [&](int64_t rows) {
-    return weight_product_allowed && rows >= kExpertWeightProductMinRows;
-  };
+  const bool column_form_allowed = column_form_allowed_here();
+  auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
   auto rows_of = [&](int64_t l) { return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)]; };
+  const bool any_row_form = !order.empty() && !in_column_form(rows_of(order.back()));  // fewest rows last
   // The pre-activations as rows [rows, h] at a padded stride (padded_stride): saved for the backward, or
-  // without a state (inference) in per-worker scratch.
+  // without a state (inference) per worker where the row form computes them; the column form, which
+  // computes them transposed, then never transposes them back.
   const int64_t ldp = padded_stride(h);
   if (state) {
     state->input = input;
@@ -277,11 +283,11 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     forward_one_row_experts(decoded, offsets, order, weights, out, state);
     return;
   }
-  Tensor unsaved_pre = Tensor::empty({state ? 0 : workers, 2, max_rows, ldp});
-  // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h] at the
-  // padded stride (the down product reads 12 of its rows at once: at h = 1024 unpadded they would share one set
-  // of L1).
-  Tensor act = Tensor::empty({workers, max_rows, ldp});
+  Tensor unsaved_pre = Tensor::empty({!state && any_row_form ? workers : 0, 2, max_rows, ldp});
+  // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
+  // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
+  Tensor act = Tensor::empty({workers, max_rows, h});
+  Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_rows, h + 2 * d});
   const float* x = decoded.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
@@ -290,37 +296,45 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
-    const float* xl = x + begin * d;
-    float* m = act.data<float>() + thread * max_rows * ldp;
+    float* m = act.data<float>() + thread * max_rows * h;
     float* yl = y + begin * d;
     float* al = state ? state->gate_pre.data<float>() + begin * ldp
                       : unsaved_pre.data<float>() + thread * 2 * max_rows * ldp;
     float* bl = state ? state->up_pre.data<float>() + begin * ldp : al + max_rows * ldp;
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
-    } else if (with_weight_product(n)) {
-      weight_product(xl, d, w1, d, al, ldp, n, h, d);
-      weight_product(xl, d, w3, d, bl, ldp, n, h, d);
+    } else if (in_column_form(n)) {
+      // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
+      // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
+      // as rows, transposed while in cache and written past the cache: the backward reads them long after.
+      float* bt = columns.data<float>() + thread * max_rows * (h + 2 * d);
+      float* xt = bt + h * n;
+      float* yt = xt + d * n;
+      float* at = m;
+      transpose(x + begin * d, n, d, d, xt, n);
+      matmul(w1, xt, at, h, n, d, false, false, false);
+      matmul(w3, xt, bt, h, n, d, false, false, false);
+      if (has(weights.b1)) add_column_bias(at, h, n, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_column_bias(bt, h, n, weights.b3.data<float>() + l * h);
+      if (state) {
+        transpose_streaming(at, h, n, n, al, ldp);
+        transpose_streaming(bt, h, n, n, bl, ldp);
+      }
+      activate(weights.activation, In{at, n}, In{bt, n}, Out{m, n}, h, n);  // mᵀ over aᵀ, in place
+      matmul(w2, m, yt, d, n, h, false, false, false);
+      transpose(yt, d, n, n, yl, d);
     } else {
-      MatmulArgs gate{xl, w1, al, n, h, d, false, true, false};
+      MatmulArgs gate{x + begin * d, w1, al, n, h, d, false, true, false};
       gate.ldc = ldp;
       matmul(gate);
       MatmulArgs up = gate;
       up.b = w3;
       up.c = bl;
       matmul(up);
-    }
-    if (h > 0) {
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
-      activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, ldp}, n, h);
-      if (with_weight_product(n)) {
-        weight_product(m, ldp, w2, h, yl, d, n, d, h);
-      } else {
-        MatmulArgs down{m, w2, yl, n, d, h, false, true, false};
-        down.lda = ldp;
-        matmul(down);
-      }
+      activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
+      matmul(m, w2, yl, n, d, h, false, true, false);
     }
     if (has(weights.b2)) add_row_bias(Out{yl, d}, n, d, weights.b2.data<float>() + l * d);
   });

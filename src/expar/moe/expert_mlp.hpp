@@ -5,7 +5,7 @@
 // biases before the activation, a down bias after the down product, and the clamped SwiGLU, forward and
 // backward (the biases' gradients included). The inference engine's experts and shared expert run here too.
 // Computed as grouped GEMMs over the expert-contiguous row intervals of the expert-side buffer (contract 3):
-// one product per expert interval and weight matrix, with that expert's SwiGLU (and, backward, its gradient)
+// one oneDNN matmul per expert interval and product, with that expert's SwiGLU (and, backward, its gradient)
 // between its products so that the [rows, h] intermediates are consumed while in cache. With several compute
 // threads and several experts holding rows, the experts are spread over the threads (core/parallel_tasks.hpp,
 // most rows first), each expert's products on one thread with its own scratch: small experts' products
@@ -16,16 +16,24 @@
 // (the same bits: matvec's do not depend on how products are grouped). Rows at and past offsets[E_L] (the
 // capacity tail) are never read or written.
 //
-// Experts of kExpertWeightProductMinRows rows or more run their three forward products through
-// core/weight_product (x·w1ᵀ, x·w3ᵀ, m·w2ᵀ with the weights as stored), which fetches each weight matrix while it
-// multiplies where oneDNN's sgemm reads it first: the forward's products and saved pre-activations then need no
-// transposes either (docs/performance.md, "Small experts: weights fetched while multiplying"). Every element is
-// one chain of fused multiply-adds over k in order, so a row's result does not depend on how many rows its
-// expert holds: results stay independent of the path and the wave schedule, and of the instruction set
-// (AVX-512 and AVX2 give the same bits). Below the threshold (decode's one row: the one-row form above) and
-// under batch invariance (its row quantum is a rule of matmul(): core/matmul.hpp) an expert's products run
-// through matmul(). The backward runs through matmul() for every expert, its [rows, h] gradients and the saved
-// pre-activations at a padded row stride.
+// The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed,
+// aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
+// their columns (x and y are transposed in and out while in cache, and the pre-activations back into rows
+// when a state is kept for the backward, with non-temporal stores: core/transpose.hpp's
+// transpose_streaming). oneDNN's sgemm packs each weight matrix per call, and in the row
+// form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread, 16 experts,
+// d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts (products, activation and the transposes of
+// x and y) ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
+// --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
+// 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on
+// how many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results
+// stay independent of the path and the wave schedule, whose experts hold the same rows either way. Below
+// the threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a
+// rule of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert
+// runs in the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h]
+// gradients and the saved pre-activations at a padded row stride. (Its products in the column form measured
+// no faster; keeping the pre-activations transposed for it made it slower by more than the forward gained:
+// the backward reads them cold, and transposing cold rows cost ~3 ms per pass.)
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -68,10 +76,8 @@ struct ExpertWeights {
   void validate() const;
 };
 
-// The fewest rows an expert computes with core/weight_product (above): below it packing each panel of weights
-// costs more than the few rows' arithmetic gains (at 8 rows the products ran at 0.23-0.29 of a 2048-row
-// product's rate, either kernel).
-inline constexpr int64_t kExpertWeightProductMinRows = 8;
+// The fewest rows an expert computes in the column form with (above).
+inline constexpr int64_t kExpertColumnFormMinRows = 8;
 
 struct ExpertMlpState {
   // Expert-side input rows, saved by reference (the dispatch buffer in EP) in the format they arrived in:
@@ -87,7 +93,8 @@ struct ExpertMlpState {
 
 // input [>= offsets[E_L], d] f32, or encoded rows in input_format (payload_tensor's layout), decoded to f32
 // for the products; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any capacity). `state`
-// receives what expert_mlp_backward needs; nullptr (inference) keeps nothing.
+// receives what expert_mlp_backward needs; nullptr (inference) keeps nothing, so the column form skips
+// transposing the pre-activations back into rows.
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
                         const ExpertWeights& weights, Tensor& out, ExpertMlpState* state);
 
