@@ -99,6 +99,49 @@ TEST(ExpertMlp, ForwardMatchesPerRowReferenceAndLeavesTheTailAlone) {
   }
 }
 
+// From 64 rows the column form runs on a whole number of 16 columns, the rows followed by zero columns
+// (expert_mlp.cpp's padded_columns): 70 rows run as 80 columns. Each row against a double-precision
+// computation (the pre-activations kept for the backward too), the tail unwritten; and where oneDNN runs its
+// AVX-512 kernels, whose column bits do not depend on the column count (expert_mlp.hpp), the first 64 rows
+// alone (no padding) give the same bits.
+TEST(ExpertMlp, ARaggedExpertRunOnPaddedColumnsMatchesPerRowReference) {
+  const int64_t d = 24, h = 40, rows = 70, capacity = 72;
+  ExpertWeights w{Tensor::empty({1, h, d}), Tensor::empty({1, h, d}), Tensor::empty({1, d, h})};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  fill_normal(w.w1, 41, 1, scale);
+  fill_normal(w.w3, 41, 2, scale);
+  fill_normal(w.w2, 41, 3, scale);
+  Tensor x = poisoned({capacity, d});
+  Tensor live = x.rows(0, rows);
+  fill_normal(live, 41, 9, 1.0f);
+  ExpertMlpState state;
+  const Tensor y = forward_with_and_without_state(w, x, {0, rows}, &state);
+  const int64_t ldp = state.gate_pre.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> m(static_cast<size_t>(h));
+    for (int64_t j = 0; j < h; ++j) {
+      double a = 0.0, b = 0.0;
+      for (int64_t c = 0; c < d; ++c) {
+        a += double(w.w1.data<float>()[j * d + c]) * x.data<float>()[r * d + c];
+        b += double(w.w3.data<float>()[j * d + c]) * x.data<float>()[r * d + c];
+      }
+      ASSERT_NEAR(state.gate_pre.data<float>()[r * ldp + j], a, 1e-5 * (1.0 + std::fabs(a))) << "row " << r;
+      ASSERT_NEAR(state.up_pre.data<float>()[r * ldp + j], b, 1e-5 * (1.0 + std::fabs(b))) << "row " << r;
+      m[static_cast<size_t>(j)] = a / (1.0 + std::exp(-a)) * b;
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      double want = 0.0;
+      for (int64_t j = 0; j < h; ++j) want += double(w.w2.data<float>()[i * h + j]) * m[static_cast<size_t>(j)];
+      ASSERT_NEAR(y.data<float>()[r * d + i], want, 1e-5 + 1e-5 * std::fabs(want)) << "row " << r << " col " << i;
+    }
+  }
+  for (int64_t i = rows * d; i < capacity * d; ++i) ASSERT_TRUE(std::isnan(y.data<float>()[i])) << "tail at " << i;
+  if (batch_invariant_rows() != 16) GTEST_SKIP() << "oneDNN's AVX2 kernels: a column's bits depend on the count";
+  const Tensor first = forward_with_and_without_state(w, x, {0, 64});
+  EXPECT_EQ(std::memcmp(first.raw(), y.raw(), static_cast<size_t>(64 * d) * sizeof(float)), 0)
+      << "padding the columns changed the bits of the rows";
+}
+
 // Every gradient of `w`'s experts (the biases too, when it has them) and of the input against central finite
 // differences of the loss Σ y·proj.
 void expect_gradients_match_finite_differences(ExpertWeights w, Tensor x, uint64_t seed) {

@@ -144,10 +144,25 @@ void add_row_bias(Out rows, int64_t n, int64_t cols, const float* bias) {
     for (int64_t c = 0; c < cols; ++c) rows.row(r)[c] += bias[c];
 }
 
-// The column form's bias: row j of the transposed pre-activation [h, n] += bias[j].
-void add_column_bias(float* columns, int64_t h, int64_t n, const float* bias) {
+// The column form's bias: row j of the transposed pre-activation [h, n] (row stride ld) += bias[j].
+void add_column_bias(float* columns, int64_t h, int64_t n, int64_t ld, const float* bias) {
   for (int64_t j = 0; j < h; ++j)
-    for (int64_t i = 0; i < n; ++i) columns[j * n + i] += bias[j];
+    for (int64_t i = 0; i < n; ++i) columns[j * ld + i] += bias[j];
+}
+
+// From kColumnPaddingMinRows rows, the column form's products run on a whole number of kColumnQuantum
+// columns, the expert's rows followed by zero columns: oneDNN's sgemm ran a ragged column count well below a
+// whole one's rate. Compared in one process (one thread, 16 experts, weights in huge pages, the Zen 5 VM;
+// docs/performance.md, "Ragged experts padded to 16 columns"), the expert forward with a state took 3.6-4.6 %
+// less time at 114-146 rows per expert (d = 512, h = 1024), 2.1-2.8 % at 232-296, 2.9-6.2 % at 114-146 with
+// d = 1024, h = 2048, and 2-5 % at 65, 81 and 113 rows; below 64 rows, where the padding is a larger share,
+// it went both ways (12 and 20 rows 4-5 % slower, 33 faster, 50 even). A column's bits do not depend on the
+// column count under AVX-512 (expert_mlp.hpp), so the padding changes no result there. 32 was no better.
+constexpr int64_t kColumnQuantum = 16;
+constexpr int64_t kColumnPaddingMinRows = 64;
+int64_t padded_columns(int64_t n) {
+  if (n < kColumnPaddingMinRows) return n;
+  return (n + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum;
 }
 
 // The row stride of the saved pre-activations and of the backward's [rows, h] scratch: h plus one cache line,
@@ -286,8 +301,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   Tensor unsaved_pre = Tensor::empty({!state && any_row_form ? workers : 0, 2, max_rows, ldp});
   // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
   // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
-  Tensor act = Tensor::empty({workers, max_rows, h});
-  Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_rows, h + 2 * d});
+  const int64_t max_columns = padded_columns(max_rows);
+  Tensor act = Tensor::empty({workers, max_columns, h});
+  Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_columns, h + 2 * d});
   const float* x = decoded.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
@@ -296,7 +312,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     const float* w1 = weights.w1.data<float>() + l * h * d;
     const float* w3 = weights.w3.data<float>() + l * h * d;
     const float* w2 = weights.w2.data<float>() + l * d * h;
-    float* m = act.data<float>() + thread * max_rows * h;
+    float* m = act.data<float>() + thread * max_columns * h;
     float* yl = y + begin * d;
     float* al = state ? state->gate_pre.data<float>() + begin * ldp
                       : unsaved_pre.data<float>() + thread * 2 * max_rows * ldp;
@@ -307,22 +323,28 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
       // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
       // as rows, transposed while in cache and written past the cache: the backward reads them long after.
-      float* bt = columns.data<float>() + thread * max_rows * (h + 2 * d);
-      float* xt = bt + h * n;
-      float* yt = xt + d * n;
+      // The n rows as the first n of cols columns, any others zero (padded_columns).
+      const int64_t cols = padded_columns(n);
+      float* bt = columns.data<float>() + thread * max_columns * (h + 2 * d);
+      float* xt = bt + h * cols;
+      float* yt = xt + d * cols;
       float* at = m;
-      transpose(x + begin * d, n, d, d, xt, n);
-      matmul(w1, xt, at, h, n, d, false, false, false);
-      matmul(w3, xt, bt, h, n, d, false, false, false);
-      if (has(weights.b1)) add_column_bias(at, h, n, weights.b1.data<float>() + l * h);
-      if (has(weights.b3)) add_column_bias(bt, h, n, weights.b3.data<float>() + l * h);
+      transpose(x + begin * d, n, d, d, xt, cols);
+      if (cols > n)
+        for (int64_t c = 0; c < d; ++c) std::fill(xt + c * cols + n, xt + (c + 1) * cols, 0.0f);
+      matmul(w1, xt, at, h, cols, d, false, false, false);
+      matmul(w3, xt, bt, h, cols, d, false, false, false);
+      if (has(weights.b1)) add_column_bias(at, h, n, cols, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_column_bias(bt, h, n, cols, weights.b3.data<float>() + l * h);
       if (state) {
-        transpose_streaming(at, h, n, n, al, ldp);
-        transpose_streaming(bt, h, n, n, bl, ldp);
+        transpose_streaming(at, h, n, cols, al, ldp);
+        transpose_streaming(bt, h, n, cols, bl, ldp);
       }
-      activate(weights.activation, In{at, n}, In{bt, n}, Out{m, n}, h, n);  // mᵀ over aᵀ, in place
-      matmul(w2, m, yt, d, n, h, false, false, false);
-      transpose(yt, d, n, n, yl, d);
+      // mᵀ over aᵀ, in place, the zero columns too (their activation is 0, so no NaN or denormal reaches the
+      // down product, whose extra columns are then dropped).
+      activate(weights.activation, In{at, cols}, In{bt, cols}, Out{m, cols}, h, cols);
+      matmul(w2, m, yt, d, cols, h, false, false, false);
+      transpose(yt, d, n, cols, yl, d);
     } else {
       MatmulArgs gate{x + begin * d, w1, al, n, h, d, false, true, false};
       gate.ldc = ldp;

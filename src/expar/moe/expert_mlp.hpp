@@ -20,8 +20,9 @@
 // aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
 // their columns (x and y are transposed in and out while in cache, and the pre-activations back into rows
 // when a state is kept for the backward, with non-temporal stores: core/transpose.hpp's
-// transpose_streaming). oneDNN's sgemm packs each weight matrix per call, and in the row
-// form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread, 16 experts,
+// transpose_streaming); from 64 rows on, the column count is rounded up to a multiple of 16 with zero columns
+// (sgemm ran a ragged count below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs
+// each weight matrix per call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread, 16 experts,
 // d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts (products, activation and the transposes of
 // x and y) ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
 // --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
