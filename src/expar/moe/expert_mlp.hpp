@@ -16,25 +16,25 @@
 // (the same bits: matvec's do not depend on how products are grouped). Rows at and past offsets[E_L] (the
 // capacity tail) are never read or written.
 //
-// The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed,
-// aᵀ = w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are
-// their columns (x and y are transposed in and out while in cache, and the pre-activations back into rows
-// when a state is kept for the backward, with non-temporal stores: core/transpose.hpp's
-// transpose_streaming); from 64 rows on, the column count is rounded up to a multiple of 16 with zero columns
-// (sgemm ran a ragged count below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs
-// each weight matrix per call, and in the row form x·w1ᵀ that packing is a large share of a product with few
-// rows: alone (one thread, 16 experts, d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts
-// (products, activation and the transposes of x and y) ran at 1.6x the row form's rate, of 128-row experts
-// at 1.1x. In `expar bench paths --paths local` (2 ranks at once, transposes included) the forward's grouped
-// GEMM took 12.8-13.0 ms against 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128.
-// A column's bits do not depend on how many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results
-// stay independent of the path and the wave schedule, whose experts hold the same rows either way. Below
-// the threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a
-// rule of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert
-// runs in the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h]
-// gradients and the saved pre-activations at a padded row stride. (Its products in the column form measured
-// no faster; keeping the pre-activations transposed for it made it slower by more than the forward gained:
-// the backward reads them cold, and transposing cold rows cost ~3 ms per pass.)
+// The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed, aᵀ =
+// w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are their
+// columns (x and y are transposed in and out while in cache, and the pre-activations back into rows when a
+// state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming); from 64
+// rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged count
+// below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs each weight matrix per
+// call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread,
+// 16 experts, d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts (products, activation and the
+// transposes of x and y) ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
+// --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
+// 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on how
+// many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results stay
+// independent of the path and the wave schedule, whose experts hold the same rows either way. Below the
+// threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a rule
+// of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert runs in
+// the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h] gradients and the
+// saved pre-activations at a padded row stride. (Its products in the column form measured no faster; keeping
+// the pre-activations transposed for it made it slower by more than the forward gained: the backward reads
+// them cold, and transposing cold rows cost ~3 ms per pass.)
 #include <cstdint>
 #include <span>
 #include <vector>
