@@ -136,10 +136,11 @@ class LimitMatmul {
     fill_normal(a_, o.seed, 9001, 1.0f);
     fill_normal(w_, o.seed, 9002, 1.0f);
   }
-  // Seconds of the slowest rank for one product: the faster of two back to back. The first after a step
-  // pays for writing back what the step left dirty in the caches (the weight gradients, 96 MiB per rank for
-  // the local path at d = 512, h = 1024, E = 16); timed once, the local path's limit on the Zen 5 VM read
-  // 136-198 GFLOP/s where the EP paths' read 184-205 in the same runs.
+  // Seconds of the slowest rank for one product: the faster of two back to back. Timed once after each step,
+  // the local path's limit on the Zen 5 VM read 135-199 GFLOP/s where the EP paths' read 184-206 in the same
+  // runs; likely (not measured directly) the first product writes back what the step left dirty in the
+  // caches, and the local path's step leaves the most (96 MiB of weight gradients per rank at d = 512,
+  // h = 1024, E = 16).
   double seconds(Comm& world) {
     auto once = [&] {
       return timed_max(world, [&] {
