@@ -32,9 +32,10 @@
 // threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a rule
 // of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert runs in
 // the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h] gradients and the
-// saved pre-activations at a padded row stride. (Its products in the column form measured no faster; keeping
-// the pre-activations transposed for it made it slower by more than the forward gained: the backward reads
-// them cold, and transposing cold rows cost ~3 ms per pass.)
+// saved pre-activations at a padded row stride. (Keeping the pre-activations transposed for it made it slower
+// by more than the forward gained, both with the backward transposing them back, which reads cold rows, ~3 ms
+// per pass, and with the backward wholly in the column form, whose gmᵀ = w2ᵀ·gyᵀ runs well below gy·w2:
+// docs/performance.md, "Where a 128-row expert's forward goes".)
 #include <cstdint>
 #include <span>
 #include <vector>
