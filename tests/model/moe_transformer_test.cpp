@@ -61,6 +61,38 @@ TEST(MoeTransformer, EveryParameterGradientMatchesFiniteDifferences) {
   });
 }
 
+TEST(MoeTransformer, ZeroGradsZeroesEveryGradientAndTheNextStepGivesTheSameOnes) {
+  // zero_grads hands the MoE layers' gradients to MoeLayer::zero_grads (whose next backward writes the expert
+  // gradients instead of adding them) and zeroes the rest itself: every gradient must be zero after it, and a
+  // step after it must give the gradients of a step after the first zero_grads.
+  run_ranks(1, [](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(tiny_config(), *group);
+    model.init(7);
+    const int64_t batch = 2, seq = 8;
+    auto tokens = random_bytes(3, static_cast<int>(batch * seq));
+    auto targets = random_bytes(4, static_cast<int>(batch * seq));
+    auto gradients = [&] {
+      std::vector<std::vector<float>> g;
+      for (Parameter& p : model.parameters())
+        g.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+      return g;
+    };
+    model.zero_grads();
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);
+    const auto first = gradients();
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);  // leaves every gradient doubled
+    model.zero_grads();
+    for (Parameter& p : model.parameters())
+      for (int64_t i = 0; i < p.grad.numel(); ++i)
+        ASSERT_EQ(p.grad.data<float>()[i], 0.0f) << p.name << " " << i;
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);
+    const auto again = gradients();
+    ASSERT_EQ(again.size(), first.size());
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(again[i], first[i]) << model.parameters()[i].name;
+  });
+}
+
 TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
   // Rank 0's expert 0 weights (and dense weights) are the same with M_E = 1 and M_E = 2.
   std::vector<float> alone, sharded, dense_alone, dense_sharded;

@@ -13,6 +13,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
+#include "expert_fixtures.hpp"
 
 namespace expar {
 namespace {
@@ -30,13 +31,6 @@ ExpertWeights random_weights(uint64_t seed) {
   fill_normal(w.w3, seed, 2, 0.6f);
   fill_normal(w.w2, seed, 3, 0.6f);
   return w;
-}
-
-ExpertWeights zero_like(const ExpertWeights& w) {
-  auto zeros = [](const Tensor& t) { return t.defined() ? Tensor::zeros(t.shape()) : Tensor(); };
-  ExpertWeights g{zeros(w.w1), zeros(w.w3), zeros(w.w2), zeros(w.b1), zeros(w.b3), zeros(w.b2)};
-  g.activation = w.activation;
-  return g;
 }
 
 Tensor poisoned(Shape shape) {
@@ -158,7 +152,7 @@ void expect_gradients_match_finite_differences(ExpertWeights w, Tensor x, uint64
   Tensor y = poisoned({kCapacity, kD});
   ExpertMlpState state;
   expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, &state);
-  ExpertWeights grads = zero_like(w);
+  ExpertWeights grads = testing::zeros_like(w);
   // Accumulation: start the gradients at 1 and check they grew by exactly the gradient.
   grads.w1.fill(1.0f);
   Tensor grad_in = poisoned({kCapacity, kD});

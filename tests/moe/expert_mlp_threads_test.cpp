@@ -16,6 +16,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/expert_mlp.hpp"
+#include "expert_fixtures.hpp"
 
 namespace expar {
 namespace {
@@ -23,21 +24,7 @@ namespace {
 constexpr int64_t kD = 96, kH = 160, kTail = 3;
 
 ExpertWeights random_weights(int64_t experts, bool gpt_oss) {
-  ExpertWeights w{Tensor::empty({experts, kH, kD}), Tensor::empty({experts, kH, kD}),
-                  Tensor::empty({experts, kD, kH})};
-  fill_normal(w.w1, 5, 1, 0.1f);
-  fill_normal(w.w3, 5, 2, 0.1f);
-  fill_normal(w.w2, 5, 3, 0.1f);
-  if (gpt_oss) {
-    w.b1 = Tensor::empty({experts, kH});
-    w.b3 = Tensor::empty({experts, kH});
-    w.b2 = Tensor::empty({experts, kD});
-    fill_normal(w.b1, 5, 4, 0.5f);
-    fill_normal(w.b3, 5, 5, 0.5f);
-    fill_normal(w.b2, 5, 6, 0.5f);
-    w.activation = ExpertMlpActivation::GptOssClamped;
-  }
-  return w;
+  return testing::random_experts(experts, kD, kH, gpt_oss, 5);
 }
 
 // Gradients start from nonzero values: the weight gradients accumulate.

@@ -202,6 +202,9 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     heap->reset_stats();
     {
       MoeState state;
+      // A training step's: its gradients start at zero, so the expert backward writes them
+      // (MoeLayer::zero_grads).
+      layer.zero_grads();
       world.barrier();
       Timer t;
       {

@@ -363,7 +363,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
 }
 
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
-                         Tensor& grad_in, ExpertWeights& grads) {
+                         Tensor& grad_in, ExpertWeights& grads, GradientUpdate update) {
   weights.validate();
   grads.validate();
   EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
@@ -400,6 +400,8 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   const float* b = state.up_pre.data<float>();
   const float* gy = grad_out.data<float>();
   float* gx = grad_in.data<float>();
+  // Each expert's weight gradients are written by one product each, so into zeros they need not be read.
+  const bool add_weight_grads = update == GradientUpdate::Add;
   for_each_task(tasks, [&](int64_t task, int thread) {
     const int64_t l = order[static_cast<size_t>(task)];
     const int64_t begin = state.offsets[static_cast<size_t>(l)];
@@ -417,7 +419,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
     activate(weights.activation, al, bl, Out{m, h}, n, h);
-    matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, true);
+    matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, add_weight_grads);
     MatmulArgs m_grad{gy + begin * d, w2, gm, n, h, d, false, false, false};
     m_grad.ldc = ldp;
     matmul(m_grad);
@@ -428,7 +430,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
     // grad_w1 [h,d] += gaᵀ [h,n] · x [n,d]; same for w3; grad_x [n,d] = ga · w1 + gb · w3.
     for (auto [g, grad_w] : {std::pair{ga, grads.w1.data<float>()}, std::pair{gb, grads.w3.data<float>()}}) {
-      MatmulArgs w_grad{g, x + begin * d, grad_w + l * h * d, h, d, n, true, false, true};
+      MatmulArgs w_grad{g, x + begin * d, grad_w + l * h * d, h, d, n, true, false, add_weight_grads};
       w_grad.lda = ldp;
       matmul(w_grad);
     }

@@ -146,6 +146,7 @@ void MoeLayer::zero_grads() {
   grads_.experts.w2.zero();
   for (Tensor* bias : {&grads_.router_bias, &grads_.experts.b1, &grads_.experts.b3, &grads_.experts.b2})
     if (bias->defined()) bias->zero();
+  expert_grads_zero_ = true;
 }
 
 Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
@@ -283,6 +284,11 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
   const int64_t d = config_.model_dim;
   const WaveSchedule schedule = state.waves.schedule();
   Tensor grad_out, grad_in, grad_x;
+  // Each local expert's weight gradients are written by one expert backward (its wave's, if any), so after
+  // zero_grads the whole backward may write them; cleared first, so that a backward that throws midway
+  // leaves the next one adding.
+  const GradientUpdate update = expert_grads_zero_ ? GradientUpdate::IntoZeros : GradientUpdate::Add;
+  expert_grads_zero_ = false;
   auto gemm = [&](auto&& fn) {
     PhaseScope gemm_phase(phase::kGroupedGemm);
     fn();
@@ -296,7 +302,7 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
         },
         [&](int) {
           gemm([&] {
-            expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts);
+            expert_mlp_backward(grad_out, state.experts, params_.experts, grad_in, grads_.experts, update);
           });
         },
         [&](int) { grad_x = path_->dispatch_backward(grad_in, map, ps); });
@@ -319,7 +325,7 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
         Tensor in = grad_in.rows(s.row_begin, s.row_end);
         gemm([&] {
           expert_mlp_backward(grad_out.rows(s.row_begin, s.row_end),
-                              state.expert_waves[static_cast<size_t>(w)], s.weights, in, s.grads);
+                              state.expert_waves[static_cast<size_t>(w)], s.weights, in, s.grads, update);
         });
       },
       [&](int w) { path_->dispatch_backward_wave(grad_in, map, ps, w); });

@@ -131,11 +131,18 @@ class MoeLayer {
   int ep_rank() const;
   MoeParams& params() { return params_; }
   const MoeParams& params() const { return params_; }
-  MoeGrads& grads() { return grads_; }
+  // Writable access forgets that the expert gradients are zero (zero_grads), since the caller may write them.
+  MoeGrads& grads() {
+    expert_grads_zero_ = false;
+    return grads_;
+  }
+  const MoeGrads& grads() const { return grads_; }
   ExpertPath& path() { return *path_; }
 
   // Deterministic, layout-independent initialisation (normal, std 1/sqrt(fan-in)); the bias starts at 0.
   void init_params(uint64_t seed);
+  // Zeroes every gradient, and lets the next backward write the expert weights' gradients instead of adding
+  // them (GradientUpdate::IntoZeros: the same values, without reading them back); later backwards add.
   void zero_grads();
 
   // Activation recomputation (seed 000 §5.7): a forward keeps only the router state (which holds the input
@@ -183,6 +190,9 @@ class MoeLayer {
   MoeParams params_;
   MoeGrads grads_;
   bool recompute_ = false;
+  // Whether the expert weights' gradients are all zero: set by zero_grads, cleared by a backward and by
+  // writable access to grads().
+  bool expert_grads_zero_ = false;
   int microbatch_ = -1;
   RouterLossScope loss_scope_;
 };
