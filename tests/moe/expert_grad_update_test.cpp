@@ -125,7 +125,7 @@ TEST(ExpertGradientUpdate, MoeLayerWritesOnlyInTheFirstBackwardAfterZeroGrads) {
   fill_normal(x, 3, 1, 1.0f);
   fill_normal(grad_y, 3, 2, 1.0f);
 
-  // Garbage first: zero_grads must really zero, so that writing equals adding to zero.
+  // A step first, so that the gradients hold values the step after zero_grads must not add to.
   step(layer, x, grad_y);
   layer.zero_grads();
   step(layer, x, grad_y);
