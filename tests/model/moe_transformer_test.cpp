@@ -81,7 +81,7 @@ TEST(MoeTransformer, ZeroGradsZeroesEveryGradientAndTheNextStepGivesTheSameOnes)
     model.zero_grads();
     model.forward_backward(tokens, targets, batch, seq, batch * seq);
     const auto first = gradients();
-    model.forward_backward(tokens, targets, batch, seq, batch * seq);  // leaves every gradient doubled
+    model.forward_backward(tokens, targets, batch, seq, batch * seq);  // a second step added on top
     model.zero_grads();
     for (Parameter& p : model.parameters())
       for (int64_t i = 0; i < p.grad.numel(); ++i)

@@ -62,7 +62,7 @@ void expect_equal_values(const Tensor& written, const Tensor& added, const std::
 
 TEST(ExpertGradientUpdate, WrittenIntoZerosEqualsAddedToZeros) {
   // A 2-row expert (the row form), an empty one, 20 rows (the column form, unpadded), 70 (padded to 80) and
-  // 600 (several blocks of the products' inner dimension).
+  // 600 (the weight-gradient products' inner dimension).
   const std::vector<int64_t> rows{2, 0, 20, 70, 600};
   std::vector<int64_t> offsets(rows.size() + 1, 0);
   std::partial_sum(rows.begin(), rows.end(), offsets.begin() + 1);

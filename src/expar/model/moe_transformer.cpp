@@ -2,8 +2,6 @@
 
 #include <cmath>
 #include <tuple>
-#include <unordered_set>
-#include <utility>
 
 #include "expar/comm/comm.hpp"
 #include "expar/moe/shared_expert_gate.hpp"
@@ -245,18 +243,12 @@ void MoeTransformer::set_context_parallel(Comm* cp, int loss_batches) {
 }
 
 void MoeTransformer::zero_grads() {
-  // Each MoE layer zeroes its own gradients (router and experts): that lets its next backward write the
-  // experts' weight gradients instead of adding them (MoeLayer::zero_grads). Every other parameter's here.
-  std::unordered_set<const void*> zeroed_by_moe;
-  for (auto& b : blocks_) {
-    const MoeGrads& g = std::as_const(*b->moe).grads();
-    for (const Tensor* t : {&g.w_router, &g.router_bias, &g.experts.w1, &g.experts.w3, &g.experts.w2,
-                            &g.experts.b1, &g.experts.b3, &g.experts.b2})
-      if (t->defined()) zeroed_by_moe.insert(t->raw());
-    b->moe->zero_grads();
-  }
+  // Each MoE layer zeroes its own gradients (router and experts), which lets its next backward write the
+  // experts' weight gradients instead of adding them (MoeLayer::zero_grads). The expert parameters are theirs
+  // alone; the router's, also in params_, are zeroed twice ([E, d]: nothing to save).
+  for (auto& b : blocks_) b->moe->zero_grads();
   for (Parameter& p : params_)
-    if (!zeroed_by_moe.contains(p.grad.raw())) p.grad.zero();
+    if (p.kind != ParamKind::Expert) p.grad.zero();
 }
 
 Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq,
