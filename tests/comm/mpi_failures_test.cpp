@@ -1,6 +1,6 @@
-// How an MPI job ends when one rank fails (seed contract 6: a rank that fails takes its peers down with its
-// message; nothing hangs forever). Each case runs tests/comm/mpi_failure_probe under scripts/mpirun-local,
-// or across emulated nodes under scripts/mpirun-nodes.
+// How an MPI job ends when one rank fails (contract 6 of docs/design.md: a rank that fails takes its peers
+// down with its message; nothing hangs forever). Each case runs tests/comm/mpi_failure_probe under
+// scripts/mpirun-local, or across emulated nodes under scripts/mpirun-nodes.
 // The elapsed bounds are the property under test (a timeout that ends the job), kept generous.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Every execution path against the single-rank reference (DESIGN "Tests"), on the threads backend:
+// Every execution path against the single-rank reference (docs/design.md, "Tests"), on the threads backend:
 // layouts (ranks 1..4, M_E dividing the rank count, EP groups as subgroups of the world) x {dropless,
 // capacity with drops} x {softmax, sigmoid} x payload precisions {f32, bf16, mxfp8, a mix with a different
 // format on each leg}, and gpt-oss's router and experts on four layouts (router bias with the softmax over

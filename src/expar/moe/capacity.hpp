@@ -10,7 +10,7 @@
 //  - source (seed 000 Figures 15/16): source s may place at most B_s = ceil(cf·T_s·K/M) rows into each
 //    destination rank, granted to its routes to that destination in local-expert-major order (then (token,
 //    k) order inside an expert). Per-destination capacity: M·ceil(cf·T_max·K/M).
-//  - rank (seed 000's code lineage): at most C = max(1, ceil(cf·T_max·K)) rows per destination rank, granted
+//  - rank: at most C = max(1, ceil(cf·T_max·K)) rows per destination rank, granted
 //    in local-expert-major, then source-rank, then (token, k) order, so lower source ranks win.
 //  - expert (Switch/Megatron): at most c_s = ceil(cf·T_s·K/E) rows per (source, expert). Per-destination
 //    capacity: M·E_L·ceil(cf·T_max·K/E).

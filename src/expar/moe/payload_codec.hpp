@@ -1,7 +1,7 @@
 #pragma once
 // Payload codecs for token rows moved by dispatch and combine: a [rows, d] f32 block becomes `rows` encoded
 // rows of payload_row_bytes(format, d) bytes each, one row per token row, so an encoded row travels through
-// put/get or all_to_all_v exactly like an f32 row does (seed 000: "an MXFP8 route carries qdata and
+// put/get or all_to_all_v exactly like an f32 row does (seed 000 §5.7: "an MXFP8 route carries qdata and
 // scale rows that follow the same destination indices").
 //
 // Formats:

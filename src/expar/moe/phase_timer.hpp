@@ -4,7 +4,7 @@
 // a PhaseTimer bound (ranks are threads, so each rank binds its own). Unbound, a scope costs one
 // thread-local load and a branch, and nothing a path computes depends on it.
 //
-// A backward step reuses the name of the forward phase it is the adjoint of (DESIGN contract 5): the
+// A backward step reuses the name of the forward phase it is the adjoint of (contract 5, docs/design.md): the
 // backward of "all-to-all (dispatch)" is the all-to-all that returns the input gradient rows. The bench
 // binds one timer for forward and another for backward.
 #include <chrono>

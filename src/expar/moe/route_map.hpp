@@ -1,5 +1,6 @@
 #pragma once
-// RouteMap: THE single truth of where each route's row lands (seed 000 §5.4, DESIGN contracts 2 and 3).
+// RouteMap: THE single truth of where each route's row lands (seed 000 §5.4; contracts 2 and 3 of
+// docs/design.md).
 //
 // For every route (t, k) of this source rank: dst_rank[t,k] (EP rank of its expert) and dst_row[t,k] (row of
 // that rank's expert-side buffer), both -1 for a dropped or invalid route. The expert-side layout is

@@ -1,7 +1,8 @@
 #pragma once
-// Execution paths (DESIGN contracts 1-5). A path ONLY MOVES ROWS between a source rank's tokens and the
-// expert-side buffers of the EP group; routing, capacity, the route map, the expert MLP and the per-route
-// arithmetic (route_rows.hpp) are shared, so every path gives bit-identical results for the same inputs.
+// Execution paths (contracts 1-5 of docs/design.md). A path ONLY MOVES ROWS between a source rank's tokens
+// and the expert-side buffers of the EP group; routing, capacity, the route map, the expert MLP and the
+// per-route arithmetic (route_rows.hpp) are shared, so every path gives bit-identical results for the same
+// inputs.
 //
 // One layer step calls, in this order:
 //   forward:  in  = dispatch_forward(x)                  [capacity_rows, d], rows [0, recv_rows) written

@@ -1,7 +1,7 @@
 #pragma once
 // Shared per-route arithmetic of every execution path, so that every path gives BIT-IDENTICAL outputs and
-// gradients (DESIGN contracts 3 and 4): a path only decides where the rows come from (RouteRows); the sums
-// and products over routes are done here, in one order, in f32.
+// gradients (contracts 3 and 4 of docs/design.md): a path only decides where the rows come from
+// (RouteRows); the sums and products over routes are done here, in one order, in f32.
 #include <cstdint>
 
 #include "expar/core/tensor.hpp"
