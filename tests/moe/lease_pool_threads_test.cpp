@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(LeasePool, Figure21HazardThroughOneSharedBufferIsCaught) {
+TEST(LeasePool, PayloadOverwrittenInOneSharedBufferIsCaught) {
   run_ranks(2, [](Comm& world) {
     auto heap = world.make_heap();
     LeasePool pool(*heap, "dispatch", 256);

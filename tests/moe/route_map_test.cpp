@@ -62,7 +62,7 @@ void expect_map(const RouteMap& map, const Expected& want, const char* what) {
     }
 }
 
-TEST(RouteMapFigure16, SourceRuleReproducesEveryRankAndRow) {
+TEST(RouteMapTwoRankExample, SourceRuleReproducesEveryRankAndRow) {
   ExpertPlacement placement(4, 2);
   // B = ceil(1.2·5·2/2) = 6 rows per (source, destination); capacity 2·6 = 12. Rank 0 sends 7 routes to
   // rank 0 (B→0, D→0, then A→1, B→1, C→1, D→1, E→1 in local-expert-major order): E→1 is the 7th and drops.
@@ -91,7 +91,7 @@ TEST(RouteMapFigure16, SourceRuleReproducesEveryRankAndRow) {
   EXPECT_DOUBLE_EQ(maps[1].max_utilisation(), 1.0);
 }
 
-TEST(RouteMapFigure16, RankRuleDropsTheLastSourceRanksRoute) {
+TEST(RouteMapTwoRankExample, RankRuleDropsTheLastSourceRanksRoute) {
   ExpertPlacement placement(4, 2);
   // C = max(1, ceil(1.2·5·2)) = 12 rows per destination, granted expert-major then source rank. Rank 0's
   // requests: expert 0: 2 (B, D) + 3 (F, G, H) = 5; expert 1: 5 (A..E from rank 0), then rank 1's G, I fill
@@ -108,7 +108,7 @@ TEST(RouteMapFigure16, RankRuleDropsTheLastSourceRanksRoute) {
   EXPECT_EQ(maps[0].recv_rows, 12);
 }
 
-TEST(RouteMapFigure16, ExpertRuleCapsEachSourceExpertPair) {
+TEST(RouteMapTwoRankExample, ExpertRuleCapsEachSourceExpertPair) {
   ExpertPlacement placement(4, 2);
   // c = ceil(1.2·5·2/4) = 3 rows per (source, expert). Rank 0 has 5 routes to expert 1 (A, B, C, D, E): D→1
   // and E→1 drop. Every other (source, expert) pair has at most 3 routes. Capacity 2 ranks·2 experts·3 = 12.
@@ -125,7 +125,7 @@ TEST(RouteMapFigure16, ExpertRuleCapsEachSourceExpertPair) {
   EXPECT_DOUBLE_EQ(maps[0].group_drop_rate(), 0.1);
 }
 
-TEST(RouteMapFigure16, DroplessAcceptsEverything) {
+TEST(RouteMapTwoRankExample, DroplessAcceptsEverything) {
   ExpertPlacement placement(4, 2);
   auto maps = build_all(kFigure, 2, placement, CapacityPolicy::dropless());
   // Rank 0: expert 0 rows B D F G H (0-4); expert 1 rows A B C D E (5-9), then G I J (10-12).

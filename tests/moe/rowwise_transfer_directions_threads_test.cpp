@@ -1,6 +1,7 @@
-// Seed 000 Table 8, asserted: the rowwise path's four passes, run over a heap that logs every one-sided
-// operation its rank issues (tests/moe/counting_heap.hpp, which maps no peer, so every row goes through put
-// or get). Per pass and per rank:
+// The rowwise path moves rows in the directions of seed 000 Table 8 (backward is the adjoint of forward,
+// contract 5 of docs/design.md): its four passes, run over a heap that logs every one-sided operation its
+// rank issues (tests/moe/counting_heap.hpp, which maps no peer, so every row goes through put or get).
+// Per pass and per rank:
 //   dispatch forward   only PUTs, one per accepted route, to (dst_rank, dst_row) — no GET at all, so no
 //                      expert rank reads a source's rows (no destination-initiated reads in dispatch);
 //   combine forward    only GETs, one per accepted route, from (dst_rank, dst_row);
@@ -62,9 +63,9 @@ std::vector<testing::OneSidedOp> masked(std::vector<testing::OneSidedOp> ops, Bu
   return ops;
 }
 
-class Table8Test : public ::testing::TestWithParam<Case> {};
+class RowwiseTransferDirectionsTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Table8Test, RowwisePassesUseTheTransfersOfTable8) {
+TEST_P(RowwiseTransferDirectionsTest, DispatchPutsCombineGetsAndBackwardReverses) {
   const Case c = GetParam();
   int64_t routes_moved = 0, routes_dropped = 0;
   std::mutex mutex;
@@ -135,7 +136,7 @@ TEST_P(Table8Test, RowwisePassesUseTheTransfersOfTable8) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, Table8Test,
+INSTANTIATE_TEST_SUITE_P(Precisions, RowwiseTransferDirectionsTest,
                          ::testing::Values(Case{"f32", {}, false}, Case{"f32", {}, true},
                                            Case{"mixed",
                                                 {PayloadFormat::MXFP8, PayloadFormat::BF16,
