@@ -6,9 +6,9 @@
 // routes whose expert is local expert [begin, end) of its rank. With the expert-major layout (contract 3
 // of docs/design.md; seed 000 §5.9's four-wave path used an "expert-major static layout" too) a wave's
 // rows are one contiguous interval of every rank's expert-side buffer, and each expert's GEMMs see exactly
-// the rows and the reduction order of the no-wave step. So the three schedules give bit-identical outputs and gradients;
-// what waves change is how many experts share one grouped-GEMM call and what runs beside it. (Waves of
-// token chunks would split each expert's GEMM and its weight-gradient sum, changing bits.)
+// the rows and the reduction order of the no-wave step. So the three schedules give bit-identical outputs
+// and gradients; what waves change is how many experts share one grouped-GEMM call and what runs beside
+// it. (Waves of token chunks would split each expert's GEMM and its weight-gradient sum, changing bits.)
 #include <cstdint>
 #include <span>
 #include <string>
