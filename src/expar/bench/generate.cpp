@@ -265,12 +265,12 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     fill_normal(b, o.seed, 9102, 1.0f);
     const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
     // Streaming read bandwidth, each rank through a buffer of max(256 MiB, 1 GiB / ranks): far beyond what
-    // the caches hold. On the 2-core development VM (whose share of a large L3 is not fixed) reads of
-    // 64 MiB ran at 45 GB/s and of 256 MiB at 22-28 GB/s (partly cached), of 512 MiB to 2 GiB at 22-23.
+    // the caches hold. On a VM whose share of a large L3 is not fixed, smaller buffers read partly from the
+    // cache and overstate the limit (docs/performance.md, "`expar bench generate`").
     // The probe reads, after every decode step, as many bytes as a step reads (the expected bytes, at
     // most the buffer), through the buffer in turn: the limit is sampled at the same moments as the
-    // steps, so the machine's speed drifting within a run (seen here: the same products 14 against
-    // 21 GB/s a few seconds apart) moves both alike.
+    // steps, so the machine's speed drifting within a run (the same products read at very different rates
+    // a few seconds apart) moves both alike.
     const DecodeBytes step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
     const int64_t read_bytes = std::max<int64_t>(int64_t{256} << 20, (int64_t{1} << 30) / world.size());
     const int64_t floats = read_bytes / static_cast<int64_t>(sizeof(float));

@@ -137,10 +137,9 @@ class LimitMatmul {
     fill_normal(w_, o.seed, 9002, 1.0f);
   }
   // Seconds of the slowest rank for one product: the faster of two back to back. Timed once after each step,
-  // the local path's limit on the Zen 5 VM read 135-199 GFLOP/s where the EP paths' read 184-206 in the same
-  // runs; likely (not measured directly) the first product writes back what the step left dirty in the
-  // caches, and the local path's step leaves the most (96 MiB of weight gradients per rank at d = 512,
-  // h = 1024, E = 16).
+  // the local path's limit read well below the EP paths' in the same runs (docs/performance.md, "How `bench
+  // paths` measures"); likely (not measured directly) the first product writes back what the step left
+  // dirty in the caches, and the local path's step, holding every expert's weight gradients, leaves the most.
   double seconds(Comm& world) {
     auto once = [&] {
       return timed_max(world, [&] {
@@ -229,8 +228,9 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     world.all_reduce(sample.data(), sample.size(), DType::F64, ReduceOp::Max);
     if (i >= o.warmup) samples.push_back(std::move(sample));
     // The grouped GEMM's limit, timed between this path's repeats at its rows: the machine's speed drifts
-    // over a run (on the development VM by 1.7x between two paths of one run), so a limit timed once at the
-    // end of the run is compared with phases timed at other speeds.
+    // over a run (on a shared VM by large factors between two paths of one run; docs/performance_history.md,
+    // "Small experts, 2026-12-01"), so a limit timed once at the end of the run would be compared with
+    // phases timed at other speeds.
     if (!limit) {
       int64_t rows = std::max<int64_t>(last_map.recv_rows, 1);
       world.all_reduce(&rows, 1, DType::I64, ReduceOp::Max);

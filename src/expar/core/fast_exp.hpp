@@ -2,9 +2,9 @@
 // A vectorisable single-precision exp for elementwise loops (SwiGLU's sigmoid).
 //
 // Why: GCC vectorises a loop calling std::exp only under -ffast-math (glibc's SIMD variants are declared only
-// then), so the SwiGLU loops of the expert MLP ran scalar libm exp at ~4 ns per element — 12-14% of a
-// grouped-GEMM step at d = 1024, h = 2048. This inline version has no calls, no branches and no integer
-// conversion of a float, so `#pragma omp simd` loops vectorise (AVX-512: 16 lanes), ~7x faster.
+// then), so the SwiGLU loops of the expert MLP ran scalar libm exp, one element per call, a visible share of
+// a grouped-GEMM step (docs/performance_history.md, "Fresh pages"). This inline version has no calls, no
+// branches and no integer conversion of a float, so `#pragma omp simd` loops vectorise (AVX-512: 16 lanes).
 //
 // Accuracy: within 2 ulp of the correctly rounded exp on [-87.3, 88] (tests/core/fast_exp_test.cpp checks
 // every float in that range). Outside it the argument is clamped: exp(x > 88) = exp(88) (finite, so

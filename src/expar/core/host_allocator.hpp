@@ -2,12 +2,11 @@
 // Host memory for tensors, with a cache of freed large blocks (the CPU analogue of a GPU caching allocator).
 //
 // Why: the first touch of a fresh page is expensive, and on virtual machines whose host backs guest memory
-// lazily it is VERY expensive. Measured on the 2-core development VM (docs/performance.md, "Fresh pages"):
-// touching a freshly mapped 128 MiB block costs ~0.7 s (~5 us per 4 KiB page, ~180 MB/s), while a memset of
-// the same, already-touched bytes takes 9 ms. glibc serves every block above its mmap threshold (at most
-// 32 MiB) with a fresh mmap and returns it with munmap on free, so each training step paid that price again
-// for every large activation, gradient and dispatch buffer: it was most of the grouped-GEMM phase's
-// overhead and most of the permute/dispatch time.
+// lazily it costs far more than writing the same page once it is touched (a page fault that the host
+// services, against a store to memory; docs/performance_history.md, "Fresh pages"). glibc serves every block
+// above its mmap threshold (at most 32 MiB) with a fresh mmap and returns it with munmap on free, so each
+// training step paid that price again for every large activation, gradient and dispatch buffer: it was most
+// of the grouped-GEMM phase's overhead and most of the permute/dispatch time.
 //
 // Policy: blocks of at least kCacheMinBytes are rounded up to a size class (4 classes per octave, so at most
 // 25% slack, in whole pages) and, when freed, kept in a per-class free list instead of being unmapped; the
@@ -19,10 +18,11 @@
 // Blocks of at least kHugePageMinBytes (the expert weights and the copied dense weights of inference, any
 // other tensor this large) start on a 2 MiB boundary and are marked for transparent huge pages (madvise
 // MADV_HUGEPAGE: where the kernel's THP mode is "madvise", as on the Zen 5 development VM, a block without
-// the mark gets 4 KiB pages). Why: batch-1 decode streams every weight once per
-// token, and with the expert weights in huge pages `expar generate` decoded 7-26 % faster on the Zen 5 VM
-// (docs/performance.md, "Huge pages"). The last huge page of a block may be touched only in part: at most
-// 2 MiB more resident memory per block, hence the 8 MiB floor.
+// the mark gets 4 KiB pages). Why: batch-1 decode streams every weight once per token, and a stream over
+// 4 KiB pages pays a TLB miss every page; with the expert weights in huge pages decode was faster in every
+// alternated round (docs/performance_history.md, "Huge pages and m = 1 products dealt in chunks"). The last
+// huge page of a block may be touched only in part: at most 2 MiB more resident memory per block, hence the
+// 8 MiB floor.
 //
 // Thread-safe (one mutex; allocations this large are rare enough that it is never contended).
 #include <cstddef>

@@ -112,7 +112,8 @@ void matmul(const MatmulArgs& p) {
     return;
   }
   // oneDNN's row-major sgemm: no primitive to create per shape, which matters because grouped expert GEMMs
-  // see a different row count every step (a matmul primitive per shape cost ~100 us to create here).
+  // see a different row count every step (creating a matmul primitive for each shape would cost more than
+  // many of those products take; docs/performance_history.md, "Small experts at d = 512 on the Zen 5 VM").
   // beta = 0 does not read C, so a poisoned (NaN) output buffer stays harmless.
   dnnl_status_t status = dnnl_sgemm(p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.m, p.n, p.k, 1.0f, p.a,
                                     lda, p.b, ldb, p.accumulate ? 1.0f : 0.0f, p.c, ldc);

@@ -17,14 +17,14 @@ constexpr int64_t kLanes = 16;
 // saves).
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
-// Eight rows at a time. Variants of this loop built into one probe and timed round by round in the same
-// process (the decode step's 630 MB of products, 20 rounds, several processes; docs/performance.md, "Rows
-// per block, compared in one process"): 6 and 8 rows read 1-9 % faster than 4 on average at one and two
-// threads (6 rows faster in 15-20 of a process's 20 rounds, 8 in 11-19), 12 and 2 rows slower, one row
-// 17-21 % slower. Probes that alternated separate binaries had ranked 4 rows first and, later, one row: on
-// this VM a process's moment moved the figures more than the loops differed. Each row's sum has the same
-// order at any block size. Only with AVX-512's 32 registers: under AVX2 each Lanes takes two of 16
-// registers, so 8 rows' sums alone would fill them.
+// Eight rows at a time: several independent chains of fused multiply-adds hide the FMA's latency, which one
+// row's single chain cannot. Variants of this loop built into one probe and timed round by round in the same
+// process (docs/performance_history.md, "Rows per block, compared in one process"): 6 and 8 rows read faster
+// than 4 on average, 12 and 2 rows and one row at a time slower. Probes that alternated separate binaries had
+// ranked 4 rows first and, later, one row: on a shared VM a process's moment moves the figures more than the
+// loops differ, so variants are compared inside one process. Each row's sum has the same order at any block
+// size. Only with AVX-512's 32 registers: under AVX2 each Lanes takes two of 16 registers, so 8 rows' sums
+// alone would fill them.
 #if defined(__AVX512F__)
 constexpr int64_t kRows = 8;
 #else
@@ -33,17 +33,16 @@ constexpr int64_t kRows = 4;
 
 // About this many weight bytes per chunk (rounded to whole kRows blocks): the grain at which a thread takes
 // work from another's run at the end of a region (a thread's own chunks are contiguous, so they stream as
-// one). 32 KiB chunks measured no different in decode (docs/performance.md).
+// one). 32 KiB chunks measured no different in decode (docs/performance_history.md, "Reads in runs").
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
 // The first bytes of each of the next block's rows, asked for before the current block is read: every row
 // is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
-// one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe on the Zen 5 VM (1 GiB
-// of matrices cycled, against a streaming read in the same rounds, medians of 8; one and two threads,
-// [2048, 1024] and [1024, 2048] matrices), the loop, then 4 rows a block, read at 0.91-1.03 of the streaming
-// read alone and at 0.99-1.14 with 8 lines of each next row fetched at the block's start; 4 or 16 lines did
-// about as well, a line one block ahead at every step (0.86-1.01) or 1 KiB ahead in the same row (0.89-0.93)
-// worse (docs/performance.md). A prefetch changes no result.
+// one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe against a streaming
+// read in the same rounds, fetching the first lines of each next row at the block's start brought the loop up
+// to the streaming read; fewer or more lines did about as well, a line one block ahead at every step or
+// 1 KiB ahead in the same row worse (docs/performance_history.md, "Reads in runs", row starts prefetched).
+// A prefetch changes no result.
 constexpr int64_t kPrefetchBytes = 512;
 
 void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
@@ -164,10 +163,10 @@ void matvec_transposed_many(std::span<const MatvecProduct> products) {
   // Each thread starts on its own contiguous run of chunks, taken from the front, so it streams through
   // its part of the weights as the read probe does; a thread whose run is empty takes chunks from the back
   // of the run with the most left. The threads read at different speeds from moment to moment: a static
-  // split left the faster one waiting at the end of every region (libgomp's spin was 18.7 % of a decode
-  // profile's samples at TP 1 on the Zen 5 VM), and chunks dealt in order to whichever thread was free
-  // balanced that but interleaved the threads' reads chunk by chunk (docs/performance.md, "Huge pages and
-  // m = 1 products dealt in chunks", and the paragraph on runs after it).
+  // split left the faster one waiting at the end of every region (libgomp's spin was a large share of a
+  // decode profile), and chunks dealt in order to whichever thread was free balanced that but interleaved
+  // the threads' reads chunk by chunk (docs/performance_history.md, "Huge pages and m = 1 products dealt in
+  // chunks" and "Reads in runs").
   const int threads = omp_get_max_threads();
   std::vector<ChunkRun> runs(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) runs[t].reset(chunks * t / threads, chunks * (t + 1) / threads);

@@ -3,10 +3,10 @@
 // layer, expert and LM head row of a batch-1 step), which read each weight once and do 2 FLOPs per float
 // read, so they run at memory bandwidth or not at all.
 //
-// Why not oneDNN: its sgemm at m = 1 read weights at 0.71-0.91 of a plain streaming read on the AMD EPYC
-// (Zen 5) development VM (2 threads; 0.77-0.80 on one), this loop at 0.87-1.04 (0.86-0.94 on one), paired
-// in one probe cycling through 1 GiB of [2048, 1024] matrices (docs/performance.md, the Zen 5 VM paragraphs
-// of the `bench generate` section).
+// Why not oneDNN: its sgemm is built for products with many rows; at m = 1 it read the weights further below
+// a plain streaming read than this loop does, at one and at two threads, paired in one probe cycling through
+// 1 GiB of matrices (docs/performance_history.md, "bench generate on the Zen 5 VM, before and after
+// core/matvec").
 //
 // Each output is one thread's dot product over k in a fixed order (16-lane partial sums, then the lanes in
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as

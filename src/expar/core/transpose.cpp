@@ -12,8 +12,9 @@ namespace expar {
 namespace {
 
 // 16 x 16 tiles: a tile's 16 source rows and 16 destination rows (1 KiB each way) stay in L1 while it is
-// copied, whatever the two strides (probes on the Zen 5 VM, one thread: 1024 x 128 into a 1040-float stride
-// in 25-37 us; into a 1024-float stride, 4 KiB, 93 us).
+// copied, whatever the two strides. A destination stride of a multiple of 4 KiB still maps a tile's 16 rows
+// onto the same cache sets, hence the padded strides of the expert MLP (docs/performance_history.md, "The
+// column form").
 constexpr int64_t kTile = 16;
 // Below this many elements the copy stays on the calling thread (a region costs more than it saves).
 constexpr int64_t kParallelMin = int64_t{1} << 15;

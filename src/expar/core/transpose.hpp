@@ -15,10 +15,9 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_src, flo
 // written with non-temporal stores (SSE's movntps where the run is 16-byte aligned; ragged tiles and
 // unaligned runs with plain stores). A cache line written whole this way is neither read from memory first
 // nor kept in cache, so the caller's working set (the expert's scratch, its next weights) stays where it
-// was. On the Zen 5 VM the EP paths' forward grouped GEMM at d = 512, h = 1024 ran 0.8-7 % faster with it
-// than with plain stores (docs/performance.md, "Saved pre-activations written past the cache"). Ends with a
-// store fence on every thread that wrote, so a thread that synchronises with the caller afterwards sees
-// every element.
+// was; the EP paths' forward grouped GEMM was faster with it than with plain stores in every alternated pair
+// (docs/performance_history.md, "Saved pre-activations written past the cache"). Ends with a store fence on
+// every thread that wrote, so a thread that synchronises with the caller afterwards sees every element.
 void transpose_streaming(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst,
                          int64_t ld_dst);
 

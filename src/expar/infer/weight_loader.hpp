@@ -43,7 +43,8 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
 // (TensorStore::release_rows), so file pages and copies do not both stay resident. Copied although F32 rows
 // of a mapped file could be used in place: every decode step streams these weights whole, and copies of
 // 8 MiB and more sit in transparent huge pages (core/host_allocator), which the file's pages are not; with
-// the copies `expar generate` decoded 1-8 % faster (docs/performance.md, "Huge pages").
+// the copies `expar generate` decoded faster in every alternated round (docs/performance_history.md, "Huge
+// pages and m = 1 products dealt in chunks").
 Tensor load_dense(const TensorStore& store, const std::string& name);
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);

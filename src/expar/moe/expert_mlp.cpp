@@ -64,10 +64,11 @@ void ExpertWeights::validate() const {
 namespace {
 
 // The SwiGLU elementwise passes use the vectorisable sigmoid (core/fast_exp.hpp): as scalar libm loops on one
-// thread they were 12-14% of a grouped-GEMM step. An expert that runs alone (the only one with rows) spreads
-// them over the compute threads; among experts spread over the threads they run on the expert's worker (the
-// nested region is inactive). Elementwise only, so the thread count never changes a result. Every pass works
-// on `rows` rows of `cols` values, each operand with its own row stride (the backward's scratch is padded).
+// thread they were a visible share of a grouped-GEMM step. An expert that runs alone (the only one with rows)
+// spreads them over the compute threads; among experts spread over the threads they run on the expert's
+// worker (the nested region is inactive). Elementwise only, so the thread count never changes a result. Every
+// pass works on `rows` rows of `cols` values, each operand with its own row stride (the backward's scratch is
+// padded).
 constexpr int64_t kParallelMin = int64_t{1} << 15;
 
 // A row-major operand of an elementwise pass: row r starts at p + r * ld.
@@ -152,11 +153,9 @@ void add_column_bias(float* columns, int64_t h, int64_t n, int64_t ld, const flo
 
 // From kColumnPaddingMinRows rows, the column form's products run on a whole number of kColumnQuantum
 // columns, the expert's rows followed by zero columns: oneDNN's sgemm ran a ragged column count well below a
-// whole one's rate. Compared in one process (one thread, 16 experts, weights in huge pages, the Zen 5 VM;
-// docs/performance.md, "Ragged experts padded to 16 columns"), the expert forward with a state took 3.6-4.6 %
-// less time at 114-146 rows per expert (d = 512, h = 1024), 2.1-2.8 % at 232-296, 2.9-6.2 % at 114-146 with
-// d = 1024, h = 2048, and 2-5 % at 65, 81 and 113 rows; below 64 rows, where the padding is a larger share,
-// it went both ways (12 and 20 rows 4-5 % slower, 33 faster, 50 even). A column's bits do not depend on the
+// whole one's rate. Compared in one process, the padded forward took less time at every row count from 64 on;
+// below 64 rows, where the padding is a larger share, it went both ways, hence the threshold
+// (docs/performance_history.md, "Ragged experts padded to 16 columns"). A column's bits do not depend on the
 // column count under AVX-512 (expert_mlp.hpp), so the padding changes no result there. 32 was no better.
 constexpr int64_t kColumnQuantum = 16;
 constexpr int64_t kColumnPaddingMinRows = 64;
@@ -166,9 +165,9 @@ int64_t padded_columns(int64_t n) {
 }
 
 // The row stride of the saved pre-activations and of the backward's [rows, h] scratch: h plus one cache line,
-// so that a stride is never a multiple of 4 KiB. At h = 1024 the weight-gradient product gaᵀ·x read ga down
-// 4 KiB-strided columns at 142-146 GFLOP/s against 168 with the padded stride, and a transpose into 1024-float
-// rows took 93 us against 25 into 1040-float ones (one thread, 128 rows, d = 512; the Zen 5 VM).
+// so that a stride is never a multiple of 4 KiB: rows 4 KiB apart fall into the same cache sets, so both the
+// weight-gradient product gaᵀ·x, which reads ga down its columns, and the transposes into the state ran
+// clearly slower at h = 1024 without the extra line (docs/performance_history.md, "The column form").
 int64_t padded_stride(int64_t h) {
   return h + 16;
 }

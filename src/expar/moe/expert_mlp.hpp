@@ -22,20 +22,18 @@
 // state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming); from 64
 // rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged count
 // below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs each weight matrix per
-// call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows: alone (one thread,
-// 16 experts, d = 512, h = 1024, the Zen 5 VM) the forward of 32-row experts (products, activation and the
-// transposes of x and y) ran at 1.6x the row form's rate, of 128-row experts at 1.1x. In `expar bench paths
-// --paths local` (2 ranks at once, transposes included) the forward's grouped GEMM took 12.8-13.0 ms against
-// 16.7-18.3 at 32 rows per expert and 38.4-38.6 against 39.0-39.3 at 128. A column's bits do not depend on how
+// call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows, which the column
+// form avoids: the fewer rows an expert holds, the more it gains, transposes included
+// (docs/performance_history.md, "The column form"). A column's bits do not depend on how
 // many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results stay
 // independent of the path and the wave schedule, whose experts hold the same rows either way. Below the
 // threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a rule
 // of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert runs in
 // the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h] gradients and the
 // saved pre-activations at a padded row stride. (Keeping the pre-activations transposed for it made it slower
-// by more than the forward gained, both with the backward transposing them back, which reads cold rows, ~3 ms
-// per pass, and with the backward wholly in the column form, whose gmᵀ = w2ᵀ·gyᵀ runs well below gy·w2:
-// docs/performance.md, "Where a 128-row expert's forward goes".)
+// by more than the forward gained, both with the backward transposing them back, which reads cold rows, and
+// with the backward wholly in the column form, whose gmᵀ = w2ᵀ·gyᵀ runs well below gy·w2:
+// docs/performance_history.md, "Where a 128-row expert's forward goes".)
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -110,9 +108,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
 // - GradientUpdate::IntoZeros: zero, every element (MoeLayer's after zero_grads, before its first backward
 //   of the step). The products then write their gradients instead of adding them: the same values, since
 //   0 + g = g (the sign of an exact zero aside), without reading 3 weight-sized matrices back from memory per
-//   expert. With 112-142 rows per expert (d = 512, h = 1024, one thread, the Zen 5 VM) the backward ran at
-//   0.894-0.916 of the 2048-row matmul writing them against 0.853-0.870 adding into zeros, with the same bits
-//   (docs/performance.md, "Weight gradients written, not added").
+//   expert, which made the backward measurably faster with the same bits (docs/performance_history.md,
+//   "Weight gradients written, not added").
 enum class GradientUpdate : uint8_t { Add, IntoZeros };
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
                          Tensor& grad_in, ExpertWeights& grads, GradientUpdate update = GradientUpdate::Add);
