@@ -26,7 +26,7 @@ class Http : public ::testing::Test {
     o.scheduler.prefill_chunk = 8;
     o.scheduler.max_batch_tokens = 64;
     runtime_ = new Runtime(o);
-    codec_ = new ByteCodec;
+    codec_ = new infer::ByteCodec;
     HttpOptions h;
     h.port = 0;
     h.model_name = "tiny";
@@ -57,7 +57,7 @@ class Http : public ::testing::Test {
     return json::parse(res->body);
   }
   static inline Runtime* runtime_ = nullptr;
-  static inline ByteCodec* codec_ = nullptr;
+  static inline infer::ByteCodec* codec_ = nullptr;
   static inline HttpServer* server_ = nullptr;
   static inline std::thread* thread_ = nullptr;
   static inline int port_ = 0;

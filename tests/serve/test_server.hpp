@@ -13,7 +13,7 @@ namespace expar::serve::testing {
 struct TestServer {
   explicit TestServer(const RuntimeOptions& options, int max_concurrent = 256, int http_threads = 64) {
     runtime = std::make_unique<Runtime>(options);
-    codec = text_codec_for(runtime->spec());
+    codec = infer::text_codec_for(runtime->spec());
     HttpOptions h;
     h.port = 0;
     h.model_name = "tiny";
@@ -39,7 +39,7 @@ struct TestServer {
   }
 
   std::unique_ptr<Runtime> runtime;
-  std::unique_ptr<TextCodec> codec;
+  std::unique_ptr<infer::TextCodec> codec;
   std::unique_ptr<HttpServer> http;
   int port = 0;
   std::thread thread;

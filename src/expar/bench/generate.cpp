@@ -117,8 +117,8 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
     bytes += b(lw.attn_options.bq) + b(lw.attn_options.bk) + b(lw.attn_options.bv) + b(lw.attn_options.bo);
     bytes += b(lw.router) + b(lw.score_bias) + b(lw.router_bias);
     bytes += b(lw.shared_w1) + b(lw.shared_w3) + b(lw.shared_w2) + b(lw.shared_gate);
-    const double experts = b(lw.experts.w1) + b(lw.experts.w3) + b(lw.experts.w2) + b(lw.expert_b1) +
-                           b(lw.expert_b3) + b(lw.expert_b2);
+    const double experts = b(lw.experts.w1) + b(lw.experts.w3) + b(lw.experts.w2) + b(lw.experts.b1) +
+                           b(lw.experts.b3) + b(lw.experts.b2);
     // E_L local experts, each active with probability K/E for one token.
     const auto local = static_cast<double>(lw.experts.local_count());
     if (local > 0) r.per_expert = experts / local;
@@ -152,9 +152,9 @@ int64_t held_bytes(const infer::RankWeights& w) {
                             &lw.experts.w1,
                             &lw.experts.w3,
                             &lw.experts.w2,
-                            &lw.expert_b1,
-                            &lw.expert_b3,
-                            &lw.expert_b2,
+                            &lw.experts.b1,
+                            &lw.experts.b3,
+                            &lw.experts.b2,
                             &lw.shared_w1,
                             &lw.shared_w3,
                             &lw.shared_w2,

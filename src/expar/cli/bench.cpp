@@ -1,24 +1,17 @@
-// `expar bench comm`: put/get bandwidth for row-sized transfers (256 B .. 64 KiB) and all_to_all_v bandwidth
-// on the threads or MPI backend, beside memcpy bandwidth measured in the same run on the same pattern, each
-// the median of several repeats. Under MPI, run it with scripts/mpirun-local -n N.
+// `expar bench comm` (bench/comm.hpp measures; this file launches the ranks and prints): put/get and
+// all_to_all_v bandwidth of the threads or MPI backend beside memcpy. Under MPI, run it with
+// scripts/mpirun-local -n N.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <numeric>
 #include <string>
-#include <vector>
 
-#include "expar/bench/measure.hpp"
+#include "expar/bench/comm.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/shape_flags.hpp"
 #include "expar/comm/launcher.hpp"
-#include "expar/comm/symmetric_heap.hpp"
 #include "expar/core/error.hpp"
-#include "expar/core/rng.hpp"
-#include "expar/core/timer.hpp"
 
 namespace expar::cli {
 
@@ -31,74 +24,25 @@ struct BenchOptions {
   size_t bytes_per_rank = size_t{4} << 20;
 };
 
-using bench::median;
-using bench::timed_max;
-
-double gbps(size_t bytes, double seconds) {
-  return static_cast<double>(bytes) / seconds / 1e9;
+void print_comm(const bench::CommBandwidth& r, const std::string& label, int ranks, int repeats) {
+  fmt::print("expar bench comm: backend {}, {} ranks, {} per rank per transfer, median of {} repeats\n",
+             label, ranks, format_bytes(static_cast<int64_t>(r.bytes_per_rank)), repeats);
+  fmt::print("{:>10} {:>8} {:>12} {:>12} {:>12}\n", "row bytes", "rows", "put GB/s", "get GB/s",
+             "memcpy GB/s");
+  for (const bench::CommRowSize& s : r.row_sizes)
+    fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>12.2f}\n", s.row_bytes, s.rows, s.put_gbps, s.get_gbps,
+               s.memcpy_gbps);
+  fmt::print("all_to_all_v {} per rank: {:.2f} GB/s (memcpy of the same bytes: {:.2f} GB/s)\n",
+             format_bytes(static_cast<int64_t>(r.all_to_all_bytes)), r.all_to_all_gbps,
+             r.all_to_all_memcpy_gbps);
 }
 
 void bench_comm(Comm& world, const BenchOptions& o, const std::string& label) {
-  const int n = world.size(), me = world.rank();
-  const size_t total = o.bytes_per_rank;
-  auto heap = world.make_heap();
-  BufferId buf = heap->allocate("bench", total);
-  std::vector<std::byte> src(total, std::byte{1}), dst(total);
-  const int peer = (me + 1) % n;
-  if (me == 0) {
-    fmt::print("expar bench comm: backend {}, {} ranks, {} per rank per transfer, median of {} repeats\n",
-               label, n, format_bytes(static_cast<int64_t>(total)), o.repeats);
-    fmt::print("{:>10} {:>8} {:>12} {:>12} {:>12}\n", "row bytes", "rows", "put GB/s", "get GB/s",
-               "memcpy GB/s");
-  }
-  for (size_t row = 256; row <= 65536; row *= 4) {
-    const size_t rows = total / row;
-    // Rows land at shuffled offsets, as token rows do in dispatch.
-    std::vector<size_t> order(rows);
-    std::iota(order.begin(), order.end(), size_t{0});
-    for (size_t i = rows - 1; i > 0; --i) std::swap(order[i], order[random_u32(7, 1, i) % (i + 1)]);
-    std::vector<double> put_s, get_s, copy_s;
-    for (int rep = 0; rep < o.repeats; ++rep) {
-      put_s.push_back(timed_max(world, [&] {
-        for (size_t i = 0; i < rows; ++i) heap->put(peer, buf, order[i] * row, src.data() + i * row, row);
-        heap->quiet();
-        heap->barrier();
-      }));
-      get_s.push_back(timed_max(world, [&] {
-        for (size_t i = 0; i < rows; ++i) heap->get(peer, buf, order[i] * row, dst.data() + i * row, row);
-        heap->quiet();
-      }));
-      copy_s.push_back(timed_max(world, [&] {
-        auto* local = static_cast<std::byte*>(heap->local(buf));
-        for (size_t i = 0; i < rows; ++i) std::memcpy(local + order[i] * row, src.data() + i * row, row);
-      }));
-    }
-    if (me == 0)
-      fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>12.2f}\n", row, rows, gbps(total, median(put_s)),
-                 gbps(total, median(get_s)), gbps(total, median(copy_s)));
-  }
-  // all_to_all_v: an even split of the same volume to every member (f32 elements).
-  const size_t elems = total / 4 / static_cast<size_t>(n);
-  std::vector<size_t> counts(static_cast<size_t>(n), elems);
-  std::vector<float> send(elems * static_cast<size_t>(n), 1.0f), recv(elems * static_cast<size_t>(n));
-  std::vector<double> a2a_s, copy_s;
-  for (int rep = 0; rep < o.repeats; ++rep) {
-    a2a_s.push_back(
-        timed_max(world, [&] { world.all_to_all_v(send.data(), counts, recv.data(), counts, DType::F32); }));
-    copy_s.push_back(
-        timed_max(world, [&] { std::memcpy(recv.data(), send.data(), send.size() * sizeof(float)); }));
-  }
-  const size_t moved = send.size() * sizeof(float);
-  if (me == 0)
-    fmt::print("all_to_all_v {} per rank: {:.2f} GB/s (memcpy of the same bytes: {:.2f} GB/s)\n",
-               format_bytes(static_cast<int64_t>(moved)), gbps(moved, median(a2a_s)),
-               gbps(moved, median(copy_s)));
-  heap->barrier();
+  const bench::CommBandwidth r = bench::measure_comm_bandwidth(world, o.bytes_per_rank, o.repeats);
+  if (world.rank() == 0) print_comm(r, label, world.size(), o.repeats);
 }
 
 int run_bench_comm(const BenchOptions& o) {
-  EXPAR_CHECK(o.repeats >= 1, "--repeats {}: use at least 1", o.repeats);
-  EXPAR_CHECK(o.bytes_per_rank >= 65536, "--bytes {}: use at least 65536 (one 64 KiB row)", o.bytes_per_rank);
   LaunchOptions launch;
   launch.ranks = o.ranks;
   launch.compute_threads = 1;

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <numeric>
 #include <optional>
 
 #include "expar/cli/commands.hpp"
@@ -29,8 +28,8 @@
 #include "expar/cli/tokenize.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
-#include "expar/core/rng.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/infer/sampling.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -84,7 +83,7 @@ int run_engine(const GenerateArgs& a) {
   if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
   std::vector<int32_t> prompt = a.prompt_ids;
   std::optional<TextPrompt> tokenized;  // the checkpoint's own tokenizer: text in, text out
-  if (prompt.empty()) tokenized = encode_prompt(checkpoint_of(a), a.prompt, a.chat);
+  if (prompt.empty()) tokenized = encode_prompt(spec, a.prompt, a.chat);
   if (tokenized) prompt = tokenized->ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
@@ -111,25 +110,6 @@ int run_engine(const GenerateArgs& a) {
   return 0;
 }
 
-int sample(const float* logits, int vocab, const GenerateArgs& a, uint64_t index) {
-  if (a.temperature <= 0.0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
-  std::vector<int> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return logits[x] > logits[y]; });
-  const int keep = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;
-  std::vector<double> p(static_cast<size_t>(keep));
-  for (int i = 0; i < keep; ++i)
-    p[static_cast<size_t>(i)] =
-        std::exp((logits[order[static_cast<size_t>(i)]] - logits[order[0]]) / a.temperature);
-  double total = std::accumulate(p.begin(), p.end(), 0.0);
-  double u = random_uniform(a.seed, 0x5A3, index) * total;
-  for (int i = 0; i < keep; ++i) {
-    u -= p[static_cast<size_t>(i)];
-    if (u <= 0) return order[static_cast<size_t>(i)];
-  }
-  return order[static_cast<size_t>(keep - 1)];
-}
-
 int run_generate(const GenerateArgs& a) {
   if (a.temperature <= 0.0) return run_engine(a);
   const infer::ModelSpec spec = infer::open_model_spec(checkpoint_of(a), format_of(a));
@@ -151,6 +131,12 @@ int run_generate(const GenerateArgs& a) {
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
       "runs the training model: drop --decode-moe",
       lay.decode_moe, a.temperature);
+  // infer/'s sampler, the one expar serve draws with: the token at step i is a pure function of the logits,
+  // the parameters, --seed and i.
+  infer::SamplingParams sampling;
+  sampling.temperature = a.temperature;
+  sampling.top_k = a.top_k;
+  infer::validate(sampling);
   std::vector<int32_t> prompt = a.prompt_ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
@@ -182,8 +168,8 @@ int run_generate(const GenerateArgs& a) {
           static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(config.max_seq)));
       std::vector<int32_t> ctx(ids.end() - window, ids.end());
       Tensor logits = model.logits(ctx, 1, window);
-      int32_t next = sample(logits.data<float>() + (window - 1) * config.vocab, config.vocab, a,
-                            static_cast<uint64_t>(i));
+      int32_t next = infer::sample_token(logits.data<float>() + (window - 1) * config.vocab, config.vocab,
+                                         sampling, a.seed, static_cast<uint64_t>(i));
       world.broadcast(&next, 1, DType::I32, 0);  // every rank continues with rank 0's choice
       ids.push_back(next);
       if (world.rank() == 0) {

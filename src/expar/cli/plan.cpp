@@ -16,6 +16,8 @@
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/core/error.hpp"
+#include "expar/infer/hf_config.hpp"
+#include "expar/model/model_shape.hpp"
 #include "expar/topo/message_model.hpp"
 #include "expar/topo/plan_format.hpp"
 #include "expar/train/plan_buffers.hpp"
@@ -26,6 +28,7 @@ namespace {
 
 struct PlanOptions {
   std::string preset;
+  std::string model;  // a checkpoint directory or its config.json / manifest.json (model/model_shape)
   // Explicit model shape; each overrides the preset's value when given.
   std::optional<int> layers, d_model, vocab, heads, kv_heads, head_dim, experts, top_k, expert_hidden;
   std::optional<int> shared_experts, shared_hidden, dense_layers, dense_hidden;
@@ -51,13 +54,20 @@ struct PlanOptions {
 
 ModelShape build_model(const PlanOptions& o) {
   ModelShape m;
+  EXPAR_CHECK(o.preset.empty() || o.model.empty(),
+              "--preset {} and --model {} both name the model: pass one of them", o.preset, o.model);
+  const bool named = !o.preset.empty() || !o.model.empty();
   if (!o.preset.empty()) {
     m = model_preset(o.preset);
+  } else if (!o.model.empty()) {
+    // The architecture as generate, eval and train read it (every config.json key honoured or refused).
+    const infer::ModelSpec spec = infer::open_model_spec(o.model);
+    m = model_shape(Architecture{spec.format, spec.config, spec.features}, spec.dir.filename().string());
   } else {
     m.name = "custom";
     EXPAR_CHECK(o.layers && o.d_model && o.vocab && o.heads && o.experts && o.top_k && o.expert_hidden,
-                "no --preset given: give --preset (one of {}) or all of --layers --d-model --vocab --heads "
-                "--experts --top-k --expert-hidden",
+                "no --preset given: give --preset (one of {}), --model (a checkpoint or its config.json) or "
+                "all of --layers --d-model --vocab --heads --experts --top-k --expert-hidden",
                 fmt::join(model_preset_names(), ", "));
   }
   auto set = [](int& field, const std::optional<int>& v) {
@@ -76,7 +86,7 @@ ModelShape build_model(const PlanOptions& o) {
   set(m.shared_hidden, o.shared_hidden);
   set(m.dense_layers, o.dense_layers);
   set(m.dense_hidden, o.dense_hidden);
-  if (o.preset.empty()) {
+  if (!named) {
     // Custom GQA defaults: full multi-head attention with d_model / heads per head.
     if (!o.kv_heads) m.kv_heads = m.heads;
     if (!o.head_dim && m.heads > 0) m.head_dim = m.d_model / m.heads;
@@ -148,6 +158,9 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option(
       "--preset", opts->preset,
       "model from a public config.json: " + fmt::format("{}", fmt::join(model_preset_names(), ", ")));
+  cmd->add_option(
+      "--model", opts->model,
+      "model from a checkpoint directory or its config.json (Hugging Face) / manifest.json (ours)");
   cmd->add_option("--layers", opts->layers, "transformer layers (overrides the preset)")
       ->check(integer_in(1, 1 << 30));
   cmd->add_option("--d-model", opts->d_model, "hidden size")->check(integer_in(1, 1 << 30));

@@ -43,7 +43,7 @@ struct ServeArgs {
 int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_world, sigset_t signals) {
   std::unique_ptr<serve::Runtime> runtime =
       mpi_world ? std::make_unique<serve::Runtime>(o, *mpi_world) : std::make_unique<serve::Runtime>(o);
-  std::unique_ptr<serve::TextCodec> codec = serve::text_codec_for(runtime->spec());
+  std::unique_ptr<infer::TextCodec> codec = infer::text_codec_for(runtime->spec());
   serve::HttpOptions h;
   h.host = a.host;
   h.port = a.port;

@@ -14,7 +14,6 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/json_output.hpp"
 #include "expar/core/error.hpp"
-#include "expar/io/chat_template.hpp"
 #include "expar/io/text_file.hpp"
 #include "expar/io/tokenizer.hpp"
 
@@ -70,36 +69,35 @@ int run_tokenize(const TokenizeArgs& a) {
 
 }  // namespace
 
-std::optional<TextPrompt> encode_prompt(const std::filesystem::path& checkpoint, const std::string& prompt,
-                                        bool chat) {
-  if (!Tokenizer::present_in(checkpoint)) {
+std::optional<TextPrompt> encode_prompt(const infer::ModelSpec& spec, const std::string& prompt, bool chat) {
+  std::unique_ptr<infer::TextCodec> codec = infer::text_codec_for(spec);
+  if (!codec) {
     EXPAR_CHECK(
         !chat, "--chat needs the checkpoint's tokenizer.json and its chat template; {} has no tokenizer.json",
-        checkpoint.string());
+        spec.dir.string());
     return std::nullopt;
   }
-  const auto dir = std::filesystem::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
-  TextPrompt p{Tokenizer::from_path(dir), {}, chat};
+  TextPrompt p{std::move(codec), {}, chat};
   if (!chat) {
-    p.ids = p.tokenizer.encode(prompt);
+    p.ids = p.codec->encode(prompt);
     return p;
   }
-  EXPAR_CHECK(
-      !p.tokenizer.chat_template().empty(),
-      "--chat: {} has no chat_template in tokenizer_config.json (nor chat_template.jinja): drop --chat",
-      dir.string());
   const nlohmann::json messages = {{{"role", "user"}, {"content", prompt}}};
-  // As transformers' apply_chat_template: the template writes the special tokens itself.
-  p.ids = p.tokenizer.encode(apply_chat_template(p.tokenizer, messages, /*add_generation_prompt=*/true),
-                             /*add_special_tokens=*/false);
+  const std::optional<std::string> rendered = p.codec->chat_prompt(messages);
+  EXPAR_CHECK(rendered.has_value(),
+              "--chat: {} has no chat template (chat_template in tokenizer_config.json, or "
+              "chat_template.jinja, beside a tokenizer.json): drop --chat",
+              spec.dir.string());
+  p.ids = p.codec->encode_chat(*rendered);
   return p;
 }
 
 std::string decode_generated(const TextPrompt& prompt, const std::vector<int32_t>& generated) {
-  if (prompt.chat) return prompt.tokenizer.decode(generated, /*skip_special_tokens=*/true);
+  if (prompt.chat) return prompt.codec->decode(generated);
+  // The prompt and its continuation decoded together, so a piece that joins them reads as one word.
   std::vector<int32_t> all = prompt.ids;
   all.insert(all.end(), generated.begin(), generated.end());
-  return prompt.tokenizer.decode(all, /*skip_special_tokens=*/true);
+  return prompt.codec->decode(all);
 }
 
 void add_tokenize(CLI::App& app, CommandTable& table) {

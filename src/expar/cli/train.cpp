@@ -130,8 +130,8 @@ ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
     read_model_architecture(a, resolve_checkpoint_dir(a.config.resume_from), false);
   }
   ModelConfig m = a.model_dir.empty() ? ModelConfig::preset(a.preset) : a.config.model;
+  // --score is the preset's (refused with --model: a config.json says its own score function).
   if (a.model_dir.empty()) m.moe.score = score_function_from_name(a.score);
-  m.moe.score = score_function_from_name(a.score);
   if (!a.config.resume_from.empty()) {
     const ModelConfig checkpoint = read_checkpoint_info(a.config.resume_from).model;
     const std::string file = a.config.resume_from;

@@ -8,9 +8,9 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/moe/expert_mlp.hpp"
+#include "expar/moe/moe_forward.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/route_map.hpp"
-#include "expar/moe/router.hpp"
 #include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/attention.hpp"
 #include "expar/nn/linear.hpp"
@@ -327,69 +327,79 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
   return logits;
 }
 
+MoeWeights Engine::moe_weights(int layer) const {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  MoeWeights w;
+  w.w_router = &lw.router;
+  w.score_bias = present(lw.score_bias) ? &lw.score_bias : nullptr;
+  w.router_bias = present(lw.router_bias) ? &lw.router_bias : nullptr;
+  w.experts = &lw.experts;
+  return w;
+}
+
+Tensor Engine::moe_forward_counted(int layer, const Tensor& x, const MoeForwardOptions& options) {
+  // Inference has no capacity policy and keeps no activations: the rest is the training layer's forward.
+  MoeForwardOptions o = options;
+  o.capacity = CapacityPolicy::dropless();
+  o.keep_activations = false;
+  MoeState state;
+  Tensor y = moe_forward(weights_.config.moe, layout_.placement(), moe_weights(layer), x, o, state);
+  const std::vector<int64_t>& offsets = state.routes.expert_offsets;
+  for (size_t l = 0; l + 1 < offsets.size(); ++l) {
+    stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
+    stats_.expert_weight_reads[static_cast<size_t>(layer)] += offsets[l + 1] > offsets[l] ? 1 : 0;
+  }
+  return y;
+}
+
 Tensor Engine::moe_agrs(int layer, const Tensor& x, bool prefill) {
   const ModelConfig& c = weights_.config;
-  const int64_t d = c.model_dim, k = c.moe.top_k, rows = x.dim(0);
-  // Step 1 (seed 002): the router on this rank's rows (prefill: its SP rows; decode: the replica's tokens,
-  // which every TP rank holds and routes alike).
-  Tensor topk_idx = Tensor::empty({rows, k}, DType::I32), topk_weight = Tensor::empty({rows, k});
-  if (rows > 0) route(layer, x, topk_idx, topk_weight);
-  // The route map over the path's sources (dropless: inference has no capacity policy); this rank's
-  // destination is its expert partition, which variable EP shares among ep_tp_size intermediate shards.
-  const CapacityPolicy dropless = CapacityPolicy::dropless();
-  RouteMap map;
+  const int64_t d = c.model_dim;
+  // Seed 002's steps: the router on this rank's rows (prefill: its SP rows; decode: the replica's tokens,
+  // which every TP rank holds and routes alike); the route map over the path's sources, whose destination
+  // here is this rank's expert partition (variable EP shares it among ep_tp_size intermediate shards);
+  // then moe/'s agrs path: all-gather, the partition's experts, reduce-scatter or all-reduce, in the
+  // seed's order per phase (path.hpp AgrsLevel).
+  MoeForwardOptions o;
+  o.path = prefill ? prefill_path_.get() : decode_path_.get();
+  o.partition = partition_;
   if (prefill)
-    map = build_route_map(topk_idx, layout_.cross_dp_ep() ? *ep_ : *tp_, layout_.placement(), dropless,
-                          partition_);
+    o.sources = layout_.cross_dp_ep() ? ep_.get() : tp_.get();
   else if (layout_.cross_dp_ep())
-    map = build_route_map(topk_idx, *dp_, layout_.placement(), dropless, partition_);
-  else  // the replica's tokens are the one source: nothing to exchange
-    map = build_route_map(topk_idx, 0, count_requests(topk_idx, c.moe.num_experts),
-                          std::vector<int64_t>{rows}, layout_.placement(), dropless, partition_);
-  // Steps 2-6: moe/'s agrs path (all-gather, the experts of this rank's partition, reduce-scatter or
-  // all-reduce, in seed 002's order per phase: path.hpp AgrsLevel).
-  ExpertPath& path = prefill ? *prefill_path_ : *decode_path_;
-  PathState state;
-  state.agrs.topk_weight = &topk_weight;
-  Tensor expert_in = path.dispatch_forward(x, map, state);
-  Tensor expert_out = path.expert_output_buffer(map, d, state);
-  run_experts(layer, expert_in, map.expert_offsets, expert_out);
-  if (c.shared_expert_hidden > 0) {
-    // The shared expert is TP-sharded: its partial sums over this replica's tokens (the sources of this
-    // rank's TP group among the gathered rows) join the path's reduction over TP (level 0): in prefill
-    // after the DP reduce-scatter, so a token's sums do not depend on its replica; in decode the TP
-    // all-reduce comes first (seed 002), on every gathered row.
-    const int64_t per_replica = prefill ? tp_->size() : 1, first = map.ep_rank / per_replica * per_replica;
-    int64_t offset = 0, count = 0;
-    for (int64_t s = 0; s < first + per_replica; ++s)
-      (s < first ? offset : count) += map.tokens_per_source[static_cast<size_t>(s)];
-    state.agrs.combine_addend = Tensor::zeros({count, d});
-    shared_expert(layer, state.agrs.gathered_tokens.rows(offset, offset + count),
-                  state.agrs.combine_addend.data<float>());
-    state.agrs.addend_row = prefill ? 0 : offset;
-    state.agrs.addend_level = 0;
-  }
-  return path.combine_forward(expert_out, topk_weight, map, state);
+    o.sources = dp_.get();
+  // else: the replica's tokens are the one source, nothing to exchange
+  if (c.shared_expert_hidden > 0)
+    o.before_combine = [&](const RouteMap& map, PathState& ps) {
+      // The shared expert is TP-sharded: its partial sums over this replica's tokens (the sources of this
+      // rank's TP group among the gathered rows) join the path's reduction over TP (level 0): in prefill
+      // after the DP reduce-scatter, so a token's sums do not depend on its replica; in decode the TP
+      // all-reduce comes first (seed 002), on every gathered row.
+      const int64_t per_replica = prefill ? tp_->size() : 1, first = map.ep_rank / per_replica * per_replica;
+      int64_t offset = 0, count = 0;
+      for (int64_t s = 0; s < first + per_replica; ++s)
+        (s < first ? offset : count) += map.tokens_per_source[static_cast<size_t>(s)];
+      ps.agrs.combine_addend = Tensor::zeros({count, d});
+      shared_expert(layer, ps.agrs.gathered_tokens.rows(offset, offset + count),
+                    ps.agrs.combine_addend.data<float>());
+      ps.agrs.addend_row = prefill ? 0 : offset;
+      ps.agrs.addend_level = 0;
+    };
+  return moe_forward_counted(layer, x, o);
 }
 
 Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
   const ModelConfig& c = weights_.config;
-  const int64_t d = c.model_dim, k = c.moe.top_k, total = x.dim(0);
-  // This rank's contiguous slice of the replica's tokens (empty when T < TP for the later ranks).
+  const int64_t d = c.model_dim, total = x.dim(0);
+  // This rank's contiguous slice of the replica's tokens (empty when T < TP for the later ranks), routed
+  // over the world and moved by the rowwise path: PUT each routed row into its owner's dispatch buffer,
+  // experts on their contiguous rows, GET + merge in k order.
   const std::vector<int64_t> slice_rows = even_rows(total, tp_->size());
   const int64_t first = total * tp_rank_ / tp_->size(), mine = slice_rows[static_cast<size_t>(tp_rank_)];
-  Tensor xs = x.rows(first, first + mine);
-  Tensor topk_idx = Tensor::empty({mine, k}, DType::I32), topk_weight = Tensor::empty({mine, k});
-  if (mine > 0) route(layer, xs, topk_idx, topk_weight);
-  // Route map over the world (dropless: inference has no capacity policy), then the rowwise path: PUT each
-  // routed row into its owner's dispatch buffer, experts on their contiguous rows, GET + merge in k order.
-  const RouteMap map = build_route_map(topk_idx, *ep_, layout_.placement(), CapacityPolicy::dropless());
-  PathState state;
-  state.scratch_dispatch = true;  // no backward: the payload may live in the path's scratch slot
-  Tensor expert_in = rowwise_->dispatch_forward(xs, map, state);
-  Tensor expert_out = rowwise_->expert_output_buffer(map, d, state);
-  run_experts(layer, expert_in, map.expert_offsets, expert_out);
-  Tensor y = rowwise_->combine_forward(expert_out, topk_weight, map, state);
+  MoeForwardOptions o;
+  o.path = rowwise_.get();
+  o.sources = ep_.get();
+  o.scratch_dispatch = true;  // no backward: the payload may live in the path's scratch slot
+  Tensor y = moe_forward_counted(layer, x.rows(first, first + mine), o);
   // The shared expert is TP-sharded: its partial sums over all T tokens are reduce-scattered onto the slices
   // (the model decides, so every TP rank enters the collective even where it holds no shard).
   if (c.shared_expert_hidden > 0) {
@@ -398,35 +408,6 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
     add_into(y, reduce_scatter_rows(*tp_, partial, slice_rows, d));
   }
   return gather_rows(*tp_, y, slice_rows, d);
-}
-
-void Engine::route(int layer, const Tensor& x, Tensor& topk_idx, Tensor& topk_weight) const {
-  // moe/router for every family: softmax or sigmoid scores, top-k, renormalisation, gpt-oss's logit bias and
-  // softmax over the top-k logits (MoeConfig::softmax_over_topk).
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  const ModelConfig& c = weights_.config;
-  RouterState state;
-  RouterOutput r =
-      router_forward(c.moe.router(), x, lw.router, present(lw.score_bias) ? &lw.score_bias : nullptr, state,
-                     present(lw.router_bias) ? &lw.router_bias : nullptr);
-  topk_idx = std::move(r.topk_idx);
-  topk_weight = std::move(r.topk_weight);
-}
-
-void Engine::run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const {
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  for (size_t l = 0; l + 1 < offsets.size(); ++l) {
-    stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
-    stats_.expert_weight_reads[static_cast<size_t>(layer)] += offsets[l + 1] > offsets[l] ? 1 : 0;
-  }
-  // moe/'s grouped expert MLP, with gpt-oss's biases (the down bias only where this rank holds it) and
-  // activation.
-  ExpertWeights w = lw.experts;
-  w.b1 = lw.expert_b1;
-  w.b3 = lw.expert_b3;
-  w.b2 = lw.expert_b2;
-  w.activation = weights_.features.activation;
-  expert_mlp_forward(rows, PayloadFormat::F32, offsets, w, out, nullptr);
 }
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {

@@ -35,6 +35,7 @@
 
 #include "expar/comm/comm.hpp"
 #include "expar/infer/rank_weights.hpp"
+#include "expar/moe/moe_forward.hpp"
 #include "expar/nn/rope.hpp"
 #include "expar/topo/inference_layout.hpp"
 
@@ -126,11 +127,10 @@ class Engine {
   // rank's SP rows and the result its SP rows; decode: x is the replica's tokens, on every TP rank.
   Tensor moe_agrs(int layer, const Tensor& x, bool prefill);
   Tensor moe_decode_rowwise(int layer, const Tensor& x);
-  // Routes tokens x [N, d] of `layer`: topk_idx (int32) and topk_weight [N, K] (the format's router).
-  void route(int layer, const Tensor& x, Tensor& topk_idx, Tensor& topk_weight) const;
-  // out rows [0, offsets[E_L]) = the local experts of `layer` (moe/expert_mlp) on `rows` in the expert-side
-  // layout (local expert l's rows in [offsets[l], offsets[l+1])); counts them in stats_.expert_tokens.
-  void run_experts(int layer, const Tensor& rows, std::span<const int64_t> offsets, Tensor& out) const;
+  // The layer's MoE weights as moe/'s forward reads them, and that forward (dropless, no activations kept)
+  // counting each local expert's rows into stats_.
+  MoeWeights moe_weights(int layer) const;
+  Tensor moe_forward_counted(int layer, const Tensor& x, const MoeForwardOptions& options);
   void shared_expert(int layer, const Tensor& x, float* out) const;
 
   InferenceLayout layout_;
@@ -144,7 +144,7 @@ class Engine {
   int partition_;  // this rank's expert partition (the layout's ep_rank)
   nn::Rope rope_;
   std::vector<std::unique_ptr<Sequence>> sequences_;
-  mutable EngineStats stats_;  // run_experts (const) counts its rows
+  EngineStats stats_;
 };
 
 }  // namespace expar::infer

@@ -171,9 +171,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         for (const char* key : {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"})
           store.release_rows(p + key, e, e + 1);
       lw.experts = std::move(g.weights);
-      lw.expert_b1 = std::move(g.b1);
-      lw.expert_b3 = std::move(g.b3);
-      lw.expert_b2 = std::move(g.b2);
+      lw.experts.b1 = std::move(g.b1);
+      lw.experts.b3 = std::move(g.b3);
+      lw.experts.b2 = std::move(g.b2);
     } else {
       // Seed 002's composition: a TP-sharding base loader (gate/up rows, down columns of the intermediate
       // shard) wrapped by the expert-parallel loader that keeps this rank's experts.
@@ -198,6 +198,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
           store.release_rows(n, 0, store.info(n).shape[0]);
         }
     }
+    lw.experts.activation = features.activation;
     lw.experts.validate();
     if (config.shared_expert_hidden > 0) {
       const int64_t h = config.shared_expert_hidden;

@@ -29,15 +29,16 @@
 namespace expar::infer {
 
 struct LayerWeights {
-  Tensor attn_norm, mlp_norm;              // [d]
-  nn::AttentionWeights attn;               // local heads
-  nn::AttentionOptions attn_options;       // biases, sinks, sliding window (Hugging Face formats)
-  Tensor router;                           // [E, d]
-  Tensor score_bias;                       // [E] or undefined
-  Tensor router_bias;                      // [E] added to the router logits (gpt-oss) or undefined
-  ExpertWeights experts;                   // [E_L, h / ep_tp, d], [E_L, h / ep_tp, d], [E_L, d, h / ep_tp]
-  Tensor expert_b1, expert_b3;             // [E_L, h / ep_tp] gate/up biases (gpt-oss) or undefined
-  Tensor expert_b2;                        // [E_L, d] down bias on the shard-0 EP_TP rank (gpt-oss)
+  Tensor attn_norm, mlp_norm;         // [d]
+  nn::AttentionWeights attn;          // local heads
+  nn::AttentionOptions attn_options;  // biases, sinks, sliding window (Hugging Face formats)
+  Tensor router;                      // [E, d]
+  Tensor score_bias;                  // [E] or undefined
+  Tensor router_bias;                 // [E] added to the router logits (gpt-oss) or undefined
+  // [E_L, h / ep_tp, d], [E_L, h / ep_tp, d], [E_L, d, h / ep_tp], the family's activation, and (gpt-oss) the
+  // gate/up biases b1, b3 [E_L, h / ep_tp] and the down bias b2 [E_L, d] on the shard-0 EP_TP rank (undefined
+  // elsewhere and in the other families).
+  ExpertWeights experts;
   Tensor shared_w1, shared_w3, shared_w2;  // [hs_l, d], [hs_l, d], [d, hs_l]; undefined: none here
   Tensor shared_gate;                      // [1, d]: output scaled by sigmoid(x · gate) (Qwen) or undefined
 };

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "expar/moe/moe_layer.hpp"
+#include "expar/moe/moe_config.hpp"
 
 namespace expar {
 

@@ -10,33 +10,6 @@
 
 namespace expar {
 
-RouterConfig MoeConfig::router() const {
-  RouterConfig r;
-  r.num_experts = num_experts;
-  r.top_k = top_k;
-  r.score = score;
-  r.renormalize = renormalize;
-  r.softmax_over_topk = softmax_over_topk;
-  r.n_group = n_group;
-  r.topk_group = topk_group;
-  r.aux_loss_coef = aux_loss_coef;
-  r.z_loss_coef = z_loss_coef;
-  return r;
-}
-
-void MoeConfig::validate(int ep_size) const {
-  router().validate();
-  EXPAR_CHECK(model_dim >= 1, "model_dim={} must be at least 1", model_dim);
-  EXPAR_CHECK(hidden_dim >= 1, "hidden_dim={} (expert MLP width) must be at least 1", hidden_dim);
-  capacity.validate();
-  precision.validate(model_dim);
-  ExpertPlacement check(num_experts, ep_size, placement);  // throws for E not divisible by the EP degree
-  waves.validate(check.local_count());
-  EXPAR_CHECK(waves.waves == 1 || path_traits(path).waves,
-              "path '{}' has no wave schedule (--waves {}): pass --waves 1, or choose path {}", path,
-              waves.waves, paths_with(&PathTraits::waves));
-}
-
 namespace {
 
 ExpertWeights make_experts(const MoeConfig& c, int64_t e_local, MemCategory category) {
@@ -53,27 +26,6 @@ ExpertWeights make_experts(const MoeConfig& c, int64_t e_local, MemCategory cate
   }
   w.activation = c.activation;
   return w;
-}
-
-// The slice of the experts and their rows that one wave computes: the same experts' weights, rows and
-// GEMM calls as the no-wave step (a wave's rows [offsets[begin], offsets[end]) are contiguous), so every
-// product and reduction is the no-wave one.
-struct ExpertSlice {
-  ExpertWeights weights, grads;
-  int64_t row_begin = 0, row_end = 0;
-  std::vector<int64_t> offsets;  // rebased to row_begin
-};
-
-ExpertSlice expert_slice(const ExpertWeights& weights, const ExpertWeights& grads, const RouteMap& map,
-                         ExpertWave wave) {
-  ExpertSlice s;
-  s.weights = weights.experts(wave.begin, wave.end);
-  s.grads = grads.experts(wave.begin, wave.end);
-  s.row_begin = map.expert_offsets[static_cast<size_t>(wave.begin)];
-  s.row_end = map.expert_offsets[static_cast<size_t>(wave.end)];
-  for (int l = wave.begin; l <= wave.end; ++l)
-    s.offsets.push_back(map.expert_offsets[static_cast<size_t>(l)] - s.row_begin);
-  return s;
 }
 
 }  // namespace
@@ -153,22 +105,8 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
   EXPAR_CHECK(x.dtype() == DType::F32 && x.ndim() == 2 && x.dim(1) == config_.model_dim,
               "MoE layer '{}' input must be f32 [T, {}], got {} {}", name_, config_.model_dim,
               dtype_name(x.dtype()), shape_string(x.shape()));
-  const Tensor* bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
-  PhaseScope router_phase(phase::kRouter);
-  RouterOutput routed =
-      router_forward(config_.router(), x, params_.w_router, bias, state.router,
-                     params_.router_bias.defined() ? &params_.router_bias : nullptr, loss_scope_);
-  router_phase.stop();
-  PhaseScope route_map_phase(phase::kRouteMap);
-  state.routes = build_route_map(routed.topk_idx, ep_group_, placement_, config_.capacity);
-  route_map_phase.stop();
-  state.path = {};
-  state.path.scratch_dispatch = recompute_;
+  const Tensor y = moe_forward(config_, placement_, weights(), x, forward_options(), state);
   state.recomputed = recompute_;
-  state.microbatch = microbatch_;
-  state.path.microbatch = microbatch_;
-  state.waves = config_.waves;
-  Tensor y = experts_forward(x, routed.topk_weight, state);
   if (recompute_) {
     // Backward rebuilds these; dropping them now frees the expert activations and the gathered expert
     // outputs (and, for rowwise, the reference to the dispatch scratch payload, which the next block's
@@ -177,16 +115,29 @@ Tensor MoeLayer::forward(const Tensor& x, MoeState& state) {
     state.experts = {};
     state.expert_waves.clear();
   }
-
-  MoeMetrics& m = state.metrics;
-  m.aux_loss = routed.aux_loss;
-  m.z_loss = routed.z_loss;
-  m.drop_rate = state.routes.group_drop_rate();
-  m.utilisation = state.routes.max_utilisation();
-  m.dropped = state.routes.dropped;
-  m.routes = x.dim(0) * config_.top_k;
-  m.expert_counts = std::move(routed.expert_counts);
   return y;
+}
+
+MoeWeights MoeLayer::weights() const {
+  MoeWeights w;
+  w.w_router = &params_.w_router;
+  w.score_bias = params_.score_bias.defined() && config_.use_score_bias ? &params_.score_bias : nullptr;
+  w.router_bias = params_.router_bias.defined() ? &params_.router_bias : nullptr;
+  w.experts = &params_.experts;
+  return w;
+}
+
+MoeForwardOptions MoeLayer::forward_options() const {
+  MoeForwardOptions o;
+  o.path = path_.get();
+  o.sources = &ep_group_;
+  o.capacity = config_.capacity;
+  o.dispatch_format = config_.precision.dispatch;
+  o.loss_scope = loss_scope_;
+  o.waves = config_.waves;
+  o.scratch_dispatch = recompute_;
+  o.microbatch = microbatch_;
+  return o;
 }
 
 Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
@@ -212,69 +163,15 @@ void MoeLayer::recompute_forward(MoeState& state) {
   // The original forward's dispatch, experts and combine gather again, from the saved input and route map
   // (no router, no route-map collective). The payload may be scratch again: see rowwise.cpp for why no
   // other block can overwrite it before this block's expert backward has read it.
+  const MoeForwardOptions o = forward_options();
   state.path = {};
   state.path.scratch_dispatch = true;
   state.path.microbatch = state.microbatch;
   // Only for the gathered expert outputs it saves (the routing-weight gradient reads them); its merged
   // output equals the forward's y and is dropped. The recomputation runs the forward's schedule.
   const WaveTimes forward_times = state.forward_times;
-  experts_forward(state.router.x, state.router.topk_weight, state);
+  moe_experts_forward(*path_, params_.experts, state.router.x, state.router.topk_weight, o, state);
   state.forward_times = forward_times;
-}
-
-Tensor MoeLayer::experts_forward(const Tensor& x, const Tensor& topk_weight, MoeState& state) {
-  const RouteMap& map = state.routes;
-  PathState& ps = state.path;
-  const int64_t d = config_.model_dim;
-  const WaveSchedule schedule = state.waves.schedule();
-  Tensor expert_in, expert_out, y;
-  auto gemm = [&](auto&& fn) {
-    PhaseScope gemm_phase(phase::kGroupedGemm);
-    fn();
-  };
-  if (schedule == WaveSchedule::NoWave) {
-    state.forward_times = run_wave_schedule(
-        schedule, 1,
-        [&](int) {
-          expert_in = path_->dispatch_forward(x, map, ps);
-          expert_out = path_->expert_output_buffer(map, d, ps);
-        },
-        [&](int) {
-          gemm([&] {
-            expert_mlp_forward(expert_in, config_.precision.dispatch, map.expert_offsets, params_.experts,
-                               expert_out, &state.experts);
-          });
-        },
-        [&](int) { y = path_->combine_forward(expert_out, topk_weight, map, ps); });
-    return y;
-  }
-  const auto started = std::chrono::steady_clock::now();
-  ps.waves = split_expert_waves(placement_.local_count(), state.waves.waves);
-  const int n = static_cast<int>(ps.waves.size());
-  expert_in = path_->dispatch_forward_begin(x, map, ps);
-  expert_out = path_->expert_output_buffer(map, d, ps);
-  state.expert_waves.assign(static_cast<size_t>(n), ExpertMlpState{});
-  const double set_up = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  WaveTimes t = run_wave_schedule(
-      schedule, n, [&](int w) { path_->dispatch_forward_wave(x, map, ps, w); },
-      [&](int w) {
-        const ExpertSlice s =
-            expert_slice(params_.experts, grads_.experts, map, ps.waves[static_cast<size_t>(w)]);
-        if (s.row_end == s.row_begin) return;  // no rows: its state stays empty and backward skips it too
-        Tensor out = expert_out.rows(s.row_begin, s.row_end);
-        gemm([&] {
-          expert_mlp_forward(expert_in.rows(s.row_begin, s.row_end), config_.precision.dispatch, s.offsets,
-                             s.weights, out, &state.expert_waves[static_cast<size_t>(w)]);
-        });
-      },
-      [&](int w) { path_->combine_forward_wave(expert_out, map, ps, w); });
-  const auto merging = std::chrono::steady_clock::now();
-  y = path_->combine_forward_end(topk_weight, map, ps);
-  const double merge = std::chrono::duration<double>(std::chrono::steady_clock::now() - merging).count();
-  t.comm += set_up + merge;
-  t.wall += set_up + merge;
-  state.forward_times = t;
-  return y;
 }
 
 Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor& grad_topk_weight) {
@@ -320,12 +217,15 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
   WaveTimes t = run_wave_schedule(
       schedule, n, [&](int w) { path_->combine_backward_wave(grad_y, topk_weight, map, ps, w); },
       [&](int w) {
-        ExpertSlice s = expert_slice(params_.experts, grads_.experts, map, ps.waves[static_cast<size_t>(w)]);
-        if (s.row_end == s.row_begin) return;
-        Tensor in = grad_in.rows(s.row_begin, s.row_end);
+        const ExpertWave wave = ps.waves[static_cast<size_t>(w)];
+        const ExpertWaveRows rows = expert_wave_rows(map, wave);
+        if (rows.row_end == rows.row_begin) return;
+        Tensor in = grad_in.rows(rows.row_begin, rows.row_end);
+        ExpertWeights wave_grads = grads_.experts.experts(wave.begin, wave.end);
         gemm([&] {
-          expert_mlp_backward(grad_out.rows(s.row_begin, s.row_end),
-                              state.expert_waves[static_cast<size_t>(w)], s.weights, in, s.grads, update);
+          expert_mlp_backward(grad_out.rows(rows.row_begin, rows.row_end),
+                              state.expert_waves[static_cast<size_t>(w)],
+                              params_.experts.experts(wave.begin, wave.end), in, wave_grads, update);
         });
       },
       [&](int w) { path_->dispatch_backward_wave(grad_in, map, ps, w); });

@@ -16,6 +16,8 @@
 #include "expar/core/tensor.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/expert_mlp.hpp"
+#include "expar/moe/moe_config.hpp"
+#include "expar/moe/moe_forward.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/payload_precision.hpp"
 #include "expar/moe/route_map.hpp"
@@ -27,39 +29,6 @@
 namespace expar {
 
 class Comm;
-
-struct MoeConfig {
-  int num_experts = 0;     // E
-  int top_k = 0;           // K
-  int64_t model_dim = 0;   // d
-  int64_t hidden_dim = 0;  // h (per expert)
-  ScoreFunction score = ScoreFunction::Softmax;
-  bool renormalize = false;
-  bool softmax_over_topk = false;  // gpt-oss's router (RouterConfig)
-  // gpt-oss: a router bias [E] added to the logits (a trained parameter, MoeParams::router_bias), and
-  // experts with gate/up/down biases and the clamped SwiGLU. Set from the architecture's features; not part
-  // of a checkpoint's model config (the family's config.json says it).
-  bool router_bias = false;
-  bool expert_biases = false;
-  ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
-  int n_group = 1;
-  int topk_group = 1;
-  bool use_score_bias = false;  // auxiliary-loss-free balancing (the trainer moves it: --score-bias-rate)
-  CapacityPolicy capacity;      // dropless by default
-  double aux_loss_coef = 0.0;
-  double z_loss_coef = 0.0;
-  std::string path = "local";
-  PayloadPrecision precision;  // of the four row movements (block, rowwise, aggregated; others need f32)
-  PlacementKind placement = PlacementKind::Contiguous;
-  // The experts' schedule (moe/waves.hpp): waves of local experts, sequential or with the communication of
-  // neighbouring waves overlapped on its own thread (paths whose traits say `waves`: block, rowwise).
-  // Bit-identical results whatever it is; a run-time choice, not part of a checkpoint.
-  WaveConfig waves;
-
-  RouterConfig router() const;
-  // Throws expar::Error naming the offending value and the fix.
-  void validate(int ep_size) const;
-};
 
 struct MoeParams {
   Tensor w_router;        // [E, d]
@@ -79,33 +48,6 @@ struct MoeGrads {
   Tensor w_router;        // [E, d]
   Tensor router_bias;     // [E] (with MoeConfig::router_bias)
   ExpertWeights experts;  // local experts
-};
-
-struct MoeMetrics {
-  double aux_loss = 0.0;               // L_aux (unscaled; over the forward's loss scope)
-  double z_loss = 0.0;                 // L_z (unscaled; likewise)
-  double drop_rate = 0.0;              // dropped / (T·K), mean over the EP group's ranks
-  double utilisation = 0.0;            // received rows / capacity rows, max over the EP group's ranks
-  int64_t dropped = 0;                 // this rank's dropped routes
-  int64_t routes = 0;                  // this rank's T·K
-  std::vector<int64_t> expert_counts;  // [E] this rank's routes per expert (before capacity)
-};
-
-struct MoeState {
-  RouterState router;  // keeps the layer input x (by reference): the recomputation redoes dispatch from it
-  RouteMap routes;
-  PathState path;
-  ExpertMlpState experts;                    // no-wave schedule
-  std::vector<ExpertMlpState> expert_waves;  // wave schedules: one per wave
-  MoeMetrics metrics;
-  // This rank's seconds of the last forward's / backward's dispatch -> experts -> combine section
-  // (moe/wave_schedule.hpp), whatever the schedule: what `expar bench waves` reads for eq. 10.
-  WaveTimes forward_times, backward_times;
-  // Set by a forward under activation recomputation: path and experts were dropped after the forward, and
-  // backward rebuilds them first (MoeLayer::set_recompute).
-  bool recomputed = false;
-  int microbatch = -1;  // MoeLayer::set_microbatch at the forward (its recomputation reuses it)
-  WaveConfig waves;     // the forward's expert schedule (its backward and recomputation run the same)
 };
 
 // Resources a model shares between its MoE blocks (rowwise path): one symmetric heap over the EP group and
@@ -180,9 +122,9 @@ class MoeLayer {
   std::unique_ptr<ExpertPath> path_;
   // Rebuilds what a recomputing forward dropped: dispatch (into scratch), expert MLP, combine gather.
   void recompute_forward(MoeState& state);
-  // dispatch -> experts -> combine of x under the configured schedule (fills state.path, the expert
-  // states and forward_times); returns y.
-  Tensor experts_forward(const Tensor& x, const Tensor& topk_weight, MoeState& state);
+  // Views of the parameters, and how this layer's forwards run (moe/moe_forward.hpp).
+  MoeWeights weights() const;
+  MoeForwardOptions forward_options() const;
   // combine backward -> expert backward -> dispatch backward (adds the expert weight gradients); returns
   // the layer input's gradient through the experts, and the routing weights' gradient.
   Tensor experts_backward(const Tensor& grad_y, MoeState& state, Tensor& grad_topk_weight);

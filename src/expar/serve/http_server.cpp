@@ -103,7 +103,7 @@ json usage_json(size_t prompt, size_t completion) {
 
 }  // namespace
 
-HttpServer::HttpServer(Runtime& runtime, const TextCodec* codec, HttpOptions options)
+HttpServer::HttpServer(Runtime& runtime, const infer::TextCodec* codec, HttpOptions options)
     : runtime_(runtime),
       codec_(codec),
       options_(std::move(options)),

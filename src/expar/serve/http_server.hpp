@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "expar/infer/text_codec.hpp"
 #include "expar/serve/runtime.hpp"
-#include "expar/serve/text_codec.hpp"
 
 namespace httplib {
 class Server;
@@ -25,7 +25,7 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  HttpServer(Runtime& runtime, const TextCodec* codec, HttpOptions options);
+  HttpServer(Runtime& runtime, const infer::TextCodec* codec, HttpOptions options);
   ~HttpServer();
   // Binds the socket; returns the port. Throws expar::Error naming host and port on failure.
   int bind();
@@ -38,7 +38,7 @@ class HttpServer {
  private:
   void routes();
   Runtime& runtime_;
-  const TextCodec* codec_;
+  const infer::TextCodec* codec_;
   HttpOptions options_;
   std::unique_ptr<httplib::Server> server_;
   std::atomic<int> in_flight_{0};

@@ -93,8 +93,8 @@ std::string message_text(const json& content, size_t index) {
 
 }  // namespace
 
-CompletionParams parse_completion_request(const std::string& body_text, bool chat, const TextCodec* codec,
-                                          const ModelLimits& limits) {
+CompletionParams parse_completion_request(const std::string& body_text, bool chat,
+                                          const infer::TextCodec* codec, const ModelLimits& limits) {
   json body;
   try {
     body = json::parse(body_text);

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "expar/infer/sampling.hpp"
-#include "expar/serve/text_codec.hpp"
+#include "expar/infer/text_codec.hpp"
 
 namespace expar::serve {
 
@@ -33,7 +33,7 @@ struct ModelLimits {
 
 // Throws ApiError (400) naming the field and the rule for a malformed body; `codec` may be nullptr (then
 // prompts must be token ids and chat is refused).
-CompletionParams parse_completion_request(const std::string& body, bool chat, const TextCodec* codec,
+CompletionParams parse_completion_request(const std::string& body, bool chat, const infer::TextCodec* codec,
                                           const ModelLimits& limits);
 
 }  // namespace expar::serve

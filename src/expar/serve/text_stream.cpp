@@ -7,7 +7,7 @@ namespace {
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD: a tokenizer's stand-in for an unfinished byte run
 }
 
-TextStream::TextStream(const TextCodec* codec, std::vector<std::string> stops)
+TextStream::TextStream(const infer::TextCodec* codec, std::vector<std::string> stops)
     : codec_(codec), stops_(std::move(stops)) {
   for (const std::string& s : stops_) longest_stop_ = std::max(longest_stop_, s.size());
 }
@@ -33,7 +33,7 @@ std::string TextStream::push(const std::vector<int32_t>& tokens) {
   }
   size_t safe = text_.size();
   if (longest_stop_ > 1) safe -= std::min(safe, longest_stop_ - 1);
-  safe = complete_utf8_prefix(text_.substr(0, safe));
+  safe = infer::complete_utf8_prefix(text_.substr(0, safe));
   if (safe >= 3 && text_.compare(safe - 3, 3, kReplacement) == 0) safe -= 3;
   if (safe <= emitted_) return {};
   std::string out = text_.substr(emitted_, safe - emitted_);

@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "expar/serve/text_codec.hpp"
+#include "expar/infer/text_codec.hpp"
 
 namespace expar::serve {
 
 class TextStream {
  public:
-  TextStream(const TextCodec* codec, std::vector<std::string> stops);
+  TextStream(const infer::TextCodec* codec, std::vector<std::string> stops);
   // Adds tokens; returns the text that became final.
   std::string push(const std::vector<int32_t>& tokens);
   // The generation ended: the rest of the text (nothing after a stop string).
@@ -20,7 +20,7 @@ class TextStream {
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
  private:
-  const TextCodec* codec_;
+  const infer::TextCodec* codec_;
   std::vector<std::string> stops_;
   size_t longest_stop_ = 0;
   std::vector<int32_t> tokens_;

@@ -169,7 +169,8 @@ int64_t router_params_per_layer(const ModelShape& s) {
 }
 
 int64_t shared_expert_params_per_layer(const ModelShape& s) {
-  return int64_t{s.shared_experts} * 3 * s.d_model * s.shared_hidden;
+  return int64_t{s.shared_experts} * 3 * s.d_model * s.shared_hidden +
+         (s.shared_experts > 0 && s.shared_expert_gate ? int64_t{s.d_model} : 0);
 }
 
 int64_t dense_mlp_params_per_layer(const ModelShape& s) {

@@ -27,13 +27,14 @@ struct ModelShape {
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
 
   // MoE. The first `dense_layers` blocks have a dense MLP of `dense_hidden` instead.
-  int num_experts = 0;       // routed experts N
-  int top_k = 0;             // K
-  int expert_hidden = 0;     // intermediate size of one routed expert
-  int shared_experts = 0;    // always-active experts, dense (replicated) parameters
-  int shared_hidden = 0;     // intermediate size of one shared expert
-  bool expert_bias = false;  // biases on gate/up ([2h]) and down ([d])
-  bool router_bias = false;  // a bias (or correction bias) of size N
+  int num_experts = 0;              // routed experts N
+  int top_k = 0;                    // K
+  int expert_hidden = 0;            // intermediate size of one routed expert
+  int shared_experts = 0;           // always-active experts, dense (replicated) parameters
+  int shared_hidden = 0;            // intermediate size of one shared expert
+  bool shared_expert_gate = false;  // Qwen-MoE: the shared experts' output scaled by sigmoid(x · gate [d])
+  bool expert_bias = false;         // biases on gate/up ([2h]) and down ([d])
+  bool router_bias = false;         // a bias (or correction bias) of size N
   int dense_layers = 0;
   int dense_hidden = 0;
 

@@ -1,10 +1,10 @@
 // The text codec of a checkpoint (text_codec_for), and the tokenizer-backed one (a separate file from
 // text_codec.cpp so that the request fuzzer links without the tokenizer's PCRE2 and ICU).
+#include "expar/infer/text_codec.hpp"
 #include "expar/io/chat_template.hpp"
 #include "expar/io/tokenizer.hpp"
-#include "expar/serve/text_codec.hpp"
 
-namespace expar::serve {
+namespace expar::infer {
 namespace {
 
 // A Hugging Face checkpoint's tokenizer.json and chat template, used as transformers and vLLM do:
@@ -39,12 +39,11 @@ class TokenizerCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> text_codec_for(const infer::ModelSpec& spec) {
+std::unique_ptr<TextCodec> text_codec_for(const ModelSpec& spec) {
   if (Tokenizer::present_in(spec.dir))
     return std::make_unique<TokenizerCodec>(Tokenizer::from_path(spec.dir));
-  if (spec.format == infer::ModelFormat::Expar && spec.config.vocab == 256)
-    return std::make_unique<ByteCodec>();
+  if (spec.format == ModelFormat::Expar && spec.config.vocab == 256) return std::make_unique<ByteCodec>();
   return nullptr;
 }
 
-}  // namespace expar::serve
+}  // namespace expar::infer

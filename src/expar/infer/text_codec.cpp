@@ -1,6 +1,6 @@
-#include "expar/serve/text_codec.hpp"
+#include "expar/infer/text_codec.hpp"
 
-namespace expar::serve {
+namespace expar::infer {
 
 std::vector<int32_t> ByteCodec::encode(const std::string& text) const {
   std::vector<int32_t> ids(text.size());
@@ -27,4 +27,4 @@ size_t complete_utf8_prefix(const std::string& text) {
   return n;  // only continuation bytes at the end: not valid UTF-8 anyway, pass it through
 }
 
-}  // namespace expar::serve
+}  // namespace expar::infer

@@ -1,6 +1,6 @@
 #pragma once
-// Text <-> token ids for the server: a checkpoint with a tokenizer.json uses it (and its chat template);
-// our byte-level models read and write bytes.
+// Text <-> token ids of a checkpoint, for expar serve and expar generate alike: a checkpoint with a
+// tokenizer.json uses it (and its chat template); our byte-level models read and write bytes.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -11,7 +11,7 @@
 
 #include "expar/infer/hf_config.hpp"
 
-namespace expar::serve {
+namespace expar::infer {
 
 class TextCodec {
  public:
@@ -38,10 +38,10 @@ class ByteCodec final : public TextCodec {
 
 // The codec of a checkpoint: its tokenizer.json (and chat template) when the directory has one; bytes for
 // our byte-level format; nullptr otherwise (the server then takes token-id prompts only).
-std::unique_ptr<TextCodec> text_codec_for(const infer::ModelSpec& spec);
+std::unique_ptr<TextCodec> text_codec_for(const ModelSpec& spec);
 
 // The length of the longest prefix of `text` that ends on a whole UTF-8 character (a stream holds back a
 // character whose bytes have not all been generated yet).
 size_t complete_utf8_prefix(const std::string& text);
 
-}  // namespace expar::serve
+}  // namespace expar::infer
