@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const infer::ByteCodec codec;
+  static const expar::infer::ByteCodec codec;
   const ModelLimits limits{"m", 256, 64};
   const std::string body(reinterpret_cast<const char*>(data), size);
   for (bool chat : {false, true}) {
