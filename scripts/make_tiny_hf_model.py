@@ -9,11 +9,11 @@ read. Families: mixtral, qwen2_moe, qwen3_moe, olmoe. The weights are random (se
 nothing, but every layout of expar gives it the same loss.
 
 The sizes default to a tiny model; --vocab, --hidden, --layers, --heads, --kv-heads, --head-dim,
---experts, --top-k, --intermediate, --shared and --max-pos set them, e.g. the Mixtral-architecture model
+--experts, --experts-per-token, --intermediate, --shared and --max-pos set them, e.g. the Mixtral-architecture model
 `expar bench generate` is measured on (docs/performance.md):
 
     python3 scripts/make_tiny_hf_model.py --family mixtral --out /tmp/mixtral-1024 --vocab 32000 \
-        --hidden 1024 --layers 8 --heads 16 --kv-heads 8 --head-dim 64 --experts 8 --top-k 2 \
+        --hidden 1024 --layers 8 --heads 16 --kv-heads 8 --head-dim 64 --experts 8 --experts-per-token 2 \
         --intermediate 2048 --max-pos 2048
 
 Tensors of more than 65536 values are filled from a pool of seeded normal values (random offsets into it,
@@ -146,15 +146,20 @@ def main():
     ap.add_argument("--tokens", type=int, default=1000, help="tokens in OUT/tokens.bin")
     ap.add_argument("--seed", type=int, default=1)
     sizes = {"vocab": VOCAB, "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
-             "head_dim": HEAD_DIM, "experts": EXPERTS, "top_k": TOP_K, "intermediate": INTER,
+             "head_dim": HEAD_DIM, "experts": EXPERTS, "experts_per_token": TOP_K, "intermediate": INTER,
              "shared": SHARED, "max_pos": MAX_POS}
     for key, default in sizes.items():
         ap.add_argument("--" + key.replace("_", "-"), type=int, default=default)
+    # expar's vocabulary: routes per token are --experts-per-token (--top-k is sampling's).
+    ap.add_argument("--top-k", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.top_k is not None:
+        raise SystemExit(f"--top-k {a.top_k}: --top-k is sampling's (expar generate); the routes per token are "
+                         f"--experts-per-token: pass --experts-per-token {a.top_k}")
     g = globals()
     for key, name in (("vocab", "VOCAB"), ("hidden", "HIDDEN"), ("layers", "LAYERS"), ("heads", "HEADS"),
                       ("kv_heads", "KV_HEADS"), ("head_dim", "HEAD_DIM"), ("experts", "EXPERTS"),
-                      ("top_k", "TOP_K"), ("intermediate", "INTER"), ("shared", "SHARED"),
+                      ("experts_per_token", "TOP_K"), ("intermediate", "INTER"), ("shared", "SHARED"),
                       ("max_pos", "MAX_POS")):
         value = getattr(a, key)
         if value < 1:

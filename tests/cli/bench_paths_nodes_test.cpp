@@ -26,9 +26,9 @@ const std::string kMpirunNodes = EXPAR_SOURCE_DIR "/scripts/mpirun-nodes";
 
 // A tiny shape: every path, one repeat (the counts are deterministic for given routes).
 const std::vector<std::string> kShape = {
-    "bench",           "paths", "--tokens",  "16", "--d-model",   "16",
-    "--expert-hidden", "16",    "--experts", "8",  "--top-k",     "2",
-    "--repeats",       "1",     "--warmup",  "0",  "--no-memory", "--oversubscribe"};
+    "bench",           "paths", "--tokens",  "16", "--d-model",           "16",
+    "--expert-hidden", "16",    "--experts", "8",  "--experts-per-token", "2",
+    "--repeats",       "1",     "--warmup",  "0",  "--no-memory",         "--oversubscribe"};
 
 class BenchPathsNodes : public ::testing::Test {
  protected:

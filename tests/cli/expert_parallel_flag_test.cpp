@@ -47,9 +47,9 @@ class ExpertParallelFlag : public ::testing::Test {
   }
   // `expar bench generate --json -` on the checkpoint: the JSON it prints.
   static nlohmann::json bench_json(const std::vector<std::string>& layout) {
-    std::vector<std::string> argv = {EXPAR_BINARY, "bench",    "generate",  "--path", checkpoint(),
-                                     "--json",     "-",        "--repeats", "1",      "--prompt-tokens",
-                                     "4",          "--tokens", "2"};
+    std::vector<std::string> argv = {
+        EXPAR_BINARY, "bench",           "generate", "--checkpoint", checkpoint(), "--json", "-", "--repeats",
+        "1",          "--prompt-tokens", "4",        "--tokens",     "2"};
     argv.insert(argv.end(), layout.begin(), layout.end());
     const ProcessResult r = run_process(argv, {}, 120);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -100,10 +100,10 @@ TEST_F(ExpertParallelFlag, AnEpDegreeWithoutTheFlagIsRefused) {
   const std::vector<std::vector<std::string>> commands = {
       {"generate", "--checkpoint", ckpt, "--prompt", "A", "--tokens", "2"},
       {"generate", "--checkpoint", ckpt, "--prompt", "A", "--tokens", "2", "--temperature", "0.5"},
-      {"eval", "--path", ckpt, "--data", data, "--tokens", "64"},
-      {"bench", "generate", "--path", ckpt, "--prompt-tokens", "4", "--tokens", "2"},
-      {"serve", "--path", ckpt, "--port", "0"},
-      {"bench", "serve", "--path", ckpt}};
+      {"eval", "--checkpoint", ckpt, "--data", data, "--tokens", "64"},
+      {"bench", "generate", "--checkpoint", ckpt, "--prompt-tokens", "4", "--tokens", "2"},
+      {"serve", "--checkpoint", ckpt, "--port", "0"},
+      {"bench", "serve", "--checkpoint", ckpt}};
   for (std::vector<std::string> argv : commands) {
     argv.insert(argv.begin(), EXPAR_BINARY);
     for (const char* flag : {"--tp", "2", "--ep", "2"}) argv.emplace_back(flag);
@@ -119,10 +119,10 @@ TEST_F(ExpertParallelFlag, AnEpDegreeWithoutTheFlagIsRefused) {
 TEST_F(ExpertParallelFlag, TheOldNoEpFlagIsUnknown) {
   const std::string ckpt = checkpoint();
   const std::vector<std::vector<std::string>> commands = {{"generate", "--checkpoint", ckpt},
-                                                          {"eval", "--path", ckpt},
-                                                          {"bench", "generate", "--path", ckpt},
-                                                          {"serve", "--path", ckpt},
-                                                          {"bench", "serve", "--path", ckpt}};
+                                                          {"eval", "--checkpoint", ckpt},
+                                                          {"bench", "generate", "--checkpoint", ckpt},
+                                                          {"serve", "--checkpoint", ckpt},
+                                                          {"bench", "serve", "--checkpoint", ckpt}};
   for (std::vector<std::string> argv : commands) {
     argv.insert(argv.begin(), EXPAR_BINARY);
     argv.emplace_back("--no-ep");

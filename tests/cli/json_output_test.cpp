@@ -77,7 +77,7 @@ class JsonOutput : public ::testing::Test {
 };
 
 TEST_F(JsonOutput, PlanHasOneMeaning) {
-  expect_one_meaning({EXPAR_BINARY, "plan", "--preset", "olmoe-1b-7b", "--world", "8", "--ep", "4"},
+  expect_one_meaning({EXPAR_BINARY, "plan", "--preset", "olmoe-1b-7b", "--ranks", "8", "--ep", "4"},
                      "messages", "EP_MP groups");
 }
 
@@ -91,11 +91,13 @@ TEST_F(JsonOutput, TokenizeHasOneMeaning) {
 }
 
 TEST_F(JsonOutput, BenchHasOneMeaning) {
-  expect_one_meaning(
-      {EXPAR_BINARY, "bench",     "payload", "--ranks",         "2",  "--threads", "1",       "--tokens",
-       "32",         "--d-model", "64",      "--expert-hidden", "64", "--experts", "4",       "--top-k",
-       "2",          "--repeats", "1",       "--warmup",        "0",  "--formats", "f32,bf16"},
-      "rows", "B/row", /*timed=*/true);
+  expect_one_meaning({EXPAR_BINARY, "bench",     "payload", "--ranks",
+                      "2",          "--threads", "1",       "--tokens",
+                      "32",         "--d-model", "64",      "--expert-hidden",
+                      "64",         "--experts", "4",       "--experts-per-token",
+                      "2",          "--repeats", "1",       "--warmup",
+                      "0",          "--formats", "f32,bf16"},
+                     "rows", "B/row", /*timed=*/true);
 }
 
 TEST_F(JsonOutput, UnwritableFileIsAnError) {

@@ -96,7 +96,7 @@ fs::path OptionsFuzz::scratch_;
 
 std::vector<Command> commands(const fs::path& scratch) {
   const std::string data = EXPAR_SOURCE_DIR "/data/kjv.txt";
-  const std::vector<std::string> tiny_moe = {"--tokens",  "16", "--experts", "4", "--top-k",        "2",
+  const std::vector<std::string> tiny_moe = {"--tokens",  "16", "--experts", "4", "--experts-per-token", "2",
                                              "--repeats", "1",  "--warmup",  "0", "--oversubscribe"};
   auto with = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
     a.insert(a.end(), b.begin(), b.end());
@@ -107,7 +107,7 @@ std::vector<Command> commands(const fs::path& scratch) {
                    "local",        "--steps", "1",       "--batch", "2",     "--seq-len", "8",
                    "--eval-every", "0",       "--data",  data,      "--log", "/dev/null"}},
       {{"generate"}, {"--checkpoint", (scratch / "ckpt").string(), "--tokens", "2", "--prompt", "A"}},
-      {{"plan"}, {"--preset", "olmoe-1b-7b", "--world", "8", "--ep", "8"}},
+      {{"plan"}, {"--preset", "olmoe-1b-7b", "--ranks", "8", "--ep", "8"}},
       {{"layer"}, {"missing.safetensors", "--out", "out.safetensors"}},
       {{"bench", "comm"}, {"--transport", "threads", "--ranks", "2", "--repeats", "1", "--bytes", "65536"}},
       {{"bench", "paths"},

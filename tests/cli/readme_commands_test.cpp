@@ -77,7 +77,7 @@ const std::vector<Exclusion>& not_run() {
   static const std::vector<Exclusion> rules = {
       {"./scripts/demo", "sets up, builds and trains for minutes (the demo itself)"},
       {"./scripts/test", "sets up and builds the whole project (scripts/test runs this very test)"},
-      {"--path hf/", "needs a Hugging Face checkpoint downloaded by the user (tests have no network)"},
+      {"--checkpoint hf/", "needs a Hugging Face checkpoint downloaded by the user (tests have no network)"},
       {" layer layer.safetensors", "needs the user's own layer.safetensors"},
       {"./scripts/build release expar",
        "the test runs the expar binary CTest built (the scratch folder has no sources)"},

@@ -270,7 +270,7 @@ TEST(RowwiseDecodeErrors, RefusesIntermediateShardedExpertsWithTheRuleAndTheFix)
   msg = error_of([&] { generate(o, ck.dir.string(), {1, 2, 3}, 2); });
   EXPECT_NE(msg.find("rowwise decode needs every expert whole"), std::string::npos) << msg;
   msg = error_of([] { decode_moe_from_name("all-reduce"); });
-  EXPECT_NE(msg.find("decode MoE mode 'all-reduce' is unknown: choose allreduce or rowwise"),
+  EXPECT_NE(msg.find("decode MoE mode 'all-reduce' is unknown: choose one of allreduce, rowwise"),
             std::string::npos)
       << msg;
   EXPECT_EQ(decode_moe_from_name("rowwise"), DecodeMoe::Rowwise);

@@ -92,7 +92,7 @@ class MpiServer {
                                  std::string("serve"),
                                  std::string("--transport"),
                                  std::string("mpi"),
-                                 std::string("--path"),
+                                 std::string("--checkpoint"),
                                  dir.string(),
                                  std::string("--tp"),
                                  std::to_string(l.tp),

@@ -174,7 +174,7 @@ float read_all(const float* p, int64_t n) {
 }  // namespace
 
 GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
-  EXPAR_CHECK(!o.path.empty(), "a model is needed: pass --path <checkpoint dir or file>");
+  EXPAR_CHECK(!o.path.empty(), "a model is needed: pass --checkpoint <dir or file>");
   EXPAR_CHECK(o.prompt_tokens >= 1, "--prompt-tokens {} must be at least 1", o.prompt_tokens);
   EXPAR_CHECK(o.tokens >= 2, "--tokens {} must be at least 2 (one from the prefill, then decode steps)",
               o.tokens);

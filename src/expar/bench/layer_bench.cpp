@@ -10,8 +10,8 @@ void validate_setup(const LayerBenchSetup& s) {
   EXPAR_CHECK(s.tokens >= 1 && s.model_dim >= 1 && s.hidden_dim >= 1,
               "--tokens {} --d-model {} --expert-hidden {}: every size must be at least 1", s.tokens,
               s.model_dim, s.hidden_dim);
-  EXPAR_CHECK(s.top_k >= 1 && s.top_k <= s.experts, "--top-k {} must be in [1, --experts {}]", s.top_k,
-              s.experts);
+  EXPAR_CHECK(s.top_k >= 1 && s.top_k <= s.experts, "--experts-per-token {} must be in [1, --experts {}]",
+              s.top_k, s.experts);
   EXPAR_CHECK(s.repeats >= 1 && s.warmup >= 0, "--repeats {} --warmup {}: need repeats >= 1, warmup >= 0",
               s.repeats, s.warmup);
 }

@@ -75,13 +75,11 @@ void add_bench(CLI::App& app, CommandTable& table) {
   bench->require_subcommand(1);
   auto* comm = bench->add_subcommand("comm", "Put/get and all_to_all_v bandwidth of a communication backend");
   auto o = std::make_shared<BenchOptions>();
-  // --transport, as on expar train and serve; --backend is its old spelling (for one release).
+  // --transport, as on expar train and serve.
   comm->add_option("--transport", o->backend,
                    "threads (ranks are threads) or mpi (run under scripts/mpirun-local)")
-      ->check(CLI::IsMember({"threads", "mpi"}));
-  comm->add_option("--backend", o->backend, "old spelling of --transport")
-      ->group(kOldSpellings)
-      ->check(CLI::IsMember({"threads", "mpi"}));
+      ->check(one_of(transport_names()));
+  retire_option(comm, "--backend", "--transport", "the transport is --transport in every command");
   comm->add_option("--ranks", o->ranks, "ranks for the threads backend (mpi: the mpirun -n)")
       ->check(integer_in(1, 256));
   comm->add_option("--repeats", o->repeats, "repeats per figure (the median is printed)")

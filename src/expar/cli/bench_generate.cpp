@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "expar/bench/generate.hpp"
+#include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/json_output.hpp"
 #include "expar/cli/layout_options.hpp"
@@ -13,7 +14,7 @@ namespace {
 
 struct BenchGenerateArgs {
   bench::GenerateBenchOptions bench;
-  std::string format = "auto";
+  CheckpointArgs checkpoint;  // --checkpoint, --format
   LayoutArgs layout;
   JsonOutput json;
 };
@@ -49,8 +50,9 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
 }
 
 int run_bench_generate(BenchGenerateArgs& a) {
+  a.bench.path = a.checkpoint.dir;
   a.bench.engine = engine_options(a.layout);
-  if (a.format != "auto") a.bench.engine.format = infer::model_format_from_name(a.format);
+  a.bench.engine.format = a.checkpoint.model_format();
   const bench::GenerateBenchReport r = bench::run_generate_bench(a.bench);
   if (a.json.table_wanted()) print_generate_table(a, r);
   a.json.write(bench::generate_bench_json(a.bench, r));
@@ -63,11 +65,7 @@ void add_bench_generate(CLI::App* bench, CommandTable& table) {
   auto* cmd = bench->add_subcommand(
       "generate", "Prefill and decode tokens/s beside the matmul and read-bandwidth limits of the same run");
   auto a = std::make_shared<BenchGenerateArgs>();
-  cmd->add_option("--path", a->bench.path, "Checkpoint directory or a file in one")->required();
-  cmd->add_option("--format", a->format,
-                  "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
-      ->capture_default_str()
-      ->check(one_of({"auto", "ours", "mixtral", "qwen-moe", "qwen3-moe", "olmoe", "gpt-oss"}));
+  add_checkpoint_options(cmd, a->checkpoint);
   cmd->add_option("--prompt-tokens", a->bench.prompt_tokens, "Prompt length (random tokens)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 20));

@@ -12,6 +12,7 @@
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/cli/shape_flags.hpp"
+#include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar::cli {
@@ -37,7 +38,7 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
                   "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun; "
                   "rank 0 prints)")
       ->capture_default_str()
-      ->check(one_of({"threads", "mpi"}));
+      ->check(one_of(transport_names()));
   cmd->add_option("--ep", o->ep, "EP degree (default: --ranks)")->check(integer_in(0, 256));
   cmd->add_option("--ranks-per-node", o->ranks_per_node,
                   "threads: emulate nodes of this many ranks (a divisor of --ranks; default: all on one "

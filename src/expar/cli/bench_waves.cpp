@@ -8,6 +8,7 @@
 #include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/shape_flags.hpp"
+#include "expar/moe/paths/path.hpp"
 
 namespace expar::cli {
 
@@ -22,7 +23,9 @@ void add_bench_waves(CLI::App* bench, CommandTable& table) {
   help.ranks = "ranks (threads of this process; EP over all of them)";
   help.threads = "compute (oneDNN) threads per rank; the comm thread is extra";
   add_layer_bench_flags(cmd, *o, help);
-  cmd->add_option("--path", o->path, "execution path (one that runs waves: block | rowwise | aggregated)");
+  cmd->add_option("--path", o->path,
+                  "execution path (one that runs waves): " + choices(path_names_with(&PathTraits::waves)))
+      ->capture_default_str();
   cmd->add_option("--waves", o->waves, "wave counts, each in [2, E / ranks] (no-wave always runs)")
       ->delimiter(',')
       ->check(integer_in(2, 4096));

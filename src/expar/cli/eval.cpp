@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/layout_options.hpp"
 #include "expar/core/error.hpp"
@@ -17,22 +18,19 @@ namespace expar::cli {
 namespace {
 
 struct EvalArgs {
-  std::string path;
+  CheckpointArgs checkpoint;  // --checkpoint, --format
   std::string data;
-  std::string format = "auto";
   int64_t tokens = 0;  // 0: the whole file
   int64_t window = 0;  // 0: the model's max_position_embeddings
   LayoutArgs layout;
 };
 
 int run_eval(const EvalArgs& a) {
-  EXPAR_CHECK(!a.path.empty(), "expar eval needs a checkpoint: pass --path <dir or file>");
   EXPAR_CHECK(!a.data.empty(), "expar eval needs tokens: pass --data <token file>");
   EXPAR_CHECK(a.tokens >= 0, "--tokens {} must not be negative (0: the whole file)", a.tokens);
   EXPAR_CHECK(a.window >= 0, "--window {} must not be negative (0: the model's context)", a.window);
   // A text file goes through the checkpoint's tokenizer when it has one (else its bytes are the tokens).
-  const infer::ModelSpec spec = infer::open_model_spec(
-      a.path, a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format)));
+  const infer::ModelSpec spec = infer::open_model_spec(a.checkpoint.dir, a.checkpoint.model_format());
   std::optional<Tokenizer> tokenizer;
   if (Tokenizer::present_in(spec.dir)) tokenizer.emplace(Tokenizer::from_path(spec.dir));
   TokenFile file = read_token_file(a.data, tokenizer ? &*tokenizer : nullptr);
@@ -42,9 +40,9 @@ int run_eval(const EvalArgs& a) {
   if (a.tokens > 0) file.tokens.resize(static_cast<size_t>(a.tokens));
   infer::EvaluateOptions o;
   o.engine = engine_options(a.layout);
-  if (a.format != "auto") o.engine.format = infer::model_format_from_name(a.format);
+  o.engine.format = a.checkpoint.model_format();
   o.window = a.window;
-  const infer::EvaluateResult r = infer::evaluate(o, a.path, file.tokens);
+  const infer::EvaluateResult r = infer::evaluate(o, a.checkpoint.dir, file.tokens);
   fmt::print("loss {:.6f} nats/token, perplexity {:.4f} over {} predicted tokens ({} windows)\n", r.mean_loss,
              r.perplexity, r.predicted, r.windows);
   fmt::print(stderr, "[{}, {} data, TP {} x DP {}, EP {}: {:.1f} tokens/s]\n",
@@ -58,15 +56,10 @@ int run_eval(const EvalArgs& a) {
 void add_eval(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("eval", "Next-token loss and perplexity of a checkpoint over a token file");
   auto a = std::make_shared<EvalArgs>();
-  cmd->add_option(
-      "--path", a->path,
-      "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
+  add_checkpoint_options(cmd, a->checkpoint);
   cmd->add_option("--data", a->data,
                   "Tokens: a text file (bytes), little-endian uint16/uint32 with a FILE.json sidecar {dtype, "
                   "vocab_size}, or a .npy");
-  cmd->add_option("--format", a->format,
-                  "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
-      ->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Evaluate the first N tokens (0: all)")->capture_default_str();
   cmd->add_option("--window", a->window, "Context tokens per window (0: max_position_embeddings)")
       ->capture_default_str();

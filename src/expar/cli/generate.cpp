@@ -4,8 +4,8 @@
 //    --enable-expert-parallel, over the EP group (full, variable ep_degree < TP, or cross-DP), a KV cache,
 //    prefill all-gather -> experts -> reduce-scatter and decode all-reduce (or, with --decode-moe rowwise and
 //    full EP, the rowwise path: rows to their experts' owners and back); prints prefill/decode tokens/s.
-//    --path (or --checkpoint) is a checkpoint directory or a file in one; --format says which layout it is
-//    (auto: detected from manifest.json / config.json's model_type). When the checkpoint directory has a
+//    --checkpoint is a checkpoint directory or a file in one; --format says which layout it is (auto:
+//    detected from manifest.json / config.json's model_type). When the checkpoint directory has a
 //    tokenizer.json, --prompt is encoded by it (--chat: as one user message through its chat template) and
 //    the output is decoded text; otherwise the prompt is --prompt-ids (or the prompt's bytes) and the output
 //    ids.
@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/layout_options.hpp"
 #include "expar/cli/option_checks.hpp"
@@ -31,6 +32,7 @@
 #include "expar/core/timer.hpp"
 #include "expar/infer/sampling.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/moe/paths/path.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/checkpoint.hpp"
 
@@ -39,9 +41,7 @@ namespace expar::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint;
-  std::string model_path;       // --path: same as --checkpoint (a directory or a file in one)
-  std::string format = "auto";  // auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss
+  CheckpointArgs checkpoint;  // --checkpoint, --format
   std::string prompt = "In the beginning";
   std::vector<int32_t> prompt_ids;  // overrides the prompt's bytes (Hugging Face vocabularies)
   bool chat = false;                // --prompt as a user message through the tokenizer's chat template
@@ -53,18 +53,13 @@ struct GenerateArgs {
   std::string expert_path = "rowwise";
 };
 
-// The checkpoint of --path / --checkpoint (one of them, or both naming the same path).
-std::string checkpoint_of(const GenerateArgs& a) {
-  EXPAR_CHECK(!a.checkpoint.empty() || !a.model_path.empty(),
-              "expar generate needs a checkpoint: pass --path <dir or file> (or --checkpoint <dir>)");
-  EXPAR_CHECK(a.checkpoint.empty() || a.model_path.empty() || a.checkpoint == a.model_path,
-              "--checkpoint '{}' and --path '{}' name different checkpoints: pass one of them", a.checkpoint,
-              a.model_path);
-  return a.model_path.empty() ? a.checkpoint : a.model_path;  // open_model_spec follows `latest`
+// The checkpoint of --checkpoint (open_model_spec follows `latest`).
+const std::string& checkpoint_of(const GenerateArgs& a) {
+  return a.checkpoint.dir;
 }
 
 std::optional<infer::ModelFormat> format_of(const GenerateArgs& a) {
-  return a.format == "auto" ? std::nullopt : std::optional(infer::model_format_from_name(a.format));
+  return a.checkpoint.model_format();
 }
 
 int run_engine(const GenerateArgs& a) {
@@ -80,7 +75,7 @@ int run_engine(const GenerateArgs& a) {
               prompt_tokens, a.tokens, prompt_tokens + a.tokens, max_seq,
               std::max<int64_t>(0, max_seq - prompt_tokens));
   infer::GenerateOptions o = engine_options(a.layout);
-  if (a.format != "auto") o.format = infer::model_format_from_name(a.format);
+  if (const auto format = format_of(a)) o.format = *format;
   std::vector<int32_t> prompt = a.prompt_ids;
   std::optional<TextPrompt> tokenized;  // the checkpoint's own tokenizer: text in, text out
   if (prompt.empty()) tokenized = encode_prompt(spec, a.prompt, a.chat);
@@ -190,14 +185,7 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("generate", "Generate text from a trained checkpoint");
   auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory (same as --path)");
-  cmd->add_option(
-      "--path", a->model_path,
-      "Checkpoint directory or a file in one (manifest.json, config.json, *.safetensors[.index.json])");
-  cmd->add_option("--format", a->format,
-                  "Checkpoint format: auto | ours | mixtral | qwen-moe | qwen3-moe | olmoe | gpt-oss")
-      ->capture_default_str()
-      ->check(one_of({"auto", "ours", "mixtral", "qwen-moe", "qwen3-moe", "olmoe", "gpt-oss"}));
+  add_checkpoint_options(cmd, a->checkpoint);
   cmd->add_option("--prompt", a->prompt)->capture_default_str();
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids (instead of the prompt's bytes)")
       ->delimiter(',');
@@ -213,7 +201,8 @@ void add_generate(CLI::App& app, CommandTable& table) {
       ->check(integer_in(0, 1 << 24));
   cmd->add_option("--seed", a->seed)->capture_default_str();
   add_layout_options(cmd, a->layout, true);
-  cmd->add_option("--expert-path", a->expert_path, "Expert path of the sampling mode (--temperature > 0)")
+  cmd->add_option("--expert-path", a->expert_path,
+                  "Execution path of the sampling mode (--temperature > 0): " + choices(path_names()))
       ->capture_default_str();
   table[cmd] = [a] { return run_generate(*a); };
 }

@@ -10,10 +10,14 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/cli/shape_flags.hpp"
 #include "expar/cli/wave_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/model/layer_tool.hpp"
+#include "expar/moe/capacity.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/router.hpp"
 
 namespace expar::cli {
 
@@ -61,22 +65,20 @@ void add_layer(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ep", opts->tool.ep, "EP_MP degree M_E (a divisor of --ranks)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
-  cmd->add_option("--path", opts->tool.path,
-                  "execution path: local | block | rowwise | agrs | agrs-decode | aggregated")
+  cmd->add_option("--path", opts->tool.path, "execution path: " + choices(path_names()))
       ->capture_default_str();
-  cmd->add_option("--top-k", opts->tool.top_k, "experts per token K")
+  add_experts_per_token_flag(cmd, opts->tool.top_k, "routes per token K", 1 << 20)->capture_default_str();
+  cmd->add_option("--score", opts->tool.score, "router score function: " + choices(score_function_names()))
       ->capture_default_str()
-      ->check(integer_in(1, 1 << 20));
-  cmd->add_option("--score", opts->tool.score, "router score function: softmax | sigmoid")
-      ->capture_default_str()
-      ->check(one_of({"softmax", "sigmoid"}));
+      ->check(one_of(score_function_names()));
   cmd->add_flag("--renormalize", opts->tool.renormalize, "renormalize the K weights to sum to 1");
   cmd->add_option("--capacity-factor", opts->tool.capacity_factor, "expert capacity factor (0: dropless)")
       ->capture_default_str()
       ->check(finite_in(0, 1024));
-  cmd->add_option("--capacity-policy", opts->tool.capacity_policy, "capacity rule: source | rank | expert")
+  cmd->add_option("--capacity-policy", opts->tool.capacity_policy,
+                  "capacity rule: " + choices(capacity_policy_names()))
       ->capture_default_str()
-      ->check(one_of({"source", "rank", "expert"}));
+      ->check(one_of(capacity_policy_names()));
   add_precision_flags(cmd, opts->precision);
   add_wave_flags(cmd, opts->tool.waves);
   table[cmd] = [opts] { return run_layer(*opts); };

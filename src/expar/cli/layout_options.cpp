@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "expar/cli/option_checks.hpp"
+#include "expar/infer/engine.hpp"
+#include "expar/topo/placement.hpp"
 
 namespace expar::cli {
 
@@ -19,15 +21,16 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
                   "--enable-expert-parallel; < TP: variable EP+TP)")
       ->capture_default_str()
       ->check(integer_in(0, 65536));
-  cmd->add_option("--placement", a.placement, "Expert placement: contiguous | round-robin")
+  cmd->add_option("--placement", a.placement, "Expert placement: " + choices(placement_names()))
       ->capture_default_str()
-      ->check(one_of({"contiguous", "round-robin"}));
+      ->check(one_of(placement_names()));
   if (with_decode_moe)
-    cmd->add_option(
-           "--decode-moe", a.decode_moe,
-           "Decode MoE pattern: allreduce (seed 002) | rowwise (rows to expert owners; full EP only)")
+    cmd->add_option("--decode-moe", a.decode_moe,
+                    "Decode MoE pattern: " + choices(infer::decode_moe_names()) +
+                        " (allreduce: every rank runs its experts on every token, seed 002; rowwise: rows to "
+                        "their experts' owners, full EP only)")
         ->capture_default_str()
-        ->check(one_of({"allreduce", "rowwise"}));
+        ->check(one_of(infer::decode_moe_names()));
   cmd->add_option("--threads", a.threads, "Compute threads per rank (0: cores / ranks)")
       ->capture_default_str()
       ->check(integer_in(0, 1024));

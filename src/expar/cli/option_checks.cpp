@@ -77,6 +77,22 @@ CLI::Validator one_of(std::vector<std::string> names) {
       rule);
 }
 
+std::string choices(const std::vector<std::string>& names) {
+  return fmt::format("{}", fmt::join(names, " | "));
+}
+
+void retire_option(CLI::App* cmd, const std::string& old_name, const std::string& new_name,
+                   const std::string& why) {
+  cmd->add_option_function<std::string>(
+         old_name,
+         [=](const std::string& value) {
+           throw CLI::ValidationError(
+               fmt::format("{} {}: {}: pass {} {}", old_name, value, why, new_name, value));
+         },
+         "")
+      ->group("");  // hidden from --help; its own message names the new spelling
+}
+
 int threads_per_rank(int threads, int ranks, bool oversubscribe) {
   EXPAR_CHECK(threads >= 0 && threads <= 1024, "--threads {} must be in [0, 1024] (0: cores / ranks)",
               threads);

@@ -3,6 +3,8 @@
 // (train/plan_buffers.hpp: topo/plan.hpp's make_plan plus the symmetric buffers sized as the trainer sizes
 // them).
 
+#include "expar/topo/plan.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,10 +17,14 @@
 #include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/precision_flags.hpp"
+#include "expar/cli/shape_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_config.hpp"
 #include "expar/model/model_shape.hpp"
+#include "expar/moe/capacity.hpp"
+#include "expar/moe/paths/path.hpp"
 #include "expar/topo/message_model.hpp"
+#include "expar/topo/placement.hpp"
 #include "expar/topo/plan_format.hpp"
 #include "expar/train/plan_buffers.hpp"
 
@@ -32,7 +38,7 @@ struct PlanOptions {
   // Explicit model shape; each overrides the preset's value when given.
   std::optional<int> layers, d_model, vocab, heads, kv_heads, head_dim, experts, top_k, expert_hidden;
   std::optional<int> shared_experts, shared_hidden, dense_layers, dense_hidden;
-  int world = 1, ep = 1, cp = 1, tp = 1, pp = 1;
+  int ranks = 1, ep = 1, cp = 1, tp = 1, pp = 1;
   std::string placement = "contiguous";
   std::string param_dtype = "bf16", grad_dtype = "f32", optimizer_dtype = "f32", activation_dtype = "bf16";
   int optimizer_states = 2;
@@ -67,7 +73,7 @@ ModelShape build_model(const PlanOptions& o) {
     m.name = "custom";
     EXPAR_CHECK(o.layers && o.d_model && o.vocab && o.heads && o.experts && o.top_k && o.expert_hidden,
                 "no --preset given: give --preset (one of {}), --model (a checkpoint or its config.json) or "
-                "all of --layers --d-model --vocab --heads --experts --top-k --expert-hidden",
+                "all of --layers --d-model --vocab --heads --experts --experts-per-token --expert-hidden",
                 fmt::join(model_preset_names(), ", "));
   }
   auto set = [](int& field, const std::optional<int>& v) {
@@ -98,7 +104,7 @@ ModelShape build_model(const PlanOptions& o) {
 int run_plan(const PlanOptions& o) {
   PlanConfig c;
   c.model = build_model(o);
-  c.world = o.world;
+  c.world = o.ranks;
   c.ep_mp = o.ep;
   c.cp = o.cp;
   c.tp = o.tp;
@@ -171,7 +177,7 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option("--head-dim", opts->head_dim, "head dimension (default: d_model / heads)")
       ->check(integer_in(1, 1 << 30));
   cmd->add_option("--experts", opts->experts, "routed experts N")->check(integer_in(1, 1 << 30));
-  cmd->add_option("--top-k", opts->top_k, "experts per token K")->check(integer_in(1, 1 << 30));
+  add_experts_per_token_flag(cmd, opts->top_k, "routes per token K", 1 << 30);
   cmd->add_option("--expert-hidden", opts->expert_hidden, "intermediate size of one routed expert")
       ->check(integer_in(1, 1 << 30));
   cmd->add_option("--shared-experts", opts->shared_experts, "shared (always active) experts per MoE layer")
@@ -182,9 +188,11 @@ void add_plan(CLI::App& app, CommandTable& table) {
       ->check(integer_in(0, 1 << 30));
   cmd->add_option("--dense-hidden", opts->dense_hidden, "intermediate size of those dense MLPs")
       ->check(integer_in(1, 1 << 30));
-  cmd->add_option("--world,-W", opts->world, "world size W (all ranks)")
+  cmd->add_option("--ranks", opts->ranks, "ranks W (the world: EP x the other degrees)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 24));
+  for (const char* old : {"--world", "-W"})
+    retire_option(cmd, old, "--ranks", "the ranks are --ranks in every command");
   cmd->add_option("--ep", opts->ep, "EP_MP degree M_E (ranks that shard the experts)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 24));
@@ -197,10 +205,10 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option("--pp", opts->pp, "pipeline stages (a divisor of the layer count)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 24));
-  cmd->add_option("--placement", opts->placement, "expert placement: contiguous | round-robin")
+  cmd->add_option("--placement", opts->placement, "expert placement: " + choices(placement_names()))
       ->capture_default_str()
-      ->check(one_of({"contiguous", "round-robin"}));
-  cmd->add_option("--param-dtype", opts->param_dtype, "parameter precision: bf16 | f16 | f32 | fp8")
+      ->check(one_of(placement_names()));
+  cmd->add_option("--param-dtype", opts->param_dtype, "parameter precision: " + choices(plan_dtype_names()))
       ->capture_default_str();
   cmd->add_option("--grad-dtype", opts->grad_dtype, "gradient precision")->capture_default_str();
   cmd->add_option("--optimizer-dtype", opts->optimizer_dtype, "optimizer-state precision")
@@ -225,17 +233,20 @@ void add_plan(CLI::App& app, CommandTable& table) {
       ->check(finite_in(0, 1024));
   cmd->add_option("--device-gib", opts->device_gib, "device memory per rank in GiB for a fit check (0: none)")
       ->check(finite_in(0, 1e9));
-  cmd->add_option("--capacity-policy", opts->capacity_policy,
-                  "capacity rule with a capacity factor (as expar train): source | rank | expert")
+  cmd->add_option(
+         "--capacity-policy", opts->capacity_policy,
+         "capacity rule with a capacity factor (as expar train): " + choices(capacity_policy_names()))
       ->capture_default_str()
-      ->check(one_of({"source", "rank", "expert"}));
+      ->check(one_of(capacity_policy_names()));
   cmd->add_flag("--recompute-moe", opts->recompute_moe,
                 "every MoE block recomputed in backward (as expar train): no per-block dispatch lease");
-  cmd->add_option("--path", opts->path,
-                  "EP path whose symmetric buffers are sized (as expar train): rowwise | aggregated (adds "
-                  "one pack buffer per MoE layer; across nodes, see --ranks-per-node)")
+  const std::vector<std::string> leasing_paths = path_names_with(&PathTraits::shared_heap);
+  cmd->add_option(
+         "--path", opts->path,
+         "execution path whose symmetric buffers are sized (as expar train): " + choices(leasing_paths) +
+             " (aggregated adds one pack buffer per MoE layer; across nodes, see --ranks-per-node)")
       ->capture_default_str()
-      ->check(one_of({"rowwise", "aggregated"}));
+      ->check(one_of(leasing_paths));
   add_precision_flags(cmd, opts->precision);
   cmd->add_option(
          "--ranks-per-node", opts->messages.ranks_per_node,

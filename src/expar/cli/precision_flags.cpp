@@ -1,6 +1,9 @@
 #include "expar/cli/precision_flags.hpp"
 
+#include "expar/cli/option_checks.hpp"
 #include "expar/core/error.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/payload_codec.hpp"
 
 namespace expar::cli {
 
@@ -23,9 +26,13 @@ PayloadPrecision PrecisionFlags::parse() const {
 }
 
 void add_precision_flags(CLI::App* cmd, PrecisionFlags& flags) {
-  cmd->add_option("--dispatch-precision", flags.dispatch,
-                  "payload of dispatch forward (token rows to the experts; kept encoded as the Wgrad input): "
-                  "f32 | bf16 | mxfp8 (E4M3 + E8M0 per 32) | mxfp8-floor; block, rowwise, aggregated")
+  std::vector<std::string> formats;
+  for (PayloadFormat f : payload_formats()) formats.emplace_back(payload_format_name(f));
+  cmd->add_option(
+         "--dispatch-precision", flags.dispatch,
+         "payload of dispatch forward (token rows to the experts; kept encoded as the Wgrad input): " +
+             choices(formats) + " (mxfp8: E4M3 + E8M0 per 32); paths " +
+             paths_with(&PathTraits::reduced_precision))
       ->capture_default_str();
   cmd->add_option("--combine-precision", flags.combine, "payload of combine forward (expert outputs back)")
       ->capture_default_str();

@@ -49,8 +49,9 @@ int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_wor
   h.port = a.port;
   h.threads = a.http_threads;
   h.max_concurrent = a.max_concurrent;
-  h.model_name = a.model_name.empty() ? std::filesystem::weakly_canonical(a.runtime.path).filename().string()
-                                      : a.model_name;
+  h.model_name = a.model_name.empty()
+                     ? std::filesystem::weakly_canonical(a.runtime.checkpoint.dir).filename().string()
+                     : a.model_name;
   serve::HttpServer server(*runtime, codec.get(), h);
   const int port = server.bind();
   // The first signal: new generation requests get a 503, the ones in flight (streams included) finish, then
@@ -126,7 +127,7 @@ void add_serve(CLI::App& app, CommandTable& table) {
                   "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun; "
                   "rank 0 serves HTTP)")
       ->capture_default_str()
-      ->check(one_of({"threads", "mpi"}));
+      ->check(one_of(transport_names()));
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "Connection threads")->capture_default_str();

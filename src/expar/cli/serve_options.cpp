@@ -5,9 +5,7 @@
 namespace expar::cli {
 
 void add_runtime_options(CLI::App* cmd, RuntimeArgs& a) {
-  cmd->add_option("--path", a.path, "Checkpoint directory or a file in one")->required();
-  cmd->add_option("--format", a.format, "Checkpoint format: auto | ours | mixtral | qwen-moe | gpt-oss")
-      ->capture_default_str();
+  add_checkpoint_options(cmd, a.checkpoint);
   add_layout_options(cmd, a.layout, true);
   cmd->add_flag(
       "--no-batch-invariant", a.no_batch_invariant,
@@ -24,11 +22,11 @@ void add_runtime_options(CLI::App* cmd, RuntimeArgs& a) {
 }
 
 serve::RuntimeOptions runtime_options(const RuntimeArgs& a) {
-  EXPAR_CHECK(!a.path.empty(), "a model is needed: pass --path <checkpoint dir or file>");
+  EXPAR_CHECK(!a.checkpoint.dir.empty(), "a model is needed: pass --checkpoint <dir or file>");
   serve::RuntimeOptions o;
-  o.path = a.path;
+  o.path = a.checkpoint.dir;
   o.model = engine_options(a.layout);
-  if (a.format != "auto") o.model.format = infer::model_format_from_name(a.format);
+  o.model.format = a.checkpoint.model_format();
   o.batch_invariant = !a.no_batch_invariant;
   o.kv_cache_mb = a.kv_cache_mb;
   o.scheduler = a.scheduler;

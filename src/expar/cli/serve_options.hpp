@@ -4,13 +4,14 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/layout_options.hpp"
 #include "expar/serve/runtime.hpp"
 
 namespace expar::cli {
 
 struct RuntimeArgs {
-  std::string path, format = "auto";
+  CheckpointArgs checkpoint;  // --checkpoint, --format
   LayoutArgs layout;
   bool no_batch_invariant = false;
   int64_t kv_cache_mb = 256;

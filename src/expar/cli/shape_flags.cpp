@@ -4,20 +4,21 @@
 
 namespace expar::cli {
 
+void retire_top_k(CLI::App* cmd) {
+  retire_option(cmd, "--top-k", "--experts-per-token",
+                "--top-k is sampling's (expar generate); the routes per token are --experts-per-token");
+}
+
 void add_layer_shape_flags(CLI::App* cmd, int64_t& model_dim, int64_t& hidden_dim, int& experts, int& top_k,
                            const std::string& d_help, const std::string& h_help) {
   cmd->add_option("--d-model", model_dim, d_help)->check(integer_in(1, 1 << 16));
   cmd->add_option("--expert-hidden", hidden_dim, h_help)->check(integer_in(1, 1 << 16));
   cmd->add_option("--experts", experts, "routed experts E")->check(integer_in(1, 4096));
-  cmd->add_option("--top-k", top_k, "routes per token K")->check(integer_in(1, 4096));
-  // Listed under their own heading in --help (CLI11 drops a hidden option's name from its error messages).
+  add_experts_per_token_flag(cmd, top_k, "routes per token K", 4096);
   for (const char* old : {"--d", "--dim"})
-    cmd->add_option(old, model_dim, "old spelling of --d-model")
-        ->group(kOldSpellings)
-        ->check(integer_in(1, 1 << 16));
-  cmd->add_option("--h", hidden_dim, "old spelling of --expert-hidden")
-      ->group(kOldSpellings)
-      ->check(integer_in(1, 1 << 16));
+    retire_option(cmd, old, "--d-model", "the model dimension is --d-model in every command");
+  retire_option(cmd, "--h", "--expert-hidden",
+                "the expert hidden dimension is --expert-hidden in every command");
 }
 
 void add_layer_bench_flags(CLI::App* cmd, bench::LayerBenchSetup& s, const LayerBenchHelp& help) {

@@ -29,6 +29,8 @@
 #include "expar/model/model_config_json.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/moe/capacity.hpp"
+#include "expar/moe/paths/path.hpp"
+#include "expar/moe/router.hpp"
 #include "expar/train/checkpoint.hpp"
 #include "expar/train/trainer.hpp"
 
@@ -338,16 +340,20 @@ void add_train(CLI::App& app, CommandTable& table) {
       "train", "Train an MoE transformer (a preset or a Hugging Face family) with expert parallelism");
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
-  cmd->add_option("--preset", a->preset, "Model preset: tiny, demo, small")->capture_default_str();
+  cmd->add_option("--preset", a->preset, "Model preset: " + choices(ModelConfig::preset_names()))
+      ->capture_default_str();
+  std::vector<std::string> model_types;
+  for (ModelFormat f : all_model_formats())
+    if (f != ModelFormat::Expar) model_types.push_back(hf_model_type(f));
   cmd->add_option(
       "--model", a->model,
       "A Hugging Face config.json (random initialisation) or checkpoint directory (its config.json; "
-      "its weights when it has them: fine-tuning) of mixtral, qwen2_moe, qwen3_moe or olmoe; saves "
-      "are then Hugging Face checkpoints of that family too");
+      "its weights when it has them: fine-tuning) with model_type " +
+          choices(model_types) + "; saves are then Hugging Face checkpoints of that family too");
   cmd->add_option("--transport", a->transport,
                   "threads (ranks are threads of this process) | mpi (one rank per process, under mpirun)")
       ->capture_default_str()
-      ->check(one_of({"threads", "mpi"}));
+      ->check(one_of(transport_names()));
   cmd->add_option("--ranks", a->ranks, "Number of ranks (W)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
@@ -363,7 +369,10 @@ void add_train(CLI::App& app, CommandTable& table) {
                   "--seq-len; EP folds over D*C)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
-  cmd->add_option("--path", c.path, "Expert path: local (M_E=1), block, rowwise, agrs, aggregated")
+  std::vector<std::string> training_paths;  // the decode form needs the same tokens on every EP rank
+  for (const PathTraits& p : path_registry())
+    if (!p.decode_form) training_paths.push_back(p.name);
+  cmd->add_option("--path", c.path, "Execution path (local: M_E = 1): " + choices(training_paths))
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
       ->capture_default_str()
@@ -391,12 +400,13 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--capacity-factor", a->capacity_factor, "Capacity factor (0: dropless)")
       ->capture_default_str()
       ->check(finite_in(0, 1024));
-  cmd->add_option("--capacity-policy", a->capacity_policy, "source | rank | expert")
+  cmd->add_option("--capacity-policy", a->capacity_policy,
+                  "Capacity rule with a capacity factor: " + choices(capacity_policy_names()))
       ->capture_default_str()
-      ->check(one_of({"source", "rank", "expert"}));
-  cmd->add_option("--score", a->score, "Router score function: softmax | sigmoid")
+      ->check(one_of(capacity_policy_names()));
+  cmd->add_option("--score", a->score, "Router score function: " + choices(score_function_names()))
       ->capture_default_str()
-      ->check(one_of({"softmax", "sigmoid"}));
+      ->check(one_of(score_function_names()));
   cmd->add_option("--aux-coef", a->aux_coef, "Load-balancing loss coefficient (default: preset's)")
       ->check(finite_in(0, 100));
   cmd->add_option("--z-coef", a->z_coef, "Router z-loss coefficient (default: preset's)")

@@ -24,6 +24,12 @@ struct LaunchOptions {
   int ranks_per_node = 0;
 };
 
+// The transports a command's --transport chooses from: "threads" (run_ranks: ranks are threads of this
+// process) and "mpi" (run_mpi: one rank per process, under mpirun).
+inline std::vector<std::string> transport_names() {
+  return {"threads", "mpi"};
+}
+
 // The rule of `--ranks-per-node K` wherever a command takes it: threads transport only (MPI finds the real
 // nodes of its ranks), and K divides the ranks. Throws expar::Error naming the flag and the fix.
 void check_emulated_nodes(int ranks_per_node, int ranks, const std::string& transport);

@@ -65,11 +65,15 @@ Tensor rmsnorm(const Tensor& x, const Tensor& gain, float eps) {
 DecodeMoe decode_moe_from_name(const std::string& name) {
   if (name == "allreduce") return DecodeMoe::AllReduce;
   if (name == "rowwise") return DecodeMoe::Rowwise;
-  fail("decode MoE mode '{}' is unknown: choose allreduce or rowwise", name);
+  fail("decode MoE mode '{}' is unknown: choose one of {}", name, fmt::join(decode_moe_names(), ", "));
 }
 
 std::string decode_moe_name(DecodeMoe mode) {
   return mode == DecodeMoe::Rowwise ? "rowwise" : "allreduce";
+}
+
+std::vector<std::string> decode_moe_names() {
+  return {decode_moe_name(DecodeMoe::AllReduce), decode_moe_name(DecodeMoe::Rowwise)};
 }
 
 void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode) {

@@ -52,6 +52,8 @@ namespace expar::infer {
 enum class DecodeMoe : uint8_t { AllReduce, Rowwise };
 DecodeMoe decode_moe_from_name(const std::string& name);  // "allreduce" | "rowwise"
 std::string decode_moe_name(DecodeMoe mode);
+// Both names (the choices of the command line's --decode-moe).
+std::vector<std::string> decode_moe_names();
 
 // Which rows of a prefill's logits are computed (the LM head is about a fifth of a prefill's FLOPs at
 // hidden 1024, half at hidden 512, so a caller that samples computes only what it samples from).

@@ -46,13 +46,17 @@ std::string hf_model_type(ModelFormat format) {
   return "";
 }
 
-ModelFormat model_format_from_name(const std::string& name) {
+std::vector<std::string> model_format_names() {
   std::vector<std::string> names;
-  for (ModelFormat f : all_model_formats()) {
+  for (ModelFormat f : all_model_formats()) names.push_back(model_format_name(f));
+  return names;
+}
+
+ModelFormat model_format_from_name(const std::string& name) {
+  for (ModelFormat f : all_model_formats())
     if (name == model_format_name(f)) return f;
-    names.push_back(model_format_name(f));
-  }
-  fail("checkpoint format '{}' is unknown: use one of {} (or auto)", name, fmt::join(names, ", "));
+  fail("checkpoint format '{}' is unknown: use one of {} (or auto)", name,
+       fmt::join(model_format_names(), ", "));
 }
 
 std::optional<ModelFormat> format_of_model_type(const std::string& model_type) {

@@ -37,6 +37,8 @@ std::string hf_model_type(ModelFormat format);
 std::optional<ModelFormat> format_of_model_type(const std::string& model_type);
 // Every format, ours first.
 const std::vector<ModelFormat>& all_model_formats();
+// Their names, in that order (the choices of the command line's --format, with "auto").
+std::vector<std::string> model_format_names();
 
 enum class RouterKind : uint8_t {
   Scores,  // router_forward: score function, top-k, optional renormalisation (ours, Mixtral, Qwen, OLMoE)

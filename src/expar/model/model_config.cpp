@@ -79,7 +79,13 @@ ModelConfig ModelConfig::preset(const std::string& name) {
     c.moe.z_loss_coef = 1e-3;
     return c;
   }
-  fail("model preset '{}' is unknown: choose tiny, demo or small", name);
+  fail("model preset '{}' is unknown: choose {}", name, fmt::join(preset_names(), ", "));
+}
+
+std::vector<std::string> ModelConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return names;
 }
 
 }  // namespace expar

@@ -32,6 +32,8 @@ struct ModelConfig {
   void validate(int ep_size) const;
   // Named presets: "tiny" (tests), "demo" (the README's main job), "small".
   static ModelConfig preset(const std::string& name);
+  // The presets' names, in order.
+  static std::vector<std::string> preset_names();
 };
 
 }  // namespace expar

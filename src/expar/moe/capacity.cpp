@@ -30,6 +30,13 @@ std::string capacity_rule_name(CapacityRule rule) {
   return "?";
 }
 
+std::vector<std::string> capacity_policy_names() {
+  std::vector<std::string> names;
+  for (CapacityRule r : {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert})
+    names.push_back(capacity_rule_name(r));
+  return names;
+}
+
 void CapacityPolicy::validate() const {
   if (rule == CapacityRule::Dropless) return;
   EXPAR_CHECK(

@@ -35,6 +35,9 @@ enum class CapacityRule : uint8_t { Dropless, Source, Rank, Expert };
 // "dropless" | "source" | "rank" | "expert"
 CapacityRule capacity_rule_from_name(const std::string& name);
 std::string capacity_rule_name(CapacityRule rule);
+// The rules that take a capacity factor (all but dropless, which is a factor of 0), by name: the choices
+// of the command line's --capacity-policy.
+std::vector<std::string> capacity_policy_names();
 
 struct CapacityPolicy {
   CapacityRule rule = CapacityRule::Dropless;

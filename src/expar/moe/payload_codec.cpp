@@ -114,7 +114,9 @@ std::string_view payload_format_name(PayloadFormat format) {
 PayloadFormat payload_format_from_name(std::string_view name) {
   for (PayloadFormat f : payload_formats())
     if (payload_format_name(f) == name) return f;
-  fail("payload format '{}' is unknown: choose f32, bf16, mxfp8 or mxfp8-floor", name);
+  std::vector<std::string_view> names;
+  for (PayloadFormat f : payload_formats()) names.push_back(payload_format_name(f));
+  fail("payload format '{}' is unknown: choose one of {}", name, fmt::join(names, ", "));
 }
 
 std::vector<PayloadFormat> payload_formats() {

@@ -16,11 +16,15 @@ namespace expar {
 ScoreFunction score_function_from_name(const std::string& name) {
   if (name == "softmax") return ScoreFunction::Softmax;
   if (name == "sigmoid") return ScoreFunction::Sigmoid;
-  fail("score function '{}' is unknown: use 'softmax' or 'sigmoid'", name);
+  fail("score function '{}' is unknown: use one of {}", name, fmt::join(score_function_names(), ", "));
 }
 
 std::string score_function_name(ScoreFunction fn) {
   return fn == ScoreFunction::Softmax ? "softmax" : "sigmoid";
+}
+
+std::vector<std::string> score_function_names() {
+  return {score_function_name(ScoreFunction::Softmax), score_function_name(ScoreFunction::Sigmoid)};
 }
 
 void RouterConfig::validate() const {

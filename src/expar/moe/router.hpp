@@ -47,6 +47,8 @@ struct RouterLossScope {
 enum class ScoreFunction : uint8_t { Softmax, Sigmoid };
 ScoreFunction score_function_from_name(const std::string& name);  // "softmax" | "sigmoid"
 std::string score_function_name(ScoreFunction fn);
+// Every score function's name (the choices the command line lists).
+std::vector<std::string> score_function_names();
 
 struct RouterConfig {
   int num_experts = 0;

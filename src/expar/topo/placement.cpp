@@ -9,11 +9,15 @@ namespace expar {
 PlacementKind placement_from_name(const std::string& name) {
   if (name == "contiguous") return PlacementKind::Contiguous;
   if (name == "round-robin" || name == "round_robin") return PlacementKind::RoundRobin;
-  fail("expert placement '{}' is unknown: use 'contiguous' or 'round-robin'", name);
+  fail("expert placement '{}' is unknown: use one of {}", name, fmt::join(placement_names(), ", "));
 }
 
 std::string placement_name(PlacementKind kind) {
   return kind == PlacementKind::Contiguous ? "contiguous" : "round-robin";
+}
+
+std::vector<std::string> placement_names() {
+  return {placement_name(PlacementKind::Contiguous), placement_name(PlacementKind::RoundRobin)};
 }
 
 ExpertPlacement::ExpertPlacement(int num_experts, int ep_size, PlacementKind kind)

@@ -11,6 +11,8 @@ namespace expar {
 enum class PlacementKind : uint8_t { Contiguous, RoundRobin };
 PlacementKind placement_from_name(const std::string& name);  // "contiguous" | "round-robin"
 std::string placement_name(PlacementKind kind);
+// Every placement's name, in enum order (the choices the command line lists).
+std::vector<std::string> placement_names();
 
 class ExpertPlacement {
  public:

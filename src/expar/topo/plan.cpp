@@ -130,7 +130,11 @@ DType plan_dtype_from_name(const std::string& name) {
   if (lower == "f16" || lower == "fp16" || lower == "float16") return DType::F16;
   if (lower == "f32" || lower == "fp32" || lower == "float32") return DType::F32;
   if (lower == "fp8" || lower == "f8" || lower == "f8_e4m3" || lower == "e4m3") return DType::F8E4M3;
-  fail("precision '{}' is unknown: use bf16, f16, f32 or fp8", name);
+  fail("precision '{}' is unknown: use one of {}", name, fmt::join(plan_dtype_names(), ", "));
+}
+
+std::vector<std::string> plan_dtype_names() {
+  return {"bf16", "f16", "f32", "fp8"};
 }
 
 Plan make_plan(const PlanConfig& config) {

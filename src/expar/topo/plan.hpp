@@ -112,5 +112,7 @@ int64_t ring_allreduce_bytes(int64_t bytes, int n);
 
 // Accepts bf16, f16, f32, fp8 (e4m3) and the safetensors spellings (any case).
 DType plan_dtype_from_name(const std::string& name);
+// The canonical names above (the choices the command line lists).
+std::vector<std::string> plan_dtype_names();
 
 }  // namespace expar

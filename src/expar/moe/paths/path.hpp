@@ -202,6 +202,8 @@ std::vector<std::string> path_names();
 // The paths whose `trait` is set (e.g. &PathTraits::waves), in registry order, joined by " or ": the choices
 // an error that refuses a path names.
 std::string paths_with(bool PathTraits::*trait);
+// The same names as a list (the choices a command-line flag accepts).
+std::vector<std::string> path_names_with(bool PathTraits::*trait);
 // Throws expar::Error naming the known paths for an unknown name.
 const PathTraits& path_traits(const std::string& name);
 

@@ -167,11 +167,15 @@ std::vector<std::string> path_names() {
   return names;
 }
 
-std::string paths_with(bool PathTraits::*trait) {
+std::vector<std::string> path_names_with(bool PathTraits::*trait) {
   std::vector<std::string> names;
   for (const PathTraits& p : path_registry())
     if (p.*trait) names.push_back(p.name);
-  return fmt::format("{}", fmt::join(names, " or "));
+  return names;
+}
+
+std::string paths_with(bool PathTraits::*trait) {
+  return fmt::format("{}", fmt::join(path_names_with(trait), " or "));
 }
 
 const PathTraits& path_traits(const std::string& name) {
