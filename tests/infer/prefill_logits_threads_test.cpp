@@ -21,7 +21,7 @@ using testing::write_expar_checkpoint;
 
 const fs::path& checkpoint() {
   static const fs::path dir = [] {
-    fs::path d = temp_dir("prefill_logits");
+    fs::path d = test::run_temp_dir("prefill_logits");
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(test_config(), *group);
