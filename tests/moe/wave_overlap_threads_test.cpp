@@ -9,8 +9,10 @@
 // test fails (rather than passing, or hanging). Checked on the runner alone and through the MoE layer's
 // forward and backward on every path that runs waves.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +36,10 @@ namespace {
 // overlap waits this long.
 constexpr auto kRendezvousTimeout = std::chrono::seconds(60);
 
+// Set by the first rendezvous that times out: later ones (other probes too) do not wait, so a runner that
+// does not overlap fails after one timeout, not one per wave.
+std::atomic<bool> g_gave_up{false};
+
 struct Event {
   WaveStep step;
   int wave;
@@ -56,10 +62,10 @@ class OverlapProbe : public WaveObserver {
     events_.push_back({step, wave, true, std::this_thread::get_id()});
     cv_.notify_all();
     for (const auto& [other, other_wave] : partners(step, wave)) {
-      if (timed_out_) return;
+      if (g_gave_up.load()) return;
       const bool met = cv_.wait_for(lock, kRendezvousTimeout, [&] { return begun(other, other_wave); });
       if (!met) {
-        timed_out_ = true;  // later rendezvous do not wait: one timeout fails the test
+        g_gave_up.store(true);
         problems_.push_back(fmt::format("{} waited {} s for {} to begin: the two do not overlap",
                                         event_name(step, wave), kRendezvousTimeout.count(),
                                         event_name(other, other_wave)));
@@ -107,9 +113,10 @@ class OverlapProbe : public WaveObserver {
     if (comm_thread && compute_thread && *comm_thread == *compute_thread)
       out.push_back("bring, send and compute ran on one thread");
     if (comm_order != want_order) {
-      std::string got;
-      for (const auto& [s, w] : comm_order) got += " " + event_name(s, w) + ",";
-      out.push_back("communication order:" + got + " want b0, b1, s0, b2, s1, ..., s(n-1)");
+      std::vector<std::string> got;
+      for (const auto& [s, w] : comm_order) got.push_back(event_name(s, w));
+      out.push_back(
+          fmt::format("communication order: {}; want b0, b1, s0, b2, s1, ..., s(n-1)", fmt::join(got, ", ")));
     }
     auto before = [&](WaveStep a, int wa, bool a_begin, WaveStep b, int wb, bool b_begin) {
       const auto ia = index_of(a, wa, a_begin), ib = index_of(b, wb, b_begin);
@@ -158,7 +165,6 @@ class OverlapProbe : public WaveObserver {
   std::condition_variable cv_;
   std::vector<Event> events_;
   std::vector<std::string> problems_;
-  bool timed_out_ = false;
 };
 
 void expect_no_problems(const std::vector<std::string>& problems, const std::string& where) {
@@ -219,6 +225,7 @@ TEST(WaveOverlap, TheMoeLayerOverlapsForwardAndBackwardOnEveryWavePath) {
       cfg.waves = WaveConfig{kWaves, true};
       MoeLayer layer(cfg, world);
       layer.init_params(5);
+      layer.zero_grads();
       Tensor x = Tensor::empty({kTokens, kD}), grad_y = Tensor::empty({kTokens, kD});
       fill_normal(x, 5, 1 + static_cast<uint64_t>(world.rank()), 1.0f);
       fill_normal(grad_y, 5, 10 + static_cast<uint64_t>(world.rank()), 1.0f);
