@@ -15,7 +15,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::make_layout;
 using testing::random_tokens;
-using testing::temp_dir;
 using testing::test_config;
 using testing::write_expar_checkpoint;
 

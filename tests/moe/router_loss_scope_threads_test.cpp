@@ -153,7 +153,9 @@ void check_scope(RouterConfig c, bool score_bias, bool logit_bias, uint64_t seed
     EXPECT_EQ(p.idx, want_idx) << what;
     EXPECT_TRUE(test::close(p.grad_x, take(grad_x, rows, kDim), kClose)) << what << " grad_x";
     EXPECT_TRUE(test::close(p.grad_w, grad_w, kClose)) << what << " grad_w_router summed";
-    if (logit_bias) EXPECT_TRUE(test::close(p.grad_lb, grad_lb, kClose)) << what << " grad_logit_bias summed";
+    if (logit_bias) {
+      EXPECT_TRUE(test::close(p.grad_lb, grad_lb, kClose)) << what << " grad_logit_bias summed";
+    }
   }
   // A rank's own tokens are other batches: their load-balancing loss is not the whole batches'.
   EXPECT_GT(std::fabs(own[0].aux - aux), 1e-4 * aux) << split;

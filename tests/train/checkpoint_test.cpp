@@ -147,7 +147,6 @@ class Checkpoints : public ::testing::Test {
     c.keep_last = keep;
     ASSERT_EQ(train_ranks(2, c), steps);
   }
-  fs::path dir_;
 };
 
 TEST_F(Checkpoints, EachSaveIsAStepDirectoryAndLatestNamesTheNewest) {
