@@ -4,12 +4,12 @@
 // one-token prompt whose LM head row is wider than any of the prompt's products (the limits' scratch
 // operands must fit it: they once overflowed, seen under ASan).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <string>
 
+#include "common/temp_dir.hpp"
 #include "expar/bench/generate.hpp"
 #include "infer/hf_test_models.hpp"
 
@@ -21,9 +21,7 @@ namespace fs = std::filesystem;
 class GenerateBench : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / ("expar_generate_bench_" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_);
+    dir_ = new fs::path(test::make_temp_dir("generate_bench"));
     infer::testing::HfTestModel m = infer::testing::mixtral_test_model();
     m.vocab = 2000;  // one row of logits (2000) outgrows every product of a one-token prompt (d = 40)
     m.randomize(61);

@@ -3,13 +3,13 @@
 // nodes of the same shape and seed: the node of each rank comes from MPI (MPI_COMM_TYPE_SHARED) and the MPI
 // Comm and heap count what crosses a node boundary (MPI_Put/MPI_Get, collectives). Counts, not times.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/text_file.hpp"
 #include "run_process.hpp"
 
@@ -32,11 +32,7 @@ const std::vector<std::string> kShape = {
 
 class BenchPathsNodes : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("expar_bench_paths_nodes_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = test::make_temp_dir("bench_paths_nodes"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // `launcher` (e.g. mpirun-nodes 2 2) + expar + the shape + `extra` + --json FILE. Returns the run; its

@@ -1,12 +1,12 @@
 // User mistakes that used to crash, hang or run silently wrong, each now an error with status 1 whose
 // message names the flag (or file), the value and the rule (issue 18's examples, run through the binary).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "run_process.hpp"
 
 namespace expar {
@@ -39,11 +39,7 @@ void expect_error(const std::vector<std::string>& argv, const std::string& messa
 
 class CliErrors : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("expar_cli_errors_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = test::make_temp_dir("cli_errors"); }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
 };

@@ -4,13 +4,13 @@
 // the binary on a one-step tiny checkpoint (8 experts): the EP degree printed and written is the one of the
 // layout the engine ran (GenerateResult::ep_degree, GenerateBenchReport::ep_degree), not the flags.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "run_process.hpp"
 
 namespace expar {
@@ -23,8 +23,7 @@ using testing::run_process;
 class ExpertParallelFlag : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("expar_ep_flag_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = test::make_temp_dir("ep_flag");
     const ProcessResult r =
         run_process({EXPAR_BINARY,   "train",     "--preset",     "tiny",
                      "--ranks",      "1",         "--ep",         "1",

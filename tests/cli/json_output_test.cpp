@@ -2,13 +2,13 @@
 // JSON and stdout keeps the table; `--json -` puts the JSON alone on stdout; a bare `--json` (the old flag
 // of plan and tokenize) still means `--json -`. Run through the binary, as a user would.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/text_file.hpp"
 #include "run_process.hpp"
 
@@ -37,11 +37,7 @@ std::string run_ok(const std::vector<std::string>& argv) {
 
 class JsonOutput : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("expar_json_output_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = test::make_temp_dir("json_output"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // Checks the three spellings against each other for one command: `--json -` prints only JSON (it parses

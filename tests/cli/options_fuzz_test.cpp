@@ -5,7 +5,6 @@
 // replaces the base's value when the base has it. EXPAR_FUZZ_VALUES (default 3) sets how many values each
 // option gets (drawn with a fixed seed from the list below).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "run_process.hpp"
 
 namespace expar {
@@ -77,8 +77,7 @@ struct Command {
 class OptionsFuzz : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    scratch_ = fs::temp_directory_path() / ("expar_options_fuzz_" + std::to_string(::getpid()));
-    fs::create_directories(scratch_);
+    scratch_ = test::make_temp_dir("options_fuzz");
     // A checkpoint for generate.
     ProcessResult r =
         run_process({EXPAR_BINARY,   "train",     "--preset",     "tiny",

@@ -5,7 +5,6 @@
 // The scripts run in a scratch directory that mirrors the repository's relative paths (data/, scripts/,
 // tests/, build/release/expar), so runs/ and logs land there, not in the source tree.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "run_process.hpp"
 
 namespace expar {
@@ -104,8 +104,7 @@ std::vector<std::vector<std::string>> readme_blocks() {
 }
 
 TEST(ReadmeCommands, EveryBlockRunsAsWritten) {
-  const fs::path scratch = fs::temp_directory_path() / ("expar_readme_" + std::to_string(::getpid()));
-  fs::remove_all(scratch);
+  const fs::path scratch = test::make_temp_dir("readme");
   fs::create_directories(scratch / "build" / "release");
   fs::create_symlink(EXPAR_SOURCE_DIR "/data", scratch / "data");
   fs::create_symlink(EXPAR_SOURCE_DIR "/scripts", scratch / "scripts");

@@ -22,8 +22,9 @@ struct Shape {
 };
 
 // c[j] (+)= Σ a[i]·b[j·ldb + i] in double; the float result is within a few ulp of Σ|a·b| of it.
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c0,
-                  const std::vector<float>& c, const Shape& s, bool accumulate) {
+void expect_matches_double_dot(const std::vector<float>& a, const std::vector<float>& b,
+                               const std::vector<float>& c0, const std::vector<float>& c, const Shape& s,
+                               bool accumulate) {
   for (int64_t j = 0; j < s.n; ++j) {
     double dot = 0.0, magnitude = 0.0;
     for (int64_t i = 0; i < s.k; ++i) {
@@ -58,7 +59,7 @@ TEST(Matvec, MatchesADoubleDotProductAtEveryTail) {
                                           : std::vector<float>(static_cast<size_t>(s.n),
                                                                std::numeric_limits<float>::quiet_NaN());
         matvec_transposed(a.data(), b.data(), c.data(), s.n, s.k, s.ldb, accumulate);
-        expect_close(a, b, c0, c, s, accumulate);
+        expect_matches_double_dot(a, b, c0, c, s, accumulate);
         by_threads[threads - 1] = c;
       }
       EXPECT_EQ(by_threads[0], by_threads[1])

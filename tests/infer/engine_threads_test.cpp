@@ -41,7 +41,7 @@ Tensor last_row(const Tensor& logits) {
 const Reference& reference() {
   static Reference ref = [] {
     Reference r;
-    r.dir = temp_dir("engine");
+    r.dir = test::run_temp_dir("engine");
     r.config = test_config();
     r.prompts = {{random_tokens(1, 7), random_tokens(2, 4)}, {random_tokens(3, 5), random_tokens(4, 9)}};
     MemoryTracker& host = current_tracker();
@@ -276,7 +276,7 @@ TEST(Engine, CountsTheExpertWeightsEachLayerReads) {
 // Grouped key/value heads with TP above the key/value head count: each rank keeps the one key/value head its
 // query heads use.
 TEST(Engine, ReplicatesKeyValueHeadsWhenTpExceedsThem) {
-  const fs::path dir = temp_dir("gqa");
+  const fs::path dir = test::run_temp_dir("gqa");
   ModelConfig config = test_config();
   config.heads = 8;
   config.kv_heads = 2;
@@ -320,7 +320,7 @@ TEST(Engine, GenerateLoadsTheCheckpointAndMatchesTheReference) {
 // (the logits without it differ). A store that holds the bias while its manifest does not name it is
 // refused, naming the tensor.
 TEST(Engine, RoutesWithTheSavedScoreBias) {
-  const fs::path dir = temp_dir("engine_score_bias");
+  const fs::path dir = test::run_temp_dir("engine_score_bias");
   ModelConfig config = test_config();
   config.moe.use_score_bias = true;
   const std::vector<int32_t> prompt = random_tokens(5, 9);

@@ -33,7 +33,7 @@ double dense_mean_loss(const HfTestModel& m, const std::vector<int32_t>& tokens,
 
 struct Fixture {
   HfTestModel model = qwen3_moe_test_model();
-  fs::path dir = temp_dir("eval_qwen3");
+  fs::path dir = test::run_temp_dir("eval_qwen3");
   std::vector<int32_t> tokens = vocab_tokens(77, 70, 64);
   Fixture() {
     model.write(dir);

@@ -53,7 +53,7 @@ Tensor engine_logits(const fs::path& dir, const std::vector<int32_t>& prompt) {
 
 // The model's tensors with `edit` applied to its config.json.
 Tensor logits_with(const HfTestModel& m, const std::function<void(json&)>& edit, const std::string& name) {
-  const fs::path dir = temp_dir(name);
+  const fs::path dir = test::run_temp_dir(name);
   write_sharded_checkpoint(dir, m.tensors, 64 * 1024);
   json j = m.config();
   edit(j);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "common/random_tensor.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
 #include "expar/infer/hf_config.hpp"
@@ -17,12 +18,7 @@ namespace expar::infer {
 namespace {
 
 using namespace testing;
-
-Tensor randn(Shape shape, uint64_t stream) {
-  Tensor t = Tensor::empty(std::move(shape));
-  fill_normal(t, 99, stream, 1.0f);
-  return t;
-}
+using test::randn;
 
 float at(const Tensor& t, std::initializer_list<int64_t> index) {
   int64_t flat = 0, i = 0;
@@ -31,7 +27,7 @@ float at(const Tensor& t, std::initializer_list<int64_t> index) {
 }
 
 TEST(HfLoaders, MixtralCheckpointRunsWithExpertParallelismAndMatchesTheReference) {
-  const fs::path dir = temp_dir("mixtral");
+  const fs::path dir = test::run_temp_dir("mixtral");
   ModelConfig config = test_config();
   config.shared_expert_hidden = 0;  // Mixtral has no shared expert
   const std::vector<int32_t> prompt = random_tokens(21, 6);
@@ -117,7 +113,7 @@ TEST(HfLoaders, MixtralCheckpointRunsWithExpertParallelismAndMatchesTheReference
 }
 
 TEST(HfLoaders, QwenMoeExpertsAndSharedExpert) {
-  const fs::path dir = temp_dir("qwen");
+  const fs::path dir = test::run_temp_dir("qwen");
   const int64_t E = 4, H = 6, I = 4;
   std::map<std::string, Tensor> t;
   const std::string p = "model.layers.0.mlp.";
@@ -169,7 +165,7 @@ TEST(HfLoaders, GptOssClampedSwigluClampsGateAboveAndUpBothWays) {
 }
 
 TEST(HfLoaders, GptOssShardsOfTheFusedGateUpSumToTheWholeExpert) {
-  const fs::path dir = temp_dir("gptoss");
+  const fs::path dir = test::run_temp_dir("gptoss");
   const int64_t E = 4, H = 6, I = 4;
   std::map<std::string, Tensor> t;
   const std::string p = "model.layers.0.mlp.experts.";

@@ -41,7 +41,7 @@ struct Reference {
 Reference build_reference(HfTestModel model, const std::string& name) {
   Reference r;
   r.model = std::move(model);
-  r.dir = temp_dir(name);
+  r.dir = test::run_temp_dir(name);
   r.model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   const int v = r.model.vocab;
@@ -135,7 +135,7 @@ TEST(HfModels, QwenMoeSingleRankEngineMatchesADenseDoubleImplementation) {
 TEST(HfModels, QwenMoeWithNormTopkProbMatchesTheDenseImplementation) {
   HfTestModel m = qwen_test_model(true);
   m.layers = 1;
-  const fs::path dir = temp_dir("qwen_norm");
+  const fs::path dir = test::run_temp_dir("qwen_norm");
   m.write(dir);
   const ModelSpec spec = open_model_spec(dir);
   EXPECT_TRUE(spec.config.moe.renormalize);
@@ -341,7 +341,7 @@ TEST(HfModels, GenerateThroughPathsAndFormats) {
 
 TEST(HfModels, OneSafetensorsFileAsThePath) {
   const Reference& ref = reference(ModelFormat::QwenMoe);
-  const fs::path dir = temp_dir("qwen_single");
+  const fs::path dir = test::run_temp_dir("qwen_single");
   write_safetensors(dir / "weights.safetensors", ref.model.tensors);
   std::ofstream(dir / "config.json") << ref.model.config().dump(2);
   GenerateOptions o;
@@ -362,13 +362,13 @@ TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {
   expect_error([] { model_format_from_name("llama"); }, {"llama", "qwen-moe", "gpt-oss"});
   expect_error([&] { open_model_spec(qwen.dir / "missing"); }, {"does not exist"});
   // An expar checkpoint given a Hugging Face format.
-  const fs::path ours = temp_dir("ours_fmt");
+  const fs::path ours = test::run_temp_dir("ours_fmt");
   std::ofstream(ours / "manifest.json") << "{}";
   expect_error([&] { open_model_spec(ours, ModelFormat::QwenMoe); }, {"qwen-moe", "manifest.json"});
   fs::remove_all(ours);
   // Settings the engine does not run are refused by name.
   HfTestModel m = qwen_test_model();
-  const fs::path dir = temp_dir("qwen_bad");
+  const fs::path dir = test::run_temp_dir("qwen_bad");
   m.write(dir);
   auto rewrite = [&](const char* key, const nlohmann::json& value) {
     nlohmann::json j = m.config();

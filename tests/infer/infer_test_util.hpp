@@ -2,19 +2,19 @@
 // Helpers for the inference tests: a small random MoE transformer written as an expar checkpoint (the
 // trainer's format: dense.safetensors, experts-<m>.safetensors, manifest.json) and single-rank references.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/close.hpp"
+#include "common/temp_dir.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
@@ -42,20 +42,6 @@ inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> e
   return inference_layout(o, c);
 }
 
-// Checkpoint directories a test binary writes once and shares across its tests; removed at the end of the
-// run.
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  static std::vector<fs::path>& dirs() {
-    static std::vector<fs::path> d;
-    return d;
-  }
-  void TearDown() override {
-    for (const fs::path& d : dirs()) fs::remove_all(d);
-  }
-};
-inline const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
-
 // Heads divisible by TP 1..4, experts by every full-EP degree of TP 1..4 x DP 1..2, intermediate by every
 // EP_TP size.
 inline ModelConfig test_config() {
@@ -75,21 +61,6 @@ inline ModelConfig test_config() {
   c.moe.z_loss_coef = 0.0;
   c.moe.path = "local";
   return c;
-}
-
-// A fresh directory for this process, removed at the end of the run (RemoveTempDirs) even when the test
-// that made it does not remove it (the serve tests' shared checkpoints, the engine tests' models).
-inline fs::path temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() /
-      ("expar_infer_" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-       std::to_string(static_cast<long>(::getpid())));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  static std::mutex mutex;
-  std::lock_guard lock(mutex);
-  RemoveTempDirs::dirs().push_back(p);
-  return p;
 }
 
 // Writes model's weights as an expar checkpoint with experts split over `expert_files` files (contiguous).
@@ -151,24 +122,10 @@ inline std::vector<int32_t> random_tokens(uint64_t stream, int n) {
   return v;
 }
 
-// max |a - b| <= rtol * max |b| over the whole tensor, with the location of the worst element.
+// Logits and weights against their references: max |a - b| <= rtol * max |b| over the whole tensor (every
+// element judged on the tensor's scale; rtol 0: the same values).
 inline ::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol = 1e-5) {
-  if (a.shape() != b.shape())
-    return ::testing::AssertionFailure()
-           << "shape " << shape_string(a.shape()) << " vs " << shape_string(b.shape());
-  double scale = 0, worst = 0;
-  int64_t at = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    scale = std::max(scale, std::fabs(static_cast<double>(b.data<float>()[i])));
-    const double diff = std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]);
-    if (!(diff <= worst)) {
-      worst = diff;
-      at = i;
-    }
-  }
-  if (worst <= rtol * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "max |diff| " << worst << " at element " << at << " exceeds " << rtol << " x max |ref| " << scale;
+  return test::close(a, b, test::Tolerance::relative_to_largest(rtol));
 }
 
 }  // namespace expar::infer::testing

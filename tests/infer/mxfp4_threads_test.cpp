@@ -26,7 +26,7 @@ TEST(Mxfp4, Fp4CodesDecodeToTheE2m1Values) {
 TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
   HfTestModel m = gpt_oss_test_model(64, 32);
   std::map<std::string, Tensor> file = quantise_gpt_oss_experts(m);
-  const fs::path dir = temp_dir("mxfp4");
+  const fs::path dir = test::run_temp_dir("mxfp4");
   write_sharded_checkpoint(dir, file, 64 * 1024);
   std::ofstream(dir / "config.json") << mxfp4_config(m).dump(2);
   const ModelSpec spec = open_model_spec(dir);

@@ -15,13 +15,12 @@ namespace {
 namespace fs = std::filesystem;
 using testing::make_layout;
 using testing::random_tokens;
-using testing::temp_dir;
 using testing::test_config;
 using testing::write_expar_checkpoint;
 
 const fs::path& checkpoint() {
   static const fs::path dir = [] {
-    fs::path d = temp_dir("prefill_logits");
+    fs::path d = test::run_temp_dir("prefill_logits");
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(test_config(), *group);

@@ -31,7 +31,7 @@ struct Checkpoint {
 const Checkpoint& expar_checkpoint() {
   static Checkpoint c = [] {
     Checkpoint r;
-    r.dir = temp_dir("rowwise_ours");
+    r.dir = test::run_temp_dir("rowwise_ours");
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
       MoeTransformer model(test_config(), *group);
@@ -46,7 +46,7 @@ const Checkpoint& expar_checkpoint() {
 
 Checkpoint hf_checkpoint(HfTestModel model, const std::string& name) {
   Checkpoint r;
-  r.dir = temp_dir(name);
+  r.dir = test::run_temp_dir(name);
   model.write(r.dir);
   r.spec = open_model_spec(r.dir);
   return r;

@@ -70,7 +70,7 @@ Architecture training_architecture(const HfTestModel& m) {
 
 TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
   const HfTestModel m = GetParam().make();
-  const fs::path dir = temp_dir(std::string("train_fwd_") + GetParam().name);
+  const fs::path dir = test::run_temp_dir(std::string("train_fwd_") + GetParam().name);
   m.write(dir);
   const Architecture a = training_architecture(m);
   const std::vector<int32_t> first = vocab_tokens(11, 9, m.vocab), second = vocab_tokens(12, 9, m.vocab);
@@ -93,7 +93,7 @@ TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
 
 TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
   const HfTestModel m = GetParam().make();
-  const fs::path dir = temp_dir(std::string("train_fd_") + GetParam().name);
+  const fs::path dir = test::run_temp_dir(std::string("train_fd_") + GetParam().name);
   m.write(dir);
   const Architecture a = training_architecture(m);
   run_ranks(1, [&](Comm& world) {
@@ -257,9 +257,9 @@ class TrainedFamilySaves : public ::testing::TestWithParam<SaveCase> {};
 TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
   const HfTestModel m = GetParam().make();
   const std::string tag = GetParam().name;
-  const fs::path weights = temp_dir("train_hf_weights_" + tag),
-                 straight = temp_dir("train_hf_straight_" + tag),
-                 resumed = temp_dir("train_hf_resumed_" + tag);
+  const fs::path weights = test::run_temp_dir("train_hf_weights_" + tag),
+                 straight = test::run_temp_dir("train_hf_straight_" + tag),
+                 resumed = test::run_temp_dir("train_hf_resumed_" + tag);
   m.write(weights);
   const TokenCorpus corpus = family_corpus(m.vocab);
   run_ranks(2, [&](Comm& world) { train(family_run(m, weights, straight), world, corpus); });
@@ -333,7 +333,7 @@ INSTANTIATE_TEST_SUITE_P(Infer, TrainedFamilySaves, ::testing::ValuesIn(kSaveCas
 TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
   HfTestModel m = gpt_oss_test_model(64, 32);
   const std::map<std::string, Tensor> file = quantise_gpt_oss_experts(m);
-  const fs::path dir = temp_dir("train_mxfp4");
+  const fs::path dir = test::run_temp_dir("train_mxfp4");
   write_sharded_checkpoint(dir, file, 64 * 1024);
   std::ofstream(dir / "config.json") << mxfp4_config(m).dump(2);
   Architecture a = hf_architecture(mxfp4_config(m), "test config.json");
@@ -348,7 +348,7 @@ TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
   });
   // A fine-tuning run from it saves F32 experts under the family's names, with a config.json that no longer
   // says quantised, and the engine (TP 2) reads the save like the training model does.
-  const fs::path run = temp_dir("train_mxfp4_run");
+  const fs::path run = test::run_temp_dir("train_mxfp4_run");
   TrainConfig c = family_run(m, dir, run);
   c.hf_config_json = mxfp4_config(m).dump(2);
   c.steps = 1;

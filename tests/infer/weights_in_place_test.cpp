@@ -30,7 +30,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 
 TEST(WeightsInPlace, TheEmbeddingIsAViewOfTheFileAndStreamedWeightsOneCopy) {
   const HfTestModel m = mixtral_test_model();
-  const fs::path dir = temp_dir("in_place");
+  const fs::path dir = test::run_temp_dir("in_place");
   m.write(dir, size_t{1} << 30);  // one shard
   const ModelSpec spec = open_model_spec(dir.string());
   for (int tp : {1, 2}) {

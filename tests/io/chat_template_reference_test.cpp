@@ -9,6 +9,7 @@
 
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/chat_template.hpp"
 #include "expar/io/text_file.hpp"
@@ -86,11 +87,10 @@ TEST_P(ChatTemplateReference, RendersLikeHuggingFaceJinja) {
     context["eos_token"] = tokenizer.eos_token().value_or("");
     cases.push_back({{"template", source}, {"context", context}});
   }
-  const auto path = std::filesystem::temp_directory_path() / ("expar_chat_cases_" + std::string(family.name) +
-                                                              "_" + std::to_string(getpid()) + ".json");
+  const test::TempDir dir("chat_cases");
+  const auto path = dir / (std::string(family.name) + ".json");
   std::ofstream(path) << cases.dump();
   const json expected = test::run_reference("chat '" + path.string() + "'");
-  std::filesystem::remove(path);
   ASSERT_EQ(expected.size(), cases.size());
 
   const ChatTemplate chat(source);

@@ -1,9 +1,6 @@
 #pragma once
-// Helpers shared by the io tests: byte-level safetensors construction and temporary directories.
-#include <unistd.h>
-
+// Helpers shared by the io tests: byte-level safetensors construction (temporary folders: tests/common/).
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,31 +36,5 @@ inline std::vector<std::byte> tensor_bytes(const Tensor& t) {
   const auto* p = static_cast<const std::byte*>(t.raw());
   return {p, p + t.nbytes()};
 }
-
-// A fresh directory under the system temp dir, removed with its contents at scope exit.
-class TempDir {
- public:
-  explicit TempDir(std::string_view tag) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("expar_io_" + std::string(tag) + "_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter()++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  std::filesystem::path path_;
-};
 
 }  // namespace expar::test

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "io/io_test_util.hpp"

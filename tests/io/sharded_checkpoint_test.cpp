@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "io/io_test_util.hpp"
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <thread>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "io/io_test_util.hpp"
 

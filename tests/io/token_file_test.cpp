@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "core/expect_error.hpp"
 #include "expar/core/error.hpp"
 
@@ -18,9 +19,8 @@ using testing::expect_error;
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  fs::path dir = fs::temp_directory_path() / ("expar_token_file_" + std::to_string(getpid()));
-  void SetUp() override { fs::create_directories(dir); }
-  void TearDown() override { fs::remove_all(dir); }
+  const test::TempDir temp{"token_file"};
+  const fs::path dir = temp.path();
   fs::path write(const std::string& name, const std::string& bytes) {
     std::ofstream(dir / name, std::ios::binary) << bytes;
     return dir / name;

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "expar/io/token_file.hpp"
 #include "expar/io/tokenizer.hpp"
 #include "tokenizer_reference_util.hpp"
@@ -15,8 +16,8 @@ namespace {
 TEST(TokenFileTokenizer, TextGoesThroughTheTokenizer) {
   const std::string missing = test::missing_reference_packages();
   ASSERT_TRUE(missing.empty()) << missing;
-  const auto path =
-      std::filesystem::temp_directory_path() / ("expar_text_" + std::to_string(::getpid()) + ".txt");
+  const test::TempDir dir("token_file_tokenizer");
+  const auto path = dir / "text.txt";
   const std::string text =
       "In the beginning God created the heaven and the earth.\n  Und die Erde war wüst, 世界!";
   std::ofstream(path) << text;
@@ -29,7 +30,6 @@ TEST(TokenFileTokenizer, TextGoesThroughTheTokenizer) {
   const TokenFile bytes = read_token_file(path);
   EXPECT_EQ(bytes.tokens.size(), text.size());
   EXPECT_EQ(bytes.vocab, 256);
-  std::filesystem::remove(path);
 }
 
 }  // namespace

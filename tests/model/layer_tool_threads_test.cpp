@@ -1,15 +1,16 @@
 // `expar layer`'s function: a small input written with the io writer, run through two EP paths and the local
 // reference, outputs read back and compared.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
 
+#include "common/close.hpp"
+#include "common/random_tensor.hpp"
+#include "common/temp_dir.hpp"
 #include "expar/core/error.hpp"
-#include "expar/core/rng.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/model/layer_tool.hpp"
@@ -20,29 +21,19 @@ namespace {
 constexpr int kExperts = 4;
 constexpr int64_t kD = 6, kH = 10, kTokens = 11;
 
-std::filesystem::path temp_dir() {
-  auto dir = std::filesystem::temp_directory_path() / ("expar_layer_tool_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-Tensor random(Shape shape, uint64_t stream, float stddev) {
-  Tensor t = Tensor::empty(std::move(shape));
-  fill_normal(t, 7, stream, stddev);
-  return t;
-}
+using test::randn;
 
 std::map<std::string, Tensor> small_input(bool with_grad_y) {
   std::map<std::string, Tensor> in;
-  in["x"] = random({kTokens, kD}, 1, 1.0f);
-  in["gate.weight"] = random({kExperts, kD}, 2, 0.5f);
+  in["x"] = randn({kTokens, kD}, 1, 1.0f);
+  in["gate.weight"] = randn({kExperts, kD}, 2, 0.5f);
   for (int e = 0; e < kExperts; ++e) {
     const std::string p = "experts." + std::to_string(e) + ".";
-    in[p + "w1.weight"] = random({kH, kD}, 10 + 3 * static_cast<uint64_t>(e), 0.4f);
-    in[p + "w3.weight"] = random({kH, kD}, 11 + 3 * static_cast<uint64_t>(e), 0.4f);
-    in[p + "w2.weight"] = random({kD, kH}, 12 + 3 * static_cast<uint64_t>(e), 0.3f);
+    in[p + "w1.weight"] = randn({kH, kD}, 10 + 3 * static_cast<uint64_t>(e), 0.4f);
+    in[p + "w3.weight"] = randn({kH, kD}, 11 + 3 * static_cast<uint64_t>(e), 0.4f);
+    in[p + "w2.weight"] = randn({kD, kH}, 12 + 3 * static_cast<uint64_t>(e), 0.3f);
   }
-  if (with_grad_y) in["grad_y"] = random({kTokens, kD}, 3, 1.0f);
+  if (with_grad_y) in["grad_y"] = randn({kTokens, kD}, 3, 1.0f);
   Tensor split = Tensor::empty({2}, DType::I64);
   split.data<int64_t>()[0] = 8;  // uneven: 8 + 3
   split.data<int64_t>()[1] = 3;
@@ -54,17 +45,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_EQ(got.dtype(), DType::F32) << what;
-  for (int64_t i = 0; i < got.numel(); ++i)
-    ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i],
-                1e-5 * std::max(1.0f, std::abs(want.data<float>()[i])))
-        << what << " element " << i;
-}
-
 TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) {
-  const auto dir = temp_dir();
+  const test::TempDir dir("layer_tool");
   const auto input = dir / "in.safetensors";
   write_safetensors(input, small_input(true));
 
@@ -107,7 +89,8 @@ TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) 
     const Tensor b = block.read(name), r = rowwise.read(name), l = ref.read(name);
     EXPECT_TRUE(same_bits(b, r)) << "block and rowwise must be bit-identical";
     EXPECT_TRUE(same_bits(overlapped.read(name), r)) << "two overlapped waves must give the no-wave bits";
-    expect_close(b, l, name);
+    // f32 rounding of another summation order: 1e-5 of the element, absolute 1e-5 below 1.
+    EXPECT_TRUE(test::close(b, l, test::Tolerance::relative(1e-5, 1.0)));
     double norm = 0;
     for (float v : b.span<float>()) norm += std::abs(v);
     EXPECT_GT(norm, 0.0) << "an all-zero output would hide a broken path";
@@ -115,7 +98,6 @@ TEST(LayerTool, BlockAndRowwiseFilesAgreeWithEachOtherAndWithTheLocalReference) 
   EXPECT_TRUE(same_bits(block.read("topk_idx"), ref.read("topk_idx")));
   EXPECT_EQ(block.read("metrics.dropped").data<int64_t>()[0], 0);
   EXPECT_EQ(block.read("metrics.drop_rate").data<double>()[0], 0.0);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(LayerTool, CapacityDropsAreReportedAndGradYDefaultsToOnes) {

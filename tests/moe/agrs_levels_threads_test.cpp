@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "common/close.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/rng.hpp"
@@ -76,9 +77,8 @@ Tensor run_experts(const Tensor& rows, const RouteMap& map, const ExpertPlacemen
   return out;
 }
 
-void expect_close(float got, double want, const char* what, int64_t t, int64_t j) {
-  EXPECT_NEAR(got, want, 1e-5 * (1.0 + std::fabs(want))) << what << " token " << t << " column " << j;
-}
+// The closed form in double against the path's f32 result.
+const test::Tolerance kClose = test::Tolerance::abs_plus_rel(1e-5, 1e-5);
 
 // One forward and backward step; checks y, grad_x and grad_topk_weight against the closed form. `extra`
 // is what the addend adds to every y element (0 without one).
@@ -104,12 +104,15 @@ void check_step(ExpertPath& path, const Inputs& in, const RouteMap& map, const E
         want_y += w * s * in.x.data<float>()[t * kD + j];
         want_gx += w * s * in.grad_y.data<float>()[t * kD + j];
       }
-      expect_close(y.data<float>()[t * kD + j], want_y, "y", t, j);
-      expect_close(grad_x.data<float>()[t * kD + j], want_gx, "grad_x", t, j);
+      EXPECT_TRUE(test::close(y.data<float>()[t * kD + j], want_y, kClose))
+          << "y token " << t << " column " << j;
+      EXPECT_TRUE(test::close(grad_x.data<float>()[t * kD + j], want_gx, kClose))
+          << "grad_x token " << t << " column " << j;
     }
     for (int k = 0; k < kTopK; ++k)
-      expect_close(grad_w.data<float>()[t * kTopK + k],
-                   factor(in.idx.data<int32_t>()[t * kTopK + k], 0, 1) * dot, "grad_w", t, k);
+      EXPECT_TRUE(test::close(grad_w.data<float>()[t * kTopK + k],
+                              factor(in.idx.data<int32_t>()[t * kTopK + k], 0, 1) * dot, kClose))
+          << "grad_w token " << t << " route " << k;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/mpi_test_main.hpp"
+#include "common/close.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/moe_layer.hpp"
 #include "moe/solo_comm.hpp"
@@ -55,14 +56,12 @@ Tensor concat(int ranks, uint64_t stream) {
   return all;
 }
 
-void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
-  int bad = 0;
-  for (int64_t i = 0; i < n && bad < 5; ++i) {
-    if (std::fabs(got[i] - want[i]) > 1e-5f * std::max(1.0f, std::fabs(want[i]))) {
-      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << want[i];
-      ++bad;
-    }
-  }
+// f32 rounding of another summation order: 1e-5 of the element, absolute 1e-5 below 1.
+const test::Tolerance kClose = test::Tolerance::relative(1e-5, 1.0);
+
+// n elements of the reference from `want`.
+std::span<const float> part(const float* want, int64_t n) {
+  return {want, static_cast<size_t>(n)};
 }
 
 struct Outputs {
@@ -101,17 +100,24 @@ Outputs run_path(const std::string& path) {
   int64_t first = 0;
   for (int r = 0; r < me; ++r) first += tokens_of(r);
   const int64_t rows = tokens_of(me);
-  expect_close(out.y.data(), ref_y.data<float>() + first * kDim, rows * kDim, path + " y");
-  expect_close(out.grad_x.data(), ref_grad_x.data<float>() + first * kDim, rows * kDim, path + " grad_x");
-  expect_close(out.grad_router.data(), ref.grads().w_router.data<float>(),
-               static_cast<int64_t>(out.grad_router.size()), path + " grad router");
+  EXPECT_TRUE(test::close(out.y, part(ref_y.data<float>() + first * kDim, rows * kDim), kClose))
+      << path << " y";
+  EXPECT_TRUE(test::close(out.grad_x, part(ref_grad_x.data<float>() + first * kDim, rows * kDim), kClose))
+      << path << " grad_x";
+  EXPECT_TRUE(test::close(out.grad_router,
+                          part(ref.grads().w_router.data<float>(), ref.grads().w_router.numel()), kClose))
+      << path << " grad router";
   // This rank's experts (contiguous placement) are a slice of the reference's.
   const int64_t per_expert_w1 = w1.numel() / w1.dim(0), per_expert_w2 = w2.numel() / w2.dim(0);
   const int64_t first_expert = me * w1.dim(0);
-  expect_close(out.grad_w1.data(), ref.grads().experts.w1.data<float>() + first_expert * per_expert_w1,
-               w1.numel(), path + " grad w1");
-  expect_close(out.grad_w2.data(), ref.grads().experts.w2.data<float>() + first_expert * per_expert_w2,
-               w2.numel(), path + " grad w2");
+  EXPECT_TRUE(test::close(
+      out.grad_w1, part(ref.grads().experts.w1.data<float>() + first_expert * per_expert_w1, w1.numel()),
+      kClose))
+      << path << " grad w1";
+  EXPECT_TRUE(test::close(
+      out.grad_w2, part(ref.grads().experts.w2.data<float>() + first_expert * per_expert_w2, w2.numel()),
+      kClose))
+      << path << " grad w2";
   return out;
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/close.hpp"
+#include "common/random_tensor.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/nn/attention_phases.hpp"
 #include "nn/test_util.hpp"
@@ -12,10 +14,10 @@
 namespace expar::nn {
 namespace {
 
+using test::max_abs_diff;
+using test::randn;
 using testing::expect_gradient;
-using testing::max_abs_diff;
 using testing::project;
-using testing::randn;
 
 constexpr double kTheta = 10000.0;
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/random_tensor.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/nn/context_parallel_attention.hpp"
@@ -17,7 +18,7 @@
 namespace expar::nn {
 namespace {
 
-using testing::randn;
+using test::randn;
 
 struct Case {
   std::string name;

@@ -2,13 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include "common/random_tensor.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
 namespace {
 
+using test::randn;
 using testing::expect_gradient;
-using testing::randn;
 
 Tensor targets_of(std::vector<int32_t> values) {
   Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);

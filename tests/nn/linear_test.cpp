@@ -2,14 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include "common/random_tensor.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
 namespace {
 
+using test::randn;
 using testing::expect_gradient;
 using testing::project;
-using testing::randn;
 
 TEST(Linear, ForwardMatchesNaiveReference) {
   const int64_t n = 5, in = 7, out = 3;

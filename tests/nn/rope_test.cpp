@@ -2,15 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include "common/close.hpp"
+#include "common/random_tensor.hpp"
 #include "nn/rope_reference.hpp"
 #include "nn/test_util.hpp"
 
 namespace expar::nn {
 namespace {
 
+using test::randn;
 using testing::expect_gradient;
 using testing::project;
-using testing::randn;
 
 Tensor positions_of(std::vector<int32_t> values) {
   Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
@@ -55,9 +57,9 @@ TEST(Rope, PreservesNormsAndBackwardUndoesForward) {
       }
       EXPECT_NEAR(ny, nx, 1e-5 * nx);
     }
-  EXPECT_GT(testing::max_abs_diff(x, y), 1e-2);  // it did rotate
+  EXPECT_GT(test::max_abs_diff(x, y), 1e-2);  // it did rotate
   rope.backward(y, heads, pos);
-  EXPECT_LT(testing::max_abs_diff(x, y), 1e-5);
+  EXPECT_LT(test::max_abs_diff(x, y), 1e-5);
 }
 
 TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
@@ -167,7 +169,7 @@ TEST(Rope, ScaledTypesMatchTheirDoublePrecisionFormulas) {
   // Every type and setting changes the result (so each is really applied).
   for (size_t a = 0; a < outputs.size(); ++a)
     for (size_t b = a + 1; b < outputs.size(); ++b)
-      EXPECT_GT(testing::max_abs_diff(outputs[a], outputs[b]), 1e-3) << a << " vs " << b;
+      EXPECT_GT(test::max_abs_diff(outputs[a], outputs[b]), 1e-3) << a << " vs " << b;
   // The yarn case has interpolated, ramped and kept pairs (so the ramp is exercised).
   const std::vector<double> inv = cases[2].inverse_frequencies(hd), plain = cases[0].inverse_frequencies(hd);
   EXPECT_DOUBLE_EQ(inv[0], plain[0]);

@@ -1,7 +1,7 @@
 #pragma once
-// Helpers shared by the nn tests: deterministic random tensors, and a finite-difference gradient check of a
-// scalar loss L = Σ r ⊙ y (a fixed random projection of a layer's output), with central differences
-// (Richardson- extrapolated) and the loss accumulated in double.
+// The nn tests' finite-difference gradient check of a scalar loss L = Σ r ⊙ y (a fixed random projection of
+// a layer's output), with central differences (Richardson- extrapolated) and the loss accumulated in double.
+// Random tensors and comparisons: tests/common/.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,16 +10,9 @@
 #include <functional>
 #include <string>
 
-#include "expar/core/rng.hpp"
 #include "expar/core/tensor.hpp"
 
 namespace expar::nn::testing {
-
-inline Tensor randn(Shape shape, uint64_t stream, float stddev = 1.0f) {
-  Tensor t = Tensor::empty(std::move(shape));
-  fill_normal(t, 1234, stream, stddev);
-  return t;
-}
 
 // Σ r·y in double.
 inline double project(const Tensor& r, const Tensor& y) {
@@ -72,15 +65,6 @@ inline void expect_gradient(const std::string& what, const std::function<double(
   }
   EXPECT_EQ(failures, 0) << what << ": elements off";
   EXPECT_LT(std::sqrt(diff_sq / num_sq), rtol / 4) << what << ": relative error of the whole gradient";
-}
-
-inline double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double m = 0.0;
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(pa[i]) - pb[i]));
-  return m;
 }
 
 }  // namespace expar::nn::testing

@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/temp_dir.hpp"
 #include "infer/infer_test_util.hpp"
 
 namespace expar::serve::testing {
@@ -15,7 +16,7 @@ inline std::filesystem::path serve_test_model(int64_t max_seq = 64) {
   auto it = dirs.find(max_seq);
   if (it != dirs.end()) return it->second;
   const std::filesystem::path dir = [max_seq] {
-    std::filesystem::path d = infer::testing::temp_dir("serve_" + std::to_string(max_seq));
+    std::filesystem::path d = test::run_temp_dir("serve_" + std::to_string(max_seq));
     ModelConfig c = infer::testing::test_config();
     c.max_seq = max_seq;
     run_ranks(1, [&](Comm& world) {
@@ -60,7 +61,7 @@ inline std::string byte_level_char(int b) {
 inline std::filesystem::path serve_test_model_with_tokenizer() {
   static const std::filesystem::path dir = [] {
     const std::filesystem::path src = serve_test_model(64);
-    std::filesystem::path d = infer::testing::temp_dir("serve_tokenizer");
+    std::filesystem::path d = test::run_temp_dir("serve_tokenizer");
     std::filesystem::create_directories(d);
     for (const auto& f : std::filesystem::directory_iterator(src))
       std::filesystem::copy(f.path(), d / f.path().filename(), std::filesystem::copy_options::recursive);

@@ -21,6 +21,7 @@
 #include <random>
 #include <thread>
 
+#include "common/temp_dir.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/checkpoint_dir.hpp"
@@ -134,14 +135,10 @@ void edit_manifest(const fs::path& step_dir, const std::function<void(json&)>& e
 
 class Checkpoints : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("expar_checkpoint_test_{}", ::getpid());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    fs::remove(dir_.string() + ".jsonl");  // the kill loop's metrics file
-  }
+  // The checkpoint folder inside a new one that also holds its siblings (the kill loop's metrics file
+  // `<dir>.jsonl`, copies beside it).
+  const test::TempDir temp_{"checkpoint"};
+  const fs::path dir_ = temp_ / "run";
   // A run of `steps` steps saving every step into dir_, keeping `keep`.
   void save_run(int steps, int keep = 0) {
     TrainConfig c = small_config(steps);
@@ -150,7 +147,6 @@ class Checkpoints : public ::testing::Test {
     c.keep_last = keep;
     ASSERT_EQ(train_ranks(2, c), steps);
   }
-  fs::path dir_;
 };
 
 TEST_F(Checkpoints, EachSaveIsAStepDirectoryAndLatestNamesTheNewest) {

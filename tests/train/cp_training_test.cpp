@@ -14,6 +14,7 @@
 
 #include <filesystem>
 
+#include "common/temp_dir.hpp"
 #include "expar/core/error.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "train/training_runs.hpp"
@@ -110,7 +111,8 @@ TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
 }
 
 TEST(CpTraining, CheckpointsResumeAcrossCpDegrees) {
-  const auto dir = std::filesystem::temp_directory_path() / "expar_cp_resume_test";
+  const test::TempDir temp("cp_resume");
+  const auto dir = temp / "checkpoint";
   const int steps = 6, stop = 3;
   const TrainingRun full = run_training(2, config(1, 2, "rowwise", steps));
   for (const auto& [save_cp, resume_cp] : {std::pair{2, 1}, std::pair{1, 2}}) {
@@ -127,7 +129,6 @@ TEST(CpTraining, CheckpointsResumeAcrossCpDegrees) {
     const TrainingRun tail = run_training(2, second);
     expect_same_curve(tail.steps, full.steps, what, stop);
   }
-  std::filesystem::remove_all(dir);
 }
 
 std::string error_of(int ranks, const TrainConfig& cfg) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/temp_dir.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "train/training_runs.hpp"
 
@@ -97,8 +98,8 @@ TEST(EpTraining, CapacityWithDropsReportsTheDropRate) {
 }
 
 TEST(EpTraining, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
-  const auto dir = std::filesystem::temp_directory_path() / "expar_resume_test";
-  std::filesystem::remove_all(dir);
+  const test::TempDir temp("ep_resume");
+  const auto dir = temp / "checkpoint";
   auto full = run(4, small_config(2, "rowwise", 10));
   TrainConfig first = small_config(2, "rowwise", 10);
   first.stop_after = 5;
@@ -122,7 +123,6 @@ TEST(EpTraining, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   ASSERT_EQ(resharded.size(), 5u);
   for (size_t i = 0; i < 5; ++i)
     EXPECT_NEAR(resharded[i].loss, full[i + 5].loss, 1e-4 * full[i + 5].loss) << "step " << i + 5;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

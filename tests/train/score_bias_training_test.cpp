@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "expar/core/error.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/safetensors_file.hpp"
@@ -49,12 +50,8 @@ std::vector<std::vector<float>> saved_biases(const fs::path& dir, int layers) {
 
 class ScoreBiasTraining : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = fs::temp_directory_path() / ("expar_score_bias_test_" + std::to_string(::getpid()));
-    fs::remove_all(base_);
-  }
-  void TearDown() override { fs::remove_all(base_); }
-  fs::path base_;
+  const test::TempDir temp_{"score_bias"};
+  const fs::path base_ = temp_.path();
 };
 
 TEST_F(ScoreBiasTraining, TheBiasMovesInStepsOfTheRateAndChangesTheRoutes) {

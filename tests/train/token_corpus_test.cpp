@@ -1,11 +1,11 @@
 // TokenCorpus: text and token files split into training and validation parts as before; a token not below
 // the model's vocabulary is an error naming its index in the file and its value.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "common/temp_dir.hpp"
 #include "expar/core/error.hpp"
 #include "expar/train/data.hpp"
 
@@ -15,8 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(TokenCorpus, TokenFileSplitsLikeText) {
-  const fs::path dir = fs::temp_directory_path() / ("expar_corpus_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const test::TempDir dir("corpus");
   std::string bytes;
   for (int i = 0; i < 100; ++i) bytes += std::string{static_cast<char>(i), 0};  // uint16 0..99
   std::ofstream(dir / "t.bin", std::ios::binary) << bytes;
@@ -68,12 +67,11 @@ TEST(TokenCorpus, TokenFileSplitsLikeText) {
   std::ofstream(dir / "s.bin.json") << R"({"dtype": "uint16", "vocab_size": 10})";
   EXPECT_THROW(TokenCorpus::load((dir / "s.bin").string()), Error);
   try {
-    TokenCorpus::load(dir.string());
+    TokenCorpus::load(dir.path().string());
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

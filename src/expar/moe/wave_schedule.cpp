@@ -13,6 +13,16 @@ namespace expar {
 
 namespace {
 
+thread_local WaveObserver* t_observer = nullptr;
+
+// Runs step `step` of wave i, reporting its begin and end to `observer` when one is bound.
+void observed(WaveObserver* observer, WaveStep step, const std::function<void(int)>& fn, int i) {
+  if (observer == nullptr) return fn(i);
+  observer->begin(step, i);
+  fn(i);
+  observer->end(step, i);
+}
+
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point start) {
@@ -31,21 +41,22 @@ WaveTimes run_sequential(int waves, const std::function<void(int)>& bring,
                          const std::function<void(int)>& compute, const std::function<void(int)>& send) {
   WaveTimes t;
   PhaseTimer* timer = bound_phase_timer();
+  WaveObserver* observer = t_observer;
   // A communication step's barrier waits (booked as phase::kWait by the paths' sync_before_comm) are
   // waiting for peers, not moving rows.
-  auto comm_step = [&](const std::function<void(int)>& fn, int i) {
+  auto comm_step = [&](WaveStep step, const std::function<void(int)>& fn, int i) {
     const double waited_before = timer != nullptr ? timer->seconds(phase::kWait) : 0.0;
     double seconds = 0.0;
-    timed(seconds, [&] { fn(i); });
+    timed(seconds, [&] { observed(observer, step, fn, i); });
     const double waited = timer != nullptr ? timer->seconds(phase::kWait) - waited_before : 0.0;
     t.comm += seconds - waited;
     t.wait += waited;
   };
   const auto start = Clock::now();
   for (int i = 0; i < waves; ++i) {
-    comm_step(bring, i);
-    timed(t.experts, [&] { compute(i); });
-    comm_step(send, i);
+    comm_step(WaveStep::Bring, bring, i);
+    timed(t.experts, [&] { observed(observer, WaveStep::Compute, compute, i); });
+    comm_step(WaveStep::Send, send, i);
   }
   t.wall = since(start);
   return t;
@@ -64,6 +75,7 @@ WaveTimes run_overlapped(int waves, const std::function<void(int)>& bring,
   std::exception_ptr comm_error, compute_error;
   double comm_seconds = 0.0, comm_wait = 0.0;  // written by the comm thread, read after join
   MemoryTracker& tracker = current_tracker();
+  WaveObserver* observer = t_observer;
   const auto start = Clock::now();
   auto fail_side = [&](std::exception_ptr& slot, std::atomic<int>& release) {
     slot = std::current_exception();
@@ -73,16 +85,17 @@ WaveTimes run_overlapped(int waves, const std::function<void(int)>& bring,
   };
   std::thread comm([&] {
     TrackerBinding bind(tracker);
+    t_observer = observer;
     set_compute_threads(1);
     try {
       auto send_after_compute = [&](int i) {
         timed(comm_wait, [&] { await_above(computed, i, failed); });
         if (failed.load()) return false;
-        timed(comm_seconds, [&] { send(i); });
+        timed(comm_seconds, [&] { observed(observer, WaveStep::Send, send, i); });
         return true;
       };
       for (int i = 0; i < waves; ++i) {
-        timed(comm_seconds, [&] { bring(i); });
+        timed(comm_seconds, [&] { observed(observer, WaveStep::Bring, bring, i); });
         brought.store(i + 1);
         brought.notify_all();
         if (i >= 1 && !send_after_compute(i - 1)) return;
@@ -96,7 +109,7 @@ WaveTimes run_overlapped(int waves, const std::function<void(int)>& bring,
     for (int i = 0; i < waves; ++i) {
       await_above(brought, i, failed);
       if (failed.load()) break;
-      timed(t.experts, [&] { compute(i); });
+      timed(t.experts, [&] { observed(observer, WaveStep::Compute, compute, i); });
       computed.store(i + 1);
       computed.notify_all();
     }
@@ -113,6 +126,30 @@ WaveTimes run_overlapped(int waves, const std::function<void(int)>& bring,
 }
 
 }  // namespace
+
+const char* wave_step_name(WaveStep step) {
+  switch (step) {
+    case WaveStep::Bring:
+      return "bring";
+    case WaveStep::Compute:
+      return "compute";
+    case WaveStep::Send:
+      return "send";
+  }
+  return "?";
+}
+
+WaveObserverBinding::WaveObserverBinding(WaveObserver& observer) : previous_(t_observer) {
+  t_observer = &observer;
+}
+
+WaveObserverBinding::~WaveObserverBinding() {
+  t_observer = previous_;
+}
+
+WaveObserver* bound_wave_observer() {
+  return t_observer;
+}
 
 WaveTimes run_wave_schedule(WaveSchedule schedule, int waves, const std::function<void(int)>& bring,
                             const std::function<void(int)>& compute, const std::function<void(int)>& send) {

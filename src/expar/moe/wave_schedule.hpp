@@ -16,6 +16,10 @@
 // loops stay on it); no phase timer is bound there (phase timers are per thread), its busy time is
 // reported in WaveTimes. An exception on either side stops both (the other side is released, not left
 // waiting) and is rethrown here; peers blocked in a collective are woken by the backend's failure handling.
+//
+// A WaveObserver bound to the calling thread sees every step begin and end, from the thread that runs it
+// (the overlapped schedule hands the caller's observer to its communication thread): how a test checks the
+// order of events, which bit-identical outputs cannot show. Unbound, a step costs one null check.
 #include <functional>
 
 #include "expar/moe/waves.hpp"
@@ -30,6 +34,35 @@ namespace expar {
 struct WaveTimes {
   double comm = 0.0, experts = 0.0, wall = 0.0, wait = 0.0;
 };
+
+enum class WaveStep { Bring, Compute, Send };
+
+const char* wave_step_name(WaveStep step);
+
+// Called from the thread that runs the step, right before it starts (begin) and right after it returns
+// (end; not after a step that throws). May block: the step waits for it, which lets a test hold one side
+// of the overlapped schedule until the other side has reached a given step.
+class WaveObserver {
+ public:
+  virtual ~WaveObserver() = default;
+  virtual void begin(WaveStep step, int wave) = 0;
+  virtual void end(WaveStep step, int wave) = 0;
+};
+
+// Binds `observer` to this thread for the binding's lifetime (restoring the previous one after).
+class WaveObserverBinding {
+ public:
+  explicit WaveObserverBinding(WaveObserver& observer);
+  ~WaveObserverBinding();
+  WaveObserverBinding(const WaveObserverBinding&) = delete;
+  WaveObserverBinding& operator=(const WaveObserverBinding&) = delete;
+
+ private:
+  WaveObserver* previous_;
+};
+
+// The observer bound to this thread, or nullptr.
+WaveObserver* bound_wave_observer();
 
 WaveTimes run_wave_schedule(WaveSchedule schedule, int waves, const std::function<void(int)>& bring,
                             const std::function<void(int)>& compute, const std::function<void(int)>& send);

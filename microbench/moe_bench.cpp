@@ -1,6 +1,6 @@
 // Micro-benchmarks of the MoE building blocks `expar bench paths` times inside a layer step: the route-map
 // build, the local permute (dispatch of the local path) and the grouped expert GEMM (SwiGLU MLP forward).
-// Run: build/<dir>/bench/moe_bench [--benchmark_filter=...]
+// Run: build/<dir>/microbench/moe_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <numeric>
