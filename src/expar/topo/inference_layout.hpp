@@ -17,13 +17,16 @@
 //   cross-DP EP    DP > 1 with EP: ep_degree must equal TP * DP (seed 002 limitation 2).
 // Validation follows seed 002: ep_degree > 1 needs enable_expert_parallel; with DP > 1 ep_degree must be
 // TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0. Unlike seed 002 (limitation 4) round-robin
-// placement is supported.
+// placement is supported. A refusal (inference_refusal) suggests ep_degree, data_parallel_size or
+// enable_expert_parallel values that the whole validation accepts; it never suggests another TP, which
+// must also divide the model's attention heads (a rule of the weights, not of this layout).
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "expar/topo/placement.hpp"
+#include "expar/topo/refusal.hpp"
 
 namespace expar {
 
@@ -35,6 +38,10 @@ struct InferenceConfig {
   int num_experts = 1;
   PlacementKind placement = PlacementKind::Contiguous;
 };
+
+// The rule `config` breaks and the fixes the whole validation accepts (settings "ep_degree",
+// "data_parallel_size", "enable_expert_parallel" (0/1)), or nullopt when InferenceLayout accepts it.
+std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& config);
 
 enum class InferenceGroup : uint8_t { Tp, Dp, EpTp, Ep };
 
@@ -48,7 +55,7 @@ struct InferenceRankInfo {
 
 class InferenceLayout {
  public:
-  // Applies every validation rule of seed 002; throws expar::Error naming the values and a valid choice.
+  // Applies every validation rule of seed 002; throws expar::Error with inference_refusal's message.
   explicit InferenceLayout(const InferenceConfig& config);
 
   int world() const { return tp_ * dp_; }
