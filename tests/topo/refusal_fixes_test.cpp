@@ -32,6 +32,8 @@ InferenceConfig set(InferenceConfig c, const std::string& name, int value) {
     c.dp = value;
   } else if (name == "enable_expert_parallel") {
     c.enable_expert_parallel = value != 0;
+  } else if (name == "tensor_parallel_size") {
+    c.tp = value;
   } else {
     ADD_FAILURE() << "an inference fix names '" << name << "'";
   }
@@ -70,8 +72,9 @@ Config apply(Config c, const LayoutFix& fix, int value) {
 }
 
 std::string describe(const InferenceConfig& c) {
-  return fmt::format("tp={} dp={} ep_flag={} ep={} experts={}", c.tp, c.dp, c.enable_expert_parallel,
-                     c.ep_degree ? std::to_string(*c.ep_degree) : "unset", c.num_experts);
+  return fmt::format("tp={} dp={} ep_flag={} ep={} experts={} intermediate={}", c.tp, c.dp,
+                     c.enable_expert_parallel, c.ep_degree ? std::to_string(*c.ep_degree) : "unset",
+                     c.num_experts, c.intermediate);
 }
 
 std::string describe(const TrainingLayoutConfig& c) {
@@ -134,22 +137,24 @@ TEST(RefusalFixes, EveryInferenceSuggestionIsAccepted) {
     for (int dp = 1; dp <= 4; ++dp)
       for (bool flag : {false, true})
         for (int ep = -1; ep <= 9; ++ep)
-          for (int experts : {1, 2, 3, 4, 6, 8, 12, 16}) {
-            InferenceConfig c;
-            c.tp = tp;
-            c.dp = dp;
-            c.enable_expert_parallel = flag;
-            if (ep >= 0) c.ep_degree = ep;
-            c.num_experts = experts;
-            const std::optional<LayoutRefusal> r = inference_refusal(c);
-            if (!r) {
-              EXPECT_TRUE(accepted(c)) << describe(c);
-              continue;
+          for (int experts : {1, 2, 3, 4, 6, 8, 12, 16})
+            for (int intermediate : {0, 6}) {
+              InferenceConfig c;
+              c.tp = tp;
+              c.dp = dp;
+              c.enable_expert_parallel = flag;
+              if (ep >= 0) c.ep_degree = ep;
+              c.num_experts = experts;
+              c.intermediate = intermediate;
+              const std::optional<LayoutRefusal> r = inference_refusal(c);
+              if (!r) {
+                EXPECT_TRUE(accepted(c)) << describe(c);
+                continue;
+              }
+              ++refused;
+              check_refusal(c, *r, 64, &suggestions);
             }
-            ++refused;
-            check_refusal(c, *r, 64, &suggestions);
-          }
-  EXPECT_GT(refused, 1000);
+  EXPECT_GT(refused, 2000);
   EXPECT_GT(suggestions, refused);
 }
 
@@ -242,6 +247,27 @@ TEST(RefusalFixes, CrossDpEpOnSixExpertsNamesDataParallelism) {
   EXPECT_THAT(msg, HasSubstr("ep_degree=2 with data_parallel_size=2"));
   EXPECT_THAT(msg, HasSubstr("set data_parallel_size=1"));
   EXPECT_THAT(msg, Not(HasSubstr("set ep_degree")));
+}
+
+// The intermediate split is part of the layout's validation: TP = 4 without EP cannot split 6 columns, and
+// the fix is expert parallelism (whole experts per rank), not an ep_degree without the flag.
+TEST(RefusalFixes, AnIntermediateTheEpTpGroupCannotSplitNamesTheFlag) {
+  InferenceConfig c;
+  c.tp = 4;
+  c.num_experts = 8;
+  c.intermediate = 6;
+  const std::string msg = error_of(c);
+  EXPECT_THAT(msg, HasSubstr("expert intermediate size 6 is not divisible by the 4 ranks of an EP_TP group"));
+  EXPECT_THAT(msg, HasSubstr("pass --enable-expert-parallel"));
+  // intermediate_shard of a layout built without the size refuses with the same message.
+  c.intermediate = 0;
+  std::string shard;
+  try {
+    (void)InferenceLayout(c).intermediate_shard(0, 6);
+  } catch (const Error& e) {
+    shard = e.what();
+  }
+  EXPECT_EQ(shard, msg);
 }
 
 // The training placement's suggestion folds D*C: with W = 4 ranks and 6 experts, M_E = 3 or 6 divides the
