@@ -129,9 +129,9 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
     }
   }
   // The settings a fix may change: TP also has to divide the model's heads, which this layout does not
-  // know, so a fix changes it only when nothing else is accepted. Every range holds all values the rules can accept: ep_degree divides the
-  // world (at most TP*DP, and DP is at most num_experts when DP > 1 with EP), DP > 1 with EP needs
-  // TP*DP dividing num_experts.
+  // know, so a fix changes it only when nothing else is accepted. Every range holds all values the rules
+  // can accept: ep_degree divides the world (at most TP*DP, and DP is at most num_experts when DP > 1 with
+  // EP), DP > 1 with EP needs TP*DP dividing num_experts.
   const int max_dp = std::max(c.dp, c.num_experts);
   std::vector<SettingRange> order = {{"ep_degree", 1, c.tp * max_dp}, {"data_parallel_size", 1, max_dp}};
   // The flag's other value: first when the flag is what is missing, last when it changes the EP_TP group.
