@@ -124,14 +124,14 @@ TEST(InferenceLayout, RoundRobinPlacementIsSupported) {
 TEST(InferenceLayout, EpDegreeRequiresEnableExpertParallel) {
   const auto msg = error_of(config(8, 1, false, 2, 32));
   EXPECT_THAT(msg, HasSubstr("ep_degree=2 requires expert parallelism: pass --enable-expert-parallel"));
-  EXPECT_THAT(msg, HasSubstr("defaults to TP*DP=8"));
+  EXPECT_THAT(msg, HasSubstr("or drop --ep (ep_degree=1: no expert parallelism)"));
 }
 
 TEST(InferenceLayout, DataParallelRequiresEpOverAllRanks) {
   const auto msg = error_of(config(4, 2, true, 4, 32));
   EXPECT_THAT(msg, HasSubstr("ep_degree=4 with data_parallel_size=2"));
   EXPECT_THAT(msg, HasSubstr("must equal TP*DP=4*2=8"));
-  EXPECT_THAT(msg, HasSubstr("set ep_degree=8"));
+  EXPECT_THAT(msg, HasSubstr("set ep_degree=8, or set data_parallel_size=1"));
 }
 
 TEST(InferenceLayout, WorldMustBeDivisibleByEpDegree) {

@@ -148,7 +148,15 @@ TEST(CpTraining, RefusesASplitThatDoesNotDivide) {
       seq.find("sequence length (--seq-len) 15 is not divisible by the context-parallel degree C=2 (--cp)"),
       std::string::npos)
       << seq;
-  EXPECT_NE(seq.find("choose --seq-len a multiple of 2 or --cp in {1,3,5,15}"), std::string::npos) << seq;
+  // Only the C that also divide the 2 ranks are suggested; each suggestion trains.
+  EXPECT_NE(seq.find("choose --seq-len a multiple of 2 (up to max_seq 64), or set --cp 1"), std::string::npos)
+      << seq;
+  TrainConfig fixed = odd;
+  fixed.seq_len = 16;
+  EXPECT_EQ(run_training(2, fixed).steps.size(), 1u);
+  fixed = odd;
+  fixed.cp = 1;
+  EXPECT_EQ(run_training(2, fixed).steps.size(), 1u);
   const std::string world = error_of(3, config(2, 1, "local", 1));
   EXPECT_NE(world.find("world size W=3 is not divisible by C*TP*PP=2*1*1=2"), std::string::npos) << world;
   // A C = 1 rank's microbatch would be 3/2 sequences: no C = 1 run for the load-balancing loss to equal.

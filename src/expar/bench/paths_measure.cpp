@@ -24,6 +24,7 @@
 #include "expar/moe/moe_layer.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
+#include "expar/topo/training_layout.hpp"
 
 namespace expar::bench {
 
@@ -388,11 +389,20 @@ void validate(const PathsBenchOptions& o, int local_ranks) {
               "--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", o.transport);
   check_emulated_nodes(o.ranks_per_node, o.ranks, o.transport);
   const int ep = ep_of(o);
-  EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0,
-              "--ep {} does not divide --ranks {}: choose an EP degree that divides the ranks", ep, o.ranks);
+  // The EP degrees the training layout accepts with these ranks and experts (its own rules, run over the
+  // candidates), so that a suggested --ep is accepted.
+  std::vector<int> eps;
+  for (int m = 1; m <= o.ranks; ++m) {
+    TrainingLayoutConfig lc{o.ranks, m};
+    lc.num_experts = o.experts;
+    if (!training_layout_refusal(lc)) eps.push_back(m);
+  }
+  EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0, "--ep {} does not divide --ranks {}: choose --ep in {{{}}}", ep,
+              o.ranks, fmt::join(eps, ","));
   EXPAR_CHECK(o.experts % ep == 0,
-              "--experts {} is not divisible by the EP degree {}: choose E a multiple of {}", o.experts, ep,
-              ep);
+              "--experts {} is not divisible by the EP degree {}: choose --experts a multiple of {}, or --ep "
+              "in {{{}}}",
+              o.experts, ep, ep, fmt::join(eps, ","));
   o.precision.validate(o.model_dim);
   const std::vector<std::string> known = benchmarked_paths({});
   for (const auto& p : o.paths) {

@@ -46,15 +46,21 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 void validate(const WavesBenchOptions& o) {
   validate_setup(o);
+  // A wave is a range of the local experts per rank: a wave count fits in [2, local].
+  auto fits = [](int w, int local) { return w >= 2 && w <= local; };
+  // The fewest local experts that every listed wave count fits, so that a suggested --experts is accepted by
+  // the wave rule below too.
+  const int per_rank = o.waves.empty() ? 2 : std::max(2, *std::max_element(o.waves.begin(), o.waves.end()));
   EXPAR_CHECK(o.experts % o.ranks == 0,
-              "--experts {} is not divisible by --ranks {}: choose E a multiple of the ranks", o.experts,
-              o.ranks);
+              "--experts {} is not divisible by --ranks {}: choose --experts a multiple of {} of at least {} "
+              "({} per rank for --waves)",
+              o.experts, o.ranks, o.ranks, o.ranks * per_rank, per_rank);
   EXPAR_CHECK(path_traits(o.path).waves, "--path {} has no wave schedule: choose a path that runs waves ({})",
               o.path, paths_with(&PathTraits::waves));
   EXPAR_CHECK(!o.waves.empty(), "--waves is empty: list wave counts such as 2,4 (no-wave always runs)");
   const int local = o.experts / o.ranks;
   for (int w : o.waves)
-    EXPAR_CHECK(w >= 2 && w <= local,
+    EXPAR_CHECK(fits(w, local),
                 "--waves {}: each wave count must be in [2, {}] (a wave is a range of the {} local experts "
                 "per rank; no-wave always runs)",
                 w, local, local);

@@ -1,6 +1,7 @@
 #pragma once
 // expar::Error: every user-facing failure. Messages name the value, the rule it broke and the fix, e.g.
-// "num_experts=30 is not divisible by ep_degree=4: choose ep_degree in {1,2,3,5,6,10,15,30}".
+// "num_experts=6 is not divisible by ep_degree=4: choose ep_degree in {1,2}" (TP 4: each suggested value is
+// one the whole validation accepts; topo/refusal.hpp).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -158,7 +158,10 @@ void load_weights(MoeLayer& layer, const LayerInputs& in, const std::map<std::st
 std::vector<RankOutput> run_layer_on_ranks(const LayerToolOptions& options, const MoeConfig& config,
                                            const LayerInputs& in, const std::map<std::string, Tensor>& inputs,
                                            const std::vector<int64_t>& offsets) {
-  const TrainingLayout layout(options.ranks, options.ep);  // throws unless ep divides ranks
+  // Throws unless M_E divides the ranks and the experts, suggesting M_E values that do both.
+  TrainingLayoutConfig lc{options.ranks, options.ep};
+  lc.num_experts = config.num_experts;
+  const TrainingLayout layout(lc);
   config.validate(options.ep);
   const auto groups = layout.groups(TrainingGroup::EpMp);
   std::vector<RankOutput> outs(static_cast<size_t>(options.ranks));

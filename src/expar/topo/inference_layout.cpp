@@ -4,54 +4,176 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
-#include "expar/topo/divisors.hpp"
 
 namespace expar {
 
 namespace {
 
-// The EP degrees that satisfy both divisibility rules for this world and expert count.
-std::vector<int> valid_ep_degrees(int world, int num_experts) {
-  std::vector<int> out;
-  for (int d : divisors(world))
-    if (num_experts % d == 0) out.push_back(d);
-  return out;
+// The rules in the order they are checked; Ok when the configuration is accepted.
+enum class InferenceRule : uint8_t {
+  Ok,
+  TpPositive,
+  DpPositive,
+  ExpertsPositive,
+  EpPositive,
+  EpWithoutFlag,
+  CrossDpSpansAll,
+  WorldDivisible,
+  ExpertsDivisible,
+  IntermediatePositive,
+  IntermediateDivisible
+};
+
+// The whole validation, without messages (cheap: find_layout_fixes runs it over many candidates).
+InferenceRule broken_rule(const InferenceConfig& c) {
+  if (c.tp < 1) return InferenceRule::TpPositive;
+  if (c.dp < 1) return InferenceRule::DpPositive;
+  if (c.num_experts < 1) return InferenceRule::ExpertsPositive;
+  if (c.ep_degree && *c.ep_degree < 1) return InferenceRule::EpPositive;
+  if (c.intermediate < 0) return InferenceRule::IntermediatePositive;
+  const int world = c.tp * c.dp;
+  if (!c.enable_expert_parallel) {
+    if (c.ep_degree.value_or(1) != 1) return InferenceRule::EpWithoutFlag;
+  } else {
+    const int ep = c.ep_degree.value_or(world);
+    if (c.dp > 1 && ep != world) return InferenceRule::CrossDpSpansAll;
+    if (world % ep != 0) return InferenceRule::WorldDivisible;
+    if (c.num_experts % ep != 0) return InferenceRule::ExpertsDivisible;
+  }
+  // Without EP the EP_TP group is the TP group.
+  const int ep_tp = c.enable_expert_parallel ? world / c.ep_degree.value_or(world) : c.tp;
+  if (c.intermediate != 0 && c.intermediate % ep_tp != 0) return InferenceRule::IntermediateDivisible;
+  return InferenceRule::Ok;
 }
 
-// Runs every rule before the members are built, so the constructor's initializer list stays simple.
-int validated_ep_degree(const InferenceConfig& c) {
-  EXPAR_CHECK(c.tp >= 1, "tensor_parallel_size={} must be at least 1", c.tp);
-  EXPAR_CHECK(c.dp >= 1, "data_parallel_size={} must be at least 1", c.dp);
-  EXPAR_CHECK(c.num_experts >= 1, "num_experts={} must be at least 1", c.num_experts);
+int effective_ep_degree(const InferenceConfig& c) {
+  return c.ep_degree.value_or(c.enable_expert_parallel ? c.tp * c.dp : 1);
+}
+
+int setting_of(const InferenceConfig& c, const std::string& name) {
+  if (name == "ep_degree") return effective_ep_degree(c);
+  if (name == "data_parallel_size") return c.dp;
+  if (name == "tensor_parallel_size") return c.tp;
+  EXPAR_ASSERT(name == "enable_expert_parallel", "unknown inference setting '{}'", name);
+  return c.enable_expert_parallel ? 1 : 0;
+}
+
+InferenceConfig with_setting(InferenceConfig c, const std::string& name, int value) {
+  if (name == "ep_degree") {
+    c.ep_degree = value;
+  } else if (name == "data_parallel_size") {
+    c.dp = value;
+  } else if (name == "tensor_parallel_size") {
+    c.tp = value;
+  } else {
+    EXPAR_ASSERT(name == "enable_expert_parallel", "unknown inference setting '{}'", name);
+    c.enable_expert_parallel = value != 0;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
+  const InferenceRule rule = broken_rule(c);
+  if (rule == InferenceRule::Ok) return std::nullopt;
+  LayoutRefusal r;
+  switch (rule) {
+    case InferenceRule::TpPositive:
+      r.rule = fmt::format("tensor_parallel_size={} must be at least 1", c.tp);
+      return r;
+    case InferenceRule::DpPositive:
+      r.rule = fmt::format("data_parallel_size={} must be at least 1", c.dp);
+      return r;
+    case InferenceRule::ExpertsPositive:
+      r.rule = fmt::format("num_experts={} must be at least 1", c.num_experts);
+      return r;
+    case InferenceRule::IntermediatePositive:
+      r.rule = fmt::format("expert intermediate size {} must be at least 1", c.intermediate);
+      return r;
+    default:
+      break;
+  }
   const int world = c.tp * c.dp;
-  if (c.ep_degree) {
-    EXPAR_CHECK(*c.ep_degree >= 1,
-                "ep_degree={} must be at least 1: omit it for the default ep_degree=TP*DP={}", *c.ep_degree,
-                world);
+  const int ep = effective_ep_degree(c);
+  const char* given = c.ep_degree ? "" : " (the default TP*DP with expert parallelism)";
+  switch (rule) {
+    case InferenceRule::EpPositive:
+      r.rule = fmt::format("ep_degree={} must be at least 1", ep);
+      break;
+    case InferenceRule::EpWithoutFlag:
+      r.rule = fmt::format("ep_degree={} requires expert parallelism", ep);
+      break;
+    case InferenceRule::CrossDpSpansAll:
+      r.rule = fmt::format(
+          "ep_degree={} with data_parallel_size={}: cross-DP EP must span all ranks, ep_degree must equal "
+          "TP*DP={}*{}={}",
+          ep, c.dp, c.tp, c.dp, world);
+      break;
+    case InferenceRule::WorldDivisible:
+      r.rule =
+          fmt::format("world_size={} (TP*DP={}*{}) is not divisible by ep_degree={}", world, c.tp, c.dp, ep);
+      break;
+    case InferenceRule::ExpertsDivisible:
+      r.rule = fmt::format("num_experts={} is not divisible by ep_degree={}{}", c.num_experts, ep, given);
+      break;
+    default: {
+      const int ep_tp = c.enable_expert_parallel ? world / ep : c.tp;
+      r.rule = fmt::format(
+          "expert intermediate size {} is not divisible by the {} ranks of an EP_TP group ({}), which "
+          "split it",
+          c.intermediate, ep_tp,
+          c.enable_expert_parallel ? fmt::format("world {} / ep_degree {}", world, ep)
+                                   : fmt::format("the TP group: no expert parallelism"));
+      break;
+    }
   }
-  if (!c.enable_expert_parallel) {
-    EXPAR_CHECK(!c.ep_degree || *c.ep_degree == 1,
-                "ep_degree={} requires expert parallelism: pass --enable-expert-parallel "
-                "(enable_expert_parallel in the options; ep_degree then defaults to TP*DP={}) or drop --ep "
-                "(ep_degree)",
-                *c.ep_degree, world);
-    return 1;
+  // The settings a fix may change: TP also has to divide the model's heads, which this layout does not
+  // know, so a fix changes it only when nothing else is accepted. Every range holds all values the rules
+  // can accept: ep_degree divides the world (at most TP*DP, and DP is at most num_experts when DP > 1 with
+  // EP), DP > 1 with EP needs TP*DP dividing num_experts.
+  const int max_dp = std::max(c.dp, c.num_experts);
+  std::vector<SettingRange> order = {{"ep_degree", 1, c.tp * max_dp}, {"data_parallel_size", 1, max_dp}};
+  // The flag's other value: first when the flag is what is missing, last when it changes the EP_TP group.
+  const int flag = c.enable_expert_parallel ? 0 : 1;
+  if (rule == InferenceRule::EpWithoutFlag)
+    order.insert(order.begin(), {"enable_expert_parallel", flag, flag});
+  if (rule == InferenceRule::IntermediateDivisible) order.push_back({"enable_expert_parallel", flag, flag});
+  auto accepted = [](const InferenceConfig& x) { return broken_rule(x) == InferenceRule::Ok; };
+  r.fixes = find_layout_fixes(c, order, setting_of, with_setting, accepted);
+  if (r.fixes.empty()) {
+    // Only another TP is left (an intermediate size that neither EP nor DP lets the ranks split). Its
+    // range holds every TP whose EP_TP group divides the intermediate size.
+    const int hi = std::max(c.tp, c.intermediate) * std::max(1, ep);
+    order.push_back({"tensor_parallel_size", 1, hi});
+    r.fixes = find_layout_fixes(c, order, setting_of, with_setting, accepted);
+    r.note = "TP must also divide the model's attention heads";
   }
-  const int ep = c.ep_degree.value_or(world);
-  if (c.dp > 1) {
-    EXPAR_CHECK(
-        ep == world,
-        "ep_degree={} with data_parallel_size={}: cross-DP EP must span all ranks, ep_degree must equal "
-        "TP*DP={}*{}={}; set ep_degree={} or omit it",
-        ep, c.dp, c.tp, c.dp, world, world);
+  const bool ep_alone = std::any_of(r.fixes.begin(), r.fixes.end(), [](const LayoutFix& f) {
+    return f.with.empty() && f.setting == "ep_degree";
+  });
+  if (!ep_alone && c.enable_expert_parallel && c.dp > 1)
+    r.note = fmt::format(
+                 "no ep_degree alone is accepted: with data_parallel_size={} cross-DP EP needs "
+                 "ep_degree=TP*DP={}, which does not divide num_experts={}",
+                 c.dp, world, c.num_experts) +
+             (r.note.empty() ? "" : "; " + r.note);
+  for (LayoutFix& f : r.fixes) {
+    if (!f.with.empty()) continue;
+    if (f.setting == "enable_expert_parallel")
+      f.phrase = f.values[0] == 1 ? "pass --enable-expert-parallel (enable_expert_parallel)"
+                                  : "drop --enable-expert-parallel (enable_expert_parallel)";
+    else if (f.setting == "ep_degree" && !c.enable_expert_parallel && f.values == std::vector<int>{1})
+      f.phrase = "drop --ep (ep_degree=1: no expert parallelism)";
   }
-  EXPAR_CHECK(world % ep == 0,
-              "world_size={} (TP*DP={}*{}) is not divisible by ep_degree={}: choose ep_degree in {{{}}}",
-              world, c.tp, c.dp, ep, fmt::join(valid_ep_degrees(world, c.num_experts), ","));
-  EXPAR_CHECK(c.num_experts % ep == 0,
-              "num_experts={} is not divisible by ep_degree={}: choose ep_degree in {{{}}}", c.num_experts,
-              ep, fmt::join(valid_ep_degrees(world, c.num_experts), ","));
-  return ep;
+  return r;
+}
+
+namespace {
+
+int validated_ep_degree(const InferenceConfig& c) {
+  if (auto refusal = inference_refusal(c)) throw Error(refusal->message());
+  return effective_ep_degree(c);
 }
 
 }  // namespace
@@ -61,7 +183,8 @@ InferenceLayout::InferenceLayout(const InferenceConfig& config)
       dp_(config.dp),
       ep_enabled_(config.enable_expert_parallel),
       ep_degree_(validated_ep_degree(config)),
-      placement_(config.num_experts, ep_degree_, config.placement) {}
+      placement_(config.num_experts, ep_degree_, config.placement),
+      config_(config) {}
 
 int InferenceLayout::ep_tp_size() const {
   return ep_enabled_ ? world() / ep_degree_ : tp_;
@@ -128,11 +251,12 @@ InferenceRankInfo InferenceLayout::rank_info(int rank) const {
 std::pair<int, int> InferenceLayout::intermediate_shard(int rank, int intermediate) const {
   check_rank(rank);
   const int n = ep_tp_size();
-  EXPAR_CHECK(
-      intermediate >= 1 && intermediate % n == 0,
-      "expert intermediate size {} is not divisible by the {} ranks of an EP_TP group (world {} / ep_degree "
-      "{}): choose ep_degree so that world/ep_degree divides {}",
-      intermediate, n, world(), ep_degree_, intermediate);
+  EXPAR_CHECK(intermediate >= 1, "expert intermediate size {} must be at least 1", intermediate);
+  if (intermediate % n != 0) {
+    InferenceConfig c = config_;
+    c.intermediate = intermediate;
+    throw Error(inference_refusal(c)->message());
+  }
   const int r = rank % n;
   const int shard = intermediate / n;
   return {r * shard, (r + 1) * shard};

@@ -16,14 +16,18 @@
 //                  {0,4},{1,5},{2,6},{3,7}.
 //   cross-DP EP    DP > 1 with EP: ep_degree must equal TP * DP (seed 002 limitation 2).
 // Validation follows seed 002: ep_degree > 1 needs enable_expert_parallel; with DP > 1 ep_degree must be
-// TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0. Unlike seed 002 (limitation 4) round-robin
-// placement is supported.
+// TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0; ep_tp divides the experts' intermediate
+// size. Unlike seed 002 (limitation 4) round-robin placement is supported. A refusal (inference_refusal)
+// suggests ep_degree, data_parallel_size or enable_expert_parallel values that the whole validation
+// accepts; another TP only when nothing else is, since TP must also divide the model's attention heads (a
+// rule of the weights, not of this layout).
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "expar/topo/placement.hpp"
+#include "expar/topo/refusal.hpp"
 
 namespace expar {
 
@@ -34,7 +38,16 @@ struct InferenceConfig {
   std::optional<int> ep_degree;  // unset: TP * DP with EP, 1 without
   int num_experts = 1;
   PlacementKind placement = PlacementKind::Contiguous;
+  // The experts' intermediate size, which the ep_tp ranks of an EP_TP group split (0: not checked here;
+  // intermediate_shard checks it when the weights are sharded, with the same message). infer leaves it 0:
+  // the sampling path of expar generate uses the layout but not its intermediate split.
+  int intermediate = 0;
 };
+
+// The rule `config` breaks and the fixes the whole validation accepts (settings "ep_degree",
+// "data_parallel_size", "enable_expert_parallel" (0/1), "tensor_parallel_size"), or nullopt when
+// InferenceLayout accepts it.
+std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& config);
 
 enum class InferenceGroup : uint8_t { Tp, Dp, EpTp, Ep };
 
@@ -48,7 +61,7 @@ struct InferenceRankInfo {
 
 class InferenceLayout {
  public:
-  // Applies every validation rule of seed 002; throws expar::Error naming the values and a valid choice.
+  // Applies every validation rule of seed 002; throws expar::Error with inference_refusal's message.
   explicit InferenceLayout(const InferenceConfig& config);
 
   int world() const { return tp_ * dp_; }
@@ -65,7 +78,7 @@ class InferenceLayout {
   std::vector<int> group_of(int rank, InferenceGroup kind) const;
   InferenceRankInfo rank_info(int rank) const;
   // The [begin, end) slice of an expert's intermediate dimension held by `rank`; throws unless
-  // ep_tp_size divides `intermediate`.
+  // ep_tp_size divides `intermediate` (inference_refusal's message for this layout with it).
   std::pair<int, int> intermediate_shard(int rank, int intermediate) const;
 
  private:
@@ -74,6 +87,7 @@ class InferenceLayout {
   bool ep_enabled_;
   int ep_degree_;
   ExpertPlacement placement_;
+  InferenceConfig config_;  // as given (ep_degree may be unset), for intermediate_shard's refusal
 };
 
 }  // namespace expar

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "expar/core/error.hpp"
-#include "expar/topo/divisors.hpp"
 
 namespace expar {
 
@@ -18,13 +17,6 @@ int64_t ceil_div(int64_t a, int64_t b) {
 void check_config(const PlanConfig& c) {
   validate(c.model);
   const ModelShape& m = c.model;
-  EXPAR_CHECK(c.pp >= 1 && m.layers % c.pp == 0,
-              "pipeline stages PP={} does not divide the {} layers of '{}': choose PP in {{{}}}", c.pp,
-              m.layers, m.name, fmt::join(divisors(m.layers), ","));
-  EXPAR_CHECK(
-      c.tp >= 1 && m.heads % c.tp == 0,
-      "tensor-parallel degree TP={} does not divide the {} attention heads of '{}': choose TP in {{{}}}",
-      c.tp, m.heads, m.name, fmt::join(divisors(m.heads), ","));
   EXPAR_CHECK(c.tokens_per_rank >= 1, "tokens per rank T={} must be at least 1", c.tokens_per_rank);
   EXPAR_CHECK(c.microbatches >= 1, "microbatches={} must be at least 1", c.microbatches);
   EXPAR_CHECK(
@@ -140,7 +132,10 @@ std::vector<std::string> plan_dtype_names() {
 Plan make_plan(const PlanConfig& config) {
   check_config(config);
   const ModelShape& m = config.model;
-  TrainingLayout layout(config.world, config.ep_mp, config.cp, config.tp, config.pp);
+  // The layout's rules and the model counts it must divide, in one validation, so that a suggested PP, TP, C
+  // or M_E is accepted by all of them.
+  const TrainingLayout layout(TrainingLayoutConfig{config.world, config.ep_mp, config.cp, config.tp,
+                                                   config.pp, m.num_experts, m.layers, m.heads, m.name});
   const ExpertPlacement placement = layout.expert_placement(m.num_experts, config.placement);
   const int local_experts = placement.local_count();
 

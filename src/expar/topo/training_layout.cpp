@@ -4,7 +4,6 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
-#include "expar/topo/divisors.hpp"
 
 namespace expar {
 
@@ -28,27 +27,116 @@ std::string training_group_name(TrainingGroup kind) {
   return "?";
 }
 
-TrainingLayout::TrainingLayout(int world_, int ep_mp_, int cp_, int tp_, int pp_)
-    : world(world_), cp(cp_), tp(tp_), pp(pp_), dp(0), ep_mp(ep_mp_), ep_dp(0), stage_size(0) {
-  EXPAR_CHECK(world >= 1, "world size W={} must be at least 1", world);
-  EXPAR_CHECK(cp >= 1, "context-parallel degree C={} must be at least 1", cp);
-  EXPAR_CHECK(tp >= 1, "tensor-parallel degree TP={} must be at least 1", tp);
-  EXPAR_CHECK(pp >= 1, "pipeline stages PP={} must be at least 1", pp);
-  EXPAR_CHECK(ep_mp >= 1, "EP_MP degree M_E={} must be at least 1", ep_mp);
-  const int non_dp = cp * tp * pp;
-  EXPAR_CHECK(world % non_dp == 0,
-              "world size W={} is not divisible by C*TP*PP={}*{}*{}={}: the dense data-parallel degree "
-              "D=W/(C*TP*PP) must be whole; choose C*TP*PP in {{{}}}",
-              world, cp, tp, pp, non_dp, fmt::join(divisors(world), ","));
-  dp = world / non_dp;
+namespace {
+
+enum class TrainingRule : uint8_t {
+  Ok,
+  Positive,
+  PpDividesLayers,
+  TpDividesHeads,
+  DenseDpWhole,
+  EpMpDividesStage,
+  EpMpDividesExperts
+};
+
+// The whole validation, without messages (cheap: find_layout_fixes runs it over many candidates).
+TrainingRule broken_rule(const TrainingLayoutConfig& c) {
+  if (c.world < 1 || c.cp < 1 || c.tp < 1 || c.pp < 1 || c.ep_mp < 1) return TrainingRule::Positive;
+  if (c.layers > 0 && c.layers % c.pp != 0) return TrainingRule::PpDividesLayers;
+  if (c.heads > 0 && c.heads % c.tp != 0) return TrainingRule::TpDividesHeads;
+  if (c.world % (c.cp * c.tp * c.pp) != 0) return TrainingRule::DenseDpWhole;
+  if (c.world / c.pp % c.ep_mp != 0) return TrainingRule::EpMpDividesStage;
+  if (c.num_experts > 0 && c.num_experts % c.ep_mp != 0) return TrainingRule::EpMpDividesExperts;
+  return TrainingRule::Ok;
+}
+
+int& field(TrainingLayoutConfig& c, const std::string& name) {
+  if (name == "M_E") return c.ep_mp;
+  if (name == "C") return c.cp;
+  if (name == "TP") return c.tp;
+  EXPAR_ASSERT(name == "PP", "unknown training layout setting '{}'", name);
+  return c.pp;
+}
+
+std::string positive_rule(const TrainingLayoutConfig& c) {
+  for (auto [v, what] : {std::pair{c.world, "world size W"},
+                         {c.cp, "context-parallel degree C"},
+                         {c.tp, "tensor-parallel degree TP"},
+                         {c.pp, "pipeline stages PP"},
+                         {c.ep_mp, "EP_MP degree M_E"}})
+    if (v < 1) return fmt::format("{}={} must be at least 1", what, v);
+  return "";
+}
+
+}  // namespace
+
+std::optional<LayoutRefusal> training_layout_refusal(const TrainingLayoutConfig& c) {
+  const TrainingRule rule = broken_rule(c);
+  if (rule == TrainingRule::Ok) return std::nullopt;
+  LayoutRefusal r;
+  std::vector<SettingRange> order = {
+      {"M_E", 1, c.world}, {"C", 1, c.world}, {"TP", 1, c.world}, {"PP", 1, c.world}};
+  auto first = [&order](const std::string& name) {
+    std::stable_partition(order.begin(), order.end(), [&](const SettingRange& s) { return s.name == name; });
+  };
+  switch (rule) {
+    case TrainingRule::Positive:
+      // The world size is the ranks one has: below 1 there is nothing to suggest.
+      r.rule = positive_rule(c);
+      if (c.world < 1) return r;
+      break;
+    case TrainingRule::PpDividesLayers:
+      r.rule =
+          fmt::format("pipeline stages PP={} does not divide the {} layers of '{}'", c.pp, c.layers, c.model);
+      first("PP");
+      break;
+    case TrainingRule::TpDividesHeads:
+      r.rule = fmt::format("tensor-parallel degree TP={} does not divide the {} attention heads of '{}'",
+                           c.tp, c.heads, c.model);
+      first("TP");
+      break;
+    case TrainingRule::DenseDpWhole:
+      r.rule = fmt::format(
+          "world size W={} is not divisible by C*TP*PP={}*{}*{}={}: the dense data-parallel degree "
+          "D=W/(C*TP*PP) must be whole",
+          c.world, c.cp, c.tp, c.pp, c.cp * c.tp * c.pp);
+      first("C");
+      break;
+    case TrainingRule::EpMpDividesStage: {
+      const int dp = c.world / (c.cp * c.tp * c.pp);
+      r.rule = fmt::format(
+          "EP_MP degree M_E={} does not divide the D*C*TP={}*{}*{}={} ranks of a pipeline stage (eq. 8 with "
+          "CP "
+          "folding: D*C = M_E*D_E)",
+          c.ep_mp, dp, c.cp, c.tp, dp * c.cp * c.tp);
+      break;
+    }
+    default:
+      r.rule = fmt::format("num_experts={} is not divisible by EP_MP degree M_E={}", c.num_experts, c.ep_mp);
+      break;
+  }
+  r.fixes = find_layout_fixes(
+      c, order, [](TrainingLayoutConfig x, const std::string& name) { return field(x, name); },
+      [](TrainingLayoutConfig x, const std::string& name, int value) {
+        field(x, name) = value;
+        return x;
+      },
+      [](const TrainingLayoutConfig& x) { return broken_rule(x) == TrainingRule::Ok; });
+  if (!r.fixes.empty() && r.fixes[0].setting != order[0].name)
+    r.note = fmt::format("no {} alone is accepted with the other settings", order[0].name);
+  return r;
+}
+
+TrainingLayout::TrainingLayout(const TrainingLayoutConfig& c)
+    : world(c.world), cp(c.cp), tp(c.tp), pp(c.pp), dp(0), ep_mp(c.ep_mp), ep_dp(0), stage_size(0) {
+  if (auto refusal = training_layout_refusal(c)) throw Error(refusal->message());
+  dp = world / (cp * tp * pp);
   stage_size = dp * cp * tp;
-  EXPAR_CHECK(
-      stage_size % ep_mp == 0,
-      "EP_MP degree M_E={} does not divide the D*C*TP={}*{}*{}={} ranks of a pipeline stage (eq. 8 with CP "
-      "folding: D*C = M_E*D_E): choose M_E in {{{}}}",
-      ep_mp, dp, cp, tp, stage_size, fmt::join(divisors(stage_size), ","));
   ep_dp = stage_size / ep_mp;
 }
+
+TrainingLayout::TrainingLayout(int world_, int ep_mp_, int cp_, int tp_, int pp_)
+    : TrainingLayout(TrainingLayoutConfig{world_, ep_mp_, cp_, tp_, pp_}) {}
 
 void TrainingLayout::check_rank(int rank) const {
   EXPAR_ASSERT(rank >= 0 && rank < world, "rank {} is out of range [0, {}): world size is {}", rank, world,
@@ -150,6 +238,11 @@ std::vector<std::vector<int>> TrainingLayout::groups(TrainingGroup kind) const {
 }
 
 ExpertPlacement TrainingLayout::expert_placement(int num_experts, PlacementKind kind) const {
+  // The placement alone would suggest every divisor of num_experts, most of which this layout refuses.
+  TrainingLayoutConfig c{world, ep_mp, cp, tp, pp};
+  c.num_experts = num_experts;
+  if (num_experts >= 1)
+    if (auto refusal = training_layout_refusal(c)) throw Error(refusal->message());
   return ExpertPlacement(num_experts, ep_mp, kind);
 }
 

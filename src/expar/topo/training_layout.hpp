@@ -20,10 +20,12 @@
 // only the dense weights; experts are not tensor-sharded in training (expert TP = 1), so TP ranks fold into
 // the expert axes like CP ranks do (Megatron-style "MoE parallel folding": TP*C*D = M_E*D_E).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "expar/topo/placement.hpp"
+#include "expar/topo/refusal.hpp"
 
 namespace expar {
 
@@ -43,9 +45,24 @@ struct TrainingCoords {
   int ep_mp = 0, ep_dp = 0;               // expert axes (folded over the same ranks)
 };
 
+// A layout and the model counts it must divide (0: not checked, for a layout without a model).
+struct TrainingLayoutConfig {
+  int world = 1, ep_mp = 1, cp = 1, tp = 1, pp = 1;
+  int num_experts = 0;  // divisible by M_E
+  int layers = 0;       // divisible by PP
+  int heads = 0;        // divisible by TP
+  std::string model{};  // the model's name, for messages
+};
+
+// The rule `config` breaks and the fixes the whole validation accepts (settings "M_E", "C", "TP", "PP";
+// never W, the ranks one has), or nullopt when TrainingLayout accepts it. Rules, in order: every degree
+// >= 1; PP divides layers; TP divides heads; C*TP*PP divides W; M_E divides the D*C*TP ranks of a stage;
+// M_E divides num_experts.
+std::optional<LayoutRefusal> training_layout_refusal(const TrainingLayoutConfig& config);
+
 struct TrainingLayout {
-  // Throws expar::Error when a degree is < 1, when PP*TP*C does not divide W, or when M_E does not divide the
-  // D*C*TP ranks of a stage; the message names the values and lists valid choices.
+  // Throws expar::Error with training_layout_refusal's message.
+  explicit TrainingLayout(const TrainingLayoutConfig& config);
   TrainingLayout(int world, int ep_mp, int cp = 1, int tp = 1, int pp = 1);
 
   int world;       // W
@@ -67,7 +84,8 @@ struct TrainingLayout {
   std::vector<int> group_of(int rank, TrainingGroup kind) const;
   int group_size(TrainingGroup kind) const;
 
-  // Experts are sharded over EP_MP: rank r holds placement.local_experts(coords(r).ep_mp).
+  // Experts are sharded over EP_MP: rank r holds placement.local_experts(coords(r).ep_mp). Throws
+  // unless M_E divides num_experts, suggesting the M_E this layout accepts with that many experts.
   ExpertPlacement expert_placement(int num_experts, PlacementKind kind = PlacementKind::Contiguous) const;
   std::vector<int> local_experts(int rank, int num_experts,
                                  PlacementKind kind = PlacementKind::Contiguous) const;

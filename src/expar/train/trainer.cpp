@@ -10,7 +10,6 @@
 #include "expar/core/timer.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/moe/score_bias.hpp"
-#include "expar/topo/divisors.hpp"
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/adamw.hpp"
 #include "expar/train/checkpoint.hpp"
@@ -109,7 +108,11 @@ struct RunGroups {
 };
 
 RunGroups make_groups(const TrainConfig& cfg, Comm& world) {
-  TrainingLayout layout(world.size(), cfg.ep, cfg.cp);
+  // With the model's expert count, so that a refused M_E or C is answered with values that the placement
+  // accepts too (the MoE layers' own check knows no D*C).
+  TrainingLayoutConfig lc{world.size(), cfg.ep, cfg.cp};
+  lc.num_experts = cfg.model.moe.num_experts;
+  const TrainingLayout layout(lc);
   RunGroups g{layout,
               world.subgroup(layout.groups(TrainingGroup::Dp), "dp"),
               world.subgroup(layout.groups(TrainingGroup::Cp), "cp"),
@@ -178,18 +181,60 @@ void check_train_config(const TrainConfig& c) {
     EXPAR_CHECK(v >= 0, "{}={} must not be negative", name, v);
 }
 
+// The trainer's rules over the layout and the split of the batch, as one validation: the training layout
+// with the model's experts, whole sequences per dense-DP rank and microbatch, whole chunks per CP rank and,
+// with the load-balancing loss under CP, whole microbatches of a C = 1 run (router_loss_batches). The
+// values a refusal below suggests are found by running it over candidates, so each is accepted.
+bool split_accepted(const TrainConfig& cfg, int world, int cp, int batch, int seq_len) {
+  TrainingLayoutConfig lc{world, cfg.ep, cp};
+  lc.num_experts = cfg.model.moe.num_experts;
+  if (training_layout_refusal(lc)) return false;
+  const int dp = world / cp;
+  if (batch % (dp * cfg.microbatches) != 0 || seq_len % cp != 0) return false;
+  return batch / dp / cfg.microbatches % cp == 0 || cfg.model.moe.aux_loss_coef == 0.0;
+}
+
+// The smallest global batch the split accepts; the accepted ones are its multiples. W*microbatches is
+// always accepted once the layout is (one sequence per rank and microbatch, C per CP group).
+int smallest_batch(const TrainConfig& cfg, const TrainingLayout& layout) {
+  int b = 1;
+  while (!split_accepted(cfg, layout.world, layout.cp, b, cfg.seq_len)) ++b;
+  return b;
+}
+
 // The batch and sequence split the layout needs: whole sequences per dense-DP rank and microbatch, whole
 // chunks per CP rank.
 void check_layout_split(const TrainConfig& cfg, const TrainingLayout& layout) {
+  const int w = layout.world;
   EXPAR_CHECK(
       cfg.global_batch % (layout.dp * cfg.microbatches) == 0,
       "global batch {} is not divisible by dense-DP ranks {} x microbatches {}: choose a multiple of {}",
-      cfg.global_batch, layout.dp, cfg.microbatches, layout.dp * cfg.microbatches);
-  EXPAR_CHECK(cfg.seq_len % cfg.cp == 0,
-              "sequence length (--seq-len) {} is not divisible by the context-parallel degree C={} (--cp): "
-              "each of the C ranks of a CP group holds S/C positions of every sequence; choose --seq-len a "
-              "multiple of {} or --cp in {{{}}}",
-              cfg.seq_len, cfg.cp, cfg.cp, fmt::join(divisors(cfg.seq_len), ","));
+      cfg.global_batch, layout.dp, cfg.microbatches, smallest_batch(cfg, layout));
+  if (cfg.seq_len % cfg.cp == 0) return;
+  std::vector<std::string> fixes;
+  // A multiple of C up to the model's max_seq (check_train_config), the nearest first.
+  const int longer = (cfg.seq_len / cfg.cp + 1) * cfg.cp;
+  const int shorter = cfg.seq_len / cfg.cp * cfg.cp;
+  if ((longer <= cfg.model.max_seq && split_accepted(cfg, w, cfg.cp, cfg.global_batch, longer)) ||
+      (shorter >= 1 && split_accepted(cfg, w, cfg.cp, cfg.global_batch, shorter)))
+    fixes.push_back(
+        fmt::format("choose --seq-len a multiple of {} (up to max_seq {})", cfg.cp, cfg.model.max_seq));
+  std::vector<int> cps;
+  for (int c = 1; c <= w; ++c)
+    if (split_accepted(cfg, w, c, cfg.global_batch, cfg.seq_len)) cps.push_back(c);
+  if (cps.size() == 1) fixes.push_back(fmt::format("set --cp {}", cps[0]));
+  if (cps.size() > 1) fixes.push_back(fmt::format("choose --cp in {{{}}}", fmt::join(cps, ",")));
+  if (fixes.empty()) {
+    // Neither alone: C = 1 (always a layout the ranks accept) with a batch it splits.
+    int b = 1;
+    while (!split_accepted(cfg, w, 1, b, cfg.seq_len)) ++b;
+    fixes.push_back(fmt::format("set --cp 1 and choose --batch a multiple of {}", b));
+  }
+  fail(
+      "sequence length (--seq-len) {} is not divisible by the context-parallel degree C={} (--cp): each of "
+      "the "
+      "C ranks of a CP group holds S/C positions of every sequence; {}",
+      cfg.seq_len, cfg.cp, fmt::join(fixes, ", or "));
 }
 
 // The loss batches of the routers under CP (MoeTransformer::set_context_parallel). At C = 1 the aux and
