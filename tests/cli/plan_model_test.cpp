@@ -2,7 +2,6 @@
 // preset's published values plans exactly as the preset does; a conflicting or unsupported input is refused
 // by name. Run through the binary, as a user would.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/published_configs.hpp"
+#include "common/temp_dir.hpp"
 #include "run_process.hpp"
 
 namespace expar {
@@ -21,16 +22,9 @@ using testing::run_process;
 
 class PlanModel : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("expar_plan_model_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   fs::path write_config(const nlohmann::json& config) {
     std::ofstream(dir_ / "config.json") << config.dump(2);
-    return dir_;
+    return dir_.path();
   }
 
   static nlohmann::json plan_json(const std::vector<std::string>& args) {
@@ -42,20 +36,10 @@ class PlanModel : public ::testing::Test {
     return nlohmann::json::parse(r.output);
   }
 
-  fs::path dir_;
+  test::TempDir dir_{"plan_model"};
 };
 
-const nlohmann::json kMixtral8x7b = {{"model_type", "mixtral"},
-                                     {"hidden_size", 4096},
-                                     {"intermediate_size", 14336},
-                                     {"num_hidden_layers", 32},
-                                     {"num_attention_heads", 32},
-                                     {"num_key_value_heads", 8},
-                                     {"num_local_experts", 8},
-                                     {"num_experts_per_tok", 2},
-                                     {"vocab_size", 32000},
-                                     {"tie_word_embeddings", false},
-                                     {"max_position_embeddings", 32768}};
+const nlohmann::json kMixtral8x7b = test::mixtral_8x7b_config();
 
 TEST_F(PlanModel, AConfigJsonPlansAsItsPreset) {
   const fs::path dir = write_config(kMixtral8x7b);

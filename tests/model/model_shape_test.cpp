@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/published_configs.hpp"
 #include "expar/model/hf_config.hpp"
 
 namespace expar {
@@ -36,17 +37,7 @@ void expect_same_shape(const json& config, const std::string& preset) {
 }
 
 TEST(ModelShape, MixtralConfigGivesThePreset) {
-  expect_same_shape({{"model_type", "mixtral"},
-                     {"hidden_size", 4096},
-                     {"intermediate_size", 14336},
-                     {"num_hidden_layers", 32},
-                     {"num_attention_heads", 32},
-                     {"num_key_value_heads", 8},
-                     {"num_local_experts", 8},
-                     {"num_experts_per_tok", 2},
-                     {"vocab_size", 32000},
-                     {"tie_word_embeddings", false}},
-                    "mixtral-8x7b");
+  expect_same_shape(test::mixtral_8x7b_config(), "mixtral-8x7b");
 }
 
 TEST(ModelShape, OlmoeConfigGivesThePresetWithProjectionNorms) {
