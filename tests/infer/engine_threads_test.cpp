@@ -47,7 +47,7 @@ const Reference& reference() {
     MemoryTracker& host = current_tracker();
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
-      MoeTransformer model(r.config, *group);
+      MoeTransformer model(r.config, {}, *group);
       model.init(11);
       write_expar_checkpoint(r.dir, model, 4);
       for (int rep = 0; rep < kReplicas; ++rep) {
@@ -99,7 +99,7 @@ class EngineLayouts : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(EngineLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
   const Reference& ref = reference();
-  const InferenceLayout layout = make_layout(GetParam(), ref.config.moe.num_experts);
+  const InferenceLayout layout = make_layout(GetParam(), ref.config.moe.router.num_experts);
   run_ranks(layout.world(), [&](Comm& world) {
     auto store = ExparCheckpointStore::open(ref.dir);
     Engine engine(layout, world,
@@ -155,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(Infer, EngineLayouts, ::testing::ValuesIn(all_layouts()
 // collective, and replica 0 still gets the reference's tokens.
 TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
   const Reference& ref = reference();
-  const InferenceLayout layout = make_layout({2, 2, true, std::nullopt}, ref.config.moe.num_experts);
+  const InferenceLayout layout = make_layout({2, 2, true, std::nullopt}, ref.config.moe.router.num_experts);
   std::mutex mutex;
   std::vector<std::vector<int32_t>> got(static_cast<size_t>(layout.world()));
   run_ranks(layout.world(), [&](Comm& world) {
@@ -211,7 +211,7 @@ TEST(Engine, CollectivePatternPerPhase) {
   const int layers = ref.config.layers;
   for (const LayoutCase& c : {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt},
                               LayoutCase{4, 1, true, 2}, LayoutCase{2, 1, false, std::nullopt}}) {
-    const InferenceLayout layout = make_layout(c, ref.config.moe.num_experts);
+    const InferenceLayout layout = make_layout(c, ref.config.moe.router.num_experts);
     SCOPED_TRACE(fmt::format("TP {} DP {} EP {} (ep_tp_size {})", c.tp, c.dp, layout.ep_degree(),
                              layout.ep_tp_size()));
     const bool cross = layout.cross_dp_ep();
@@ -248,10 +248,10 @@ TEST(Engine, CollectivePatternPerPhase) {
 // the ranks that share one expert (ep_tp_size), in every layer.
 TEST(Engine, CountsTheExpertWeightsEachLayerReads) {
   const Reference& ref = reference();
-  const int layers = ref.config.layers, k = ref.config.moe.top_k;
+  const int layers = ref.config.layers, k = ref.config.moe.router.top_k;
   for (const LayoutCase& c : {LayoutCase{1, 1, false, std::nullopt}, LayoutCase{2, 1, false, std::nullopt},
                               LayoutCase{4, 1, true, std::nullopt}, LayoutCase{4, 1, true, 2}}) {
-    const InferenceLayout layout = make_layout(c, ref.config.moe.num_experts);
+    const InferenceLayout layout = make_layout(c, ref.config.moe.router.num_experts);
     SCOPED_TRACE(fmt::format("TP {} EP {} (ep_tp_size {})", c.tp, layout.ep_degree(), layout.ep_tp_size()));
     std::mutex mutex;
     std::vector<int64_t> sum(static_cast<size_t>(layers), 0);
@@ -285,12 +285,12 @@ TEST(Engine, ReplicatesKeyValueHeadsWhenTpExceedsThem) {
   MemoryTracker& host = current_tracker();
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(config, *group);
+    MoeTransformer model(config, {}, *group);
     model.init(3);
     write_expar_checkpoint(dir, model, 1);
     want = export_to(host, model.logits(prompt, 1, 6));
   });
-  const InferenceLayout layout = make_layout({4, 1, true, std::nullopt}, config.moe.num_experts);
+  const InferenceLayout layout = make_layout({4, 1, true, std::nullopt}, config.moe.router.num_experts);
   run_ranks(4, [&](Comm& world) {
     auto store = ExparCheckpointStore::open(dir);
     RankWeights w = load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank());
@@ -328,7 +328,7 @@ TEST(Engine, RoutesWithTheSavedScoreBias) {
   MemoryTracker& host = current_tracker();
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(config, *group);
+    MoeTransformer model(config, {}, *group);
     model.init(11);
     for (int l = 0; l < config.layers; ++l)
       fill_normal(model.moe(l).params().score_bias, 5, static_cast<uint64_t>(l), 0.5f);
@@ -340,7 +340,7 @@ TEST(Engine, RoutesWithTheSavedScoreBias) {
   });
   EXPECT_FALSE(close(want, unbiased)) << "the bias changes no route: the test would not see it ignored";
   for (const LayoutCase& c : {LayoutCase{1, 1, false, std::nullopt}, LayoutCase{2, 1, true, std::nullopt}}) {
-    const InferenceLayout layout = make_layout(c, config.moe.num_experts);
+    const InferenceLayout layout = make_layout(c, config.moe.router.num_experts);
     run_ranks(layout.world(), [&](Comm& world) {
       auto store = ExparCheckpointStore::open(dir);
       ASSERT_TRUE(store->model().moe.use_score_bias) << "the manifest names the bias";
@@ -356,7 +356,8 @@ TEST(Engine, RoutesWithTheSavedScoreBias) {
   manifest["model"].erase("score_bias");
   std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
   auto store = ExparCheckpointStore::open(dir);
-  const InferenceLayout one = make_layout(LayoutCase{1, 1, false, std::nullopt}, config.moe.num_experts);
+  const InferenceLayout one =
+      make_layout(LayoutCase{1, 1, false, std::nullopt}, config.moe.router.num_experts);
   std::string message = "(no error)";
   try {
     load_rank_weights(*store, expar_weight_names(), store->model(), one, 0);

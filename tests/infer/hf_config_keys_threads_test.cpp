@@ -39,7 +39,7 @@ std::vector<int32_t> prompt_of(const HfTestModel& m) {
 // The single-rank engine's prefill logits of `prompt` for the checkpoint in `dir`; throws what it throws.
 Tensor engine_logits(const fs::path& dir, const std::vector<int32_t>& prompt) {
   const ModelSpec spec = open_model_spec(dir);
-  const InferenceLayout layout = make_layout(1, 1, false, std::nullopt, spec.config.moe.num_experts);
+  const InferenceLayout layout = make_layout(1, 1, false, std::nullopt, spec.config.moe.router.num_experts);
   Tensor out;
   MemoryTracker& host = current_tracker();
   run_ranks(1, [&](Comm& world) {
@@ -344,20 +344,20 @@ TEST(HfConfigKeys, AbsentKeysTakeTheFamilyDefaults) {
   EXPECT_EQ(q3.config.heads, 32);
   EXPECT_EQ(q3.config.kv_heads, 4);
   EXPECT_EQ(q3.config.head_dim, 64);  // hidden_size / heads
-  EXPECT_EQ(q3.config.moe.num_experts, 128);
-  EXPECT_EQ(q3.config.moe.top_k, 8);
+  EXPECT_EQ(q3.config.moe.router.num_experts, 128);
+  EXPECT_EQ(q3.config.moe.router.top_k, 8);
   EXPECT_EQ(q3.config.moe.hidden_dim, 768);
-  EXPECT_FALSE(q3.config.moe.renormalize);
+  EXPECT_FALSE(q3.config.moe.router.renormalize);
   EXPECT_EQ(q3.features.qk_norm, QkNorm::PerHead);
   EXPECT_EQ(q3.config.rope_theta, 10000.0);
   const Architecture ol = hf_architecture(json{{"model_type", "olmoe"}}, "ol");
   EXPECT_EQ(ol.config.kv_heads, 16);  // = heads
-  EXPECT_EQ(ol.config.moe.num_experts, 64);
+  EXPECT_EQ(ol.config.moe.router.num_experts, 64);
   EXPECT_EQ(ol.features.qk_norm, QkNorm::Projection);
   const Architecture mx = hf_architecture(json{{"model_type", "mixtral"}}, "mx");
   EXPECT_EQ(mx.config.rope_theta, 1e6);
   EXPECT_TRUE(mx.features.window.empty());
-  EXPECT_EQ(mx.config.moe.top_k, 2);
+  EXPECT_EQ(mx.config.moe.router.top_k, 2);
   const Architecture q2 = hf_architecture(json{{"model_type", "qwen2_moe"}}, "q2");
   EXPECT_EQ(q2.config.shared_expert_hidden, 5632);
   EXPECT_TRUE(q2.features.qkv_bias);

@@ -36,7 +36,7 @@ TEST(HfLoaders, MixtralCheckpointRunsWithExpertParallelismAndMatchesTheReference
   MemoryTracker& host = current_tracker();
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(config, *group);
+    MoeTransformer model(config, {}, *group);
     model.init(8);
     std::map<std::string, Tensor> t;
     for (Parameter& p : model.parameters()) {
@@ -55,7 +55,7 @@ TEST(HfLoaders, MixtralCheckpointRunsWithExpertParallelismAndMatchesTheReference
           {"moe.router", ".block_sparse_moe.gate.weight"}};
       if (dense.count(key)) t[hf + dense.at(key)] = p.value;
       if (key.starts_with("moe.experts."))
-        for (int e = 0; e < config.moe.num_experts; ++e)
+        for (int e = 0; e < config.moe.router.num_experts; ++e)
           t[hf + ".block_sparse_moe.experts." + std::to_string(e) + "." + key.substr(12) + ".weight"] =
               p.value.rows(e, e + 1).reshape({p.value.dim(1), p.value.dim(2)});
     }
@@ -78,20 +78,20 @@ TEST(HfLoaders, MixtralCheckpointRunsWithExpertParallelismAndMatchesTheReference
                      {"max_position_embeddings", config.max_seq},
                      {"rms_norm_eps", config.norm_eps},
                      {"rope_theta", config.rope_theta},
-                     {"num_local_experts", config.moe.num_experts},
-                     {"num_experts_per_tok", config.moe.top_k},
+                     {"num_local_experts", config.moe.router.num_experts},
+                     {"num_experts_per_tok", config.moe.router.top_k},
                      {"intermediate_size", config.moe.hidden_dim}};
   std::ofstream(dir / "config.json") << cfg.dump(2);
   ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
 
   const ModelConfig loaded = mixtral_config(dir);
-  EXPECT_EQ(loaded.moe.num_experts, 24);
-  EXPECT_TRUE(loaded.moe.renormalize);
+  EXPECT_EQ(loaded.moe.router.num_experts, 24);
+  EXPECT_TRUE(loaded.moe.router.renormalize);
   InferenceConfig ic;
   ic.tp = 4;
   ic.enable_expert_parallel = true;
   ic.ep_degree = 2;  // variable EP
-  ic.num_experts = loaded.moe.num_experts;
+  ic.num_experts = loaded.moe.router.num_experts;
   const InferenceLayout layout(ic);
   run_ranks(4, [&](Comm& world) {
     auto store = ShardedStore::open(dir);

@@ -48,7 +48,7 @@ Reference build_reference(HfTestModel model, const std::string& name) {
   r.prompts = {{vocab_tokens(1, 7, v), vocab_tokens(2, 4, v)},
                {vocab_tokens(3, 5, v), vocab_tokens(4, 9, v)}};
   MemoryTracker& host = current_tracker();
-  const InferenceLayout layout = make_layout(1, 1, false, std::nullopt, r.spec.config.moe.num_experts);
+  const InferenceLayout layout = make_layout(1, 1, false, std::nullopt, r.spec.config.moe.router.num_experts);
   run_ranks(1, [&](Comm& world) {
     auto store = open_store(r.spec);
     Engine engine(layout, world, load_rank_weights(*store, r.spec, layout, 0));
@@ -126,7 +126,7 @@ void expect_matches_dense(const Reference& r) {
 TEST(HfModels, QwenMoeSingleRankEngineMatchesADenseDoubleImplementation) {
   const Reference& r = reference(ModelFormat::QwenMoe);
   EXPECT_EQ(r.spec.format, ModelFormat::QwenMoe);
-  EXPECT_FALSE(r.spec.config.moe.renormalize);  // norm_topk_prob false
+  EXPECT_FALSE(r.spec.config.moe.router.renormalize);  // norm_topk_prob false
   EXPECT_TRUE(r.spec.features.qkv_bias && r.spec.features.shared_expert_gate);
   EXPECT_EQ(r.spec.config.shared_expert_hidden, 18);
   expect_matches_dense(r);
@@ -138,9 +138,9 @@ TEST(HfModels, QwenMoeWithNormTopkProbMatchesTheDenseImplementation) {
   const fs::path dir = test::run_temp_dir("qwen_norm");
   m.write(dir);
   const ModelSpec spec = open_model_spec(dir);
-  EXPECT_TRUE(spec.config.moe.renormalize);
+  EXPECT_TRUE(spec.config.moe.router.renormalize);
   const std::vector<int32_t> prompt = vocab_tokens(5, 8, m.vocab);
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.router.num_experts);
   run_ranks(2, [&](Comm& world) {
     auto store = open_store(spec);
     Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
@@ -187,7 +187,7 @@ TEST(HfModels, GptOssTakesTheFamilyDefaultYarnRope) {
 TEST(HfModels, MixtralWithASlidingWindowMatchesADenseDoubleImplementation) {
   const Reference& r = reference(ModelFormat::Mixtral);
   EXPECT_EQ(r.spec.features.window, (std::vector<int64_t>{3, 3}));
-  EXPECT_TRUE(r.spec.config.moe.renormalize);
+  EXPECT_TRUE(r.spec.config.moe.router.renormalize);
   expect_matches_dense(r);
   HfTestModel full = r.model;  // the window matters on these prompts
   full.mixtral_window = 0;
@@ -199,7 +199,7 @@ TEST(HfModels, Qwen3MoeSingleRankEngineMatchesADenseDoubleImplementation) {
   EXPECT_EQ(r.spec.format, ModelFormat::Qwen3Moe);
   EXPECT_EQ(r.spec.features.qk_norm, QkNorm::PerHead);
   EXPECT_TRUE(r.spec.features.qkv_bias && r.spec.features.o_bias);
-  EXPECT_TRUE(r.spec.config.moe.renormalize);
+  EXPECT_TRUE(r.spec.config.moe.router.renormalize);
   EXPECT_EQ(r.spec.features.rope.type, nn::RopeType::Linear);
   EXPECT_EQ(r.spec.config.head_dim, 8);
   expect_matches_dense(r);
@@ -218,7 +218,7 @@ TEST(HfModels, OlmoeSingleRankEngineMatchesADenseDoubleImplementation) {
   EXPECT_EQ(r.spec.format, ModelFormat::Olmoe);
   EXPECT_EQ(r.spec.features.qk_norm, QkNorm::Projection);
   EXPECT_FALSE(r.spec.features.qkv_bias || r.spec.features.o_bias);
-  EXPECT_FALSE(r.spec.config.moe.renormalize);
+  EXPECT_FALSE(r.spec.config.moe.router.renormalize);
   EXPECT_EQ(r.spec.features.rope.type, nn::RopeType::Llama3);
   expect_matches_dense(r);
   // The norm spans the whole projection: per-head norms (Qwen3's) give other logits.
@@ -266,7 +266,7 @@ TEST_P(HfLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
   const Case& c = GetParam();
   const Reference& ref = reference(c.format);
   const InferenceLayout layout =
-      make_layout(c.tp, c.dp, c.ep, c.ep_degree, ref.spec.config.moe.num_experts, c.placement);
+      make_layout(c.tp, c.dp, c.ep, c.ep_degree, ref.spec.config.moe.router.num_experts, c.placement);
   run_ranks(layout.world(), [&](Comm& world) {
     auto store = open_store(ref.spec);
     Engine engine(layout, world, load_rank_weights(*store, ref.spec, layout, world.rank()));

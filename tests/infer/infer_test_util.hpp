@@ -38,7 +38,7 @@ inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> e
   o.ep_degree = ep_degree;
   o.placement = placement;
   ModelConfig c;
-  c.moe.num_experts = num_experts;
+  c.moe.router.num_experts = num_experts;
   return inference_layout(o, c);
 }
 
@@ -53,13 +53,12 @@ inline ModelConfig test_config() {
   c.head_dim = 8;
   c.max_seq = 32;
   c.shared_expert_hidden = 12;
-  c.moe.num_experts = 24;
-  c.moe.top_k = 3;
+  c.moe.router.num_experts = 24;
+  c.moe.router.top_k = 3;
   c.moe.hidden_dim = 12;
-  c.moe.renormalize = true;
-  c.moe.aux_loss_coef = 0.0;
-  c.moe.z_loss_coef = 0.0;
-  c.moe.path = "local";
+  c.moe.router.renormalize = true;
+  c.moe.router.aux_loss_coef = 0.0;
+  c.moe.router.z_loss_coef = 0.0;
   return c;
 }
 
@@ -68,14 +67,14 @@ inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, i
   const ModelConfig& c = model.config();
   std::map<std::string, Tensor> dense;
   std::vector<std::map<std::string, Tensor>> experts(static_cast<size_t>(expert_files));
-  const int per_file = c.moe.num_experts / expert_files;
+  const int per_file = c.moe.router.num_experts / expert_files;
   for (Parameter& p : model.parameters()) {
     if (p.kind != ParamKind::Expert) {
       dense[p.name] = p.value;
       continue;
     }
     const auto dot = p.name.rfind('.');
-    for (int e = 0; e < c.moe.num_experts; ++e) {
+    for (int e = 0; e < c.moe.router.num_experts; ++e) {
       Shape s(p.value.shape().begin() + 1, p.value.shape().end());
       experts[static_cast<size_t>(e / per_file)][p.name.substr(0, dot) + "." + std::to_string(e) +
                                                  p.name.substr(dot)] = p.value.rows(e, e + 1).reshape(s);

@@ -35,8 +35,9 @@ TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
   MemoryTracker& host = current_tracker();
   Tensor single;
   for (auto [tp, ep_degree] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 2}}) {
-    const InferenceLayout layout = make_layout(
-        tp, 1, true, ep_degree > 0 ? std::optional(ep_degree) : std::nullopt, spec.config.moe.num_experts);
+    const InferenceLayout layout =
+        make_layout(tp, 1, true, ep_degree > 0 ? std::optional(ep_degree) : std::nullopt,
+                    spec.config.moe.router.num_experts);
     run_ranks(layout.world(), [&](Comm& world) {
       auto store = open_store(spec);
       Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
@@ -66,7 +67,8 @@ TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
   write_sharded_checkpoint(dir, file, 64 * 1024);
   expect_error(
       [&] {
-        const InferenceLayout layout = make_layout(1, 1, false, std::nullopt, spec.config.moe.num_experts);
+        const InferenceLayout layout =
+            make_layout(1, 1, false, std::nullopt, spec.config.moe.router.num_experts);
         run_ranks(1, [&](Comm& world) {
           auto store = open_store(spec);
           load_rank_weights(*store, spec, layout, world.rank());

@@ -23,7 +23,7 @@ const fs::path& checkpoint() {
     fs::path d = test::run_temp_dir("prefill_logits");
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
-      MoeTransformer model(test_config(), *group);
+      MoeTransformer model(test_config(), {}, *group);
       model.init(5);
       write_expar_checkpoint(d, model, 2);
     });
@@ -41,11 +41,12 @@ class PrefillLogitsLayouts : public ::testing::TestWithParam<Case> {};
 TEST_P(PrefillLogitsLayouts, LastRowIsTheLastRowOfEachSequence) {
   const ModelConfig config = test_config();
   const InferenceLayout layout =
-      make_layout(GetParam().tp, GetParam().dp, true, std::nullopt, config.moe.num_experts);
+      make_layout(GetParam().tp, GetParam().dp, true, std::nullopt, config.moe.router.num_experts);
   const std::vector<std::vector<int32_t>> prompts{random_tokens(1, 7), random_tokens(2, 1),
                                                   random_tokens(3, 12)};
   run_ranks(layout.world(), [&](Comm& world) {
-    // Both calls see row counts with the same bits (multiples of batch_invariant_rows() after padding): equal, not close.
+    // Both calls see row counts with the same bits (multiples of batch_invariant_rows() after padding):
+    // equal, not close.
     set_matmul_min_rows(batch_invariant_rows());
     auto store = ExparCheckpointStore::open(checkpoint());
     Engine engine(layout, world,
@@ -97,7 +98,7 @@ std::string error_of(const std::function<void()>& fn) {
 
 TEST(PrefillLogits, RefusesAnEmptySequenceForLastRowAndTokensOutsideTheVocabulary) {
   const ModelConfig config = test_config();
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, config.moe.num_experts);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, config.moe.router.num_experts);
   std::mutex mutex;
   std::vector<std::string> empty, outside;
   run_ranks(layout.world(), [&](Comm& world) {

@@ -34,7 +34,7 @@ const Checkpoint& expar_checkpoint() {
     r.dir = test::run_temp_dir("rowwise_ours");
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
-      MoeTransformer model(test_config(), *group);
+      MoeTransformer model(test_config(), {}, *group);
       model.init(23);
       write_expar_checkpoint(r.dir, model, 4);
     });
@@ -136,7 +136,7 @@ TEST_P(RowwiseDecode, MatchesTheAllReduceDecode) {
   const ModelConfig& config = ck.spec.config;
   // Full EP: ep_degree = TP*DP (EP enabled with ep_degree unset), experts whole on every rank.
   const InferenceLayout layout =
-      make_layout(p.tp, p.dp, true, std::nullopt, config.moe.num_experts, p.placement);
+      make_layout(p.tp, p.dp, true, std::nullopt, config.moe.router.num_experts, p.placement);
   MemoryTracker& host = current_tracker();
   std::mutex mutex;
   std::vector<DecodeRun> allreduce(static_cast<size_t>(layout.world())), rowwise(allreduce.size());
@@ -194,7 +194,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RowwiseDecode, ::testing::ValuesIn(rowwise_cas
 TEST(RowwiseDecodeCollectives, PerDecodeStep) {
   const Checkpoint& ck = expar_checkpoint();
   const ModelConfig& config = ck.spec.config;
-  const InferenceLayout layout = make_layout(2, 2, true, std::nullopt, config.moe.num_experts);
+  const InferenceLayout layout = make_layout(2, 2, true, std::nullopt, config.moe.router.num_experts);
   const int layers = config.layers;
   run_ranks(layout.world(), [&](Comm& world) {
     auto store = open_store(ck.spec);
@@ -233,7 +233,7 @@ std::string error_of(const std::function<void()>& fn) {
 
 TEST(RowwiseDecodeErrors, RefusesIntermediateShardedExpertsWithTheRuleAndTheFix) {
   const Checkpoint& ck = expar_checkpoint();
-  const int experts = ck.spec.config.moe.num_experts;
+  const int experts = ck.spec.config.moe.router.num_experts;
   // Variable EP: TP 4 with ep_degree 2 shards every expert over 2 ranks.
   const InferenceLayout variable = make_layout(4, 1, true, 2, experts);
   std::string msg = error_of([&] { check_decode_moe(variable, DecodeMoe::Rowwise); });

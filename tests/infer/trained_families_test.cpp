@@ -62,9 +62,8 @@ class TrainedFamilies : public ::testing::TestWithParam<Family> {};
 // reports cross-entropy only).
 Architecture training_architecture(const HfTestModel& m) {
   Architecture a = hf_architecture(m.config(), "test config.json");
-  a.config.moe.path = "local";
-  a.config.moe.aux_loss_coef = 0.0;
-  a.config.moe.z_loss_coef = 0.0;
+  a.config.moe.router.aux_loss_coef = 0.0;
+  a.config.moe.router.z_loss_coef = 0.0;
   return a;
 }
 
@@ -78,7 +77,7 @@ TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
   both.insert(both.end(), second.begin(), second.end());
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(a.config, *group, 0, a.features);
+    MoeTransformer model(a.config, {}, *group, 0, a.features);
     model.init(3);
     load_hf_weights(dir, a.format, model);
     const Tensor logits = model.logits(both, 2, 9);  // two sequences of 9 tokens
@@ -98,7 +97,7 @@ TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
   const Architecture a = training_architecture(m);
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(a.config, *group, 0, a.features);
+    MoeTransformer model(a.config, {}, *group, 0, a.features);
     model.init(5);
     load_hf_weights(dir, a.format, model);
     const int64_t batch = 2, seq = 6;
@@ -165,7 +164,7 @@ TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::
   c.hf_config_json = m.config().dump(2);
   c.init_from = weights.string();
   c.ep = 2;
-  c.path = "rowwise";
+  c.execution.moe.path = "rowwise";
   c.steps = 3;
   c.global_batch = 4;
   c.seq_len = 8;
@@ -187,14 +186,13 @@ Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vect
   MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
   run_ranks(1, [&](Comm& world) {
     Architecture a = hf_architecture(m.config(), "test config.json");
-    a.config.moe.path = "local";
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(a.config, *group, 0, a.features);
+    MoeTransformer model(a.config, {}, *group, 0, a.features);
     load_checkpoint(run.string(), model, nullptr);
     trained = export_to(host, model.logits(prompt, 1, n));
   });
   const ModelSpec spec = open_model_spec(run);
-  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.num_experts);
+  const InferenceLayout layout = make_layout(2, 1, true, std::nullopt, spec.config.moe.router.num_experts);
   run_ranks(2, [&](Comm& world) {
     auto store = open_store(spec);
     Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
@@ -337,11 +335,12 @@ TEST(TrainedFamilies, GptOssMxfp4ExpertsAreDequantisedForFineTuning) {
   write_sharded_checkpoint(dir, file, 64 * 1024);
   std::ofstream(dir / "config.json") << mxfp4_config(m).dump(2);
   Architecture a = hf_architecture(mxfp4_config(m), "test config.json");
-  a.config.moe.path = "block";
+  ModelExecution block;
+  block.moe.path = "block";
   const std::vector<int32_t> prompt = vocab_tokens(13, 9, m.vocab);
   const Tensor want = m.dense_logits(prompt);
   run_ranks(2, [&](Comm& world) {
-    MoeTransformer model(a.config, world, 0, a.features);
+    MoeTransformer model(a.config, block, world, 0, a.features);
     model.init(1);
     load_hf_weights(dir, a.format, model);
     EXPECT_TRUE(close(model.logits(prompt, 1, 9), want, 1e-4)) << "rank " << world.rank();

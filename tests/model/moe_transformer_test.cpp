@@ -14,9 +14,8 @@ namespace {
 
 ModelConfig tiny_config() {
   ModelConfig c = ModelConfig::preset("tiny");
-  c.moe.aux_loss_coef = 0.0;  // evaluate() reports cross-entropy only
-  c.moe.z_loss_coef = 0.0;
-  c.moe.path = "local";
+  c.moe.router.aux_loss_coef = 0.0;  // evaluate() reports cross-entropy only
+  c.moe.router.z_loss_coef = 0.0;
   return c;
 }
 
@@ -30,7 +29,7 @@ std::vector<int32_t> random_bytes(uint64_t seed, int n) {
 TEST(MoeTransformer, EveryParameterGradientMatchesFiniteDifferences) {
   run_ranks(1, [](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(tiny_config(), *group);
+    MoeTransformer model(tiny_config(), {}, *group);
     model.init(5);
     const int64_t batch = 2, seq = 8;
     auto tokens = random_bytes(1, static_cast<int>(batch * seq));
@@ -67,7 +66,7 @@ TEST(MoeTransformer, ZeroGradsZeroesEveryGradientAndTheNextStepGivesTheSameOnes)
   // step after it must give the gradients of a step after the first zero_grads.
   run_ranks(1, [](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(tiny_config(), *group);
+    MoeTransformer model(tiny_config(), {}, *group);
     model.init(7);
     const int64_t batch = 2, seq = 8;
     auto tokens = random_bytes(3, static_cast<int>(batch * seq));
@@ -98,7 +97,7 @@ TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
   std::vector<float> alone, sharded, dense_alone, dense_sharded;
   run_ranks(1, [&](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer m(tiny_config(), *group);
+    MoeTransformer m(tiny_config(), {}, *group);
     m.init(11);
     for (auto& p : m.parameters()) {
       if (p.name == "layers.1.moe.experts.w2")
@@ -108,9 +107,9 @@ TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
     }
   });
   run_ranks(2, [&](Comm& world) {
-    ModelConfig c = tiny_config();
-    c.moe.path = "block";
-    MoeTransformer m(c, world);
+    ModelExecution block;
+    block.moe.path = "block";
+    MoeTransformer m(tiny_config(), block, world);
     m.init(11);
     if (world.rank() != 0) return;
     for (auto& p : m.parameters()) {
@@ -128,7 +127,7 @@ TEST(MoeTransformer, InitialisationDoesNotDependOnTheEpDegree) {
 TEST(MoeTransformer, GradientStepsLowerTheLossOnText) {
   run_ranks(1, [](Comm& world) {
     auto group = world.split(0, 0, "ep");
-    MoeTransformer model(tiny_config(), *group);
+    MoeTransformer model(tiny_config(), {}, *group);
     model.init(3);
     const std::string text =
         "In the beginning God created the heaven and the earth. And the earth was without form, and void.";

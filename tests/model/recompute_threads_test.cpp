@@ -21,12 +21,17 @@ namespace {
 constexpr int kLayers = 3;
 constexpr int64_t kBatch = 2, kSeq = 8;
 
-ModelConfig config_of(std::vector<int> recompute) {
+ModelConfig model_config() {
   ModelConfig c = ModelConfig::preset("tiny");
   c.layers = kLayers;
-  c.moe.path = "rowwise";
-  c.recompute_moe_layers = std::move(recompute);
   return c;
+}
+
+ModelExecution execution_of(std::vector<int> recompute) {
+  ModelExecution e;
+  e.moe.path = "rowwise";
+  e.recompute_moe_layers = std::move(recompute);
+  return e;
 }
 
 std::vector<int32_t> bytes_of(int rank, int microbatch, uint64_t stream) {
@@ -49,7 +54,7 @@ struct ModelRun {
 ModelRun run_schedule(Comm& world, const std::vector<int>& recompute) {
   const int64_t before = current_tracker().snapshot().current_of(MemCategory::SymmetricBuffers);
   ModelRun r;
-  MoeTransformer model(config_of(recompute), world, kBatch * kSeq);
+  MoeTransformer model(model_config(), execution_of(recompute), world, kBatch * kSeq);
   for (int l = 0; l < kLayers; ++l) {
     const bool listed = std::find(recompute.begin(), recompute.end(), l) != recompute.end();
     EXPECT_EQ(model.recomputes_moe(l), listed) << "block " << l;
@@ -132,20 +137,23 @@ TEST(MoeTransformerRecompute, F1F2B2B1GradientsAreBitIdenticalAndRecomputedBlock
   });
 }
 
-TEST(MoeTransformerRecompute, ConfigRejectsBlocksThatDoNotExistOrRepeat) {
-  ModelConfig c = config_of({0, 3});
+TEST(MoeTransformerRecompute, ExecutionRejectsBlocksThatDoNotExistOrRepeat) {
+  const ModelConfig model = model_config();
+  ModelExecution c = execution_of({0, 3});
   try {
-    c.validate(1);
+    c.validate(model, 1);
     ADD_FAILURE() << "block 3 of a 3-block model was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("block 3"), std::string::npos) << e.what();
   }
   c.recompute_moe_layers = {1, 1};
-  EXPECT_THROW(c.validate(1), Error);
+  EXPECT_THROW(c.validate(model, 1), Error);
   c.recompute_moe_layers = {2, 0};
-  EXPECT_NO_THROW(c.validate(1));
+  EXPECT_NO_THROW(c.validate(model, 1));
   EXPECT_TRUE(c.recomputes_moe(2));
   EXPECT_FALSE(c.recomputes_moe(1));
+  c.recompute_every_moe = true;
+  EXPECT_TRUE(c.recomputes_moe(1));
 }
 
 }  // namespace

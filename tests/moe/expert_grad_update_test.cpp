@@ -91,8 +91,8 @@ TEST(ExpertGradientUpdate, WrittenIntoZerosEqualsAddedToZeros) {
 
 MoeConfig layer_config() {
   MoeConfig c;
-  c.num_experts = 4;
-  c.top_k = 2;
+  c.router.num_experts = 4;
+  c.router.top_k = 2;
   c.model_dim = 16;
   c.hidden_dim = 24;
   return c;
@@ -119,7 +119,7 @@ void step(MoeLayer& layer, const Tensor& x, const Tensor& grad_y) {
 
 TEST(ExpertGradientUpdate, MoeLayerWritesOnlyInTheFirstBackwardAfterZeroGrads) {
   testing::SoloComm comm;
-  MoeLayer layer(layer_config(), comm, "moe");
+  MoeLayer layer(layer_config(), {}, comm, "moe");
   layer.init_params(3);
   Tensor x = Tensor::empty({40, 16}), grad_y = Tensor::empty({40, 16});
   fill_normal(x, 3, 1, 1.0f);

@@ -1,6 +1,6 @@
-// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form and decode's one-row form: forward against
-// a per-row f64 computation, every gradient (biases included) by central finite differences, and the capacity
-// tail (and experts without rows) left unread and unwritten.
+// Grouped SwiGLU experts (and gpt-oss's clamped, biased ones), in the row and the column form and decode's
+// one-row form: forward against a per-row f64 computation, every gradient (biases included) by central finite
+// differences, and the capacity tail (and experts without rows) left unread and unwritten.
 #include "expar/moe/expert_mlp.hpp"
 
 #include <gtest/gtest.h>
@@ -125,12 +125,16 @@ TEST(ExpertMlp, ARaggedExpertRunOnPaddedColumnsMatchesPerRowReference) {
     }
     for (int64_t i = 0; i < d; ++i) {
       double want = 0.0;
-      for (int64_t j = 0; j < h; ++j) want += double(w.w2.data<float>()[i * h + j]) * m[static_cast<size_t>(j)];
-      ASSERT_NEAR(y.data<float>()[r * d + i], want, 1e-5 + 1e-5 * std::fabs(want)) << "row " << r << " col " << i;
+      for (int64_t j = 0; j < h; ++j)
+        want += double(w.w2.data<float>()[i * h + j]) * m[static_cast<size_t>(j)];
+      ASSERT_NEAR(y.data<float>()[r * d + i], want, 1e-5 + 1e-5 * std::fabs(want))
+          << "row " << r << " col " << i;
     }
   }
-  for (int64_t i = rows * d; i < capacity * d; ++i) ASSERT_TRUE(std::isnan(y.data<float>()[i])) << "tail at " << i;
-  if (batch_invariant_rows() != 16) GTEST_SKIP() << "oneDNN's AVX2 kernels: a column's bits depend on the count";
+  for (int64_t i = rows * d; i < capacity * d; ++i)
+    ASSERT_TRUE(std::isnan(y.data<float>()[i])) << "tail at " << i;
+  if (batch_invariant_rows() != 16)
+    GTEST_SKIP() << "oneDNN's AVX2 kernels: a column's bits depend on the count";
   const Tensor first = forward_with_and_without_state(w, x, {0, 64});
   EXPECT_EQ(std::memcmp(first.raw(), y.raw(), static_cast<size_t>(64 * d) * sizeof(float)), 0)
       << "padding the columns changed the bits of the rows";
@@ -294,13 +298,15 @@ void check_one_row_experts(int64_t d, int64_t h, bool gpt_oss, uint64_t seed) {
       const float* xr = x.data<float>() + r * d;
       std::vector<double> m(static_cast<size_t>(h));
       for (int64_t j = 0; j < h; ++j) {
-        double g = gpt_oss ? w.b1.data<float>()[l * h + j] : 0.0, u = gpt_oss ? w.b3.data<float>()[l * h + j] : 0.0;
+        double g = gpt_oss ? w.b1.data<float>()[l * h + j] : 0.0,
+               u = gpt_oss ? w.b3.data<float>()[l * h + j] : 0.0;
         for (int64_t c = 0; c < d; ++c) {
           g += static_cast<double>(w.w1.data<float>()[(l * h + j) * d + c]) * xr[c];
           u += static_cast<double>(w.w3.data<float>()[(l * h + j) * d + c]) * xr[c];
         }
         const int64_t ldp = state.gate_pre.dim(1);
-        EXPECT_NEAR(state.gate_pre.data<float>()[r * ldp + j], g, 1e-4 * (1.0 + std::fabs(g))) << "gate " << j;
+        EXPECT_NEAR(state.gate_pre.data<float>()[r * ldp + j], g, 1e-4 * (1.0 + std::fabs(g)))
+            << "gate " << j;
         EXPECT_NEAR(state.up_pre.data<float>()[r * ldp + j], u, 1e-4 * (1.0 + std::fabs(u))) << "up " << j;
         if (gpt_oss) {
           clamped += (g > 7.0) + (std::fabs(u) > 7.0);
@@ -315,7 +321,8 @@ void check_one_row_experts(int64_t d, int64_t h, bool gpt_oss, uint64_t seed) {
         double want = gpt_oss ? w.b2.data<float>()[l * d + c] : 0.0;
         for (int64_t j = 0; j < h; ++j)
           want += static_cast<double>(w.w2.data<float>()[(l * d + c) * h + j]) * m[static_cast<size_t>(j)];
-        EXPECT_NEAR(y.data<float>()[r * d + c], want, 1e-4 * (1.0 + std::fabs(want))) << "row " << r << " col " << c;
+        EXPECT_NEAR(y.data<float>()[r * d + c], want, 1e-4 * (1.0 + std::fabs(want)))
+            << "row " << r << " col " << c;
       }
     }
     if (gpt_oss) {

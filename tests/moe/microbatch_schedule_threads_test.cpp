@@ -22,12 +22,17 @@ constexpr int64_t kTokens = 12, kDim = 16;
 
 MoeConfig config() {
   MoeConfig c;
-  c.num_experts = 8;
-  c.top_k = 2;
+  c.router.num_experts = 8;
+  c.router.top_k = 2;
   c.model_dim = kDim;
   c.hidden_dim = 24;
-  c.path = "rowwise";
   return c;
+}
+
+MoeExecution rowwise() {
+  MoeExecution e;
+  e.path = "rowwise";
+  return e;
 }
 
 Tensor input(int rank, int microbatch, uint64_t stream) {
@@ -49,7 +54,7 @@ std::vector<float> values(const Tensor& t) {
 Result run_schedule(Comm& world, const std::vector<int>& schedule) {
   auto heap = world.make_heap();
   LeasePool pool(*heap, "dispatch", static_cast<size_t>(world.size() * kTokens * 2 * kDim) * sizeof(float));
-  MoeLayer layer(config(), world, "moe", MoeSharedResources{heap.get(), &pool, 0});
+  MoeLayer layer(config(), rowwise(), world, "moe", MoeSharedResources{heap.get(), &pool, 0});
   layer.init_params(5);
   layer.zero_grads();
   std::vector<MoeState> states(4);
@@ -96,7 +101,7 @@ TEST(MicrobatchSchedule, FrozenPoolRefusesMoreMicrobatchesInFlightThanItsDryRunS
   run_ranks(2, [](Comm& world) {
     auto heap = world.make_heap();
     LeasePool pool(*heap, "dispatch", static_cast<size_t>(world.size() * kTokens * 2 * kDim) * sizeof(float));
-    MoeLayer layer(config(), world, "moe", MoeSharedResources{heap.get(), &pool, 0});
+    MoeLayer layer(config(), rowwise(), world, "moe", MoeSharedResources{heap.get(), &pool, 0});
     layer.init_params(5);
     {  // dry run: one microbatch at a time
       MoeState s;

@@ -24,8 +24,8 @@ using testing::SoloComm;
 
 MoeConfig small_config(int e_count = 4, int k = 2) {
   MoeConfig c;
-  c.num_experts = e_count;
-  c.top_k = k;
+  c.router.num_experts = e_count;
+  c.router.top_k = k;
   c.model_dim = 4;
   c.hidden_dim = 3;
   return c;
@@ -50,7 +50,7 @@ struct DenseResult {
 };
 DenseResult dense_reference(const MoeConfig& c, const MoeParams& p, const Tensor& x, const RouteMap& map) {
   const int64_t t_count = x.dim(0), d = c.model_dim, h = c.hidden_dim;
-  const int e_count = c.num_experts, k_count = c.top_k;
+  const int e_count = c.router.num_experts, k_count = c.router.top_k;
   DenseResult r;
   r.y.assign(static_cast<size_t>(t_count * d), 0.0);
   const float* xs = x.data<float>();
@@ -63,7 +63,7 @@ DenseResult dense_reference(const MoeConfig& c, const MoeParams& p, const Tensor
     double sum = 0.0;
     for (double v : l) sum += std::exp(v - mx);
     for (int e = 0; e < e_count; ++e)
-      s[static_cast<size_t>(e)] = c.score == ScoreFunction::Softmax
+      s[static_cast<size_t>(e)] = c.router.score == ScoreFunction::Softmax
                                       ? std::exp(l[static_cast<size_t>(e)] - mx) / sum
                                       : 1.0 / (1.0 + std::exp(-l[static_cast<size_t>(e)]));
     std::vector<int> order(static_cast<size_t>(e_count));
@@ -74,7 +74,7 @@ DenseResult dense_reference(const MoeConfig& c, const MoeParams& p, const Tensor
     for (int k = 0; k < k_count; ++k) ksum += s[static_cast<size_t>(order[static_cast<size_t>(k)])];
     for (int k = 0; k < k_count; ++k) {
       const int e = order[static_cast<size_t>(k)];
-      const double w = c.renormalize ? s[static_cast<size_t>(e)] / ksum : s[static_cast<size_t>(e)];
+      const double w = c.router.renormalize ? s[static_cast<size_t>(e)] / ksum : s[static_cast<size_t>(e)];
       r.idx.push_back(e);
       r.weight.push_back(w);
       if (!map.valid(t, k)) continue;
@@ -99,16 +99,16 @@ DenseResult dense_reference(const MoeConfig& c, const MoeParams& p, const Tensor
 }
 
 // Returns the number of dropped routes.
-int64_t expect_matches_dense(const MoeConfig& c, int64_t t_count, uint64_t seed) {
+int64_t expect_matches_dense(const MoeConfig& c, int64_t t_count, uint64_t seed, const MoeExecution& e = {}) {
   SoloComm comm;
-  MoeLayer layer(c, comm);
+  MoeLayer layer(c, e, comm);
   layer.init_params(seed);
   Tensor x = random_x(t_count, c.model_dim, seed);
   MoeState state;
   Tensor y = layer.forward(x, state);
   DenseResult ref = dense_reference(c, layer.params(), x, state.routes);
   EXPECT_EQ(y.dim(0), t_count);
-  for (int64_t i = 0; i < t_count * c.top_k; ++i) {
+  for (int64_t i = 0; i < t_count * c.router.top_k; ++i) {
     EXPECT_EQ(state.router.topk_idx.data<int32_t>()[i], ref.idx[static_cast<size_t>(i)]) << "route " << i;
     EXPECT_NEAR(state.router.topk_weight.data<float>()[i], ref.weight[static_cast<size_t>(i)], 1e-6)
         << "route " << i;
@@ -125,8 +125,8 @@ TEST(MoeLayerDense, SoftmaxTop2) {
 }
 TEST(MoeLayerDense, SigmoidRenormalised) {
   MoeConfig c = small_config(6, 3);
-  c.score = ScoreFunction::Sigmoid;
-  c.renormalize = true;
+  c.router.score = ScoreFunction::Sigmoid;
+  c.router.renormalize = true;
   expect_matches_dense(c, 9, 2);
 }
 TEST(MoeLayerDense, TopOne) {
@@ -134,20 +134,21 @@ TEST(MoeLayerDense, TopOne) {
 }
 TEST(MoeLayerDense, TopKEqualsE) {
   MoeConfig c = small_config(4, 4);
-  c.renormalize = true;
+  c.router.renormalize = true;
   expect_matches_dense(c, 5, 4);
 }
 TEST(MoeLayerDense, SourceCapacityDrops) {
-  MoeConfig c = small_config(4, 2);
-  c.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
-  EXPECT_GT(expect_matches_dense(c, 8, 5), 0);
+  MoeExecution e;
+  e.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  EXPECT_GT(expect_matches_dense(small_config(4, 2), 8, 5, e), 0);
 }
 
 // Central differences of L = Σ R⊙y + aux_coef·L_aux + z_coef·L_z with respect to x and every parameter.
 // Returns the number of dropped routes.
-int64_t check_layer_gradients(const MoeConfig& c, int64_t t_count, uint64_t seed) {
+int64_t check_layer_gradients(const MoeConfig& c, int64_t t_count, uint64_t seed,
+                              const MoeExecution& e = {}) {
   SoloComm comm;
-  MoeLayer layer(c, comm);
+  MoeLayer layer(c, e, comm);
   layer.init_params(seed);
   if (c.use_score_bias) fill_normal(layer.params().score_bias, seed, 5, 0.05f);
   Tensor x = random_x(t_count, c.model_dim, seed);
@@ -163,7 +164,7 @@ int64_t check_layer_gradients(const MoeConfig& c, int64_t t_count, uint64_t seed
     Tensor y = layer.forward(x, s);
     for (int64_t i = 0; i < base_rows.numel(); ++i)
       EXPECT_EQ(s.routes.dst_row.data<int32_t>()[i], base_rows.data<int32_t>()[i]) << "routes changed";
-    double l = c.aux_loss_coef * s.metrics.aux_loss + c.z_loss_coef * s.metrics.z_loss;
+    double l = c.router.aux_loss_coef * s.metrics.aux_loss + c.router.z_loss_coef * s.metrics.z_loss;
     for (int64_t i = 0; i < y.numel(); ++i) l += double(y.data<float>()[i]) * proj.data<float>()[i];
     return l;
   };
@@ -193,21 +194,22 @@ TEST(MoeLayerGradients, SoftmaxTop2) {
 }
 TEST(MoeLayerGradients, SoftmaxRenormalisedWithAuxAndZLoss) {
   MoeConfig c = small_config(4, 2);
-  c.renormalize = true;
-  c.aux_loss_coef = 0.5;
-  c.z_loss_coef = 0.1;
+  c.router.renormalize = true;
+  c.router.aux_loss_coef = 0.5;
+  c.router.z_loss_coef = 0.1;
   check_layer_gradients(c, 6, 22);
 }
 TEST(MoeLayerGradients, SigmoidGroupedBiasedWithDrops) {
   MoeConfig c = small_config(8, 2);
-  c.score = ScoreFunction::Sigmoid;
-  c.renormalize = true;
-  c.n_group = 4;
-  c.topk_group = 2;
+  c.router.score = ScoreFunction::Sigmoid;
+  c.router.renormalize = true;
+  c.router.n_group = 4;
+  c.router.topk_group = 2;
   c.use_score_bias = true;
-  c.aux_loss_coef = 0.2;
-  c.capacity = CapacityPolicy::with(CapacityRule::Expert, 0.75);
-  EXPECT_GT(check_layer_gradients(c, 8, 23), 0);
+  c.router.aux_loss_coef = 0.2;
+  MoeExecution e;
+  e.capacity = CapacityPolicy::with(CapacityRule::Expert, 0.75);
+  EXPECT_GT(check_layer_gradients(c, 8, 23, e), 0);
 }
 
 // Every token prefers experts 0 then 1 (x > 0, router rows +10, +5, -5, -10).
@@ -225,9 +227,10 @@ TEST(MoeLayerDrops, DroppedRoutesAreExactlyThePolicysAndContributeNothing) {
   ASSERT_TRUE(poison_enabled());
   for (CapacityRule rule : {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert}) {
     MoeConfig c = small_config(4, 2);
-    c.capacity = CapacityPolicy::with(rule, 0.25);
+    MoeExecution e;
+    e.capacity = CapacityPolicy::with(rule, 0.25);
     SoloComm comm;
-    MoeLayer layer(c, comm);
+    MoeLayer layer(c, e, comm);
     layer.init_params(31);
     const int64_t t_count = 6, d = c.model_dim;
     Tensor x = random_x(t_count, d, 31);
@@ -301,7 +304,7 @@ TEST(MoeLayerDrops, DroppedRoutesAreExactlyThePolicysAndContributeNothing) {
 TEST(MoeLayerEdges, EveryTokenToOneExpert) {
   MoeConfig c = small_config(4, 1);
   SoloComm comm;
-  MoeLayer layer(c, comm);
+  MoeLayer layer(c, {}, comm);
   layer.init_params(41);
   Tensor x = random_x(5, c.model_dim, 41);
   force_routes(layer, x);
@@ -320,11 +323,12 @@ TEST(MoeLayerEdges, EveryTokenToOneExpert) {
 
 TEST(MoeLayerEdges, ZeroTokens) {
   MoeConfig c = small_config();
-  c.aux_loss_coef = 0.1;
-  c.z_loss_coef = 0.1;
-  c.capacity = CapacityPolicy::with(CapacityRule::Source, 1.0);
+  c.router.aux_loss_coef = 0.1;
+  c.router.z_loss_coef = 0.1;
+  MoeExecution e;
+  e.capacity = CapacityPolicy::with(CapacityRule::Source, 1.0);
   SoloComm comm;
-  MoeLayer layer(c, comm);
+  MoeLayer layer(c, e, comm);
   layer.init_params(51);
   MoeState state;
   Tensor y = layer.forward(Tensor::empty({0, c.model_dim}), state);
@@ -341,12 +345,13 @@ TEST(MoeLayerEdges, ZeroTokens) {
 
 TEST(MoeLayerConfig, BadConfigurationsAreClearErrors) {
   SoloComm comm;
-  auto message = [&](MoeConfig c, int ep_size = 1) {
+  auto message = [&](const MoeConfig& c, int ep_size = 1, const MoeExecution& e = {}) {
     try {
       if (ep_size == 1) {
-        MoeLayer layer(c, comm);
+        MoeLayer layer(c, e, comm);
       } else {
-        c.validate(ep_size);
+        c.validate();
+        e.validate(c, ep_size);
       }
     } catch (const Error& e) {
       return std::string(e.what());
@@ -354,13 +359,13 @@ TEST(MoeLayerConfig, BadConfigurationsAreClearErrors) {
     return std::string();
   };
   EXPECT_NE(message(small_config(4, 5)).find("top_k=5"), std::string::npos);
-  MoeConfig bad_cf = small_config();
+  MoeExecution bad_cf;
   bad_cf.capacity = CapacityPolicy::with(CapacityRule::Rank, 0.0);
-  EXPECT_NE(message(bad_cf).find("cf=0"), std::string::npos);
+  EXPECT_NE(message(small_config(), 1, bad_cf).find("cf=0"), std::string::npos);
   EXPECT_NE(message(small_config(), 3).find("not divisible by EP degree=3"), std::string::npos);
-  MoeConfig bad_path = small_config();
+  MoeExecution bad_path;
   bad_path.path = "teleport";
-  EXPECT_NE(message(bad_path).find("'teleport' is unknown"), std::string::npos);
+  EXPECT_NE(message(small_config(), 1, bad_path).find("'teleport' is unknown"), std::string::npos);
   EXPECT_EQ(message(small_config()), "");
 }
 

@@ -56,12 +56,13 @@ std::vector<Traffic> step_traffic(const std::string& path, int64_t tokens, Launc
   launch.timeout_seconds = 120;
   run_ranks(launch, [&](Comm& world) {
     MoeConfig cfg;
-    cfg.num_experts = kExperts;
-    cfg.top_k = kTopK;
+    cfg.router.num_experts = kExperts;
+    cfg.router.top_k = kTopK;
     cfg.model_dim = kD;
     cfg.hidden_dim = 8;
-    cfg.path = path;
-    cfg.waves = {how.waves, false};
+    MoeExecution run;
+    run.path = path;
+    run.waves = {how.waves, false};
     std::unique_ptr<SymmetricHeap> heap = world.make_heap();
     testing::CountingHeap* counting = nullptr;
     if (how.counted) {
@@ -69,7 +70,7 @@ std::vector<Traffic> step_traffic(const std::string& path, int64_t tokens, Launc
       counting = wrapped.get();
       heap = std::move(wrapped);
     }
-    MoeLayer layer(cfg, world, "moe", MoeSharedResources{heap.get(), nullptr, -1});
+    MoeLayer layer(cfg, run, world, "moe", MoeSharedResources{heap.get(), nullptr, -1});
     layer.init_params(7);
     Tensor x = Tensor::empty({tokens, kD}), grad_y = Tensor::empty({tokens, kD});
     fill_normal(x, 11, static_cast<uint64_t>(world.rank()), 1.0f);

@@ -23,14 +23,19 @@ using expar::testing::mpi_world;
 
 constexpr int64_t kDim = 16;
 
-MoeConfig config(const std::string& path) {
+MoeConfig config() {
   MoeConfig c;
-  c.num_experts = 12;  // divisible by 2, 3 and 4 ranks
-  c.top_k = 2;
+  c.router.num_experts = 12;  // divisible by 2, 3 and 4 ranks
+  c.router.top_k = 2;
   c.model_dim = kDim;
   c.hidden_dim = 24;
-  c.path = path;
   return c;
+}
+
+MoeExecution execution(const std::string& path) {
+  MoeExecution e;
+  e.path = path;
+  return e;
 }
 
 int64_t tokens_of(int rank) {
@@ -71,7 +76,7 @@ struct Outputs {
 Outputs run_path(const std::string& path) {
   auto& world = mpi_world();
   const int me = world.rank(), n = world.size();
-  MoeLayer layer(config(path), world, "moe");
+  MoeLayer layer(config(), execution(path), world, "moe");
   layer.init_params(7);
   layer.zero_grads();
   MoeState state;
@@ -91,7 +96,7 @@ Outputs run_path(const std::string& path) {
 
   // The reference: the local path on one rank over every rank's tokens, computed here.
   testing::SoloComm solo;
-  MoeLayer ref(config("local"), solo, "moe");
+  MoeLayer ref(config(), execution("local"), solo, "moe");
   ref.init_params(7);
   ref.zero_grads();
   MoeState ref_state;

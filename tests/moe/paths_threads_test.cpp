@@ -119,28 +119,33 @@ std::vector<Case> all_cases() {
   return cases;
 }
 
-MoeConfig config_of(const Case& c, const std::string& path) {
+MoeConfig config_of(const Case& c) {
   MoeConfig cfg;
-  cfg.num_experts = kExperts;
-  cfg.top_k = kTopK;
+  cfg.router.num_experts = kExperts;
+  cfg.router.top_k = kTopK;
   cfg.model_dim = kD;
   cfg.hidden_dim = kH;
-  cfg.score = c.score;
-  cfg.renormalize = c.score == ScoreFunction::Sigmoid;
-  cfg.path = path;
-  cfg.precision = c.precision.legs;
+  cfg.router.score = c.score;
+  cfg.router.renormalize = c.score == ScoreFunction::Sigmoid;
   if (c.gpt_oss) {
-    cfg.softmax_over_topk = true;
+    cfg.router.softmax_over_topk = true;
     cfg.router_bias = true;
     cfg.expert_biases = true;
     cfg.activation = ExpertMlpActivation::GptOssClamped;
   }
+  return cfg;
+}
+
+MoeExecution execution_of(const Case& c, const std::string& path) {
+  MoeExecution e;
+  e.path = path;
+  e.precision = c.precision.legs;
   if (c.capacity) {
     // Cycle through the three rules so every one of them is seen by some layout.
     static const CapacityRule rules[] = {CapacityRule::Source, CapacityRule::Rank, CapacityRule::Expert};
-    cfg.capacity = CapacityPolicy::with(rules[(c.ranks + c.ep) % 3], 0.5);
+    e.capacity = CapacityPolicy::with(rules[(c.ranks + c.ep) % 3], 0.5);
   }
-  return cfg;
+  return e;
 }
 
 // init_params; with gpt-oss, biases that matter (init_params zeroes them; each global expert's from its own
@@ -365,15 +370,14 @@ Tensor round_trip(const Tensor& t, int64_t rows, PayloadFormat format) {
 Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
                     const std::vector<uint8_t>& dropped) {
   testing::SoloComm solo;
-  MoeConfig cfg = config_of(c, "local");
-  cfg.capacity = CapacityPolicy::dropless();
+  const MoeConfig cfg = config_of(c);
   const PayloadPrecision legs = c.precision.legs;
-  cfg.precision = {};
-  MoeLayer layer(cfg, solo, "moe");
+  MoeExecution local;  // dropless, f32 rows
+  MoeLayer layer(cfg, local, solo, "moe");
   init_layer(layer, c.ep);
   RouterState rs;
   const bool router_bias = layer.params().router_bias.defined();
-  RouterOutput routed = router_forward(cfg.router(), x, layer.params().w_router, nullptr, rs,
+  RouterOutput routed = router_forward(cfg.router, x, layer.params().w_router, nullptr, rs,
                                        router_bias ? &layer.params().router_bias : nullptr);
   Tensor idx = routed.topk_idx.clone();
   for (size_t i = 0; i < dropped.size(); ++i)
@@ -420,7 +424,7 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   expert_mlp_backward(grad_out, es, layer.params().experts, grad_in, layer.grads().experts);
   round_trip_in_place(grad_in, map.recv_rows, legs.dispatch_grad);
   ref.grad_x = path->dispatch_backward(grad_in, map, ps);
-  router_backward(cfg.router(), rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router,
+  router_backward(cfg.router, rs, layer.params().w_router, grad_w, ref.grad_x, layer.grads().w_router,
                   router_bias ? &layer.grads().router_bias : nullptr);
   ref.grad_router = layer.grads().w_router.clone();
   ref.grad_router_bias = clone_if_defined(layer.grads().router_bias);
@@ -490,7 +494,7 @@ PathResults run_every_path(const Case& c, const TrainingLayout& layout, const Pa
     const Tensor x = input_of(c.ranks, rank, 1);
     const Tensor grad_y = input_of(c.ranks, rank, 2);
     for (const auto& p : u.paths) {
-      MoeLayer layer(config_of(c, p), *ep_group);
+      MoeLayer layer(config_of(c), execution_of(c, p), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, x, grad_y);
       std::lock_guard lock(mutex);
@@ -503,7 +507,7 @@ PathResults run_every_path(const Case& c, const TrainingLayout& layout, const Pa
         xs.push_back(input_of(c.ranks, member, 1));
         gys.push_back(input_of(c.ranks, member, 2));
       }
-      MoeLayer layer(config_of(c, u.decode_path), *ep_group);
+      MoeLayer layer(config_of(c), execution_of(c, u.decode_path), *ep_group);
       init_layer(layer, c.ep);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
@@ -718,7 +722,7 @@ TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
       Case c;
       c.precision = kPrecisions[3];
       try {
-        MoeLayer layer(config_of(c, path), world);
+        MoeLayer layer(config_of(c), execution_of(c, path), world);
         ADD_FAILURE() << path << " must refuse a reduced-precision payload";
       } catch (const Error& e) {
         const std::string m = e.what();
@@ -729,11 +733,12 @@ TEST(Paths, PathsThatMoveF32OnlyRefuseReducedPrecision) {
     }
     EXPECT_EQ(refusing, 3) << "local, agrs and agrs-decode move f32 only";
     Case c;
-    MoeConfig cfg = config_of(c, "rowwise");
+    MoeConfig cfg = config_of(c);
     cfg.model_dim = 48;
-    cfg.precision.combine_grad = PayloadFormat::MXFP8;
+    MoeExecution e = execution_of(c, "rowwise");
+    e.precision.combine_grad = PayloadFormat::MXFP8;
     try {
-      MoeLayer layer(cfg, world);
+      MoeLayer layer(cfg, e, world);
       ADD_FAILURE() << "mxfp8 with d=48 must be refused";
     } catch (const Error& e) {
       const std::string m = e.what();
@@ -844,7 +849,7 @@ TEST(Paths, DecodeFormRejectsDifferentTokenCounts) {
   EXPECT_THROW(run_ranks(launch,
                          [&](Comm& world) {
                            Case c{2, 2, false, ScoreFunction::Softmax};
-                           MoeLayer layer(config_of(c, "agrs-decode"), world);
+                           MoeLayer layer(config_of(c), execution_of(c, "agrs-decode"), world);
                            init_layer(layer, 2);
                            MoeState state;
                            layer.forward(input_of(2, world.rank(), 1), state);  // 5 and 0 tokens

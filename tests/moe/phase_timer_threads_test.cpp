@@ -57,14 +57,19 @@ TEST(PhaseTimer, ScopeRecordsOnlyWhileBoundAndStopsOnce) {
   EXPECT_GE(timer.seconds("x"), 0.0);
 }
 
-MoeConfig config_of(const std::string& path) {
+MoeConfig config() {
   MoeConfig c;
-  c.num_experts = 4;
-  c.top_k = 2;
+  c.router.num_experts = 4;
+  c.router.top_k = 2;
   c.model_dim = 8;
   c.hidden_dim = 6;
-  c.path = path;
   return c;
+}
+
+MoeExecution execution_of(const std::string& path) {
+  MoeExecution e;
+  e.path = path;
+  return e;
 }
 
 struct StepResult {
@@ -79,7 +84,7 @@ std::vector<float> copy_of(const Tensor& t) {
 }
 
 StepResult run_step(Comm& group, const std::string& path, int rank, bool timed, bool sync = false) {
-  MoeLayer layer(config_of(path), group);
+  MoeLayer layer(config(), execution_of(path), group);
   layer.init_params(11);
   Tensor x = Tensor::empty({5, 8}), grad_y = Tensor::empty({5, 8});
   fill_normal(x, 3, 100 + static_cast<uint64_t>(rank), 1.0f);

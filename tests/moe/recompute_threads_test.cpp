@@ -71,15 +71,20 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 MoeConfig config_of(const Case& c) {
   MoeConfig cfg;
-  cfg.num_experts = kExperts;
-  cfg.top_k = kTopK;
+  cfg.router.num_experts = kExperts;
+  cfg.router.top_k = kTopK;
   cfg.model_dim = kD;
   cfg.hidden_dim = kH;
-  cfg.aux_loss_coef = 1e-2;  // the router's gradient paths are part of what must match
-  cfg.z_loss_coef = 1e-3;
-  cfg.path = c.path;
-  if (c.capacity) cfg.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  cfg.router.aux_loss_coef = 1e-2;  // the router's gradient paths are part of what must match
+  cfg.router.z_loss_coef = 1e-3;
   return cfg;
+}
+
+MoeExecution execution_of(const Case& c) {
+  MoeExecution e;
+  e.path = c.path;
+  if (c.capacity) e.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  return e;
 }
 
 struct LayerRun {
@@ -92,11 +97,11 @@ struct LayerRun {
 };
 
 // F1 F2 B2 B1 on one layer with a heap and lease pool shared as a model would share them.
-LayerRun run_schedule(Comm& world, const MoeConfig& cfg, bool recompute) {
+LayerRun run_schedule(Comm& world, const Case& c, bool recompute) {
   auto heap = world.make_heap();
   const int64_t rows = world.size() * kMaxTokens * kTopK;  // dropless bound (min(K, E_L) <= K)
   LeasePool pool(*heap, "moe.dispatch", static_cast<size_t>(rows * kD) * sizeof(float));
-  MoeLayer layer(cfg, world, "moe", MoeSharedResources{heap.get(), &pool, 0});
+  MoeLayer layer(config_of(c), execution_of(c), world, "moe", MoeSharedResources{heap.get(), &pool, 0});
   layer.init_params(17);
   layer.zero_grads();
   layer.set_recompute(recompute);
@@ -137,9 +142,8 @@ TEST_P(RecomputeTest, GradientsAreBitIdenticalAndRecomputedPayloadsTakeNoLease) 
   launch.ranks = c.ranks;
   launch.timeout_seconds = 120;
   run_ranks(launch, [&](Comm& world) {
-    const MoeConfig cfg = config_of(c);
-    const LayerRun kept = run_schedule(world, cfg, false);
-    const LayerRun recomputed = run_schedule(world, cfg, true);
+    const LayerRun kept = run_schedule(world, c, false);
+    const LayerRun recomputed = run_schedule(world, c, true);
     for (size_t mb = 0; mb < 2; ++mb) {
       ASSERT_EQ(kept.y[mb].size(),
                 static_cast<size_t>(tokens_of(world.rank(), static_cast<int>(mb) + 1) * kD));
@@ -210,7 +214,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RecomputeTest, ::testing::ValuesIn(all_cases()
 // A state whose forward ran with recomputation keeps neither path state nor expert activations.
 TEST(MoeRecompute, ARecomputingForwardDropsThePathStateAndExpertActivations) {
   run_ranks(2, [](Comm& world) {
-    MoeLayer layer(config_of({2, "rowwise", false}), world, "moe");
+    const Case c{2, "rowwise", false};
+    MoeLayer layer(config_of(c), execution_of(c), world, "moe");
     layer.init_params(3);
     layer.set_recompute(true);
     MoeState state;

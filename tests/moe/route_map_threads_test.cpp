@@ -96,8 +96,8 @@ TEST(RouteMapThreads, ScoreBiasUsesGroupCounts) {
 
 TEST(MoeInit, GlobalExpertWeightsDoNotDependOnTheLayout) {
   MoeConfig c;
-  c.num_experts = 8;
-  c.top_k = 2;
+  c.router.num_experts = 8;
+  c.router.top_k = 2;
   c.model_dim = 3;
   c.hidden_dim = 5;
   auto expert_values = [&](int m, PlacementKind kind) {
@@ -132,12 +132,12 @@ TEST(MoeLayerThreads, LocalPathRefusesAnEpGroup) {
   EXPECT_THROW(run_ranks(2,
                          [&](Comm& world) {
                            MoeConfig c;
-                           c.num_experts = 4;
-                           c.top_k = 2;
+                           c.router.num_experts = 4;
+                           c.router.top_k = 2;
                            c.model_dim = 4;
                            c.hidden_dim = 4;
                            try {
-                             MoeLayer layer(c, world);
+                             MoeLayer layer(c, {}, world);
                            } catch (const Error& e) {
                              messages[static_cast<size_t>(world.rank())] = e.what();
                              throw;

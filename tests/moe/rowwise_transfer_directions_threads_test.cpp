@@ -71,15 +71,16 @@ TEST_P(RowwiseTransferDirectionsTest, DispatchPutsCombineGetsAndBackwardReverses
   std::mutex mutex;
   run_ranks(kRanks, [&](Comm& world) {
     MoeConfig cfg;
-    cfg.num_experts = kExperts;
-    cfg.top_k = kTopK;
+    cfg.router.num_experts = kExperts;
+    cfg.router.top_k = kTopK;
     cfg.model_dim = kD;
     cfg.hidden_dim = kH;
-    cfg.path = "rowwise";
-    cfg.precision = c.precision;
-    if (c.capacity) cfg.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+    MoeExecution run;
+    run.path = "rowwise";
+    run.precision = c.precision;
+    if (c.capacity) run.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
     testing::CountingHeap heap(world.make_heap());
-    MoeLayer layer(cfg, world, "moe", MoeSharedResources{&heap, nullptr, 0});
+    MoeLayer layer(cfg, run, world, "moe", MoeSharedResources{&heap, nullptr, 0});
     layer.init_params(kSeed);
     const int64_t t_count = 9 + 4 * world.rank();
     Tensor x = Tensor::empty({t_count, kD});
@@ -87,8 +88,8 @@ TEST_P(RowwiseTransferDirectionsTest, DispatchPutsCombineGetsAndBackwardReverses
     fill_normal(x, kSeed, 1 + static_cast<uint64_t>(world.rank()), 1.0f);
     fill_normal(grad_y, kSeed, 11 + static_cast<uint64_t>(world.rank()), 1.0f);
     RouterState rs;
-    const RouterOutput routed = router_forward(cfg.router(), x, layer.params().w_router, nullptr, rs);
-    const RouteMap map = build_route_map(routed.topk_idx, world, layer.placement(), cfg.capacity);
+    const RouterOutput routed = router_forward(cfg.router, x, layer.params().w_router, nullptr, rs);
+    const RouteMap map = build_route_map(routed.topk_idx, world, layer.placement(), run.capacity);
     ExpertPath& path = layer.path();
     PathState ps;
     ExpertMlpState es;
@@ -97,7 +98,7 @@ TEST_P(RowwiseTransferDirectionsTest, DispatchPutsCombineGetsAndBackwardReverses
     Tensor in = path.dispatch_forward(x, map, ps);
     const testing::OneSidedLog dispatch_fwd = heap.take();
     Tensor out = path.expert_output_buffer(map, kD, ps);
-    expert_mlp_forward(in, cfg.precision.dispatch, map.expert_offsets, layer.params().experts, out, &es);
+    expert_mlp_forward(in, run.precision.dispatch, map.expert_offsets, layer.params().experts, out, &es);
     path.combine_forward(out, routed.topk_weight, map, ps);
     const testing::OneSidedLog combine_fwd = heap.take();
     Tensor grad_w;

@@ -217,13 +217,14 @@ TEST(WaveOverlap, TheMoeLayerOverlapsForwardAndBackwardOnEveryWavePath) {
   run_ranks(launch, [&](Comm& world) {
     for (const std::string& path : paths) {
       MoeConfig cfg;
-      cfg.num_experts = kExperts;
-      cfg.top_k = 2;
+      cfg.router.num_experts = kExperts;
+      cfg.router.top_k = 2;
       cfg.model_dim = kD;
       cfg.hidden_dim = kH;
-      cfg.path = path;
-      cfg.waves = WaveConfig{kWaves, true};
-      MoeLayer layer(cfg, world);
+      MoeExecution run;
+      run.path = path;
+      run.waves = WaveConfig{kWaves, true};
+      MoeLayer layer(cfg, run, world);
       layer.init_params(5);
       layer.zero_grads();
       Tensor x = Tensor::empty({kTokens, kD}), grad_y = Tensor::empty({kTokens, kD});

@@ -31,14 +31,15 @@ std::vector<float> values(const Tensor& t) {
 Outputs run(const std::string& path, WaveConfig waves) {
   auto& world = mpi_world();
   MoeConfig c;
-  c.num_experts = kExperts;
-  c.top_k = 3;
+  c.router.num_experts = kExperts;
+  c.router.top_k = 3;
   c.model_dim = kDim;
   c.hidden_dim = 24;
-  c.path = path;
-  c.waves = waves;
-  c.precision = {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32, PayloadFormat::BF16};
-  MoeLayer layer(c, world, "moe");
+  MoeExecution e;
+  e.path = path;
+  e.waves = waves;
+  e.precision = {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32, PayloadFormat::BF16};
+  MoeLayer layer(c, e, world, "moe");
   layer.init_params(11);
   layer.zero_grads();
   const int me = world.rank();

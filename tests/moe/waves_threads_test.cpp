@@ -75,20 +75,14 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                      c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "");
 }
 
-MoeConfig config_of(const Case& c, const std::string& path, WaveConfig waves) {
+MoeConfig config_of(const Case& c) {
   MoeConfig cfg;
-  cfg.num_experts = kExperts;
-  cfg.top_k = kTopK;
+  cfg.router.num_experts = kExperts;
+  cfg.router.top_k = kTopK;
   cfg.model_dim = kD;
   cfg.hidden_dim = kH;
-  cfg.path = path;
-  cfg.waves = waves;
-  if (c.mixed_precision)
-    cfg.precision = {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32,
-                     PayloadFormat::MXFP8Floor};
-  if (c.capacity) cfg.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
   if (c.gpt_oss) {
-    cfg.softmax_over_topk = true;
+    cfg.router.softmax_over_topk = true;
     cfg.router_bias = true;
     cfg.expert_biases = true;
     cfg.activation = ExpertMlpActivation::GptOssClamped;
@@ -96,9 +90,19 @@ MoeConfig config_of(const Case& c, const std::string& path, WaveConfig waves) {
   return cfg;
 }
 
+MoeExecution execution_of(const Case& c, const std::string& path, WaveConfig waves) {
+  MoeExecution e;
+  e.path = path;
+  e.waves = waves;
+  if (c.mixed_precision)
+    e.precision = {PayloadFormat::MXFP8, PayloadFormat::BF16, PayloadFormat::F32, PayloadFormat::MXFP8Floor};
+  if (c.capacity) e.capacity = CapacityPolicy::with(CapacityRule::Source, 0.5);
+  return e;
+}
+
 // Two steps (the second over buffers holding the first one's rows); the second one's results.
 Step run(const Case& c, const std::string& path, WaveConfig waves, Comm& group) {
-  MoeLayer layer(config_of(c, path, waves), group);
+  MoeLayer layer(config_of(c), execution_of(c, path, waves), group);
   layer.init_params(kSeed);
   // The last rank's experts get no routes: its waves are all empty.
   for (int e : layer.placement().local_experts(c.ep - 1))
@@ -258,22 +262,22 @@ TEST(Waves, EveryRouteLiesInItsWavesRows) {
 }
 
 TEST(Waves, RefusalsNameTheFlags) {
-  auto message = [](const MoeConfig& cfg, int ep) {
+  Case c;
+  auto message = [&c](const MoeExecution& e, int ep) {
     try {
-      cfg.validate(ep);
+      e.validate(config_of(c), ep);
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string();
   };
-  Case c;
-  EXPECT_NE(message(config_of(c, "block", {7, false}), 2).find("--waves 7 must be in [1, 6]"),
+  EXPECT_NE(message(execution_of(c, "block", {7, false}), 2).find("--waves 7 must be in [1, 6]"),
             std::string::npos);
-  EXPECT_NE(message(config_of(c, "block", {1, true}), 2).find("--wave-overlap needs --waves 2"),
+  EXPECT_NE(message(execution_of(c, "block", {1, true}), 2).find("--wave-overlap needs --waves 2"),
             std::string::npos);
-  EXPECT_NE(message(config_of(c, "agrs", {2, false}), 2).find("path 'agrs' has no wave schedule"),
+  EXPECT_NE(message(execution_of(c, "agrs", {2, false}), 2).find("path 'agrs' has no wave schedule"),
             std::string::npos);
-  EXPECT_EQ(message(config_of(c, "rowwise", {6, true}), 2), "");
+  EXPECT_EQ(message(execution_of(c, "rowwise", {6, true}), 2), "");
 }
 
 }  // namespace

@@ -138,7 +138,7 @@ TEST_P(Batching, ExpertTokensPerRankAddUp) {
     }
   const ModelConfig c = runtime.spec().config;
   const int shards = !l.ep ? l.tp : l.ep_degree > 0 ? l.tp * l.dp / l.ep_degree : 1;
-  EXPECT_EQ(total, forwarded * c.moe.top_k * c.layers * shards) << metrics;
+  EXPECT_EQ(total, forwarded * c.moe.router.top_k * c.layers * shards) << metrics;
   for (const auto& [expert, ranks] : ranks_per_expert) EXPECT_LE(ranks, shards) << expert;
 }
 

@@ -21,7 +21,7 @@ inline std::filesystem::path serve_test_model(int64_t max_seq = 64) {
     c.max_seq = max_seq;
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
-      MoeTransformer model(c, *group);
+      MoeTransformer model(c, {}, *group);
       model.init(5);
       infer::testing::write_expar_checkpoint(d, model, 4);
     });

@@ -43,7 +43,7 @@ TrainConfig small_config(int steps) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");
   c.ep = 2;
-  c.path = "rowwise";
+  c.execution.moe.path = "rowwise";
   c.steps = steps;
   c.global_batch = 4;
   c.seq_len = 16;
@@ -106,7 +106,7 @@ std::vector<std::string> checkpointing_train(const fs::path& checkpoint, const s
 // Loads `dir` into a one-rank model with its optimizer.
 void load_one_rank(const std::string& dir, const ModelConfig& model) {
   run_ranks(1, [&](Comm& world) {
-    MoeTransformer m(model, world);
+    MoeTransformer m(model, {}, world);
     std::vector<Parameter*> params;
     for (Parameter& p : m.parameters()) params.push_back(&p);
     AdamW optimizer(params, AdamWConfig{}, world, world);
@@ -259,7 +259,7 @@ TEST_F(Checkpoints, ManifestValuesAreRangeCheckedAndConfined) {
 TEST_F(Checkpoints, ResumeRefusesAnotherModelAndAStepPastTheEnd) {
   save_run(2);
   TrainConfig other = small_config(4);
-  other.model.moe.score = ScoreFunction::Sigmoid;
+  other.model.moe.router.score = ScoreFunction::Sigmoid;
   other.resume_from = dir_.string();
   std::string m = error_of([&] { train_ranks(2, other); });
   EXPECT_NE(m.find("model.score is \"sigmoid\" here but \"softmax\" in the checkpoint"), std::string::npos)
@@ -273,7 +273,7 @@ TEST_F(Checkpoints, ResumeRefusesAnotherModelAndAStepPastTheEnd) {
 TEST_F(Checkpoints, AnotherModelInTheTargetIsRefusedUnlessOverwritten) {
   save_run(3);
   TrainConfig other = small_config(1);
-  other.model.moe.score = ScoreFunction::Sigmoid;
+  other.model.moe.router.score = ScoreFunction::Sigmoid;
   other.checkpoint_dir = dir_.string();
   std::string m = error_of([&] { train_ranks(2, other); });
   EXPECT_NE(m.find("already holds a checkpoint of another model"), std::string::npos) << m;
@@ -282,7 +282,7 @@ TEST_F(Checkpoints, AnotherModelInTheTargetIsRefusedUnlessOverwritten) {
   EXPECT_EQ(train_ranks(2, other), 1);
   // No save of the other model is left beside the new one.
   EXPECT_EQ(checkpoint_steps(dir_), (std::vector<int64_t>{1}));
-  EXPECT_EQ(read_checkpoint_info(dir_.string()).model.moe.score, ScoreFunction::Sigmoid);
+  EXPECT_EQ(read_checkpoint_info(dir_.string()).model.moe.router.score, ScoreFunction::Sigmoid);
 }
 
 TEST_F(Checkpoints, UnwritableTargetIsFoundBeforeTheFirstStep) {

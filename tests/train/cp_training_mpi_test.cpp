@@ -16,11 +16,11 @@ using expar::testing::mpi_world;
 TrainConfig config(int cp, int ep) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");
-  c.model.moe.aux_loss_coef = 0.1;  // ten times the preset's: its gradient moves the curve
-  c.model.moe.num_experts = 12;     // M_E = W = 2, 3, 4
+  c.model.moe.router.aux_loss_coef = 0.1;  // ten times the preset's: its gradient moves the curve
+  c.model.moe.router.num_experts = 12;     // M_E = W = 2, 3, 4
   c.cp = cp;
   c.ep = ep;
-  c.path = "rowwise";
+  c.execution.moe.path = "rowwise";
   c.steps = 4;
   c.global_batch = 12;  // divisible by D = 1 .. 4
   c.seq_len = 24;       // divisible by C = 2, 3, 4

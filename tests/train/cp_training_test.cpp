@@ -24,8 +24,8 @@ namespace {
 
 TrainConfig config(int cp, int ep, const std::string& path, int steps) {
   TrainConfig c = testing::small_config(ep, path, steps);
-  EXPECT_GT(c.model.moe.aux_loss_coef, 0.0);
-  EXPECT_GT(c.model.moe.z_loss_coef, 0.0);
+  EXPECT_GT(c.model.moe.router.aux_loss_coef, 0.0);
+  EXPECT_GT(c.model.moe.router.z_loss_coef, 0.0);
   c.cp = cp;
   return c;
 }
@@ -68,7 +68,7 @@ TEST(CpTraining, TheLoadBalancingLossSeesWholeSequences) {
   const int steps = 6;
   auto strong = [&](int cp, int ep, const std::string& path) {
     TrainConfig c = config(cp, ep, path, steps);
-    c.model.moe.aux_loss_coef = 1.0;
+    c.model.moe.router.aux_loss_coef = 1.0;
     return c;
   };
   const TrainingRun base = run_training(2, strong(1, 2, "rowwise"));
@@ -93,7 +93,7 @@ TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
   }
   TrainConfig composed = config(2, 2, "rowwise", steps);  // M_E = 2: EP_MP {0,1}: one CP group
   composed.microbatches = 2;
-  composed.recompute_moe = true;
+  composed.execution.recompute_every_moe = true;
   const TrainingRun with_both = run_training(4, composed);
   TrainConfig composed_base = config(1, 2, "rowwise", steps);
   composed_base.microbatches = 2;
@@ -168,7 +168,7 @@ TEST(CpTraining, RefusesASplitThatDoesNotDivide) {
             std::string::npos)
       << aux;
   EXPECT_NE(aux.find("choose --batch a multiple of 2, or --aux-coef 0"), std::string::npos) << aux;
-  half.model.moe.aux_loss_coef = 0.0;  // the z-loss alone is a mean over tokens: it trains
+  half.model.moe.router.aux_loss_coef = 0.0;  // the z-loss alone is a mean over tokens: it trains
   EXPECT_EQ(run_training(2, half).steps.size(), 1u);
   const std::string ep = error_of(2, config(2, 4, "rowwise", 1));
   EXPECT_NE(ep.find("EP_MP degree M_E=4 does not divide the D*C*TP=1*2*1=2 ranks"), std::string::npos) << ep;

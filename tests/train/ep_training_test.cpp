@@ -61,7 +61,7 @@ TEST(EpTraining, GradientAccumulationOverMicrobatchesGivesTheSameSteps) {
   // The load-balancing loss is a product of batch statistics, so it is not additive over microbatches; it is
   // switched off here to compare exactly what accumulation must preserve.
   TrainConfig base = small_config(2, "rowwise", 5);
-  base.model.moe.aux_loss_coef = 0.0;
+  base.model.moe.router.aux_loss_coef = 0.0;
   auto one = run(2, base);
   TrainConfig two = base;
   two.microbatches = 2;
@@ -81,9 +81,9 @@ TEST(EpTraining, GradientAccumulationOverMicrobatchesGivesTheSameSteps) {
 TEST(EpTraining, CapacityWithDropsReportsTheDropRate) {
   TrainConfig c = small_config(2, "rowwise", 3);
   const double cf = 0.3;
-  c.model.moe.capacity = CapacityPolicy::with(CapacityRule::Source, cf);
-  c.model.moe.top_k = c.model.moe.num_experts;
-  const int64_t ranks = 2, k = c.model.moe.top_k, e_local = c.model.moe.num_experts / ranks;
+  c.execution.moe.capacity = CapacityPolicy::with(CapacityRule::Source, cf);
+  c.model.moe.router.top_k = c.model.moe.router.num_experts;
+  const int64_t ranks = 2, k = c.model.moe.router.top_k, e_local = c.model.moe.router.num_experts / ranks;
   const int64_t t = c.global_batch / ranks * c.seq_len;  // tokens per rank (dense DP = the 2 ranks)
   const auto budget = static_cast<int64_t>(std::ceil(cf * static_cast<double>(t * k) / ranks));
   ASSERT_LT(budget, t * e_local) << "the case must drop";

@@ -26,7 +26,7 @@ TrainSummary run(const std::string& path) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");
   c.ep = 2;
-  c.path = path;
+  c.execution.moe.path = path;
   c.steps = 2;
   c.global_batch = 4;  // 2 sequences per rank, 2 microbatches: 1 sequence per forward
   c.microbatches = 2;

@@ -60,9 +60,9 @@ Grads reduced_step(int ep) {
     auto dp = world.subgroup(layout.groups(TrainingGroup::Dp), "dp");
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
     auto ep_dp = world.subgroup(layout.groups(TrainingGroup::EpDp), "ep_dp");
-    ModelConfig c = ModelConfig::preset("tiny");
-    c.moe.path = ep == 1 ? "local" : "rowwise";
-    MoeTransformer model(c, *ep_mp);
+    ModelExecution execution;
+    execution.moe.path = ep == 1 ? "local" : "rowwise";
+    MoeTransformer model(ModelConfig::preset("tiny"), execution, *ep_mp);
     model.init(3);
     model.zero_grads();
     TokenBatch batch = training_batch(corpus, 1, 0, 8, world.rank() * 2, 2, 16);

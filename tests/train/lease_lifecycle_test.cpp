@@ -36,9 +36,9 @@ const TokenCorpus& corpus() {
 TrainConfig config_of(int ep, const std::string& path, const CapacityPolicy& capacity) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");  // 2 blocks, d = 32, E = 8, top-2
-  c.model.moe.capacity = capacity;
+  c.execution.moe.capacity = capacity;
   c.ep = ep;
-  c.path = path;
+  c.execution.moe.path = path;
   c.steps = 3;
   c.global_batch = 8;
   c.seq_len = 16;
@@ -163,10 +163,10 @@ TEST(LeaseLifecycle, FrozenPoolRefusesAMicrobatchMoreInFlightNamingIt) {
   std::mutex m;
   std::vector<std::string> messages;
   run_ranks(2, [&](Comm& world) {
-    ModelConfig mc = ModelConfig::preset("tiny");
-    mc.moe.path = "rowwise";
+    ModelExecution rowwise;
+    rowwise.moe.path = "rowwise";
     const int64_t batch = 1, seq = 8;
-    MoeTransformer model(mc, world, batch * seq);
+    MoeTransformer model(ModelConfig::preset("tiny"), rowwise, world, batch * seq);
     model.init(7);
     std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -203,7 +203,7 @@ TEST(PayloadPrecisionTraining, BlockAndRowwiseStayBitIdenticalAndCloseToF32) {
   auto with = [&](const std::string& path, const PayloadPrecision& p) {
     TrainConfig c = config_of(2, path, CapacityPolicy::dropless());
     c.steps = 8;
-    c.model.moe.precision = p;
+    c.execution.moe.precision = p;
     return run(c).steps;
   };
   const auto f32 = with("rowwise", {});
@@ -236,8 +236,8 @@ PlanConfig tiny_plan_config() {
   pc.model.heads = static_cast<int>(tiny.heads);
   pc.model.kv_heads = static_cast<int>(tiny.kv_heads);
   pc.model.head_dim = static_cast<int>(tiny.head_dim);
-  pc.model.num_experts = tiny.moe.num_experts;
-  pc.model.top_k = tiny.moe.top_k;
+  pc.model.num_experts = tiny.moe.router.num_experts;
+  pc.model.top_k = tiny.moe.router.top_k;
   pc.model.expert_hidden = static_cast<int>(tiny.moe.hidden_dim);
   pc.world = kRanks;
   pc.tokens_per_rank = 2 * 16;  // config_of: batch 8 over 4 dense ranks, 16 bytes each, 1 microbatch
@@ -259,7 +259,7 @@ TEST(LeaseLifecycle, PlanStatesWhatTheTrainerAllocates) {
           config_of(ep, "rowwise",
                     v.cf > 0 ? CapacityPolicy::with(CapacityRule::Source, v.cf) : CapacityPolicy::dropless());
       tc.steps = 2;
-      tc.recompute_moe = v.recompute;
+      tc.execution.recompute_every_moe = v.recompute;
       const TrainRun r = run(tc);
       pc.ep_mp = ep;
       pc.capacity_factor = v.cf;

@@ -1,5 +1,5 @@
-// `expar train --recompute-moe` (TrainConfig::recompute_moe): a few steps on two ranks (M_E 2, rowwise,
-// two microbatches) give bit-identical losses, gradient norms and validation loss with and without
+// `expar train --recompute-moe` (ModelExecution::recompute_every_moe): a few steps on two ranks (M_E 2,
+// rowwise, two microbatches) give bit-identical losses, gradient norms and validation loss with and without
 // recomputation of the MoE blocks, and the per-rank memory accounting reports fewer resident symmetric
 // bytes: the dry run sized the pool for one dispatch lease per block (plus the gradient lease) without
 // recomputation, and for the gradient lease alone (plus a second scratch slot) with it.
@@ -22,7 +22,7 @@ TrainConfig config_of(bool recompute) {
   c.model = ModelConfig::preset("tiny");
   c.model.layers = 3;
   c.ep = 2;
-  c.path = "rowwise";
+  c.execution.moe.path = "rowwise";
   c.steps = 3;
   c.global_batch = 8;
   c.seq_len = 16;
@@ -31,7 +31,7 @@ TrainConfig config_of(bool recompute) {
   c.lr = 5e-3;
   c.eval_every = 0;
   c.eval_sequences = 4;
-  c.recompute_moe = recompute;
+  c.execution.recompute_every_moe = recompute;
   return c;
 }
 
@@ -75,7 +75,8 @@ TEST(TrainRecompute, SameCurveBitForBitWithFewerResidentSymmetricBytes) {
   // Slot size: M_E x tokens per microbatch and rank x min(K, E_L) rows of d floats (the model's bound).
   const ModelConfig m = config_of(false).model;
   const int64_t tokens = 8 / 2 / 2 * 16;  // global batch / dense-DP ranks / microbatches x seq_len
-  const int64_t slot = 2 * tokens * std::min<int64_t>(m.moe.top_k, m.moe.num_experts / 2) * m.model_dim * 4;
+  const int64_t slot =
+      2 * tokens * std::min<int64_t>(m.moe.router.top_k, m.moe.router.num_experts / 2) * m.model_dim * 4;
   for (size_t r = 0; r < 2; ++r) {
     // Kept: 3 dispatch leases + 1 gradient lease + the output scratch; recomputed: 1 gradient lease + the
     // output and dispatch scratch slots.

@@ -62,7 +62,7 @@ TEST_F(ScoreBiasTraining, TheBiasMovesInStepsOfTheRateAndChangesTheRoutes) {
   const int layers = static_cast<int>(ModelConfig::preset("tiny").layers);
   int nonzero = 0;
   for (const auto& layer : saved_biases(base_ / "moved", layers)) {
-    ASSERT_EQ(layer.size(), static_cast<size_t>(ModelConfig::preset("tiny").moe.num_experts));
+    ASSERT_EQ(layer.size(), static_cast<size_t>(ModelConfig::preset("tiny").moe.router.num_experts));
     for (float v : layer) {
       const double k = v / rate;
       EXPECT_NEAR(k, std::round(k), 1e-3) << v << " is not a whole multiple of the rate";

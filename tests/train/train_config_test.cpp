@@ -41,8 +41,9 @@ TEST(TrainConfigChecks, ValuesTheLoopCannotUseAreNamed) {
       {[](TrainConfig& c) { c.lr = -1e-3; }, "learning rate (--lr) -0.001 must be a finite number > 0"},
       {[&](TrainConfig& c) { c.clip_norm = nan; }, "gradient clip norm (--clip; 0: off)=nan"},
       {[](TrainConfig& c) { c.warmup = -5; }, "warmup steps (--warmup)=-5 must not be negative"},
-      {[&](TrainConfig& c) { c.model.moe.aux_loss_coef = nan; }, "aux loss coefficient (--aux-coef)=nan"},
-      {[](TrainConfig& c) { c.model.moe.z_loss_coef = -1; }, "z loss coefficient (--z-coef)=-1"},
+      {[&](TrainConfig& c) { c.model.moe.router.aux_loss_coef = nan; },
+       "aux loss coefficient (--aux-coef)=nan"},
+      {[](TrainConfig& c) { c.model.moe.router.z_loss_coef = -1; }, "z loss coefficient (--z-coef)=-1"},
       {[](TrainConfig& c) { c.seq_len = 1000; }, "exceeds the model's max_seq 64"},
   };
   for (const Case& c : cases) {

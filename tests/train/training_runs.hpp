@@ -26,7 +26,7 @@ inline TrainConfig small_config(int ep, const std::string& path, int steps) {
   TrainConfig c;
   c.model = ModelConfig::preset("tiny");
   c.ep = ep;
-  c.path = path;
+  c.execution.moe.path = path;
   c.steps = steps;
   c.global_batch = 8;
   c.seq_len = 16;

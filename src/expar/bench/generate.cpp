@@ -44,11 +44,12 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
     g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
   }
   g.push_back({p, d, heads * hd, lw.attn.wo.data<float>(), 1.0});
-  g.push_back({(p + layout.tp() - 1) / layout.tp(), c.moe.num_experts, d, lw.router.data<float>(), 1.0});
+  g.push_back(
+      {(p + layout.tp() - 1) / layout.tp(), c.moe.router.num_experts, d, lw.router.data<float>(), 1.0});
   // Each local expert at the mean rows the replica's P tokens give it (P·K/E; the replicas' tokens meet
   // at the experts with cross-DP EP).
   const int64_t replicas = layout.cross_dp_ep() ? layout.dp() : 1;
-  const int64_t rows = std::max<int64_t>(1, p * replicas * c.moe.top_k / c.moe.num_experts);
+  const int64_t rows = std::max<int64_t>(1, p * replicas * c.moe.router.top_k / c.moe.router.num_experts);
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();
   for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
@@ -122,7 +123,8 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
     // E_L local experts, each active with probability K/E for one token.
     const auto local = static_cast<double>(lw.experts.local_count());
     if (local > 0) r.per_expert = experts / local;
-    r.expected_experts += local * static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.num_experts);
+    r.expected_experts +=
+        local * static_cast<double>(c.moe.router.top_k) / static_cast<double>(c.moe.router.num_experts);
     bytes +=
         2.0 * static_cast<double>(length * w.local_attn.n_kv_heads * w.local_attn.head_dim) * sizeof(float);
   }

@@ -55,15 +55,20 @@ int ep_of(const PathsBenchOptions& o) {
   return o.ep == 0 ? o.ranks : o.ep;
 }
 
-MoeConfig config_of(const PathsBenchOptions& o, const std::string& path) {
+MoeConfig config_of(const PathsBenchOptions& o) {
   MoeConfig c;
-  c.num_experts = o.experts;
-  c.top_k = o.top_k;
+  c.router.num_experts = o.experts;
+  c.router.top_k = o.top_k;
   c.model_dim = o.model_dim;
   c.hidden_dim = o.hidden_dim;
-  c.path = path;
-  c.precision = path_traits(path).reduced_precision ? o.precision : PayloadPrecision{};
   return c;
+}
+
+MoeExecution execution_of(const PathsBenchOptions& o, const std::string& path) {
+  MoeExecution e;
+  e.path = path;
+  e.precision = path_traits(path).reduced_precision ? o.precision : PayloadPrecision{};
+  return e;
 }
 
 Tensor input_of(const PathsBenchOptions& o, int rank, uint64_t stream) {
@@ -144,8 +149,8 @@ class LimitMatmul {
   double seconds(Comm& world) {
     auto once = [&] {
       return timed_max(world, [&] {
-        matmul(a_.data<float>(), w_.data<float>(), c_.data<float>(), rows_, o_.hidden_dim, o_.model_dim, false,
-               true, false);
+        matmul(a_.data<float>(), w_.data<float>(), c_.data<float>(), rows_, o_.hidden_dim, o_.model_dim,
+               false, true, false);
       });
     };
     const double first = once();
@@ -181,7 +186,8 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
                        int64_t& send_rows_out) {
   // The layer's heap (the rowwise path's), made here so that its one-sided traffic can be read.
   auto heap = group.make_heap();
-  MoeLayer layer(config_of(o, path), group, "bench", MoeSharedResources{heap.get(), nullptr, -1});
+  MoeLayer layer(config_of(o), execution_of(o, path), group, "bench",
+                 MoeSharedResources{heap.get(), nullptr, -1});
   layer.init_params(o.seed);
   const auto& order = phase_order();
   const size_t p = order.size();
@@ -265,7 +271,7 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
     if (seen_b) r.backward.phases.emplace_back(order[j], med(2 + p + j));
   }
   // Bytes and GEMM work of the slowest rank (max over ranks).
-  const PayloadPrecision precision = layer.config().precision;
+  const PayloadPrecision precision = layer.execution().precision;
   auto b = phase_bytes(last_map, o.model_dim, true, precision);
   auto bb = phase_bytes(last_map, o.model_dim, false, precision);
   std::vector<double> work;
@@ -494,7 +500,7 @@ std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o) {
     MemoryTracker tracker;
     if (group != nullptr) {
       TrackerBinding binding(tracker);
-      MoeLayer layer(config_of(o, path), *group, "bench");
+      MoeLayer layer(config_of(o), execution_of(o, path), *group, "bench");
       layer.init_params(o.seed);
       const Tensor x = input_of(o, rank, 1);
       const Tensor grad_y = input_of(o, rank, 2);

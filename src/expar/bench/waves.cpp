@@ -87,12 +87,13 @@ WavesReport measure_waves(const WavesBenchOptions& o) {
   launch.timeout_seconds = 3600;
   run_ranks(launch, [&](Comm& world) {
     MoeConfig c;
-    c.num_experts = o.experts;
-    c.top_k = o.top_k;
+    c.router.num_experts = o.experts;
+    c.router.top_k = o.top_k;
     c.model_dim = o.model_dim;
     c.hidden_dim = o.hidden_dim;
-    c.path = o.path;
-    MoeLayer layer(c, world, "bench");
+    MoeExecution e;
+    e.path = o.path;
+    MoeLayer layer(c, e, world, "bench");
     layer.init_params(o.seed);
     Tensor x = Tensor::empty({o.tokens, o.model_dim}), grad_y = Tensor::empty({o.tokens, o.model_dim});
     fill_normal(x, o.seed, 1000 + static_cast<uint64_t>(world.rank()), 1.0f);

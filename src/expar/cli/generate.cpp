@@ -115,12 +115,13 @@ int run_generate(const GenerateArgs& a) {
       a.temperature, infer::model_format_name(spec.format));
   const std::string checkpoint = spec.dir.string();
   CheckpointInfo info = read_checkpoint_info(checkpoint);
-  ModelConfig config = info.model;
+  const ModelConfig config = info.model;
   const LayoutArgs& lay = a.layout;
   // The EP degree by the inference layout's rules (seed 002), so --ep means the same as for greedy decoding.
   const int ranks = lay.tp * lay.dp, ep = infer::inference_layout(engine_options(lay), config).ep_degree();
-  config.moe.path = ep == 1 ? "local" : a.expert_path;
-  config.moe.placement = placement_from_name(lay.placement);
+  ModelExecution execution;
+  execution.moe.path = ep == 1 ? "local" : a.expert_path;
+  execution.moe.placement = placement_from_name(lay.placement);
   EXPAR_CHECK(
       lay.decode_moe == "allreduce",
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
@@ -154,7 +155,7 @@ int run_generate(const GenerateArgs& a) {
   run_ranks(launch, [&](Comm& world) {
     TrainingLayout layout(world.size(), ep);
     auto ep_mp = world.subgroup(layout.groups(TrainingGroup::EpMp), "ep_mp");
-    MoeTransformer model(config, *ep_mp);
+    MoeTransformer model(config, execution, *ep_mp);
     load_checkpoint(checkpoint, model, nullptr);
     std::vector<int32_t> ids = prompt;
     Timer timer;

@@ -20,18 +20,14 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/host_allocator.hpp"
 #include "expar/core/memory.hpp"
-#include "expar/io/checkpoint_dir.hpp"
-#include "expar/io/sharded_checkpoint.hpp"
-#include "expar/io/strict_json.hpp"
-#include "expar/io/text_file.hpp"
 #include "expar/io/tokenizer.hpp"
 #include "expar/model/hf_config.hpp"
-#include "expar/model/model_config_json.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/train/checkpoint.hpp"
+#include "expar/train/run_model.hpp"
 #include "expar/train/trainer.hpp"
 
 namespace expar::cli {
@@ -90,104 +86,45 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
   std::fflush(stdout);
 }
 
-// --model PATH (or the config.json of a Hugging Face-layout checkpoint being resumed): the family, its
-// features and the config.json text every save repeats; a directory with weights starts the run from them.
-void read_model_architecture(TrainArgs& a, const std::filesystem::path& given, bool weights_start_the_run) {
-  namespace fs = std::filesystem;
-  EXPAR_CHECK(fs::exists(given),
-              "--model '{}' does not exist: pass a config.json or a Hugging Face "
-              "checkpoint directory holding one",
-              given.string());
-  const fs::path file = fs::is_directory(given) ? given / "config.json" : given;
-  EXPAR_CHECK(
-      fs::exists(file), "--model '{}' has no config.json: pass a Hugging Face checkpoint directory{}",
-      given.string(),
-      fs::exists(given / "manifest.json") ? " (this is an expar checkpoint of our format: --resume it)" : "");
-  const std::string text = read_text_file(file, "model config");
-  const Architecture arch = hf_architecture(parse_strict_json(text, file.string(), 64), file.string());
-  TrainConfig& c = a.config;
-  c.model = arch.config;
-  c.format = arch.format;
-  c.features = arch.features;
-  c.hf_config_json = text;
-  a.model_dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  const bool has_weights = fs::exists(a.model_dir / std::string(kShardedIndexName)) ||
-                           fs::exists(a.model_dir / "model.safetensors");
-  if (weights_start_the_run && has_weights) c.init_from = a.model_dir.string();
-}
-
-// The model of this run: the preset with the flags applied, --model's architecture or, on --resume, the
-// checkpoint's (its manifest is the truth); a flag given explicitly that contradicts the checkpoint is an
-// error.
-ModelConfig model_of_run(TrainArgs& a, const CLI::App& cmd) {
-  if (!a.model.empty()) {
-    for (const char* flag : {"--preset", "--score"})
-      EXPAR_CHECK(cmd.count(flag) == 0,
-                  "{} and --model both describe the model: its config.json is the truth; drop {}", flag,
-                  flag);
-    read_model_architecture(a, a.model, a.config.resume_from.empty());
-  } else if (!a.config.resume_from.empty() &&
-             read_checkpoint_info(a.config.resume_from).format != ModelFormat::Expar) {
-    // A Hugging Face-layout save of expar train: its config.json describes the model.
-    read_model_architecture(a, resolve_checkpoint_dir(a.config.resume_from), false);
-  }
-  ModelConfig m = a.model_dir.empty() ? ModelConfig::preset(a.preset) : a.config.model;
-  // --score is the preset's (refused with --model: a config.json says its own score function).
-  if (a.model_dir.empty()) m.moe.score = score_function_from_name(a.score);
-  if (!a.config.resume_from.empty()) {
-    const ModelConfig checkpoint = read_checkpoint_info(a.config.resume_from).model;
-    const std::string file = a.config.resume_from;
-    if (cmd.count("--score") > 0)
-      EXPAR_CHECK(
-          m.moe.score == checkpoint.moe.score,
-          "--score {} contradicts the checkpoint '{}' (score {}): a run resumes with its checkpoint's "
-          "model; drop --score or start a new run",
-          a.score, file, score_function_name(checkpoint.moe.score));
-    if (cmd.count("--preset") > 0) {
-      ModelConfig preset = m;
-      preset.moe.score = checkpoint.moe.score;
-      // A score bias is the checkpoint's to have (--score-bias-rate only moves it), as the score is.
-      preset.moe.use_score_bias = checkpoint.moe.use_score_bias;
-      const std::string difference = model_config_difference(preset, checkpoint);
-      EXPAR_CHECK(
-          difference.empty(),
-          "--preset {} contradicts the checkpoint '{}' ({}): a run resumes with its checkpoint's model; "
-          "drop --preset or start a new run",
-          a.preset, file, difference);
-    }
-    m = model_config_from_json(model_config_to_json(checkpoint), m);
-  }
-  // A new run balanced by a score bias gets one (zeros); a resumed run has its checkpoint's, or none.
-  if (a.config.resume_from.empty() && a.config.score_bias_rate > 0) m.moe.use_score_bias = true;
-  if (cmd.count("--aux-coef") > 0) m.moe.aux_loss_coef = a.aux_coef;
-  if (cmd.count("--z-coef") > 0) m.moe.z_loss_coef = a.z_coef;
-  if (a.capacity_factor > 0)
-    m.moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
-  return m;
-}
-
-// The run's model and its training-time choices (precision, waves, --seq-len's default), checked against
-// --seq-len and --microbatches. Returns the model's label for the banner.
+// The run's model (train/run_model.hpp) and its execution (path, capacity, precision, waves,
+// recomputation), checked against --seq-len and --microbatches. Returns the model's label for the banner.
 std::string configure_run(TrainArgs& a, const CLI::App& cmd) {
   TrainConfig& cfg = a.config;
-  cfg.model = model_of_run(a, cmd);
-  cfg.model.moe.precision = a.precision.parse();  // a training-time choice, not part of the checkpoint
-  cfg.model.moe.waves = a.waves;                  // likewise
+  RunModelRequest request;
+  request.preset = a.preset;
+  request.preset_given = cmd.count("--preset") > 0;
+  request.score = a.score;
+  request.score_given = cmd.count("--score") > 0;
+  request.model = a.model;
+  request.resume_from = cfg.resume_from;
+  request.score_bias = cfg.score_bias_rate > 0;
+  if (cmd.count("--aux-coef") > 0) request.aux_loss_coef = a.aux_coef;
+  if (cmd.count("--z-coef") > 0) request.z_loss_coef = a.z_coef;
+  RunModel run = resolve_run_model(request);
+  cfg.model = std::move(run.model);
+  cfg.format = run.format;
+  cfg.features = std::move(run.features);
+  cfg.hf_config_json = std::move(run.hf_config_json);
+  cfg.init_from = std::move(run.init_from);
+  a.model_dir = run.model_dir;
+
+  MoeExecution& moe = cfg.execution.moe;
+  if (a.capacity_factor > 0)
+    moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
+  moe.precision = a.precision.parse();
+  moe.waves = a.waves;
   // The preset's whole context; a Hugging Face model's contexts run to 4096 tokens and more: 256 unless said.
   if (cmd.count("--seq-len") == 0)
     cfg.seq_len = a.model_dir.empty() ? static_cast<int>(cfg.model.max_seq)
                                       : static_cast<int>(std::min<int64_t>(cfg.model.max_seq, 256));
-  const std::string model_label = a.model_dir.empty()
-                                      ? "preset " + a.preset
-                                      : model_format_name(cfg.format) + " model " + a.model_dir.string();
   EXPAR_CHECK(cfg.seq_len <= cfg.model.max_seq,
               "--seq-len {} exceeds the model's max_seq {} ({}): pass --seq-len {} or less", cfg.seq_len,
-              cfg.model.max_seq, model_label, cfg.model.max_seq);
+              cfg.model.max_seq, run.label, cfg.model.max_seq);
   EXPAR_CHECK(cfg.microbatches <= cfg.global_batch,
               "--microbatches {} exceeds --batch {}: a microbatch holds at least one sequence; pass "
               "--microbatches {} or less",
               cfg.microbatches, cfg.global_batch, cfg.global_batch);
-  return model_label;
+  return run.label;
 }
 
 // --data, through the model's tokenizer when its directory has one (else its bytes are the tokens).
@@ -213,12 +150,13 @@ std::ofstream open_log(const TrainArgs& a) {
 void print_banner(const TrainArgs& a, const std::string& model_label, const std::string& layout) {
   const TrainConfig& cfg = a.config;
   fmt::print("expar train: {}, {} layers, d={}, {} experts (top-{}, h={}), path {}, payload {}\n",
-             model_label, cfg.model.layers, cfg.model.model_dim, cfg.model.moe.num_experts,
-             cfg.model.moe.top_k, cfg.model.moe.hidden_dim, cfg.path, cfg.model.moe.precision.describe());
+             model_label, cfg.model.layers, cfg.model.model_dim, cfg.model.moe.router.num_experts,
+             cfg.model.moe.router.top_k, cfg.model.moe.hidden_dim, cfg.execution.moe.path,
+             cfg.execution.moe.precision.describe());
   fmt::print("{}", layout);
   fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, log {}{}{}\n", cfg.global_batch,
              cfg.seq_len, cfg.microbatches, cfg.steps, a.log,
-             cfg.recompute_moe ? ", MoE recomputed in backward" : "",
+             cfg.execution.recompute_every_moe ? ", MoE recomputed in backward" : "",
              cfg.init_from.empty() ? "" : ", weights from " + cfg.init_from);
   std::fflush(stdout);
 }
@@ -372,7 +310,8 @@ void add_train(CLI::App& app, CommandTable& table) {
   std::vector<std::string> training_paths;  // the decode form needs the same tokens on every EP rank
   for (const PathTraits& p : path_registry())
     if (!p.decode_form) training_paths.push_back(p.name);
-  cmd->add_option("--path", c.path, "Execution path (local: M_E = 1): " + choices(training_paths))
+  cmd->add_option("--path", c.execution.moe.path,
+                  "Execution path (local: M_E = 1): " + choices(training_paths))
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per rank (0: cores / ranks)")
       ->capture_default_str()
@@ -419,7 +358,7 @@ void add_train(CLI::App& app, CommandTable& table) {
       ->capture_default_str()
       ->check(finite_in(0, 1));
   cmd->add_flag("--shard-optimizer", c.shard_optimizer, "Shard expert Adam state over EP_DP");
-  cmd->add_flag("--recompute-moe", c.recompute_moe,
+  cmd->add_flag("--recompute-moe", c.execution.recompute_every_moe,
                 "Activation recomputation of every block's MoE MLP: backward redoes dispatch, experts and "
                 "combine gather instead of keeping them (same gradients; saves the expert activations and, "
                 "with rowwise, the per-block dispatch leases; costs one more dispatch + expert forward per "

@@ -134,7 +134,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
         for (int64_t r = 0; r < rows; ++r) k_ss[r] = both[static_cast<size_t>(rows + r)] * k_share;
       };
   }
-  stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.num_experts), 0);
+  stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.router.num_experts), 0);
   stats_.expert_weight_reads.assign(static_cast<size_t>(weights_.config.layers), 0);
   // The route map places rows by layout_.placement(), so this rank's weights must hold its partition's
   // experts in the placement's local order.
@@ -148,7 +148,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
     ep_ = world.subgroup(layout.groups(InferenceGroup::Ep), "ep");
   PathOptions po;
   po.model_dim = weights_.config.model_dim;
-  po.top_k = weights_.config.moe.top_k;
+  po.top_k = weights_.config.moe.router.top_k;
   po.placement = &layout_.placement();
   // Seed 002's collective levels, inner first: prefill gathers over TP (SP rows), then DP with cross-DP EP;
   // decode's TP ranks hold the same tokens (all-reduce), DP replicas are gathered with cross-DP EP.

@@ -43,14 +43,7 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
 }
 
 InferenceLayout inference_layout(const GenerateOptions& options, const ModelConfig& config) {
-  InferenceConfig ic;
-  ic.tp = options.tp;
-  ic.dp = options.dp;
-  ic.enable_expert_parallel = options.enable_expert_parallel;
-  ic.ep_degree = options.ep_degree;
-  ic.num_experts = config.moe.num_experts;
-  ic.placement = options.placement;
-  return InferenceLayout(ic);
+  return InferenceLayout(InferenceConfig(options, config.moe.router.num_experts));
 }
 
 GenerateResult generate(const GenerateOptions& options, const std::string& checkpoint,

@@ -8,7 +8,7 @@
 #include "expar/core/memory.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/hf_config.hpp"
-#include "expar/topo/placement.hpp"
+#include "expar/topo/inference_layout.hpp"
 
 namespace expar::infer {
 
@@ -20,12 +20,8 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
 // Index of the largest value of row `row` of logits [N, V] (ties to the lower index).
 int32_t argmax_row(const Tensor& logits, int64_t row);
 
-struct GenerateOptions {
-  int tp = 1;
-  int dp = 1;
-  bool enable_expert_parallel = false;
-  std::optional<int> ep_degree;  // unset: TP*DP with EP
-  PlacementKind placement = PlacementKind::Contiguous;
+// The run's parallelism (topo/inference_layout.hpp) and how its ranks compute.
+struct GenerateOptions : InferenceParallelism {
   int compute_threads = 1;                      // oneDNN threads per rank
   std::optional<ModelFormat> format;            // unset: detected from the files (open_model_spec)
   DecodeMoe decode_moe = DecodeMoe::AllReduce;  // how decode steps run the MoE layers (engine.hpp)

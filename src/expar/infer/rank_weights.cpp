@@ -54,10 +54,11 @@ void expect_shape(const TensorStore& store, const std::string& name, const Shape
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
                               const InferenceLayout& layout, int rank, const ModelFeatures& features) {
   const InferenceRankInfo info = layout.rank_info(rank);
-  EXPAR_ASSERT(layout.placement().num_experts() == config.moe.num_experts,
+  EXPAR_ASSERT(layout.placement().num_experts() == config.moe.router.num_experts,
                "the inference layout has {} experts but the model has {}: build the layout with "
                "num_experts={}",
-               layout.placement().num_experts(), config.moe.num_experts, config.moe.num_experts);
+               layout.placement().num_experts(), config.moe.router.num_experts,
+               config.moe.router.num_experts);
   RankWeights w;
   w.config = config;
   w.config.moe.model_dim = config.model_dim;
@@ -142,11 +143,11 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.attn_options.q_norm_total = config.heads * hd;
       lw.attn_options.k_norm_total = config.kv_heads * hd;
     }
-    expect_shape(store, name("router"), {config.moe.num_experts, d});
+    expect_shape(store, name("router"), {config.moe.router.num_experts, d});
     lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
     // Auxiliary-loss-free balancing's selection bias: there exactly when the model config says so.
     if (config.moe.use_score_bias) {
-      expect_shape(store, name("score_bias"), {config.moe.num_experts});
+      expect_shape(store, name("score_bias"), {config.moe.router.num_experts});
       lw.score_bias = load_dense(store, name("score_bias"));
     } else {
       EXPAR_CHECK(!store.contains(name("score_bias")),
@@ -155,13 +156,13 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
                   store.label(), name("score_bias"));
     }
     if (features.router == RouterKind::BiasedTopkSoftmax) {
-      expect_shape(store, name("router_bias"), {config.moe.num_experts});
+      expect_shape(store, name("router_bias"), {config.moe.router.num_experts});
       lw.router_bias = load_dense(store, name("router_bias"));
     }
     if (features.fused_experts) {
       // gpt-oss: the stacked experts, sliced by the same expert-parallel loader around a strided base loader.
       const std::string p = names.expert(l, 0, "");
-      const int64_t h = config.moe.hidden_dim, e = config.moe.num_experts;
+      const int64_t h = config.moe.hidden_dim, e = config.moe.router.num_experts;
       expect_shape(store, p + "gate_up_proj", {e, d, 2 * h});
       expect_shape(store, p + "gate_up_proj_bias", {e, 2 * h});
       expect_shape(store, p + "down_proj", {e, h, d});

@@ -43,7 +43,7 @@ std::vector<std::string> model_format_names();
 enum class RouterKind : uint8_t {
   Scores,  // router_forward: score function, top-k, optional renormalisation (ours, Mixtral, Qwen, OLMoE)
   BiasedTopkSoftmax  // gpt-oss: a router bias (loaded as router_bias); moe/router computes it with
-                     // MoeConfig::softmax_over_topk: top-k of the biased logits, softmax over those k
+                     // RouterConfig::softmax_over_topk: top-k of the biased logits, softmax over those k
 };
 // The experts' activation (moe/expert_mlp.hpp, where they run): SwiGLU, or gpt-oss's clamped SwiGLU with
 // gate/up/down biases.

@@ -399,13 +399,13 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
 
   MoeConfig& m = c.moe;
   m.model_dim = c.model_dim;
-  m.num_experts = static_cast<int>(r.integer(fam.experts_key, fam.experts));
-  m.top_k = static_cast<int>(r.integer("num_experts_per_tok", fam.top_k));
-  if (m.top_k > m.num_experts)
-    r.bad("num_experts_per_tok", fmt::format("exceeds the {} experts", m.num_experts));
+  m.router.num_experts = static_cast<int>(r.integer(fam.experts_key, fam.experts));
+  m.router.top_k = static_cast<int>(r.integer("num_experts_per_tok", fam.top_k));
+  if (m.router.top_k > m.router.num_experts)
+    r.bad("num_experts_per_tok", fmt::format("exceeds the {} experts", m.router.num_experts));
   m.hidden_dim = r.integer(fam.expert_hidden_key, fam.expert_hidden);
-  m.score = ScoreFunction::Softmax;
-  m.renormalize = true;
+  m.router.score = ScoreFunction::Softmax;
+  m.router.renormalize = true;
 
   switch (format) {
     case ModelFormat::Mixtral: {
@@ -420,7 +420,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
     }
     case ModelFormat::QwenMoe:
       check_activation(r);
-      m.renormalize = r.flag("norm_topk_prob", false);
+      m.router.renormalize = r.flag("norm_topk_prob", false);
       c.shared_expert_hidden = r.integer("shared_expert_intermediate_size", 5632, 0);
       f.shared_expert_gate = c.shared_expert_hidden > 0;
       f.qkv_bias = r.flag("qkv_bias", true);  // v5's key; v4's Qwen2-MoE always has q/k/v biases
@@ -428,7 +428,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       break;
     case ModelFormat::Qwen3Moe: {
       check_activation(r);
-      m.renormalize = r.flag("norm_topk_prob", false);
+      m.router.renormalize = r.flag("norm_topk_prob", false);
       const bool bias = r.flag("attention_bias", false);
       f.qkv_bias = f.o_bias = bias;
       f.qk_norm = QkNorm::PerHead;
@@ -437,7 +437,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
     }
     case ModelFormat::Olmoe: {
       check_activation(r);
-      m.renormalize = r.flag("norm_topk_prob", false);
+      m.router.renormalize = r.flag("norm_topk_prob", false);
       const bool bias = r.flag("attention_bias", false);
       f.qkv_bias = f.o_bias = bias;
       f.qk_norm = QkNorm::Projection;
@@ -453,8 +453,9 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
     case ModelFormat::GptOss: {
       r.no_effect("hidden_act");              // unused: gpt-oss's experts always run the clamped SwiGLU
       r.no_effect("initial_context_length");  // unused by the model (the rope carries the context length)
-      if (r.has("experts_per_token") && r.integer("experts_per_token", std::nullopt) != m.top_k)
-        r.bad("experts_per_token", fmt::format("disagrees with num_experts_per_tok = {}: keep one", m.top_k));
+      if (r.has("experts_per_token") && r.integer("experts_per_token", std::nullopt) != m.router.top_k)
+        r.bad("experts_per_token",
+              fmt::format("disagrees with num_experts_per_tok = {}: keep one", m.router.top_k));
       r.no_effect("experts_per_token");
       if (r.number("swiglu_limit", 7.0) != 7.0)
         r.bad("swiglu_limit", "expar's clamped SwiGLU clamps at 7 (gpt-oss's value)");
@@ -464,7 +465,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       f.qkv_bias = f.o_bias = bias;
       f.attention_sinks = true;
       f.router = RouterKind::BiasedTopkSoftmax;
-      c.moe.softmax_over_topk = true;
+      c.moe.router.softmax_over_topk = true;
       f.activation = ExpertActivation::GptOssClamped;
       f.fused_experts = true;
       // null: no window (transformers' sliding layers then see everything), refused below if a layer slides

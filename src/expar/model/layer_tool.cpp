@@ -119,25 +119,31 @@ LayerInputs read_layer_inputs(const std::map<std::string, Tensor>& inputs, const
   return in;
 }
 
-// The layer the options describe, at the inputs' shape; validated against the EP degree.
+// The layer the options describe, at the inputs' shape.
 MoeConfig layer_config(const LayerToolOptions& options, const LayerInputs& in) {
   MoeConfig config;
-  config.num_experts = in.e_count;
-  config.top_k = options.top_k;
+  config.router.num_experts = in.e_count;
+  config.router.top_k = options.top_k;
   config.model_dim = in.d;
   config.hidden_dim = in.h;
-  config.score = score_function_from_name(options.score);
-  config.renormalize = options.renormalize;
-  config.path = options.path;
-  config.precision = options.precision;
-  config.waves = options.waves;
+  config.router.score = score_function_from_name(options.score);
+  config.router.renormalize = options.renormalize;
+  return config;
+}
+
+// How the options run it.
+MoeExecution layer_execution(const LayerToolOptions& options) {
+  MoeExecution execution;
+  execution.path = options.path;
+  execution.precision = options.precision;
+  execution.waves = options.waves;
   if (options.capacity_factor > 0.0)
-    config.capacity =
+    execution.capacity =
         CapacityPolicy::with(capacity_rule_from_name(options.capacity_policy), options.capacity_factor);
   else
     EXPAR_CHECK(options.capacity_factor == 0.0,
                 "expar layer: --capacity-factor {} must be > 0 (or 0 for dropless)", options.capacity_factor);
-  return config;
+  return execution;
 }
 
 // The router and this rank's local experts' weights from the inputs (expert-major rows).
@@ -156,13 +162,15 @@ void load_weights(MoeLayer& layer, const LayerInputs& in, const std::map<std::st
 
 // Every rank's forward and backward over its rows [offsets[r], offsets[r + 1]) of x and grad_y.
 std::vector<RankOutput> run_layer_on_ranks(const LayerToolOptions& options, const MoeConfig& config,
-                                           const LayerInputs& in, const std::map<std::string, Tensor>& inputs,
+                                           const MoeExecution& execution, const LayerInputs& in,
+                                           const std::map<std::string, Tensor>& inputs,
                                            const std::vector<int64_t>& offsets) {
   // Throws unless M_E divides the ranks and the experts, suggesting M_E values that do both.
   TrainingLayoutConfig lc{options.ranks, options.ep};
-  lc.num_experts = config.num_experts;
+  lc.num_experts = config.router.num_experts;
   const TrainingLayout layout(lc);
-  config.validate(options.ep);
+  config.validate();
+  execution.validate(config, options.ep);
   const auto groups = layout.groups(TrainingGroup::EpMp);
   std::vector<RankOutput> outs(static_cast<size_t>(options.ranks));
   // A rank's tensors are charged to its own tracker, which ends with run_ranks: what a rank hands back is
@@ -174,7 +182,7 @@ std::vector<RankOutput> run_layer_on_ranks(const LayerToolOptions& options, cons
   run_ranks(launch, [&](Comm& world) {
     const int rank = world.rank();
     auto ep_group = world.subgroup(groups, "ep_mp");
-    MoeLayer layer(config, *ep_group, "moe");
+    MoeLayer layer(config, execution, *ep_group, "moe");
     RankOutput& out = outs[static_cast<size_t>(rank)];
     out.experts = layer.placement().local_experts(layer.ep_rank());
     load_weights(layer, in, inputs, out.experts);
@@ -267,7 +275,8 @@ std::map<std::string, Tensor> run_layer_tool(const std::map<std::string, Tensor>
   std::vector<int64_t> offsets(static_cast<size_t>(options.ranks) + 1, 0);
   for (int r = 0; r < options.ranks; ++r)
     offsets[static_cast<size_t>(r) + 1] = offsets[static_cast<size_t>(r)] + in.tokens[static_cast<size_t>(r)];
-  const std::vector<RankOutput> outs = run_layer_on_ranks(options, config, in, inputs, offsets);
+  const std::vector<RankOutput> outs =
+      run_layer_on_ranks(options, config, layer_execution(options), in, inputs, offsets);
   return assemble_outputs(outs, in, offsets, options.top_k);
 }
 

@@ -6,7 +6,7 @@
 
 namespace expar {
 
-void ModelConfig::validate(int ep_size) const {
+void ModelConfig::validate() const {
   // Our presets are byte-level (256); a Hugging Face family's vocabulary is its config's vocab_size.
   EXPAR_CHECK(vocab >= 1 && vocab <= (1 << 24),
               "vocab={} is out of range: a vocabulary has 1 .. 16777216 tokens (token ids travel as f32 and "
@@ -22,21 +22,25 @@ void ModelConfig::validate(int ep_size) const {
   EXPAR_CHECK(head_dim % 2 == 0, "head_dim={} must be even for rotary embeddings", head_dim);
   EXPAR_CHECK(moe.model_dim == model_dim, "moe.model_dim={} differs from model_dim={}", moe.model_dim,
               model_dim);
-  moe.validate(ep_size);
+  moe.validate();
+}
+
+void ModelExecution::validate(const ModelConfig& model, int ep_size) const {
+  moe.validate(model.moe, ep_size);
   for (size_t i = 0; i < recompute_moe_layers.size(); ++i) {
     const int l = recompute_moe_layers[i];
-    EXPAR_CHECK(l >= 0 && l < layers,
+    EXPAR_CHECK(l >= 0 && l < model.layers,
                 "recompute_moe_layers names block {} but the model has blocks 0 .. {}: list existing blocks",
-                l, layers - 1);
+                l, model.layers - 1);
     EXPAR_CHECK(std::find(recompute_moe_layers.begin(), recompute_moe_layers.begin() + static_cast<long>(i),
                           l) == recompute_moe_layers.begin() + static_cast<long>(i),
                 "recompute_moe_layers lists block {} twice: list each block once", l);
   }
 }
 
-bool ModelConfig::recomputes_moe(int layer) const {
-  return std::find(recompute_moe_layers.begin(), recompute_moe_layers.end(), layer) !=
-         recompute_moe_layers.end();
+bool ModelExecution::recomputes_moe(int layer) const {
+  return recompute_every_moe || std::find(recompute_moe_layers.begin(), recompute_moe_layers.end(), layer) !=
+                                    recompute_moe_layers.end();
 }
 
 namespace {
@@ -71,12 +75,12 @@ ModelConfig ModelConfig::preset(const std::string& name) {
     c.max_seq = p.max_seq;
     c.shared_expert_hidden = p.shared_expert_hidden;
     c.moe.model_dim = p.model_dim;
-    c.moe.num_experts = p.num_experts;
-    c.moe.top_k = p.top_k;
+    c.moe.router.num_experts = p.num_experts;
+    c.moe.router.top_k = p.top_k;
     c.moe.hidden_dim = p.expert_hidden;
-    c.moe.score = ScoreFunction::Softmax;
-    c.moe.aux_loss_coef = 1e-2;
-    c.moe.z_loss_coef = 1e-3;
+    c.moe.router.score = ScoreFunction::Softmax;
+    c.moe.router.aux_loss_coef = 1e-2;
+    c.moe.router.z_loss_coef = 1e-3;
     return c;
   }
   fail("model preset '{}' is unknown: choose {}", name, fmt::join(preset_names(), ", "));

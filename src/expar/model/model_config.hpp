@@ -20,20 +20,28 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   // The routed MoE MLP of every block (model_dim is copied from above).
   MoeConfig moe;
-  // Activation recomputation of the routed MoE MLP (seed 000 §5.7, MoeLayer::set_recompute): the blocks
-  // listed here keep only their MoE input, router state and route map in forward (the rowwise dispatch
-  // payload goes to shared scratch, no lease) and redo dispatch, experts and combine gather in backward.
-  // Same gradients, bit for bit. A training-time choice: not part of the model's manifest.
-  std::vector<int> recompute_moe_layers;
-  // Whether block `layer`'s MoE MLP is recomputed in backward.
-  bool recomputes_moe(int layer) const;
 
   // Throws expar::Error for an inconsistent configuration (names the value and the fix).
-  void validate(int ep_size) const;
+  void validate() const;
   // Named presets: "tiny" (tests), "demo" (the README's main job), "small".
   static ModelConfig preset(const std::string& name);
   // The presets' names, in order.
   static std::vector<std::string> preset_names();
+};
+
+// How a run executes a model (never saved with it): its MoE blocks' execution, and which blocks recompute
+// their MoE MLP in backward (seed 000 §5.7, MoeLayer::set_recompute: those blocks keep only their MoE input,
+// router state and route map in forward — the rowwise dispatch payload goes to shared scratch, no lease —
+// and redo dispatch, experts and combine gather in backward; the same gradients, bit for bit).
+struct ModelExecution {
+  MoeExecution moe;
+  std::vector<int> recompute_moe_layers;
+  bool recompute_every_moe = false;  // every block, whatever the list says (expar train --recompute-moe)
+
+  // Whether block `layer`'s MoE MLP is recomputed in backward.
+  bool recomputes_moe(int layer) const;
+  // Throws expar::Error naming the value and the fix (MoeExecution::validate, blocks that do not exist).
+  void validate(const ModelConfig& model, int ep_size) const;
 };
 
 }  // namespace expar

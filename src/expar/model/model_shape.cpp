@@ -37,8 +37,8 @@ ModelShape model_shape(const Architecture& architecture, const std::string& name
   if (f.qk_norm == QkNorm::PerHead) extra += 2 * c.head_dim;
   if (f.qk_norm == QkNorm::Projection) extra += q_width + kv_width;
   s.attention_extra_params = extra;
-  s.num_experts = c.moe.num_experts;
-  s.top_k = c.moe.top_k;
+  s.num_experts = c.moe.router.num_experts;
+  s.top_k = c.moe.router.top_k;
   s.expert_hidden = checked_int(c.moe.hidden_dim, "expert intermediate size", name);
   // The families' biases come with their features (MoeTransformer sets MoeConfig's flags from them).
   s.expert_bias = f.fused_experts;

@@ -61,9 +61,10 @@ struct MoeTransformer::Activations {
   nn::LinearSaved head;
 };
 
-MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens,
-                               ModelFeatures features)
+MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Comm& ep_group,
+                               int64_t max_microbatch_tokens, ModelFeatures features)
     : config_(std::move(config)),
+      execution_(std::move(execution)),
       features_(std::move(features)),
       ep_group_(ep_group),
       rope_(config_.head_dim, config_.max_seq, rope_scaling(config_, features_)) {
@@ -73,7 +74,8 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
   config_.moe.router_bias = features_.router == RouterKind::BiasedTopkSoftmax;
   config_.moe.expert_biases = features_.fused_experts;
   config_.moe.activation = features_.activation;
-  config_.validate(ep_group.size());
+  config_.validate();
+  execution_.validate(config_, ep_group.size());
   EXPAR_CHECK(features_.window.empty() || static_cast<int>(features_.window.size()) == config_.layers,
               "the model has {} layers but its features list {} attention windows", config_.layers,
               features_.window.size());
@@ -83,15 +85,16 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
   auto& embed = add_param("embed", {config_.vocab, d}, ParamKind::Dense, false);
   embed_ = embed.value;
   embed_grad_ = embed.grad;
-  if (path_traits(config_.moe.path).shared_heap && max_microbatch_tokens > 0) {
+  if (path_traits(execution_.moe.path).shared_heap && max_microbatch_tokens > 0) {
     // Slots hold the most rows any rank can receive under the capacity policy (dropless: the bound
     // M_E * T * min(K, E_L)), so with a capacity factor resident symmetric memory stays ~cf*T*K per rank.
-    const ExpertPlacement placement(config_.moe.num_experts, ep_group.size(), config_.moe.placement);
-    const int64_t rows =
-        max_capacity_rows(max_microbatch_tokens, config_.moe.top_k, placement, config_.moe.capacity);
+    const ExpertPlacement placement(config_.moe.router.num_experts, ep_group.size(),
+                                    execution_.moe.placement);
+    const int64_t rows = max_capacity_rows(max_microbatch_tokens, config_.moe.router.top_k, placement,
+                                           execution_.moe.capacity);
     heap_ = ep_group.make_heap();
     lease_pool_ = std::make_unique<LeasePool>(*heap_, "moe.dispatch",
-                                              rowwise_slot_bytes(rows, d, config_.moe.precision));
+                                              rowwise_slot_bytes(rows, d, execution_.moe.precision));
   }
   for (int l = 0; l < config_.layers; ++l) {
     auto b = std::make_unique<Block>();
@@ -144,9 +147,9 @@ MoeTransformer::MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_m
       b->shared_grad = {g1.reshape({1, hs, d}), g3.reshape({1, hs, d}), g2.reshape({1, d, hs})};
       if (features_.shared_expert_gate) bind(".shared.gate", {1, d}, b->shared_scale, b->shared_scale_grad);
     }
-    b->moe = std::make_unique<MoeLayer>(config_.moe, ep_group, p + ".moe",
+    b->moe = std::make_unique<MoeLayer>(config_.moe, execution_.moe, ep_group, p + ".moe",
                                         MoeSharedResources{heap_.get(), lease_pool_.get(), l});
-    b->moe->set_recompute(config_.recomputes_moe(l));
+    b->moe->set_recompute(execution_.recomputes_moe(l));
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
     params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});

@@ -46,24 +46,25 @@ class MoeTransformer {
 
  public:
   // ep_group: the EP_MP group of this rank (size M_E); it must outlive the model. The routed-expert path is
-  // config.moe.path. With the rowwise path and max_microbatch_tokens > 0, all blocks share one symmetric
+  // execution.moe.path. With the rowwise path and max_microbatch_tokens > 0, all blocks share one symmetric
   // heap and one lease pool whose slots hold the dispatch payload of max_microbatch_tokens tokens per rank
   // (seed 000 §5.7); otherwise each block's path keeps private buffers.
-  MoeTransformer(ModelConfig config, Comm& ep_group, int64_t max_microbatch_tokens = 0,
-                 ModelFeatures features = {});
+  MoeTransformer(ModelConfig config, ModelExecution execution, Comm& ep_group,
+                 int64_t max_microbatch_tokens = 0, ModelFeatures features = {});
   ~MoeTransformer();
   MoeTransformer(const MoeTransformer&) = delete;
   MoeTransformer& operator=(const MoeTransformer&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  const ModelExecution& execution() const { return execution_; }
   const ModelFeatures& features() const { return features_; }
   void init(uint64_t seed);
   // Every parameter (dense and this rank's expert shard), values and gradients share the model's storage.
   std::vector<Parameter>& parameters() { return params_; }
   void zero_grads();
   MoeLayer& moe(int layer);
-  // Whether block `layer`'s MoE MLP runs with activation recomputation (config().recompute_moe_layers);
-  // set_recompute_moe changes it for the forwards that follow.
+  // Whether block `layer`'s MoE MLP runs with activation recomputation (execution().recompute_moe_layers at
+  // construction); set_recompute_moe changes it for the forwards that follow.
   bool recomputes_moe(int layer) const;
   void set_recompute_moe(int layer, bool recompute);
   // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
@@ -122,6 +123,7 @@ class MoeTransformer {
   Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);
 
   ModelConfig config_;
+  ModelExecution execution_;
   ModelFeatures features_;
   Comm& ep_group_;
   Comm* cp_group_ = nullptr;  // set_context_parallel

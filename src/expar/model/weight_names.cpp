@@ -137,7 +137,7 @@ std::map<std::string, std::string> translate_weight_names(const WeightNames& fro
     for (const char* key : {"attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "router", "score_bias", "bq",
                             "bk", "bv", "bo", "sinks", "router_bias", "q_norm", "k_norm"})
       names[from.layer(l, key)] = to.layer(l, key);
-    for (int e = 0; e < config.moe.num_experts; ++e)
+    for (int e = 0; e < config.moe.router.num_experts; ++e)
       for (const char* key : {"w1", "w3", "w2"}) names[from.expert(l, e, key)] = to.expert(l, e, key);
     for (const char* key : {"w1", "w3", "w2", "gate"}) names[from.shared(l, key)] = to.shared(l, key);
   }

@@ -1,7 +1,11 @@
 #pragma once
-// What one MoE block is (experts, routing, widths, the families' options) and how a run executes it
-// (capacity policy, path, payload precision, placement, wave schedule). MoeConfig::validate is the one place
-// their rules are checked.
+// An MoE block in two parts that change for different reasons:
+//  - MoeConfig: what the block IS — its routing, its widths and its experts' form. A checkpoint's: our
+//    manifest or a Hugging Face config.json says it, and a run cannot change it without other weights.
+//  - MoeExecution: how a run EXECUTES it — the path, the capacity policy, the payload precisions, the
+//    placement of experts on ranks and the wave schedule. Never saved: the same weights run under any of
+//    them (bit-identical across paths, placements and schedules; a capacity policy may drop routes).
+// MoeLayer is built from both; each validate() is the one place its rules are checked.
 #include <cstdint>
 #include <string>
 
@@ -15,36 +19,37 @@
 namespace expar {
 
 struct MoeConfig {
-  int num_experts = 0;     // E
-  int top_k = 0;           // K
+  // E, K, the score function, renormalisation, group limits and the two loss coefficients.
+  RouterConfig router;
   int64_t model_dim = 0;   // d
   int64_t hidden_dim = 0;  // h (per expert)
-  ScoreFunction score = ScoreFunction::Softmax;
-  bool renormalize = false;
-  bool softmax_over_topk = false;  // gpt-oss's router (RouterConfig)
   // gpt-oss: a router bias [E] added to the logits (a trained parameter, MoeParams::router_bias), and
-  // experts with gate/up/down biases and the clamped SwiGLU. Set from the architecture's features; not part
-  // of a checkpoint's model config (the family's config.json says it).
+  // experts with gate/up/down biases and the clamped SwiGLU. Set from the family's features (its config.json
+  // implies them; our manifest has none).
   bool router_bias = false;
   bool expert_biases = false;
   ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
-  int n_group = 1;
-  int topk_group = 1;
-  bool use_score_bias = false;  // auxiliary-loss-free balancing (the trainer moves it: --score-bias-rate)
-  CapacityPolicy capacity;      // dropless by default
-  double aux_loss_coef = 0.0;
-  double z_loss_coef = 0.0;
+  // Auxiliary-loss-free balancing: a score bias [E] that changes selection only (the trainer moves it:
+  // --score-bias-rate). A tensor of every checkpoint that has it.
+  bool use_score_bias = false;
+
+  // Throws expar::Error naming the offending value and the fix.
+  void validate() const;
+};
+
+struct MoeExecution {
   std::string path = "local";
+  CapacityPolicy capacity;     // dropless by default
   PayloadPrecision precision;  // of the four row movements (block, rowwise, aggregated; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
   // The experts' schedule (moe/waves.hpp): waves of local experts, sequential or with the communication of
   // neighbouring waves overlapped on its own thread (paths whose traits say `waves`: block, rowwise).
-  // Bit-identical results whatever it is; a run-time choice, not part of a checkpoint.
   WaveConfig waves;
 
-  RouterConfig router() const;
-  // Throws expar::Error naming the offending value and the fix.
-  void validate(int ep_size) const;
+  // Checks the choices against the block they run on an EP group of ep_size ranks (E divisible by the EP
+  // degree, waves within the local experts, payload formats against d); throws expar::Error naming the
+  // value and the fix.
+  void validate(const MoeConfig& block, int ep_size) const;
 };
 
 }  // namespace expar

@@ -22,8 +22,8 @@ Tensor moe_forward(const MoeConfig& config, const ExpertPlacement& placement, co
   EXPAR_ASSERT(options.path != nullptr && weights.w_router != nullptr && weights.experts != nullptr,
                "moe_forward needs a path, the router weight and the experts");
   PhaseScope router_phase(phase::kRouter);
-  RouterOutput routed = router_forward(config.router(), x, *weights.w_router, weights.score_bias,
-                                       state.router, weights.router_bias, options.loss_scope);
+  RouterOutput routed = router_forward(config.router, x, *weights.w_router, weights.score_bias, state.router,
+                                       weights.router_bias, options.loss_scope);
   router_phase.stop();
   PhaseScope route_map_phase(phase::kRouteMap);
   if (options.sources != nullptr)
@@ -31,7 +31,7 @@ Tensor moe_forward(const MoeConfig& config, const ExpertPlacement& placement, co
         build_route_map(routed.topk_idx, *options.sources, placement, options.capacity, options.partition);
   else
     state.routes =
-        build_route_map(routed.topk_idx, 0, count_requests(routed.topk_idx, config.num_experts),
+        build_route_map(routed.topk_idx, 0, count_requests(routed.topk_idx, config.router.num_experts),
                         std::vector<int64_t>{x.dim(0)}, placement, options.capacity, options.partition);
   route_map_phase.stop();
   state.path = {};
@@ -47,7 +47,7 @@ Tensor moe_forward(const MoeConfig& config, const ExpertPlacement& placement, co
   m.drop_rate = state.routes.group_drop_rate();
   m.utilisation = state.routes.max_utilisation();
   m.dropped = state.routes.dropped;
-  m.routes = x.dim(0) * config.top_k;
+  m.routes = x.dim(0) * config.router.top_k;
   m.expert_counts = std::move(routed.expert_counts);
   return y;
 }

@@ -30,22 +30,25 @@ ExpertWeights make_experts(const MoeConfig& c, int64_t e_local, MemCategory cate
 
 }  // namespace
 
-MoeLayer::MoeLayer(MoeConfig config, Comm& ep_group, std::string name, MoeSharedResources shared)
+MoeLayer::MoeLayer(MoeConfig config, MoeExecution execution, Comm& ep_group, std::string name,
+                   MoeSharedResources shared)
     : config_(std::move(config)),
+      execution_(std::move(execution)),
       ep_group_(ep_group),
       name_(std::move(name)),
-      placement_((config_.validate(ep_group.size()), config_.num_experts), ep_group.size(),
-                 config_.placement) {
+      placement_(
+          (config_.validate(), execution_.validate(config_, ep_group.size()), config_.router.num_experts),
+          ep_group.size(), execution_.placement) {
   PathOptions options;
   options.model_dim = config_.model_dim;
-  options.top_k = config_.top_k;
+  options.top_k = config_.router.top_k;
   options.placement = &placement_;
   options.heap = shared.heap;
   options.lease_pool = shared.lease_pool;
   options.block_index = shared.block_index;
-  options.precision = config_.precision;
-  path_ = make_path(config_.path, ep_group_, options);
-  const int64_t e_local = placement_.local_count(), d = config_.model_dim, e = config_.num_experts;
+  options.precision = execution_.precision;
+  path_ = make_path(execution_.path, ep_group_, options);
+  const int64_t e_local = placement_.local_count(), d = config_.model_dim, e = config_.router.num_experts;
   params_.w_router = Tensor::zeros({e, d}, DType::F32, MemCategory::DenseWeights);
   if (config_.use_score_bias) params_.score_bias = Tensor::zeros({e}, DType::F32, MemCategory::DenseWeights);
   if (config_.router_bias) {
@@ -131,10 +134,10 @@ MoeForwardOptions MoeLayer::forward_options() const {
   MoeForwardOptions o;
   o.path = path_.get();
   o.sources = &ep_group_;
-  o.capacity = config_.capacity;
-  o.dispatch_format = config_.precision.dispatch;
+  o.capacity = execution_.capacity;
+  o.dispatch_format = execution_.precision.dispatch;
   o.loss_scope = loss_scope_;
-  o.waves = config_.waves;
+  o.waves = execution_.waves;
   o.scratch_dispatch = recompute_;
   o.microbatch = microbatch_;
   return o;
@@ -149,7 +152,7 @@ Tensor MoeLayer::backward(const Tensor& grad_y, MoeState& state) {
   Tensor grad_topk_weight;
   Tensor grad_x = experts_backward(grad_y, state, grad_topk_weight);
   PhaseScope router_phase(phase::kRouter);
-  router_backward(config_.router(), state.router, params_.w_router, grad_topk_weight, grad_x, grads_.w_router,
+  router_backward(config_.router, state.router, params_.w_router, grad_topk_weight, grad_x, grads_.w_router,
                   grads_.router_bias.defined() ? &grads_.router_bias : nullptr);
   router_phase.stop();
   return grad_x;
@@ -239,10 +242,10 @@ Tensor MoeLayer::experts_backward(const Tensor& grad_y, MoeState& state, Tensor&
 }
 
 void MoeLayer::set_waves(WaveConfig waves) {
-  MoeConfig check = config_;
+  MoeExecution check = execution_;
   check.waves = waves;
-  check.validate(ep_group_.size());
-  config_.waves = waves;
+  check.validate(config_, ep_group_.size());
+  execution_.waves = waves;
 }
 
 }  // namespace expar

@@ -62,12 +62,14 @@ struct MoeSharedResources {
 class MoeLayer {
  public:
   // ep_group: the EP_MP group (size M_E); it must outlive the layer (and so must `shared`'s heap and pool).
-  MoeLayer(MoeConfig config, Comm& ep_group, std::string name = "moe", MoeSharedResources shared = {});
+  MoeLayer(MoeConfig config, MoeExecution execution, Comm& ep_group, std::string name = "moe",
+           MoeSharedResources shared = {});
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
   const MoeConfig& config() const { return config_; }
+  const MoeExecution& execution() const { return execution_; }
   const ExpertPlacement& placement() const { return placement_; }
   const std::string& name() const { return name_; }
   int ep_rank() const;
@@ -106,7 +108,7 @@ class MoeLayer {
   // Collective over scope.group in every forward; the group must outlive the forwards that use it.
   void set_loss_scope(RouterLossScope scope) { loss_scope_ = scope; }
   // The expert schedule of the following forwards (and of their backwards, which follow their forward's);
-  // validated like MoeConfig::waves. Results are the same bits whatever it is.
+  // validated like MoeExecution::waves. Results are the same bits whatever it is.
   void set_waves(WaveConfig waves);
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
@@ -116,6 +118,7 @@ class MoeLayer {
 
  private:
   MoeConfig config_;
+  MoeExecution execution_;
   Comm& ep_group_;
   std::string name_;
   ExpertPlacement placement_;

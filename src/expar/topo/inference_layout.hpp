@@ -31,13 +31,23 @@
 
 namespace expar {
 
-struct InferenceConfig {
+// How an inference run lays its ranks out: the command line's --tp, --dp, --enable-expert-parallel, --ep and
+// --placement. The one description of a run's parallelism: the engine's options (infer::GenerateOptions)
+// and the layout's input (InferenceConfig) are this struct with what each adds.
+struct InferenceParallelism {
   int tp = 1;
   int dp = 1;
   bool enable_expert_parallel = false;
   std::optional<int> ep_degree;  // unset: TP * DP with EP, 1 without
-  int num_experts = 1;
   PlacementKind placement = PlacementKind::Contiguous;
+};
+
+// The layout's input: the run's parallelism and the model's sizes its rules check.
+struct InferenceConfig : InferenceParallelism {
+  InferenceConfig() = default;
+  InferenceConfig(const InferenceParallelism& parallelism, int experts, int intermediate_size = 0)
+      : InferenceParallelism(parallelism), num_experts(experts), intermediate(intermediate_size) {}
+  int num_experts = 1;
   // The experts' intermediate size, which the ep_tp ranks of an EP_TP group split (0: not checked here;
   // intermediate_shard checks it when the weights are sharded, with the same message). infer leaves it 0:
   // the sampling path of expar generate uses the layout but not its intermediate split.

@@ -219,7 +219,7 @@ Manifest read_manifest(const std::string& dir) {
   m.info.ep = static_cast<int>(integer("ep", 1, kMaxRanks));
   try {
     m.info.model = model_config_from_json(field("model"));
-    m.info.model.validate(1);
+    m.info.model.validate();
   } catch (const Error& e) {
     fail("{}: \"model\": {}", m.label, e.what());
   }
@@ -250,7 +250,7 @@ Manifest read_manifest(const std::string& dir) {
   EXPAR_CHECK(experts.is_object(),
               "{}: \"expert_files\" must be an object of file name -> expert ids, got {}", m.label,
               json_excerpt(experts));
-  const int num_experts = m.info.model.moe.num_experts;
+  const int num_experts = m.info.model.moe.router.num_experts;
   for (const auto& [file, ids] : experts.items()) {
     name(json(file), "\"expert_files\" key");
     EXPAR_CHECK(ids.is_array(), "{}: \"expert_files\".\"{}\" must be an array of expert ids, got {}", m.label,

@@ -84,10 +84,11 @@ std::string memory_table(Comm& world) {
 
 // How the lease pool's slots (rowwise, aggregated: PathTraits::shared_heap) are sized: allocated by the
 // dry-run step, not yet in the table above.
-std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layout, int64_t rows,
+std::string lease_pool_sizing(const TrainConfig& cfg, const TrainingLayout& layout, int64_t rows,
                               int64_t tokens, size_t slot_bytes) {
-  const int64_t m = layout.ep_mp, k = mc.moe.top_k, e_local = mc.moe.num_experts / layout.ep_mp;
-  const CapacityPolicy& p = mc.moe.capacity;
+  const int64_t m = layout.ep_mp, k = cfg.model.moe.router.top_k,
+                e_local = cfg.model.moe.router.num_experts / layout.ep_mp;
+  const CapacityPolicy& p = cfg.execution.moe.capacity;
   const std::string rule =
       p.rule == CapacityRule::Dropless
           ? fmt::format("dropless: the bound M_E*T*min(K, E_L) = {}*{}*{}", m, tokens, std::min(k, e_local))
@@ -97,7 +98,7 @@ std::string lease_pool_sizing(const ModelConfig& mc, const TrainingLayout& layou
   return fmt::format(
       "symmetric buffers ({} lease pool, allocated by the dry-run step, then frozen): each slot {} = {} "
       "rows ({}) x {} bytes per row\n",
-      mc.moe.path, format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
+      cfg.execution.moe.path, format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
       rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
 }
 
@@ -111,7 +112,7 @@ RunGroups make_groups(const TrainConfig& cfg, Comm& world) {
   // With the model's expert count, so that a refused M_E or C is answered with values that the placement
   // accepts too (the MoE layers' own check knows no D*C).
   TrainingLayoutConfig lc{world.size(), cfg.ep, cfg.cp};
-  lc.num_experts = cfg.model.moe.num_experts;
+  lc.num_experts = cfg.model.moe.router.num_experts;
   const TrainingLayout layout(lc);
   RunGroups g{layout,
               world.subgroup(layout.groups(TrainingGroup::Dp), "dp"),
@@ -161,8 +162,8 @@ void check_train_config(const TrainConfig& c) {
   non_negative(c.weight_decay, "weight decay (--weight-decay)");
   non_negative(c.clip_norm, "gradient clip norm (--clip; 0: off)");
   non_negative(c.min_lr_ratio, "min_lr_ratio");
-  non_negative(c.model.moe.aux_loss_coef, "aux loss coefficient (--aux-coef)");
-  non_negative(c.model.moe.z_loss_coef, "z loss coefficient (--z-coef)");
+  non_negative(c.model.moe.router.aux_loss_coef, "aux loss coefficient (--aux-coef)");
+  non_negative(c.model.moe.router.z_loss_coef, "z loss coefficient (--z-coef)");
   non_negative(c.score_bias_rate, "score bias update rate (--score-bias-rate)");
   EXPAR_CHECK(
       c.score_bias_rate == 0 || c.model.moe.use_score_bias,
@@ -187,11 +188,11 @@ void check_train_config(const TrainConfig& c) {
 // values a refusal below suggests are found by running it over candidates, so each is accepted.
 bool split_accepted(const TrainConfig& cfg, int world, int cp, int batch, int seq_len) {
   TrainingLayoutConfig lc{world, cfg.ep, cp};
-  lc.num_experts = cfg.model.moe.num_experts;
+  lc.num_experts = cfg.model.moe.router.num_experts;
   if (training_layout_refusal(lc)) return false;
   const int dp = world / cp;
   if (batch % (dp * cfg.microbatches) != 0 || seq_len % cp != 0) return false;
-  return batch / dp / cfg.microbatches % cp == 0 || cfg.model.moe.aux_loss_coef == 0.0;
+  return batch / dp / cfg.microbatches % cp == 0 || cfg.model.moe.router.aux_loss_coef == 0.0;
 }
 
 // The smallest global batch the split accepts; the accepted ones are its multiples. W*microbatches is
@@ -246,11 +247,11 @@ int router_loss_batches(const TrainConfig& cfg, const TrainingLayout& layout) {
   const int mb_seqs = cfg.global_batch / layout.dp / cfg.microbatches;
   if (mb_seqs % layout.cp == 0) return layout.cp;
   EXPAR_CHECK(
-      cfg.model.moe.aux_loss_coef == 0.0,
+      cfg.model.moe.router.aux_loss_coef == 0.0,
       "global batch {} is not divisible by ranks {} x microbatches {}: with --cp {} the load-balancing "
       "loss (--aux-coef {}) is over the sequences one rank of a --cp 1 run on the same ranks routes per "
       "microbatch, which must be whole; choose --batch a multiple of {}, or --aux-coef 0",
-      cfg.global_batch, layout.world, cfg.microbatches, layout.cp, cfg.model.moe.aux_loss_coef,
+      cfg.global_batch, layout.world, cfg.microbatches, layout.cp, cfg.model.moe.router.aux_loss_coef,
       layout.world * cfg.microbatches);
   return 1;
 }
@@ -278,18 +279,14 @@ int first_step(const TrainConfig& cfg, int last) {
   return static_cast<int>(info.step);
 }
 
-// The model config the run trains: its path, recomputation, and the router coefficients per forward.
+// The model config the run trains: the router coefficients per forward.
 ModelConfig run_model_config(const TrainConfig& cfg) {
   ModelConfig mc = cfg.model;
-  mc.moe.path = cfg.path;
   // The router adds coef·grad(L) per forward, L over the forward's tokens: a microbatch's sequences (under
   // CP, router_loss_batches). With accumulation the step averages over microbatches, as the loss gradient
   // does; each microbatch's load-balancing loss is its own (a product of its statistics, not additive).
-  mc.moe.aux_loss_coef /= cfg.microbatches;
-  mc.moe.z_loss_coef /= cfg.microbatches;
-  if (cfg.recompute_moe)
-    for (int l = 0; l < mc.layers; ++l)
-      if (!mc.recomputes_moe(l)) mc.recompute_moe_layers.push_back(l);
+  mc.moe.router.aux_loss_coef /= cfg.microbatches;
+  mc.moe.router.z_loss_coef /= cfg.microbatches;
   return mc;
 }
 
@@ -328,7 +325,7 @@ StepRecord run_microbatches(MoeTransformer& model, const TrainConfig& cfg, const
 // ignores), in the same order everywhere, so every rank keeps the same bias.
 void update_score_biases(MoeTransformer& model, std::vector<int64_t>& counts, double rate, Comm& world) {
   world.all_reduce(counts.data(), counts.size(), DType::I64, ReduceOp::Sum);
-  const int e = model.config().moe.num_experts;
+  const int e = model.config().moe.router.num_experts;
   EXPAR_ASSERT(counts.size() == static_cast<size_t>(model.config().layers) * static_cast<size_t>(e),
                "{} route counts for {} blocks of {} experts", counts.size(), model.config().layers, e);
   for (int l = 0; l < model.config().layers; ++l)
@@ -387,11 +384,11 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
   const int64_t max_forward_tokens =
       static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * (cfg.seq_len / cfg.cp);
-  MoeTransformer model(mc, *g.ep_mp, max_forward_tokens, cfg.features);
+  MoeTransformer model(mc, cfg.execution, *g.ep_mp, max_forward_tokens, cfg.features);
   if (layout.cp > 1) model.set_context_parallel(g.cp.get(), loss_batches);
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
-  const int64_t pool_rows =
-      max_capacity_rows(max_forward_tokens, mc.moe.top_k, model.moe(0).placement(), mc.moe.capacity);
+  const int64_t pool_rows = max_capacity_rows(max_forward_tokens, mc.moe.router.top_k,
+                                              model.moe(0).placement(), cfg.execution.moe.capacity);
   model.init(cfg.seed);
   if (!cfg.init_from.empty() && cfg.resume_from.empty()) load_hf_weights(cfg.init_from, cfg.format, model);
 
@@ -408,7 +405,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   if (!cfg.resume_from.empty()) load_checkpoint(cfg.resume_from, model, &optimizer);
   std::string memory = memory_table(world);
   if (model.lease_pool() != nullptr)
-    memory += lease_pool_sizing(mc, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
+    memory += lease_pool_sizing(cfg, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
   if (observer && observer->on_start && world.rank() == 0)
     observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
 

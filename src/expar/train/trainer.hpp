@@ -25,6 +25,15 @@ namespace expar {
 
 struct TrainConfig {
   ModelConfig model = ModelConfig::preset("demo");
+  // How the run executes it (never saved with a checkpoint): the path (local needs M_E = 1), capacity,
+  // payload precisions, placement, waves, and activation recomputation (recompute_every_moe: the same
+  // gradients with less resident memory — no expert activations kept, rowwise: no dispatch lease per block
+  // and microbatch — for one more dispatch + expert forward + combine gather per block in backward).
+  ModelExecution execution = [] {
+    ModelExecution e;
+    e.moe.path = "rowwise";
+    return e;
+  }();
   // The model's Hugging Face family (ours: Expar) and what it adds to `model` (biases, q/k norms, windows,
   // rope scaling, a gated shared expert). With a family, checkpoints are saved in its Hugging Face layout
   // too, with `hf_config_json` as their config.json (train/checkpoint.hpp).
@@ -34,9 +43,8 @@ struct TrainConfig {
   // A Hugging Face checkpoint directory of `format` whose weights start the run (fine-tuning); empty: the
   // seeded random initialisation.
   std::string init_from;
-  int ep = 1;                    // M_E
-  int cp = 1;                    // C: context-parallel degree; divides the ranks and seq_len
-  std::string path = "rowwise";  // local | block | rowwise | agrs (local needs M_E = 1)
+  int ep = 1;  // M_E
+  int cp = 1;  // C: context-parallel degree; divides the ranks and seq_len
   int steps = 300;
   int global_batch = 16;  // sequences per optimizer step, over all dense-DP ranks
   int seq_len = 128;
@@ -47,10 +55,6 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double clip_norm = 1.0;
   bool shard_optimizer = false;  // shard expert Adam state over EP_DP
-  // Activation recomputation of every block's MoE MLP (adds to model.recompute_moe_layers): same gradients,
-  // less resident memory (no expert activations kept; rowwise: no dispatch lease per block and microbatch),
-  // one more dispatch + expert forward + combine gather per block in backward.
-  bool recompute_moe = false;
   // Auxiliary-loss-free balancing (DeepSeek-V3, moe/score_bias.hpp): after every step each block's score
   // bias, added to the router's scores for selection only, moves by this rate times sign(mean − count) per
   // expert, the counts summed over every rank's microbatches. > 0 needs model.moe.use_score_bias (--score-

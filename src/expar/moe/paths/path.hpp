@@ -187,7 +187,7 @@ struct PathTraits {
   bool same_rows_as_block = false;  // moves the same rows into the same places: bit-identical to block
   bool reduced_precision = false;   // takes non-f32 payloads (PathOptions::precision)
   bool decode_form = false;         // every rank of the group holds the group's tokens (agrs-decode)
-  bool waves = false;               // runs the wave passes (MoeConfig::waves > 1)
+  bool waves = false;               // runs the wave passes (MoeExecution::waves > 1)
   // Takes PathOptions::heap and lease_pool: a model gives every MoE block of this path the same heap and
   // pool (MoeTransformer), so that the blocks' symmetric slots are shared instead of one set per block.
   bool shared_heap = false;
