@@ -116,7 +116,7 @@ TEST(Matvec, ManyProductsInOneRegionGiveEachProductsOwnBits) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         const Shape& s = shapes[i];
         c.emplace_back(static_cast<size_t>(s.n), std::numeric_limits<float>::quiet_NaN());
-        products.push_back({a[i].data(), b[i].data(), c[i].data(), s.n, s.k, s.ldb, false});
+        products.push_back({a[i].data(), WeightView::f32(b[i].data(), s.n, s.k, s.ldb), c[i].data(), false});
       }
       matvec_transposed_many(products);
       for (size_t i = 0; i < shapes.size(); ++i)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/expect_error.hpp"
+#include "expar/core/convert.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/mxfp4_store.hpp"
 #include "hf_test_models.hpp"
@@ -16,11 +17,11 @@ using namespace testing;
 using expar::testing::expect_error;
 
 TEST(Mxfp4, Fp4CodesDecodeToTheE2m1Values) {
-  EXPECT_EQ(fp4_e2m1_value(0x0), 0.0f);
-  EXPECT_EQ(fp4_e2m1_value(0x3), 1.5f);
-  EXPECT_EQ(fp4_e2m1_value(0x7), 6.0f);
-  EXPECT_EQ(fp4_e2m1_value(0xB), -1.5f);
-  EXPECT_EQ(fp4_e2m1_value(0xF), -6.0f);
+  EXPECT_EQ(e2m1_to_f32(0x0), 0.0f);
+  EXPECT_EQ(e2m1_to_f32(0x3), 1.5f);
+  EXPECT_EQ(e2m1_to_f32(0x7), 6.0f);
+  EXPECT_EQ(e2m1_to_f32(0xB), -1.5f);
+  EXPECT_EQ(e2m1_to_f32(0xF), -6.0f);
 }
 
 TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {

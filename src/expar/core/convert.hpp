@@ -7,6 +7,7 @@
 //  - e8m0 (OCP Microscaling scale): 2^(code-127), code 0xFF is NaN, no zero and no sign. Encoding rounds
 //    the exponent of a positive value to the nearest power of two (ties to even code); values below 2^-127
 //    clamp to code 0 and above 2^127 to code 254; zero, negative and NaN inputs encode as NaN (0xFF).
+//  - fp4 e2m1 (OCP Microscaling element, decode only): sign bit 3, then {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
 #include <cstdint>
 
 namespace expar {
@@ -19,5 +20,13 @@ uint8_t f32_to_e4m3(float value);
 float e4m3_to_f32(uint8_t bits);
 uint8_t f32_to_e8m0(float value);
 float e8m0_to_f32(uint8_t bits);
+
+// Inline: io/mxfp4's decoder uses it, and the fuzz builds compile io without this file (clang there has no
+// x86 _Float16).
+inline float e2m1_to_f32(uint8_t code) {  // the low 4 bits of code
+  constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMagnitude[code & 7];
+  return (code & 8) ? -m : m;
+}
 
 }  // namespace expar

@@ -4,14 +4,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
+
+#include "expar/core/weight_lanes.hpp"
 
 namespace expar {
 namespace {
 
-using Lanes = float __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kLanes = 16;
+using namespace weight_lanes;
 
 // Below this many weights a product stays on the calling thread (the region would cost more than it
 // saves).
@@ -45,15 +47,19 @@ constexpr int64_t kChunkBytes = int64_t{128} << 10;
 // A prefetch changes no result.
 constexpr int64_t kPrefetchBytes = 512;
 
-void prefetch_row_starts(const float* rows, int64_t count, int64_t ldb, int64_t k) {
-  const int64_t floats = std::min<int64_t>(k, kPrefetchBytes / static_cast<int64_t>(sizeof(float)));
-  for (int64_t r = 0; r < count; ++r)
-    for (int64_t i = 0; i < floats; i += 64 / static_cast<int64_t>(sizeof(float)))
-      __builtin_prefetch(rows + r * ldb + i);
+void prefetch_row_starts(const WeightView& w, int64_t first, int64_t count) {
+  const int64_t bytes = std::min<int64_t>(static_cast<int64_t>(w.row_bytes()), kPrefetchBytes);
+  for (int64_t r = 0; r < count; ++r) {
+    const char* row = static_cast<const char*>(row_pointers(w, first + r).values);
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(row + i);
+  }
 }
 
-template <int64_t R>
-void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, bool accumulate) {
+template <WeightFormat F, int64_t R>
+void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool accumulate) {
+  const int64_t k = w.cols, col0 = w.block_col0;
+  RowPointers row[R];
+  for (int64_t r = 0; r < R; ++r) row[r] = row_pointers(w, first + r);
   Lanes sum[R];
   for (int64_t r = 0; r < R; ++r) sum[r] = Lanes{};
   int64_t i = 0;
@@ -62,34 +68,53 @@ void rows_dot(const float* a, const float* b, int64_t ldb, int64_t k, float* c, 
     std::memcpy(&x, a + i, sizeof x);
     for (int64_t r = 0; r < R; ++r) {
       Lanes w;
-      std::memcpy(&w, b + r * ldb + i, sizeof w);
+      widen<F>(row[r], i, col0, w);
       sum[r] += x * w;
     }
   }
   for (int64_t r = 0; r < R; ++r) {
     float total = 0.0f;
     for (int64_t l = 0; l < kLanes; ++l) total += sum[r][l];
-    for (int64_t j = i; j < k; ++j) total += a[j] * b[r * ldb + j];
+    // One fused multiply-add per element, written out: left to the compiler, the f32 tail was partly
+    // vectorised as separate multiplies and adds, so its bits depended on the format's code shape.
+    for (int64_t j = i; j < k; ++j) total = std::fma(a[j], element<F>(row[r], j, col0), total);
     c[r] = accumulate ? c[r] + total : total;
   }
 }
 
 // Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
-void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
+template <WeightFormat F>
+void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
+  const int64_t n = p.b.rows;
   int64_t j = begin;
   for (; j + kRows <= end; j += kRows) {
     // The next block's rows, as far as the product has them (the chunk after this one is usually the same
     // thread's next).
-    const int64_t next = std::min(kRows, p.n - j - kRows);
-    if (next > 0) prefetch_row_starts(p.b + (j + kRows) * p.ldb, next, p.ldb, p.k);
-    rows_dot<kRows>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+    const int64_t next = std::min(kRows, n - j - kRows);
+    if (next > 0) prefetch_row_starts(p.b, j + kRows, next);
+    rows_dot<F, kRows>(p.a, p.b, j, p.c + j, p.accumulate);
   }
-  for (; j < end; ++j) rows_dot<1>(p.a, p.b + j * p.ldb, p.ldb, p.k, p.c + j, p.accumulate);
+  for (; j < end; ++j) rows_dot<F, 1>(p.a, p.b, j, p.c + j, p.accumulate);
+}
+
+void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
+  switch (p.b.format) {
+    case WeightFormat::F32:
+      return rows_of_format<WeightFormat::F32>(p, begin, end);
+    case WeightFormat::BF16:
+      return rows_of_format<WeightFormat::BF16>(p, begin, end);
+    case WeightFormat::F16:
+      return rows_of_format<WeightFormat::F16>(p, begin, end);
+    case WeightFormat::MXFP4:
+      return rows_of_format<WeightFormat::MXFP4>(p, begin, end);
+    case WeightFormat::FP8:
+      return rows_of_format<WeightFormat::FP8>(p, begin, end);
+  }
 }
 
 // The rows of a product's chunk: about kChunkBytes of weights, whole kRows blocks.
 int64_t chunk_rows(const MatvecProduct& p) {
-  const int64_t row_bytes = std::max<int64_t>(p.k, 1) * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = std::max<int64_t>(static_cast<int64_t>(p.b.row_bytes()), 1);
   return std::max<int64_t>(1, kChunkBytes / row_bytes / kRows) * kRows;
 }
 
@@ -140,24 +165,31 @@ int64_t take_chunk(std::vector<ChunkRun>& runs, int self) {
 
 }  // namespace
 
+void matvec_transposed(const float* a, const WeightView& b, float* c, bool accumulate) {
+  const MatvecProduct product{a, b, c, accumulate};
+  matvec_transposed_many({&product, 1});
+}
+
 void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int64_t k, int64_t ldb,
                        bool accumulate) {
-  const MatvecProduct product{a, b, c, n, k, ldb, accumulate};
-  matvec_transposed_many({&product, 1});
+  matvec_transposed(a, WeightView::f32(b, n, k, ldb), c, accumulate);
 }
 
 void matvec_transposed_many(std::span<const MatvecProduct> products) {
   int64_t weights = 0;
-  for (const MatvecProduct& p : products) weights += p.n * p.k;
+  for (const MatvecProduct& p : products) {
+    p.b.validate();
+    weights += p.b.rows * p.b.cols;
+  }
   if (weights < kParallelMin || omp_in_parallel() || omp_get_max_threads() == 1) {
-    for (const MatvecProduct& p : products) rows(p, 0, p.n);
+    for (const MatvecProduct& p : products) rows(p, 0, p.b.rows);
     return;
   }
   // The products' chunks in order, product after product: first_chunk[i] is product i's first.
   std::vector<int64_t> first_chunk(products.size() + 1, 0);
   for (size_t i = 0; i < products.size(); ++i) {
     const int64_t step = chunk_rows(products[i]);
-    first_chunk[i + 1] = first_chunk[i] + (products[i].n + step - 1) / step;
+    first_chunk[i + 1] = first_chunk[i] + (products[i].b.rows + step - 1) / step;
   }
   const int64_t chunks = first_chunk.back();
   // Each thread starts on its own contiguous run of chunks, taken from the front, so it streams through
@@ -180,7 +212,7 @@ void matvec_transposed_many(std::span<const MatvecProduct> products) {
       while (chunk >= first_chunk[i + 1]) ++i;
       const MatvecProduct& p = products[i];
       const int64_t step = chunk_rows(p), begin = (chunk - first_chunk[i]) * step;
-      rows(p, begin, std::min(p.n, begin + step));
+      rows(p, begin, std::min(p.b.rows, begin + step));
     }
   }
 }

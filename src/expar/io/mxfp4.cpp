@@ -2,13 +2,9 @@
 
 #include <cmath>
 
-namespace expar {
+#include "expar/core/convert.hpp"
 
-float fp4_e2m1_value(uint8_t code) {
-  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMagnitude[code & 7];
-  return (code & 8) ? -m : m;
-}
+namespace expar {
 
 void dequantize_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t experts, int64_t in, int64_t out,
                       float* dst) {
@@ -21,8 +17,8 @@ void dequantize_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t expe
         for (int64_t b = 0; b < 16; ++b) {
           const uint8_t byte = blocks[block * 16 + b];
           const int64_t c = g * 32 + 2 * b;  // the low nibble is the even element
-          dst[(e * in + c) * out + r] = fp4_e2m1_value(byte & 0x0F) * scale;
-          dst[(e * in + c + 1) * out + r] = fp4_e2m1_value(static_cast<uint8_t>(byte >> 4)) * scale;
+          dst[(e * in + c) * out + r] = e2m1_to_f32(byte & 0x0F) * scale;
+          dst[(e * in + c + 1) * out + r] = e2m1_to_f32(static_cast<uint8_t>(byte >> 4)) * scale;
         }
       }
 }

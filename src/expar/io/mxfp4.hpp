@@ -9,9 +9,6 @@
 
 namespace expar {
 
-// The value of FP4 (e2m1) code `code` (0..15): sign bit 3, then {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
-float fp4_e2m1_value(uint8_t code);
-
 // Decodes `experts` consecutive experts: blocks [experts, out, in/32, 16] and scales [experts, out, in/32]
 // into dst [experts, in, out] f32 (in a multiple of 32).
 void dequantize_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t experts, int64_t in, int64_t out,

@@ -234,8 +234,10 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t l = order[static_cast<size_t>(task)];
     const float* xl = x + row_of(task) * d;
-    products.push_back({xl, weights.w1.data<float>() + l * h * d, pre(task, 0), h, d, d, false});
-    products.push_back({xl, weights.w3.data<float>() + l * h * d, pre(task, 1), h, d, d, false});
+    products.push_back(
+        {xl, WeightView::f32(weights.w1.data<float>() + l * h * d, h, d, d), pre(task, 0), false});
+    products.push_back(
+        {xl, WeightView::f32(weights.w3.data<float>() + l * h * d, h, d, d), pre(task, 1), false});
   }
   matvec_transposed_many(products);
   products.clear();
@@ -247,7 +249,8 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
     if (has(weights.b1)) add_row_bias(Out{a, ldp}, 1, h, weights.b1.data<float>() + l * h);
     if (has(weights.b3)) add_row_bias(Out{b, ldp}, 1, h, weights.b3.data<float>() + l * h);
     activate(weights.activation, In{a, ldp}, In{b, ldp}, Out{m, h}, 1, h);
-    products.push_back({m, weights.w2.data<float>() + l * d * h, y + row_of(task) * d, d, h, h, false});
+    products.push_back(
+        {m, WeightView::f32(weights.w2.data<float>() + l * d * h, d, h, h), y + row_of(task) * d, false});
   }
   matvec_transposed_many(products);
   if (has(weights.b2))
@@ -280,7 +283,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   // Decided here, on the calling thread: the batch-invariance setting is per thread.
   const bool column_form_allowed = column_form_allowed_here();
   auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
-  auto rows_of = [&](int64_t l) { return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)]; };
+  auto rows_of = [&](int64_t l) {
+    return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
+  };
   const bool any_row_form = !order.empty() && !in_column_form(rows_of(order.back()));  // fewest rows last
   // The pre-activations as rows [rows, h] at a padded stride (padded_stride): saved for the backward, or
   // without a state (inference) per worker where the row form computes them; the column form, which

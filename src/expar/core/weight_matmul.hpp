@@ -1,0 +1,31 @@
+#pragma once
+// y[m, n] (+)= x[m, k]·Wᵀ for a weight W [n, k] in the format it is stored in (core/weight_view.hpp): the
+// products of the inference engine.
+//  - F32 weights go to matmul() as they are (oneDNN's sgemm; core/matvec for one row).
+//  - The narrow formats, one row (decode): core/matvec, which reads the stored bytes once.
+//  - The narrow formats, several rows (prefill, and decode of several sequences): W is dequantised tile by
+//    tile into a cache-resident f32 scratch and each tile multiplied by oneDNN's sgemm; every weight is
+//    decoded once per call. The values are exact, so each tile's product is the f32 product over the
+//    dequantised rows. The tile height depends only on k, so under batch invariance (core/matmul.hpp) a row's
+//    bits depend on its batch no more than matmul()'s do.
+#include <cstdint>
+
+#include "expar/core/weight_view.hpp"
+
+namespace expar {
+
+struct WeightProduct {
+  const float* x = nullptr;  // [m, k], row stride ldx (-1: k)
+  int64_t m = 0, ldx = -1;
+  WeightView w;        // [n, k]
+  float* y = nullptr;  // [m, n], row stride ldy (-1: n)
+  int64_t ldy = -1;
+  bool accumulate = false;  // y += x·Wᵀ instead of y = x·Wᵀ (y is never read otherwise)
+};
+
+void matmul_weight(const WeightProduct& p);
+
+// The rows of W dequantised per sgemm call for a product of inner dimension k.
+int64_t weight_tile_rows(int64_t k);
+
+}  // namespace expar

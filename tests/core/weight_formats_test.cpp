@@ -1,0 +1,345 @@
+// Weights as stored (core/weight_view.hpp, core/matvec.hpp, core/weight_matmul.hpp). Every code of every
+// format dequantises to the value core/convert.hpp's scalar decoders give (the vector widening included);
+// a product over a stored matrix gives exactly the bits of the f32 product over its dequantised copy, at
+// ragged shapes, row strides wider than a row, shards that start mid-block, 1, 2 and 4 threads and grouped
+// with other products; and both agree with a double-precision product over values this file decodes itself.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/expect_error.hpp"
+#include "core/random_vector.hpp"
+#include "expar/core/convert.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/core/matvec.hpp"
+#include "expar/core/rng.hpp"
+#include "expar/core/weight_matmul.hpp"
+#include "expar/core/weight_view.hpp"
+
+namespace expar {
+namespace {
+
+using testing::expect_error;
+
+// A stored matrix [rows, cols] of row stride ld and the storage behind its view.
+struct StoredMatrix {
+  WeightFormat format;
+  int64_t rows, cols, ld;
+  std::vector<uint16_t> halves;  // BF16, F16
+  std::vector<uint8_t> bytes;    // MXFP4 blocks, FP8 codes
+  std::vector<uint8_t> e8m0;     // MXFP4 scales [rows, ld / 32]
+  std::vector<float> floats;     // F32 values, FP8 multipliers [ceil(rows / 128), ceil(ld / 128)]
+
+  int64_t scale_ld() const {
+    return format == WeightFormat::MXFP4 ? ld / kMxfp4Block : (ld + kFp8Block - 1) / kFp8Block;
+  }
+  WeightView view() const {
+    switch (format) {
+      case WeightFormat::F32:
+        return WeightView::f32(floats.data(), rows, cols, ld);
+      case WeightFormat::BF16:
+        return WeightView::bf16(halves.data(), rows, cols, ld);
+      case WeightFormat::F16:
+        return WeightView::f16(halves.data(), rows, cols, ld);
+      case WeightFormat::MXFP4:
+        return WeightView::mxfp4(bytes.data(), e8m0.data(), rows, cols, ld, scale_ld());
+      case WeightFormat::FP8:
+        return WeightView::fp8(bytes.data(), floats.data(), rows, cols, ld, scale_ld());
+    }
+    return {};
+  }
+  // Element (r, c), decoded here from the scalar decoders.
+  float value(int64_t r, int64_t c) const {
+    const size_t i = static_cast<size_t>(r * ld + c);
+    switch (format) {
+      case WeightFormat::F32:
+        return floats[i];
+      case WeightFormat::BF16:
+        return bf16_to_f32(halves[i]);
+      case WeightFormat::F16:
+        return f16_to_f32(halves[i]);
+      case WeightFormat::MXFP4: {
+        const uint8_t byte = bytes[i / 2];
+        const uint8_t code = c % 2 ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0x0f);
+        return e2m1_to_f32(code) * e8m0_to_f32(e8m0[static_cast<size_t>(r * scale_ld() + c / kMxfp4Block)]);
+      }
+      case WeightFormat::FP8:
+        return e4m3_to_f32(bytes[i]) *
+               floats[static_cast<size_t>(r / kFp8Block * scale_ld() + c / kFp8Block)];
+    }
+    return 0.0f;
+  }
+};
+
+uint32_t random_bits(uint64_t seed, uint64_t i) {
+  return static_cast<uint32_t>(std::fabs(random_normal(seed, 77, i)) * 1e9);
+}
+
+// Random finite values of the format, about N(0, 1) in size.
+StoredMatrix random_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_t ld, uint64_t seed) {
+  StoredMatrix m{format, rows, cols, ld, {}, {}, {}, {}};
+  const size_t n = static_cast<size_t>(rows * ld);
+  switch (format) {
+    case WeightFormat::F32:
+      m.floats = random_vector(n, seed, 1);
+      break;
+    case WeightFormat::BF16:
+    case WeightFormat::F16:
+      for (size_t i = 0; i < n; ++i) {
+        const float v = random_normal(seed, 2, i);
+        m.halves.push_back(format == WeightFormat::BF16 ? f32_to_bf16(v) : f32_to_f16(v));
+      }
+      break;
+    case WeightFormat::MXFP4:
+      for (size_t i = 0; i < n / 2; ++i) m.bytes.push_back(static_cast<uint8_t>(random_bits(seed, i)));
+      for (size_t i = 0; i < static_cast<size_t>(rows * m.scale_ld()); ++i)
+        m.e8m0.push_back(static_cast<uint8_t>(122 + random_bits(seed + 1, i) % 8));  // 2^-5 .. 2^2
+      break;
+    case WeightFormat::FP8:
+      for (size_t i = 0; i < n; ++i) {
+        uint8_t code = static_cast<uint8_t>(random_bits(seed, i));
+        if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(code - 1);  // no NaN
+        m.bytes.push_back(code);
+      }
+      for (size_t i = 0; i < static_cast<size_t>((rows + kFp8Block - 1) / kFp8Block * m.scale_ld()); ++i)
+        m.floats.push_back(0.01f * (1.0f + std::fabs(random_normal(seed + 1, 3, i))));  // not powers of two
+      break;
+  }
+  return m;
+}
+
+std::vector<float> dequantised(const WeightView& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+  dequantize_rows(w, 0, w.rows, out.data(), w.cols);
+  return out;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+        << what << ": element " << i << " is " << got[i] << ", want " << want[i];
+}
+
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                 WeightFormat::MXFP4, WeightFormat::FP8};
+
+TEST(WeightFormats, EveryCodeDequantisesToItsScalarValue) {
+  // BF16 and F16: all 65,536 codes in one row (the lanes and, past 65,520, the tail), NaN and infinities
+  // included.
+  std::vector<uint16_t> halves(65536);
+  for (uint32_t c = 0; c < 65536; ++c) halves[c] = static_cast<uint16_t>(c);
+  for (const WeightFormat f : {WeightFormat::BF16, WeightFormat::F16}) {
+    const WeightView w = f == WeightFormat::BF16 ? WeightView::bf16(halves.data(), 1, 65531, 65536)
+                                                 : WeightView::f16(halves.data(), 1, 65531, 65536);
+    std::vector<float> want;
+    for (int64_t c = 0; c < w.cols; ++c)
+      want.push_back(f == WeightFormat::BF16 ? bf16_to_f32(halves[static_cast<size_t>(c)])
+                                             : f16_to_f32(halves[static_cast<size_t>(c)]));
+    expect_same_bits(dequantised(w), want, std::string(weight_format_name(f)));
+  }
+  // FP8: all 256 codes (subnormals, both zeros and the NaN codes), under two blocks' multipliers, the second
+  // block starting mid-row.
+  std::vector<uint8_t> codes(2 * 256);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
+  const float multipliers[4] = {1.0f, 0.0123f, 3.7f, 1e-3f};
+  const WeightView fp8 = WeightView::fp8(codes.data(), multipliers, 2, 250, 256, 2, 0, 6);
+  std::vector<float> want;
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < 250; ++c)
+      want.push_back(e4m3_to_f32(codes[static_cast<size_t>(r * 256 + c)]) * multipliers[(6 + c) / 128]);
+  expect_same_bits(dequantised(fp8), want, "fp8");
+  // MXFP4: every byte (both nibbles of every code pair) under every E8M0 scale but NaN's, one row per scale.
+  std::vector<uint8_t> blocks(255 * 128), scales(255 * 8);
+  for (size_t r = 0; r < 255; ++r) {
+    for (size_t b = 0; b < 128; ++b) blocks[r * 128 + b] = static_cast<uint8_t>(b + r);
+    for (size_t g = 0; g < 8; ++g) scales[r * 8 + g] = static_cast<uint8_t>(r);
+  }
+  const WeightView mx = WeightView::mxfp4(blocks.data(), scales.data(), 255, 256, 256, 8);
+  want.clear();
+  for (size_t r = 0; r < 255; ++r)
+    for (size_t c = 0; c < 256; ++c) {
+      const uint8_t byte = blocks[r * 128 + c / 2];
+      want.push_back(
+          e2m1_to_f32(c % 2 ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0x0f)) *
+          e8m0_to_f32(static_cast<uint8_t>(r)));
+    }
+  expect_same_bits(dequantised(mx), want, "mxfp4");
+}
+
+struct ProductShape {
+  int64_t n, k, ld;
+};
+
+// Shapes with every tail: k below, at and past the 16 lanes and not a multiple of them (MXFP4: whole blocks),
+// n not a multiple of the 8-row block, strides wider than a row, FP8 blocks cut at both edges.
+std::vector<ProductShape> shapes_for(WeightFormat f) {
+  if (f == WeightFormat::MXFP4)
+    return {{1, 32, 32}, {3, 64, 96}, {9, 96, 96}, {17, 2880, 2880}, {300, 512, 544}, {1100, 1024, 1024}};
+  return {{1, 1, 1},        {3, 15, 15},     {5, 17, 20},       {9, 130, 130},
+          {17, 2880, 2890}, {300, 257, 300}, {1100, 1000, 1000}};
+}
+
+TEST(WeightFormats, ProductsGiveTheBitsOfTheF32ProductOverTheDequantisedWeights) {
+  const int saved_threads = compute_threads();
+  uint64_t seed = 10;
+  for (const WeightFormat f : kFormats)
+    for (const ProductShape& s : shapes_for(f)) {
+      const StoredMatrix m = random_matrix(f, s.n, s.k, s.ld, ++seed);
+      const WeightView w = m.view();
+      const std::vector<float> dense = dequantised(w);
+      const std::vector<float> a = random_vector(static_cast<size_t>(s.k), seed, 4);
+      const std::vector<float> c0 = random_vector(static_cast<size_t>(s.n), seed, 5);
+      const std::string what = fmt::format("{} n={} k={} ld={}", weight_format_name(f), s.n, s.k, s.ld);
+      // The dequantised values are the ones this test decodes with the scalar decoders.
+      for (int64_t r = 0; r < s.n; ++r)
+        for (int64_t c = 0; c < s.k; ++c)
+          ASSERT_EQ(std::bit_cast<uint32_t>(dense[static_cast<size_t>(r * s.k + c)]),
+                    std::bit_cast<uint32_t>(m.value(r, c)))
+              << what << " element (" << r << ", " << c << ")";
+      for (const bool accumulate : {false, true}) {
+        set_compute_threads(1);
+        std::vector<float> want = c0;
+        matvec_transposed(a.data(), dense.data(), want.data(), s.n, s.k, s.k, accumulate);
+        // Within a few ulp of Σ|a·w| of a double product over the decoded values.
+        for (int64_t j = 0; j < s.n; ++j) {
+          double dot = accumulate ? c0[static_cast<size_t>(j)] : 0.0;
+          double magnitude = std::fabs(dot);
+          for (int64_t i = 0; i < s.k; ++i) {
+            const double term = static_cast<double>(a[static_cast<size_t>(i)]) * m.value(j, i);
+            dot += term;
+            magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(want[static_cast<size_t>(j)], dot, 1e-6 * magnitude + 1e-30) << what << " row " << j;
+        }
+        for (const int threads : {1, 2, 4}) {
+          set_compute_threads(threads);
+          std::vector<float> c =
+              accumulate ? c0 : std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN());
+          matvec_transposed(a.data(), w, c.data(), accumulate);
+          expect_same_bits(c, want, fmt::format("{}, {} threads{}", what, threads, accumulate ? ", +=" : ""));
+        }
+      }
+    }
+  set_compute_threads(saved_threads);
+}
+
+TEST(WeightFormats, ShardsReadTheirRowsAndColumnsOfTheWhole) {
+  // TP shards: rows [r0, r1) and columns [c0, c1) of a stored matrix, FP8 shards starting mid-block.
+  for (const WeightFormat f : kFormats) {
+    const int64_t n = 300, k = 512;
+    const StoredMatrix m = random_matrix(f, n, k, k, 41);
+    const std::vector<float> whole = dequantised(m.view());
+    const int64_t c0 = f == WeightFormat::MXFP4 ? 96 : 101, c1 = f == WeightFormat::MXFP4 ? 416 : 397;
+    const int64_t r0 = 77, r1 = 260;
+    const WeightView shard = m.view().row_range(r0, r1).col_range(c0, c1);
+    ASSERT_EQ(shard.rows, r1 - r0);
+    ASSERT_EQ(shard.cols, c1 - c0);
+    std::vector<float> want;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) want.push_back(whole[static_cast<size_t>(r * k + c)]);
+    const std::string what(weight_format_name(f));
+    expect_same_bits(dequantised(shard), want, what + " shard");
+    const std::vector<float> a = random_vector(static_cast<size_t>(c1 - c0), 42, 1);
+    std::vector<float> got(static_cast<size_t>(r1 - r0)), ref(got.size());
+    matvec_transposed(a.data(), shard, got.data(), false);
+    matvec_transposed(a.data(), want.data(), ref.data(), r1 - r0, c1 - c0, c1 - c0, false);
+    expect_same_bits(got, ref, what + " shard product");
+  }
+}
+
+TEST(WeightFormats, GroupedProductsGiveEachProductsOwnBits) {
+  const int saved_threads = compute_threads();
+  std::vector<StoredMatrix> mats;
+  std::vector<std::vector<float>> a, alone;
+  for (const WeightFormat f : kFormats) {
+    mats.push_back(random_matrix(f, 257, 1024, 1024, 50 + mats.size()));
+    a.push_back(random_vector(1024, 51, mats.size()));
+    alone.emplace_back(257);
+    set_compute_threads(1);
+    matvec_transposed(a.back().data(), mats.back().view(), alone.back().data(), false);
+  }
+  for (const int threads : {1, 2, 4}) {
+    set_compute_threads(threads);
+    std::vector<std::vector<float>> c(mats.size(), std::vector<float>(257));
+    std::vector<MatvecProduct> products;
+    for (size_t i = 0; i < mats.size(); ++i)
+      products.push_back({a[i].data(), mats[i].view(), c[i].data(), false});
+    matvec_transposed_many(products);
+    for (size_t i = 0; i < mats.size(); ++i)
+      expect_same_bits(c[i], alone[i], fmt::format("product {} at {} threads", i, threads));
+  }
+  set_compute_threads(saved_threads);
+}
+
+TEST(WeightFormats, SeveralRowsMatchTheF32ProductOverTheDequantisedWeights) {
+  // Several rows dequantise W tile by tile for sgemm: against matmul() over the whole dequantised copy and a
+  // double product; the tile height is set so that these shapes cut W into several tiles and a ragged last.
+  const int saved_threads = compute_threads();
+  for (const WeightFormat f : kFormats)
+    for (const int64_t m : {1, 2, 5, 17, 64}) {
+      const int64_t k = 2880, n = 2 * weight_tile_rows(k) + 37;
+      const StoredMatrix w = random_matrix(f, n, k, k, 60 + static_cast<uint64_t>(m));
+      const std::vector<float> dense = dequantised(w.view());
+      const std::vector<float> x = random_vector(static_cast<size_t>(m * k), 61, static_cast<uint64_t>(m));
+      const std::vector<float> y0 = random_vector(static_cast<size_t>(m * n), 62, static_cast<uint64_t>(m));
+      const std::string what = fmt::format("{} m={} n={} k={}", weight_format_name(f), m, n, k);
+      // A double product over the decoded values, and the sum of the terms' magnitudes (the tolerance).
+      std::vector<double> dot(static_cast<size_t>(m * n)), magnitude(dot.size());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < k; ++c) {
+            const double term = static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+                                dense[static_cast<size_t>(j * k + c)];
+            dot[static_cast<size_t>(i * n + j)] += term;
+            magnitude[static_cast<size_t>(i * n + j)] += std::fabs(term);
+          }
+      for (const bool accumulate : {false, true})
+        for (const int threads : {1, 2}) {
+          set_compute_threads(threads);
+          std::vector<float> y = accumulate ? y0 : std::vector<float>(y0.size(), std::nanf(""));
+          matmul_weight(
+              WeightProduct{.x = x.data(), .m = m, .w = w.view(), .y = y.data(), .accumulate = accumulate});
+          std::vector<float> ref = y0;
+          matmul(x.data(), dense.data(), ref.data(), m, n, k, false, true, accumulate);
+          for (size_t at = 0; at < y.size(); ++at) {
+            const double want = dot[at] + (accumulate ? y0[at] : 0.0);
+            const double tolerance = 1e-6 * (magnitude[at] + (accumulate ? std::fabs(y0[at]) : 0.0));
+            ASSERT_NEAR(y[at], want, tolerance) << what << " element " << at << ", " << threads << " threads";
+            ASSERT_NEAR(y[at], ref[at], 2 * tolerance) << what << " against matmul, element " << at;
+          }
+        }
+    }
+  set_compute_threads(saved_threads);
+}
+
+TEST(WeightFormats, MalformedViewsAreRefusedWithTheRule) {
+  const std::vector<uint8_t> bytes(64 * 64);
+  const std::vector<uint8_t> scales(64 * 2);
+  const std::vector<float> multipliers(1);
+  std::vector<float> out(64 * 64);
+  expect_error(
+      [&] {
+        dequantize_rows(WeightView::mxfp4(bytes.data(), scales.data(), 2, 48, 64, 2), 0, 2, out.data(), 64);
+      },
+      {"multiples of 32"});
+  expect_error([&] { (void)WeightView::mxfp4(bytes.data(), scales.data(), 2, 64, 64, 2).col_range(16, 64); },
+               {"start and end on a block of 32 values"});
+  expect_error(
+      [&] {
+        dequantize_rows(WeightView::fp8(bytes.data(), multipliers.data(), 2, 200, 200, 1), 0, 2, out.data(),
+                        200);
+      },
+      {"every 128x128 block needs its scale"});
+  expect_error([&] { dequantize_rows(WeightView::bf16(nullptr, 2, 8, 4), 0, 2, out.data(), 8); },
+               {"the stride must be at least a row"});
+  expect_error([&] { (void)weight_format_from_name("int4"); }, {"choose one of f32, bf16, f16, mxfp4, fp8"});
+}
+
+}  // namespace
+}  // namespace expar
