@@ -248,7 +248,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // The limits, on the same ranks with the same threads, all ranks at once.
     const infer::RankWeights& w = engine.weights();
     const std::vector<Gemm> gemms = layer_gemms(w, layout, o.prompt_tokens);
-    const Gemm head{1, w.lm_head.dim(0), config.model_dim, w.lm_head.data<float>(), 1.0};
+    // The LM head's limit product reads the head itself where it is f32, else an f32 scratch of its shape.
+    const Gemm head{1, w.lm_head.dim(0), config.model_dim,
+                    w.lm_head.dtype() == DType::F32 ? w.lm_head.data<float>() : nullptr, 1.0};
     // The operands fit every product, the LM head's too (its output row outgrows short prompts' products).
     int64_t a_size = 0, c_size = 0, b_size = 0;
     for (const Gemm& g : gemms) {

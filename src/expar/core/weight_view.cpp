@@ -121,6 +121,22 @@ WeightView WeightView::col_range(int64_t begin, int64_t end) const {
   return v;
 }
 
+WeightView weight_view(const Tensor& t) {
+  EXPAR_CHECK(t.ndim() == 2, "a weight matrix must be 2-d, got shape {}", shape_string(t.shape()));
+  const int64_t n = t.dim(0), k = t.dim(1);
+  switch (t.dtype()) {
+    case DType::F32:
+      return WeightView::f32(static_cast<const float*>(t.raw()), n, k, k);
+    case DType::BF16:
+      return WeightView::bf16(static_cast<const uint16_t*>(t.raw()), n, k, k);
+    case DType::F16:
+      return WeightView::f16(static_cast<const uint16_t*>(t.raw()), n, k, k);
+    default:
+      fail("a {} tensor {} is not a weight matrix: weights are held as F32, BF16 or F16",
+           dtype_name(t.dtype()), shape_string(t.shape()));
+  }
+}
+
 double WeightView::row_bytes() const {
   const double n = static_cast<double>(cols);
   switch (format) {

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "expar/core/tensor.hpp"
+
 namespace expar {
 
 enum class WeightFormat : uint8_t {
@@ -67,6 +69,9 @@ struct WeightView {
   // multiples of 32; strides at least a row).
   void validate() const;
 };
+
+// A 2-d tensor's matrix, held in its own dtype (F32, BF16 or F16; anything else is refused by name).
+WeightView weight_view(const Tensor& t);
 
 // Rows [begin, end) of w as f32, exactly the values the products multiply by: out[(r − begin)·ld_out + c].
 void dequantize_rows(const WeightView& w, int64_t begin, int64_t end, float* out, int64_t ld_out);

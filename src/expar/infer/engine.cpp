@@ -5,15 +5,16 @@
 #include <cstring>
 
 #include "expar/core/error.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/core/weight_matmul.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/moe/moe_forward.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/attention.hpp"
-#include "expar/nn/linear.hpp"
 #include "expar/nn/rmsnorm.hpp"
 
 namespace expar::infer {
@@ -205,14 +206,14 @@ Tensor Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens)
 
 Tensor Engine::embed(const std::vector<int32_t>& flat, int64_t first, int64_t rows, bool prefill) {
   const int64_t d = weights_.config.model_dim, v0 = weights_.vocab_begin, vr = weights_.embed.dim(0);
-  const float* table = weights_.embed.data<float>();
+  const WeightView table = weight_view(weights_.embed);  // its rows widened to f32 as they are looked up
   auto lookup = [&](int64_t begin, int64_t n) {
     Tensor out = Tensor::empty({n, d});
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = flat[static_cast<size_t>(begin + i)] - v0;
       float* o = out.data<float>() + i * d;
       if (row >= 0 && row < vr)
-        std::memcpy(o, table + row * d, sizeof(float) * static_cast<size_t>(d));
+        dequantize_rows(table, row, row + 1, o, d);
       else
         std::fill(o, o + d, 0.0f);
     }
@@ -229,8 +230,14 @@ Tensor Engine::embed(const std::vector<int32_t>& flat, int64_t first, int64_t ro
 Tensor Engine::lm_head(const Tensor& x) {
   const int64_t n = x.dim(0), vocab = weights_.config.vocab;
   const int tp = tp_->size();
-  Tensor mine = n > 0 ? nn::linear_forward(x, weights_.lm_head, nullptr, nullptr)
-                      : Tensor::empty({0, weights_.lm_head.dim(0)});
+  // This rank's vocabulary slice, multiplied as stored.
+  EXPAR_ASSERT(x.dtype() == DType::F32 && x.dim(1) == weights_.lm_head.dim(1),
+               "LM head input {} for a head {}", shape_string(x.shape()),
+               shape_string(weights_.lm_head.shape()));
+  Tensor mine = Tensor::empty({n, weights_.lm_head.dim(0)});
+  if (n > 0)
+    matmul_weight(WeightProduct{
+        .x = x.data<float>(), .m = n, .w = weight_view(weights_.lm_head), .y = mine.data<float>()});
   if (tp == 1) return mine;
   // The slices arrive rank after rank ([n, V_0] then [n, V_1] ...); each row of the result interleaves them.
   const std::vector<int64_t> slice = even_rows(vocab, tp);

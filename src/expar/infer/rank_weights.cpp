@@ -1,9 +1,12 @@
 #include "expar/infer/rank_weights.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/weight_view.hpp"
 #include "expar/infer/hf_experts.hpp"
 #include "expar/infer/mxfp4_store.hpp"
 #include "expar/infer/weight_loader.hpp"
@@ -49,6 +52,20 @@ void expect_shape(const TensorStore& store, const std::string& name, const Shape
               store.label(), name, shape_string(info.shape), shape_string(want));
 }
 
+// Whether two weight matrices of the same shape hold the same values, whatever dtype each is held in.
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype())
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  const WeightView va = weight_view(a), vb = weight_view(b);
+  std::vector<float> ra(static_cast<size_t>(va.cols)), rb(ra.size());
+  for (int64_t r = 0; r < va.rows; ++r) {
+    dequantize_rows(va, r, r + 1, ra.data(), va.cols);
+    dequantize_rows(vb, r, r + 1, rb.data(), vb.cols);
+    if (ra != rb) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
@@ -75,10 +92,11 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   const int64_t v0 = config.vocab * info.tp_rank / layout.tp(),
                 v1 = config.vocab * (info.tp_rank + 1) / layout.tp();
   w.vocab_begin = v0;
-  // The table is gathered one row per token, so it stays in the file where it can; tied to the LM head it is
-  // streamed whole every step, and copied like the other streamed weights.
-  w.embed =
-      features.tied_embeddings ? load_rows(store, names.embed, v0, v1) : map_rows(store, names.embed, v0, v1);
+  // Both are held in the checkpoint's dtype (F32, BF16 or F16) and multiplied as stored
+  // (core/weight_view.hpp). The table is gathered one row per token, so it stays in the file where it can;
+  // tied to the LM head it is streamed whole every step, and copied like the other streamed weights.
+  w.embed = features.tied_embeddings ? load_rows_as_stored(store, names.embed, v0, v1)
+                                     : map_rows_as_stored(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
     w.lm_head = w.embed;  // tie_word_embeddings: the LM head is the embedding (read-only here)
@@ -86,16 +104,16 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
       // pick one (each rank compares its slice; a difference anywhere fails on the rank holding it).
       expect_shape(store, names.lm_head, {config.vocab, d});
-      const Tensor head = load_rows(store, names.lm_head, v0, v1);
+      const Tensor head = load_rows_as_stored(store, names.lm_head, v0, v1);
       EXPAR_CHECK(
-          std::equal(head.span<float>().begin(), head.span<float>().end(), w.embed.span<float>().begin()),
+          same_values(head, w.embed),
           "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
           "tie_word_embeddings false to use the LM head, or remove '{}'",
           store.label(), names.lm_head, names.embed, names.lm_head);
     }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
-    w.lm_head = load_rows(store, names.lm_head, v0, v1);
+    w.lm_head = load_rows_as_stored(store, names.lm_head, v0, v1);
   }
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;

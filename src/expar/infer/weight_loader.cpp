@@ -148,6 +148,28 @@ Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin
   return load_rows(store, name, begin, end);
 }
 
+namespace {
+
+bool held_as_stored(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+}  // namespace
+
+Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  const Tensor v = store.view_rows(name, begin, end);
+  if (!held_as_stored(v.dtype())) return load_rows(store, name, begin, end);
+  Tensor copy = v.clone(MemCategory::DenseWeights);
+  store.release_rows(name, begin, end);
+  return copy;
+}
+
+Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  Tensor v = store.view_rows(name, begin, end);
+  if (held_as_stored(v.dtype()) && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
+  return load_rows_as_stored(store, name, begin, end);
+}
+
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   Tensor v = store.view(name);
   if (v.ndim() == 2 && begin == 0 && end == v.dim(1)) return load_dense(store, name);  // every column

@@ -48,6 +48,10 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
 Tensor load_dense(const TensorStore& store, const std::string& name);
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+// The same as load_rows and map_rows, but an F32, BF16 or F16 tensor keeps its dtype (the engine multiplies
+// it as stored: core/weight_view.hpp); any other dtype is widened to f32.
+Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 // Rows that a step gathers a few of (the embedding table, one row per token): stored as F32 in a mapped
 // file they are a view onto the mapping (charged to MemCategory::MappedWeights; the view keeps the mapping
 // alive), so only the rows the tokens touch become resident; anything else is load_rows's copy.

@@ -1,0 +1,93 @@
+// A BF16 checkpoint in the engine: the embedding and the LM head are held as BF16 (half the bytes of f32) and
+// multiplied as stored (core/weight_view.hpp), the other weights widened at load. Against the same checkpoint
+// written in F32 with the BF16 values: decode's logits are the same bits (one-row products give the f32
+// product's bits), prefill's every-row logits within 1e-5 (the LM head in tiles), on one rank, TP 2 and TP 4
+// with EP, untied and tied.
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.hpp"
+#include "expar/core/convert.hpp"
+#include "expar/infer/engine.hpp"
+#include "hf_test_models.hpp"
+
+namespace expar::infer {
+namespace {
+
+using namespace testing;
+
+// Every tensor rounded to BF16: as a BF16 tensor, or as the F32 tensor of the same values.
+std::map<std::string, Tensor> rounded(const std::map<std::string, Tensor>& tensors, bool as_bf16) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : tensors) {
+    Tensor r = Tensor::empty(t.shape(), as_bf16 ? DType::BF16 : DType::F32);
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const uint16_t b = f32_to_bf16(v[i]);
+      if (as_bf16)
+        static_cast<uint16_t*>(r.raw())[i] = b;
+      else
+        r.data<float>()[i] = bf16_to_f32(b);
+    }
+    out[name] = r;
+  }
+  return out;
+}
+
+struct Logits {
+  Tensor prefill, decode;
+};
+
+Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector<int32_t>& prompt,
+           bool bf16) {
+  const ModelSpec spec = open_model_spec(dir);
+  MemoryTracker& host = current_tracker();
+  Logits out;
+  run_ranks(layout.world(), [&](Comm& world) {
+    auto store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    const DType held = bf16 ? DType::BF16 : DType::F32;
+    EXPECT_EQ(engine.weights().lm_head.dtype(), held);
+    EXPECT_EQ(engine.weights().embed.dtype(), held);
+    const int id = engine.add_sequence(32);
+    const Tensor prefill = engine.prefill(std::vector<int>{id}, {prompt});
+    Tensor decode = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[0]});
+    const Tensor second = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[1]});
+    if (world.rank() == 0) {
+      out.prefill = export_to(host, prefill);
+      out.decode = export_to(host, second);
+    }
+  });
+  return out;
+}
+
+void expect_bits_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << what;
+}
+
+TEST(Bf16Weights, TheEngineMultipliesThemAsStored) {
+  for (const bool tied : {false, true}) {
+    HfTestModel m = tied ? tied_qwen3_moe_test_model() : mixtral_test_model();
+    test::TempDir dir("bf16_weights");
+    const fs::path f32_dir = dir.path() / "f32", bf16_dir = dir.path() / "bf16";
+    fs::create_directories(f32_dir);
+    fs::create_directories(bf16_dir);
+    write_sharded_checkpoint(f32_dir, rounded(m.tensors, false), 64 * 1024);
+    write_sharded_checkpoint(bf16_dir, rounded(m.tensors, true), 64 * 1024);
+    std::ofstream(f32_dir / "config.json") << m.config().dump(2);
+    std::ofstream(bf16_dir / "config.json") << m.config().dump(2);
+    const std::vector<int32_t> prompt = vocab_tokens(5, 7, m.vocab);
+    for (auto [tp, ep_degree] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 2}}) {
+      const InferenceLayout layout = make_layout(
+          tp, 1, true, ep_degree > 0 ? std::optional(ep_degree) : std::nullopt, static_cast<int>(m.experts));
+      const std::string what = fmt::format("{} TP {} EP {}", tied ? "tied" : "untied", tp, ep_degree);
+      const Logits want = run(f32_dir, layout, prompt, false);
+      const Logits got = run(bf16_dir, layout, prompt, true);
+      EXPECT_TRUE(close(got.prefill, want.prefill, 1e-5)) << what;
+      expect_bits_equal(got.decode, want.decode, what + " decode");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace expar::infer
