@@ -1,5 +1,6 @@
-// A BF16 checkpoint in the engine: the embedding and the LM head are held as BF16 (half the bytes of f32) and
-// multiplied as stored (core/weight_view.hpp), the other weights widened at load. Against the same checkpoint
+// A BF16 checkpoint in the engine: the embedding, the LM head, the attention projections and the experts are
+// held as BF16 (half the bytes of f32) and multiplied as stored (core/weight_view.hpp); norms, router and
+// shared expert are widened at load. Against the same checkpoint
 // written in F32 with the BF16 values: decode's logits are the same bits (one-row products give the f32
 // product's bits), prefill's every-row logits within 1e-5 (the LM head in tiles), on one rank, TP 2 and TP 4
 // with EP, untied and tied.
@@ -48,6 +49,12 @@ Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector
     const DType held = bf16 ? DType::BF16 : DType::F32;
     EXPECT_EQ(engine.weights().lm_head.dtype(), held);
     EXPECT_EQ(engine.weights().embed.dtype(), held);
+    const LayerWeights& l0 = engine.weights().layers[0];
+    for (const Tensor* t :
+         {&l0.attn.wq, &l0.attn.wk, &l0.attn.wv, &l0.attn.wo, &l0.experts.w1, &l0.experts.w3, &l0.experts.w2})
+      if (present(*t)) {
+        EXPECT_EQ(t->dtype(), held);
+      }
     const int id = engine.add_sequence(32);
     const Tensor prefill = engine.prefill(std::vector<int>{id}, {prompt});
     Tensor decode = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[0]});

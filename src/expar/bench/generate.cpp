@@ -30,20 +30,26 @@ struct Gemm {
   int64_t task = 0;
 };
 
+// The f32 weights of a limit product: the weight itself where it is held as f32, else nullptr (an f32 scratch
+// of its shape: the limit is the f32 product's).
+const float* f32_or_scratch(const Tensor& t, int64_t offset = 0) {
+  return t.dtype() == DType::F32 ? t.data<float>() + offset : nullptr;
+}
+
 // This rank's matrix products of one layer of a P-token prefill, at the shapes the engine runs them.
 std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout& layout, int64_t p) {
   const ModelConfig& c = w.config;
   const infer::LayerWeights& lw = w.layers[0];
   const int64_t d = c.model_dim, hd = c.head_dim, heads = w.local_attn.n_heads, kv = w.local_attn.n_kv_heads;
   std::vector<Gemm> g;
-  g.push_back({p, heads * hd, d, lw.attn.wq.data<float>(), 1.0});
-  g.push_back({p, kv * hd, d, lw.attn.wk.data<float>(), 1.0});
-  g.push_back({p, kv * hd, d, lw.attn.wv.data<float>(), 1.0});
+  g.push_back({p, heads * hd, d, f32_or_scratch(lw.attn.wq), 1.0});
+  g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wk), 1.0});
+  g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wv), 1.0});
   for (int64_t h = 0; h < heads; ++h) {
     g.push_back({p, p, hd, nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
     g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
   }
-  g.push_back({p, d, heads * hd, lw.attn.wo.data<float>(), 1.0});
+  g.push_back({p, d, heads * hd, f32_or_scratch(lw.attn.wo), 1.0});
   g.push_back(
       {(p + layout.tp() - 1) / layout.tp(), c.moe.router.num_experts, d, lw.router.data<float>(), 1.0});
   // Each local expert at the mean rows the replica's P tokens give it (P·K/E; the replicas' tokens meet
@@ -53,9 +59,9 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();
   for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
-    g.push_back({rows, h, d, e.w1.data<float>() + l * h * d, 1.0, 1, l});
-    g.push_back({rows, h, d, e.w3.data<float>() + l * h * d, 1.0, 1, l});
-    g.push_back({rows, d, h, e.w2.data<float>() + l * d * h, 1.0, 1, l});
+    g.push_back({rows, h, d, f32_or_scratch(e.w1, l * h * d), 1.0, 1, l});
+    g.push_back({rows, h, d, f32_or_scratch(e.w3, l * h * d), 1.0, 1, l});
+    g.push_back({rows, d, h, f32_or_scratch(e.w2, l * d * h), 1.0, 1, l});
   }
   if (infer::present(lw.shared_w1)) {
     const int64_t hs = lw.shared_w1.dim(0);
@@ -248,9 +254,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // The limits, on the same ranks with the same threads, all ranks at once.
     const infer::RankWeights& w = engine.weights();
     const std::vector<Gemm> gemms = layer_gemms(w, layout, o.prompt_tokens);
-    // The LM head's limit product reads the head itself where it is f32, else an f32 scratch of its shape.
-    const Gemm head{1, w.lm_head.dim(0), config.model_dim,
-                    w.lm_head.dtype() == DType::F32 ? w.lm_head.data<float>() : nullptr, 1.0};
+    const Gemm head{1, w.lm_head.dim(0), config.model_dim, f32_or_scratch(w.lm_head), 1.0};
     // The operands fit every product, the LM head's too (its output row outgrows short prompts' products).
     int64_t a_size = 0, c_size = 0, b_size = 0;
     for (const Gemm& g : gemms) {
@@ -260,6 +264,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     }
     a_size = std::max(a_size, head.m * head.k);
     c_size = std::max(c_size, head.m * head.n);
+    // A head held in a narrow format gets an f32 scratch of its size (for gpt-oss-20b's vocabulary a large
+    // one): the limit products do not read stored formats yet.
+    if (!head.b) b_size = std::max(b_size, head.n * head.k);
     Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
     Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
     // One output per worker: the task groups' products run side by side.
@@ -301,7 +308,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       const auto [tp, td, tr] = run(read_probe);
       const double tl = timed_max(world, [&] {
         for (int l = 0; l < config.layers; ++l) run_products(gemms, a, b, c, c_size);
-        matmul(a.data<float>(), head.b, c.data<float>(), head.m, head.n, head.k, false, true, false);
+        matmul(a.data<float>(), head.b ? head.b : b.data<float>(), c.data<float>(), head.m, head.n, head.k,
+               false, true, false);
       });
       if (i < o.warmup) continue;
       prefill.push_back(tp);

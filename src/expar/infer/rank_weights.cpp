@@ -124,10 +124,11 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, name("wk"), {config.kv_heads * hd, d});
     expect_shape(store, name("wv"), {config.kv_heads * hd, d});
     expect_shape(store, name("wo"), {d, config.heads * hd});
-    lw.attn.wq = load_rows(store, name("wq"), hs.q0 * hd, hs.q1 * hd);
-    lw.attn.wk = load_rows(store, name("wk"), hs.k0 * hd, hs.k1 * hd);
-    lw.attn.wv = load_rows(store, name("wv"), hs.k0 * hd, hs.k1 * hd);
-    lw.attn.wo = load_columns(store, name("wo"), hs.q0 * hd, hs.q1 * hd);
+    // The projections are held in the checkpoint's dtype and multiplied as stored.
+    lw.attn.wq = load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd);
+    lw.attn.wk = load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd);
+    lw.attn.wv = load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd);
+    lw.attn.wo = load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd);
     if (features.qkv_bias) {
       expect_shape(store, name("bq"), {config.heads * hd});
       expect_shape(store, name("bk"), {config.kv_heads * hd});
@@ -206,9 +207,13 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         return per_expert_view(store,
                                [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });
       };
-      lw.experts.w1 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w1"), i0, i1));
-      lw.experts.w3 = expert_parallel_weight_loader(info.local_experts, rows_loader(view("w3"), i0, i1));
-      lw.experts.w2 = expert_parallel_weight_loader(info.local_experts, columns_loader(view("w2"), i0, i1));
+      // Held in the checkpoint's dtype (F32, BF16, F16) and multiplied as stored.
+      lw.experts.w1 =
+          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w1"), i0, i1));
+      lw.experts.w3 =
+          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w3"), i0, i1));
+      lw.experts.w2 =
+          expert_parallel_weight_loader(info.local_experts, columns_loader_as_stored(view("w2"), i0, i1));
       // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
       // the copy do not both stay resident.
       for (int e : info.local_experts)

@@ -33,6 +33,23 @@ class F32Reader {
   int64_t cols_;
 };
 
+bool held_as_stored(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+// Columns [begin, end) of a 2-D tensor held as stored, one copy in its own dtype.
+Tensor copy_columns(const Tensor& v, int64_t begin, int64_t end, MemCategory category) {
+  const int64_t rows = v.dim(0), n = end - begin;
+  const size_t element = dtype_size(v.dtype());
+  Tensor out = Tensor::empty({rows, n}, v.dtype(), category);
+  const char* src = static_cast<const char*>(v.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t a = 0; a < rows; ++a)
+    std::memcpy(dst + static_cast<size_t>(a * n) * element,
+                src + static_cast<size_t>(a * v.dim(1) + begin) * element, static_cast<size_t>(n) * element);
+  return out;
+}
+
 void check_matrix(const Tensor& t, int expert) {
   EXPAR_CHECK(t.ndim() == 2, "expert {}'s weight has shape {}: an expert matrix must be 2-D", expert,
               shape_string(t.shape()));
@@ -108,6 +125,26 @@ ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t
   };
 }
 
+ExpertLoader rows_loader_as_stored(ExpertView view, int64_t begin, int64_t end) {
+  ExpertLoader widened = rows_loader(view, begin, end);
+  return [view = std::move(view), begin, end, widened = std::move(widened)](int e) {
+    Tensor v = view(e);
+    if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(0) || begin > end)
+      return widened(e);  // widened, or refused with widened's message
+    return v.rows(begin, end).clone(MemCategory::ExpertWeights);
+  };
+}
+
+ExpertLoader columns_loader_as_stored(ExpertView view, int64_t begin, int64_t end) {
+  ExpertLoader widened = columns_loader(view, begin, end);
+  return [view = std::move(view), begin, end, widened = std::move(widened)](int e) {
+    Tensor v = view(e);
+    if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end)
+      return widened(e);
+    return copy_columns(v, begin, end, MemCategory::ExpertWeights);
+  };
+}
+
 Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base) {
   Tensor out;
   int64_t per = 0;
@@ -116,15 +153,17 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
     if (l == 0) {
       Shape s{static_cast<int64_t>(local_experts.size())};
       s.insert(s.end(), piece.shape().begin(), piece.shape().end());
-      out = Tensor::empty(s, DType::F32, MemCategory::ExpertWeights);
+      out = Tensor::empty(s, piece.dtype(), MemCategory::ExpertWeights);
       per = piece.numel();
     }
-    EXPAR_CHECK(piece.numel() == per && Shape(out.shape().begin() + 1, out.shape().end()) == piece.shape(),
-                "expert {} loads as {} but expert {} loaded as {}: every expert must have the same shape",
-                local_experts[l], shape_string(piece.shape()), local_experts[0],
-                shape_string(Shape(out.shape().begin() + 1, out.shape().end())));
-    std::memcpy(out.data<float>() + static_cast<int64_t>(l) * per, piece.data<float>(),
-                sizeof(float) * static_cast<size_t>(per));
+    EXPAR_CHECK(
+        piece.numel() == per && piece.dtype() == out.dtype() &&
+            Shape(out.shape().begin() + 1, out.shape().end()) == piece.shape(),
+        "expert {} loads as {} {} but expert {} loaded as {} {}: every expert must have the same shape "
+        "and dtype",
+        local_experts[l], dtype_name(piece.dtype()), shape_string(piece.shape()), local_experts[0],
+        dtype_name(out.dtype()), shape_string(Shape(out.shape().begin() + 1, out.shape().end())));
+    std::memcpy(static_cast<char*>(out.raw()) + l * piece.nbytes(), piece.raw(), piece.nbytes());
   }
   return out;
 }
@@ -148,14 +187,6 @@ Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin
   return load_rows(store, name, begin, end);
 }
 
-namespace {
-
-bool held_as_stored(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
-}
-
-}  // namespace
-
 Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   const Tensor v = store.view_rows(name, begin, end);
   if (!held_as_stored(v.dtype())) return load_rows(store, name, begin, end);
@@ -168,6 +199,15 @@ Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int
   Tensor v = store.view_rows(name, begin, end);
   if (held_as_stored(v.dtype()) && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
   return load_rows_as_stored(store, name, begin, end);
+}
+
+Tensor load_columns_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
+  const Tensor v = store.view(name);
+  if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end)
+    return load_columns(store, name, begin, end);  // widened, or refused with its message
+  Tensor out = copy_columns(v, begin, end, MemCategory::DenseWeights);
+  store.release_rows(name, 0, v.dim(0));
+  return out;
 }
 
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {

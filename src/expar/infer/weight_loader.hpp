@@ -34,8 +34,13 @@ ExpertLoader rows_loader(ExpertView view, int64_t begin, int64_t end, bool trans
 ExpertLoader columns_loader(ExpertView view, int64_t begin, int64_t end, int64_t stride = 1,
                             int64_t offset = 0, bool transpose = false);
 
-// Stacks base(e) for every e of local_experts (in that order): [E_L, ...base shape], charged to
-// MemCategory::ExpertWeights. Every piece must have the same shape.
+// The same as rows_loader and columns_loader (no transpose, stride 1), but an F32, BF16 or F16 expert keeps
+// its dtype (the engine multiplies it as stored: core/weight_view.hpp); any other dtype is widened to f32.
+ExpertLoader rows_loader_as_stored(ExpertView view, int64_t begin, int64_t end);
+ExpertLoader columns_loader_as_stored(ExpertView view, int64_t begin, int64_t end);
+
+// Stacks base(e) for every e of local_experts (in that order): [E_L, ...base shape] in the pieces' dtype,
+// charged to MemCategory::ExpertWeights. Every piece must have the same shape and dtype.
 Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base);
 
 // Dense helpers: a whole tensor, rows [begin, end) of the first dimension, or columns [begin, end) of a 2-D
@@ -48,9 +53,10 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
 Tensor load_dense(const TensorStore& store, const std::string& name);
 Tensor load_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor load_columns(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
-// The same as load_rows and map_rows, but an F32, BF16 or F16 tensor keeps its dtype (the engine multiplies
-// it as stored: core/weight_view.hpp); any other dtype is widened to f32.
+// The same as load_rows, map_rows and load_columns, but an F32, BF16 or F16 tensor keeps its dtype (the
+// engine multiplies it as stored: core/weight_view.hpp); any other dtype is widened to f32.
 Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
+Tensor load_columns_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 // Rows that a step gathers a few of (the embedding table, one row per token): stored as F32 in a mapped
 // file they are a view onto the mapping (charged to MemCategory::MappedWeights; the view keeps the mapping

@@ -11,6 +11,7 @@
 #include "expar/core/matvec.hpp"
 #include "expar/core/parallel_tasks.hpp"
 #include "expar/core/transpose.hpp"
+#include "expar/core/weight_matmul.hpp"
 #include "expar/moe/payload_precision.hpp"
 
 namespace expar {
@@ -43,6 +44,12 @@ ExpertWeights ExpertWeights::experts(int64_t begin, int64_t end) const {
 }
 
 void ExpertWeights::validate() const {
+  auto held = [](const Tensor& t) {
+    return t.dtype() == DType::F32 || t.dtype() == DType::BF16 || t.dtype() == DType::F16;
+  };
+  EXPAR_CHECK(held(w1) && w3.dtype() == w1.dtype() && w2.dtype() == w1.dtype(),
+              "expert weights must be F32, BF16 or F16, all three alike, got w1 {} w3 {} w2 {}",
+              dtype_name(w1.dtype()), dtype_name(w3.dtype()), dtype_name(w2.dtype()));
   EXPAR_CHECK(w1.ndim() == 3 && w3.ndim() == 3 && w2.ndim() == 3,
               "expert weights must be 3-d [E_L, h, d] / [E_L, d, h], got w1 {} w3 {} w2 {}",
               shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));
@@ -172,6 +179,12 @@ int64_t padded_stride(int64_t h) {
   return h + 16;
 }
 
+// Local expert l's matrix of a stack [E_L, a, b], as stored.
+WeightView expert_matrix(const Tensor& stack, int64_t l) {
+  const int64_t a = stack.dim(1);
+  return weight_view(stack.reshape({stack.dim(0) * a, stack.dim(2)})).row_range(l * a, (l + 1) * a);
+}
+
 // Whether experts of kExpertColumnFormMinRows rows or more compute in the column form (expert_mlp.hpp) on the
 // calling thread: never under batch invariance, whose row quantum is a rule about the rows of the row form
 // (core/matmul.hpp).
@@ -234,10 +247,8 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t l = order[static_cast<size_t>(task)];
     const float* xl = x + row_of(task) * d;
-    products.push_back(
-        {xl, WeightView::f32(weights.w1.data<float>() + l * h * d, h, d, d), pre(task, 0), false});
-    products.push_back(
-        {xl, WeightView::f32(weights.w3.data<float>() + l * h * d, h, d, d), pre(task, 1), false});
+    products.push_back({xl, expert_matrix(weights.w1, l), pre(task, 0), false});
+    products.push_back({xl, expert_matrix(weights.w3, l), pre(task, 1), false});
   }
   matvec_transposed_many(products);
   products.clear();
@@ -249,8 +260,7 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
     if (has(weights.b1)) add_row_bias(Out{a, ldp}, 1, h, weights.b1.data<float>() + l * h);
     if (has(weights.b3)) add_row_bias(Out{b, ldp}, 1, h, weights.b3.data<float>() + l * h);
     activate(weights.activation, In{a, ldp}, In{b, ldp}, Out{m, h}, 1, h);
-    products.push_back(
-        {m, WeightView::f32(weights.w2.data<float>() + l * d * h, d, h, h), y + row_of(task) * d, false});
+    products.push_back({m, expert_matrix(weights.w2, l), y + row_of(task) * d, false});
   }
   matvec_transposed_many(products);
   if (has(weights.b2))
@@ -280,8 +290,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const std::vector<int64_t> order = experts_by_rows(offsets);
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
   const int workers = task_threads(tasks);
-  // Decided here, on the calling thread: the batch-invariance setting is per thread.
-  const bool column_form_allowed = column_form_allowed_here();
+  // Decided here, on the calling thread: the batch-invariance setting is per thread. Weights held in a narrow
+  // format run in the row form, whose products read them as stored (core/weight_matmul.hpp).
+  const bool column_form_allowed = column_form_allowed_here() && weights.w1.dtype() == DType::F32;
   auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
   auto rows_of = [&](int64_t l) {
     return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
@@ -313,9 +324,6 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   for_each_task(tasks, [&](int64_t task, int thread) {
     const int64_t l = order[static_cast<size_t>(task)];
     const int64_t begin = offsets[static_cast<size_t>(l)], n = rows_of(l);
-    const float* w1 = weights.w1.data<float>() + l * h * d;
-    const float* w3 = weights.w3.data<float>() + l * h * d;
-    const float* w2 = weights.w2.data<float>() + l * d * h;
     float* m = act.data<float>() + thread * max_columns * h;
     float* yl = y + begin * d;
     float* al = state ? state->gate_pre.data<float>() + begin * ldp
@@ -324,6 +332,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
     } else if (in_column_form(n)) {
+      const float* w1 = weights.w1.data<float>() + l * h * d;
+      const float* w3 = weights.w3.data<float>() + l * h * d;
+      const float* w2 = weights.w2.data<float>() + l * d * h;
       // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
       // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
       // as rows, transposed while in cache and written past the cache: the backward reads them long after.
@@ -350,17 +361,17 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul(w2, m, yt, d, cols, h, false, false, false);
       transpose(yt, d, n, cols, yl, d);
     } else {
-      MatmulArgs gate{x + begin * d, w1, al, n, h, d, false, true, false};
-      gate.ldc = ldp;
-      matmul(gate);
-      MatmulArgs up = gate;
-      up.b = w3;
-      up.c = bl;
-      matmul(up);
+      const WeightProduct gate{
+          .x = x + begin * d, .m = n, .w = expert_matrix(weights.w1, l), .y = al, .ldy = ldp};
+      matmul_weight(gate);
+      WeightProduct up = gate;
+      up.w = expert_matrix(weights.w3, l);
+      up.y = bl;
+      matmul_weight(up);
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
       activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
-      matmul(m, w2, yl, n, d, h, false, true, false);
+      matmul_weight(WeightProduct{.x = m, .m = n, .w = expert_matrix(weights.w2, l), .y = yl});
     }
     if (has(weights.b2)) add_row_bias(Out{yl, d}, n, d, weights.b2.data<float>() + l * d);
   });
@@ -369,6 +380,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
                          Tensor& grad_in, ExpertWeights& grads, GradientUpdate update) {
   weights.validate();
+  EXPAR_CHECK(weights.w1.dtype() == DType::F32, "the expert backward needs f32 weights, got {}",
+              dtype_name(weights.w1.dtype()));
   grads.validate();
   EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
               shape_string(grads.w1.shape()), shape_string(weights.w1.shape()));

@@ -58,6 +58,8 @@ struct GptOssSwigluGrad {
 };
 GptOssSwigluGrad gpt_oss_swiglu_grad(float gate, float up);
 
+// The weights are F32, or (inference) BF16 or F16 held as the checkpoint stores them: the forward multiplies
+// them as stored (core/weight_matmul.hpp) in the row form; the backward needs F32.
 struct ExpertWeights {
   Tensor w1;  // [E_L, h, d]
   Tensor w3;  // [E_L, h, d]

@@ -6,6 +6,7 @@
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/parallel_tasks.hpp"
+#include "expar/core/weight_matmul.hpp"
 #include "expar/nn/check.hpp"
 
 namespace expar::nn::phases {
@@ -79,12 +80,14 @@ Dims check_weights(const AttentionShape& shape, const Rope& rope, const Attentio
   EXPAR_CHECK(rope.head_dim() == shape.head_dim,
               "{}: the Rope was built for head_dim={} but the attention has head_dim={}: build them alike",
               layer, rope.head_dim(), shape.head_dim);
-  check_f32_matrix(w.wq, layer, "wq");
+  EXPAR_ASSERT(w.wq.defined() && w.wq.ndim() == 2, "{}: wq has shape {}: it must be a matrix", layer,
+               shape_string(w.wq.shape()));
   Dims dims{w.wq.dim(1), shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim};
-  check_f32(w.wq, layer, "wq", {dims.qd, dims.d});
-  check_f32(w.wk, layer, "wk", {dims.kd, dims.d});
-  check_f32(w.wv, layer, "wv", {dims.kd, dims.d});
-  check_f32(w.wo, layer, "wo", {dims.d, dims.qd});
+  // Held as stored (inference: F32, BF16 or F16); the backward reads them as f32 and says so.
+  check_weight(w.wq, layer, "wq", {dims.qd, dims.d});
+  check_weight(w.wk, layer, "wk", {dims.kd, dims.d});
+  check_weight(w.wv, layer, "wv", {dims.kd, dims.d});
+  check_weight(w.wo, layer, "wo", {dims.d, dims.qd});
   return dims;
 }
 
@@ -109,7 +112,8 @@ void check_options(const AttentionShape& shape, const Dims& dims, const Attentio
 }
 
 void project(const Tensor& x, const Tensor& w, float* y, bool accumulate) {
-  matmul(x.data<float>(), w.data<float>(), y, x.dim(0), w.dim(0), w.dim(1), false, true, accumulate);
+  matmul_weight(WeightProduct{
+      .x = x.data<float>(), .m = x.dim(0), .w = weight_view(w), .y = y, .accumulate = accumulate});
 }
 
 void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias) {

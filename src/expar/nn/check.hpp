@@ -25,6 +25,17 @@ inline void check_f32_matrix(const Tensor& t, std::string_view layer, std::strin
                layer, arg, dtype_name(t.dtype()), shape_string(t.shape()));
 }
 
+// `t` must be a defined weight matrix of `shape` held as F32, BF16 or F16 (core/weight_view.hpp's
+// weight_view multiplies it as stored).
+inline void check_weight(const Tensor& t, std::string_view layer, std::string_view arg, const Shape& shape) {
+  EXPAR_ASSERT(t.defined(), "{}: argument {} is an undefined tensor: pass a tensor of shape {}", layer, arg,
+               shape_string(shape));
+  EXPAR_ASSERT(t.dtype() == DType::F32 || t.dtype() == DType::BF16 || t.dtype() == DType::F16,
+               "{}: {} holds {}: a weight must be F32, BF16 or F16", layer, arg, dtype_name(t.dtype()));
+  EXPAR_ASSERT(t.shape() == shape, "{}: {} has shape {}: it must have shape {}", layer, arg,
+               shape_string(t.shape()), shape_string(shape));
+}
+
 inline void check_i32(const Tensor& t, std::string_view layer, std::string_view arg, int64_t n) {
   EXPAR_ASSERT(t.defined() && t.dtype() == DType::I32 && t.shape() == Shape{n},
                "{}: {} is {} of shape {}: it must be I32 of shape [{}]", layer, arg, dtype_name(t.dtype()),
