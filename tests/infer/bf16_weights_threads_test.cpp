@@ -1,9 +1,9 @@
 // A BF16 checkpoint in the engine: the embedding, the LM head, the attention projections and the experts are
-// held as BF16 (half the bytes of f32) and multiplied as stored (core/weight_view.hpp); norms, router and
-// shared expert are widened at load. Against the same checkpoint
-// written in F32 with the BF16 values: decode's logits are the same bits (one-row products give the f32
-// product's bits), prefill's every-row logits within 1e-5 (the LM head in tiles), on one rank, TP 2 and TP 4
-// with EP, untied and tied.
+// held as BF16 (half the bytes of f32) and multiplied as stored (core/weight_view.hpp), the shared expert
+// too; norms, router and gates are widened at load. Against the same checkpoint written in F32 with the BF16
+// values: decode's logits are the same bits (one-row products give the f32 product's bits), prefill's
+// every-row logits within 1e-5 (the LM head in tiles), on one rank, TP 2 and TP 4 with EP: Mixtral, Qwen3-MoE
+// with tied embeddings, Qwen-MoE with a gated shared expert.
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.hpp"
@@ -36,6 +36,7 @@ std::map<std::string, Tensor> rounded(const std::map<std::string, Tensor>& tenso
 
 struct Logits {
   Tensor prefill, decode;
+  bool shared_expert = false;  // rank 0 holds a shared expert shard
 };
 
 Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector<int32_t>& prompt,
@@ -60,6 +61,7 @@ Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector
     Tensor decode = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[0]});
     const Tensor second = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[1]});
     if (world.rank() == 0) {
+      out.shared_expert = present(l0.shared_w1);
       out.prefill = export_to(host, prefill);
       out.decode = export_to(host, second);
     }
@@ -73,8 +75,11 @@ void expect_bits_equal(const Tensor& a, const Tensor& b, const std::string& what
 }
 
 TEST(Bf16Weights, TheEngineMultipliesThemAsStored) {
-  for (const bool tied : {false, true}) {
-    HfTestModel m = tied ? tied_qwen3_moe_test_model() : mixtral_test_model();
+  for (const char* family : {"mixtral", "tied qwen3_moe", "qwen2_moe"}) {
+    const std::string f = family;
+    HfTestModel m = f == "mixtral"     ? mixtral_test_model()
+                    : f == "qwen2_moe" ? qwen_test_model()
+                                       : tied_qwen3_moe_test_model();
     test::TempDir dir("bf16_weights");
     const fs::path f32_dir = dir.path() / "f32", bf16_dir = dir.path() / "bf16";
     fs::create_directories(f32_dir);
@@ -87,9 +92,10 @@ TEST(Bf16Weights, TheEngineMultipliesThemAsStored) {
     for (auto [tp, ep_degree] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{4, 2}}) {
       const InferenceLayout layout = make_layout(
           tp, 1, true, ep_degree > 0 ? std::optional(ep_degree) : std::nullopt, static_cast<int>(m.experts));
-      const std::string what = fmt::format("{} TP {} EP {}", tied ? "tied" : "untied", tp, ep_degree);
+      const std::string what = fmt::format("{} TP {} EP {}", family, tp, ep_degree);
       const Logits want = run(f32_dir, layout, prompt, false);
       const Logits got = run(bf16_dir, layout, prompt, true);
+      EXPECT_EQ(got.shared_expert, f == "qwen2_moe") << what;
       EXPECT_TRUE(close(got.prefill, want.prefill, 1e-5)) << what;
       expect_bits_equal(got.decode, want.decode, what + " decode");
     }

@@ -238,9 +238,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         s1 = h;
       }
       if (s1 > s0) {
-        lw.shared_w1 = load_rows(store, names.shared(l, "w1"), s0, s1);
-        lw.shared_w3 = load_rows(store, names.shared(l, "w3"), s0, s1);
-        lw.shared_w2 = load_columns(store, names.shared(l, "w2"), s0, s1);
+        lw.shared_w1 = load_rows_as_stored(store, names.shared(l, "w1"), s0, s1);
+        lw.shared_w3 = load_rows_as_stored(store, names.shared(l, "w3"), s0, s1);
+        lw.shared_w2 = load_columns_as_stored(store, names.shared(l, "w2"), s0, s1);
         if (features.shared_expert_gate) {
           // The gate is a per-token scalar, so scaling each TP partial sum by it scales their sum.
           expect_shape(store, names.shared(l, "gate"), {1, d});
