@@ -1,7 +1,8 @@
-// gpt-oss MXFP4 experts dequantised at load (infer/mxfp4_store.hpp): a random gpt-oss checkpoint whose
-// gate_up_proj / down_proj are stored as _blocks / _scales (with quantization_config mxfp4) runs like the
-// dense double reference over the weights the blocks encode (decoded here with a table of its own), on one
-// rank and on EP / TP layouts.
+// gpt-oss MXFP4 experts: a random gpt-oss checkpoint whose gate_up_proj / down_proj are stored as _blocks /
+// _scales (with quantization_config mxfp4) runs like the dense double reference over the weights the blocks
+// encode (decoded here with a table of its own), on one rank and on EP / TP layouts: held as MXFP4 and
+// multiplied as stored where a rank's shard covers whole blocks, dequantised at load
+// (infer/mxfp4_store.hpp) where it does not.
 #include <gtest/gtest.h>
 
 #include "core/expect_error.hpp"
@@ -42,6 +43,9 @@ TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
     run_ranks(layout.world(), [&](Comm& world) {
       auto store = open_store(spec);
       Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+      // Held as stored where the rank's intermediate shard covers whole 32-value blocks (inter 32: whole
+      // experts), widened to f32 where it does not (TP 4 with EP 2: shards of 16).
+      EXPECT_EQ(engine.weights().layers[0].experts.mxfp4 != nullptr, ep_degree == 0) << "TP " << tp;
       const int id = engine.add_sequence(16);
       const Tensor logits = engine.prefill(std::vector<int>{id}, {prompt});
       EXPECT_TRUE(close(logits, dense, 1e-4)) << "TP " << tp << " rank " << world.rank();
@@ -76,6 +80,50 @@ TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
         });
       },
       {"down_proj_scales", "MXFP4"});
+  fs::remove_all(dir);
+}
+
+TEST(Mxfp4, HeldAsStoredDecodesTheBitsOfTheDequantisedCheckpoint) {
+  // The same experts written dequantised (F32, gpt-oss's dense layout) and as MXFP4: one-row products read
+  // the blocks to the exact values, so decode's logits are the same bits; prefill's within 1e-5.
+  HfTestModel m = gpt_oss_test_model(64, 32);
+  std::map<std::string, Tensor> quantised = quantise_gpt_oss_experts(m);
+  const fs::path dir = test::run_temp_dir("mxfp4_as_stored");
+  const fs::path q_dir = dir / "mxfp4", f_dir = dir / "f32";
+  fs::create_directories(q_dir);
+  fs::create_directories(f_dir);
+  write_sharded_checkpoint(q_dir, quantised, 64 * 1024);
+  std::ofstream(q_dir / "config.json") << mxfp4_config(m).dump(2);
+  m.write(f_dir);
+  const std::vector<int32_t> prompt = vocab_tokens(11, 9, m.vocab);
+  MemoryTracker& host = current_tracker();
+  for (const int tp : {1, 2}) {
+    const InferenceLayout layout = make_layout(tp, 1, true, std::nullopt, static_cast<int>(m.experts));
+    Tensor prefill[2], decode[2];
+    int64_t expert_bytes[2] = {0, 0};
+    for (int q = 0; q < 2; ++q) {
+      const ModelSpec spec = open_model_spec(q ? q_dir : f_dir);
+      run_ranks(layout.world(), [&](Comm& world) {
+        auto store = open_store(spec);
+        Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+        const int id = engine.add_sequence(16);
+        const Tensor p = engine.prefill(std::vector<int>{id}, {prompt});
+        engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[0]});
+        const Tensor d = engine.decode(std::vector<int>{id}, std::vector<int32_t>{prompt[1]});
+        if (world.rank() == 0) {
+          prefill[q] = export_to(host, p);
+          decode[q] = export_to(host, d);
+          expert_bytes[q] = engine.weights().layers[0].experts.bytes();
+          EXPECT_EQ(engine.weights().layers[0].experts.mxfp4 != nullptr, q == 1);
+        }
+      });
+    }
+    EXPECT_TRUE(close(prefill[1], prefill[0], 1e-5)) << "TP " << tp;
+    ASSERT_EQ(decode[1].shape(), decode[0].shape());
+    EXPECT_EQ(std::memcmp(decode[1].raw(), decode[0].raw(), decode[0].nbytes()), 0) << "TP " << tp;
+    // Held as stored: about a seventh of the f32 bytes (4.25 bits a weight against 32, the f32 biases aside).
+    EXPECT_LT(expert_bytes[1] * 5, expert_bytes[0]) << expert_bytes[1] << " against " << expert_bytes[0];
+  }
   fs::remove_all(dir);
 }
 

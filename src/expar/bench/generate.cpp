@@ -33,7 +33,7 @@ struct Gemm {
 // The f32 weights of a limit product: the weight itself where it is held as f32, else nullptr (an f32 scratch
 // of its shape: the limit is the f32 product's).
 const float* f32_or_scratch(const Tensor& t, int64_t offset = 0) {
-  return t.dtype() == DType::F32 ? t.data<float>() + offset : nullptr;
+  return infer::present(t) && t.dtype() == DType::F32 ? t.data<float>() + offset : nullptr;
 }
 
 // This rank's matrix products of one layer of a P-token prefill, at the shapes the engine runs them.
@@ -124,8 +124,7 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
     bytes += b(lw.attn_options.bq) + b(lw.attn_options.bk) + b(lw.attn_options.bv) + b(lw.attn_options.bo);
     bytes += b(lw.router) + b(lw.score_bias) + b(lw.router_bias);
     bytes += b(lw.shared_w1) + b(lw.shared_w3) + b(lw.shared_w2) + b(lw.shared_gate);
-    const double experts = b(lw.experts.w1) + b(lw.experts.w3) + b(lw.experts.w2) + b(lw.experts.b1) +
-                           b(lw.experts.b3) + b(lw.experts.b2);
+    const auto experts = static_cast<double>(lw.experts.bytes());
     // E_L local experts, each active with probability K/E for one token.
     const auto local = static_cast<double>(lw.experts.local_count());
     if (local > 0) r.per_expert = experts / local;
@@ -157,17 +156,12 @@ int64_t held_bytes(const infer::RankWeights& w) {
                             &lw.router,
                             &lw.score_bias,
                             &lw.router_bias,
-                            &lw.experts.w1,
-                            &lw.experts.w3,
-                            &lw.experts.w2,
-                            &lw.experts.b1,
-                            &lw.experts.b3,
-                            &lw.experts.b2,
                             &lw.shared_w1,
                             &lw.shared_w3,
                             &lw.shared_w2,
                             &lw.shared_gate})
       bytes += b(*t);
+  for (const infer::LayerWeights& lw : w.layers) bytes += lw.experts.bytes();
   return bytes;
 }
 

@@ -38,6 +38,12 @@ struct GptOssExperts {
 };
 GptOssExperts load_gpt_oss_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1, bool owns_down_bias);
+// The same with the experts' matrices as the checkpoint stores them when it holds them in MXFP4
+// (NAME_blocks / NAME_scales) and the shard [i0, i1) covers whole 32-value blocks: weights.mxfp4 set (the
+// local experts' blocks and scales copied as they are), the biases as above. Otherwise load_gpt_oss_experts.
+GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer,
+                                             std::span<const int> local_experts, int64_t i0, int64_t i1,
+                                             bool owns_down_bias);
 
 // gpt-oss's clamped SwiGLU is moe/expert_mlp.hpp's gpt_oss_swiglu (the experts run there).
 

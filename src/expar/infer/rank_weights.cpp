@@ -186,7 +186,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       expect_shape(store, p + "gate_up_proj_bias", {e, 2 * h});
       expect_shape(store, p + "down_proj", {e, h, d});
       expect_shape(store, p + "down_proj_bias", {e, d});
-      GptOssExperts g = load_gpt_oss_experts(store, l, info.local_experts, i0, i1, i0 == 0);
+      // MXFP4 experts are held as stored where the shard covers whole blocks (else widened to f32).
+      GptOssExperts g = load_gpt_oss_experts_as_stored(store, l, info.local_experts, i0, i1, i0 == 0);
       for (int e : info.local_experts)  // copied: their mapped pages go back
         for (const char* key : {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"})
           store.release_rows(p + key, e, e + 1);

@@ -40,10 +40,81 @@ ExpertWeights ExpertWeights::experts(int64_t begin, int64_t end) const {
   auto rows = [&](const Tensor& t) { return t.defined() && t.numel() > 0 ? t.rows(begin, end) : Tensor(); };
   ExpertWeights s{rows(w1), rows(w3), rows(w2), rows(b1), rows(b3), rows(b2)};
   s.activation = activation;
+  if (mxfp4)
+    s.mxfp4 = std::make_shared<const Mxfp4Experts>(
+        Mxfp4Experts{rows(mxfp4->gate_up_blocks), rows(mxfp4->gate_up_scales), rows(mxfp4->down_blocks),
+                     rows(mxfp4->down_scales), mxfp4->i0, mxfp4->i1});
   return s;
 }
 
+WeightView ExpertWeights::matrix(ExpertMatrix which, int64_t l) const {
+  if (!mxfp4) {
+    const Tensor& stack = which == ExpertMatrix::Gate ? w1 : which == ExpertMatrix::Up ? w3 : w2;
+    const int64_t a = stack.dim(1);
+    return weight_view(stack.reshape({stack.dim(0) * a, stack.dim(2)})).row_range(l * a, (l + 1) * a);
+  }
+  const Mxfp4Experts& m = *mxfp4;
+  const int64_t d = model(), inter = m.down_blocks.dim(2) * kMxfp4Block;
+  auto blocks = [](const Tensor& t) { return static_cast<const uint8_t*>(t.raw()); };
+  if (which == ExpertMatrix::Down) {
+    // [d, I] of expert l, its columns [i0, i1).
+    const WeightView whole = WeightView::mxfp4(blocks(m.down_blocks) + l * d * inter / 2,
+                                               blocks(m.down_scales) + l * d * (inter / kMxfp4Block), d,
+                                               inter, inter, inter / kMxfp4Block);
+    return whole.col_range(m.i0, m.i1);
+  }
+  // Gate rows 2i, up rows 2i + 1 of gate_up [2I, d]: every other row from the first of the shard.
+  const int64_t row = 2 * (l * inter + m.i0) + (which == ExpertMatrix::Up ? 1 : 0);
+  return WeightView::mxfp4(blocks(m.gate_up_blocks) + row * d / 2,
+                           blocks(m.gate_up_scales) + row * (d / kMxfp4Block), m.i1 - m.i0, d, 2 * d,
+                           2 * (d / kMxfp4Block));
+}
+
+int64_t ExpertWeights::bytes() const {
+  int64_t total = 0;
+  for (const Tensor* t : {&w1, &w3, &w2, &b1, &b3, &b2})
+    if (t->defined()) total += static_cast<int64_t>(t->nbytes());
+  if (mxfp4)
+    for (const Tensor* t :
+         {&mxfp4->gate_up_blocks, &mxfp4->gate_up_scales, &mxfp4->down_blocks, &mxfp4->down_scales})
+      total += static_cast<int64_t>(t->nbytes());
+  return total;
+}
+
 void ExpertWeights::validate() const {
+  if (mxfp4) {
+    const Mxfp4Experts& m = *mxfp4;
+    const Shape& gu = m.gate_up_blocks.shape();
+    const Shape& dn = m.down_blocks.shape();
+    EXPAR_CHECK(
+        gu.size() == 4 && dn.size() == 4 && gu[3] == 16 && dn[3] == 16 && dn[0] == gu[0] &&
+            gu[1] == 2 * dn[2] * kMxfp4Block && dn[1] == gu[2] * kMxfp4Block &&
+            m.gate_up_scales.shape() == Shape({gu[0], gu[1], gu[2]}) &&
+            m.down_scales.shape() == Shape({dn[0], dn[1], dn[2]}),
+        "mxfp4 experts: gate_up blocks {} scales {}, down blocks {} scales {} do not describe [E, 2I, H/32, "
+        "16] and [E, H, I/32, 16]",
+        shape_string(gu), shape_string(m.gate_up_scales.shape()), shape_string(dn),
+        shape_string(m.down_scales.shape()));
+    const int64_t inter = dn[2] * kMxfp4Block;
+    EXPAR_CHECK(0 <= m.i0 && m.i0 <= m.i1 && m.i1 <= inter && m.i0 % kMxfp4Block == 0 &&
+                    (m.i1 % kMxfp4Block == 0 || m.i1 == inter),
+                "mxfp4 experts: intermediate shard [{}, {}) of {}: it must cover whole blocks of {}", m.i0,
+                m.i1, inter, kMxfp4Block);
+  } else {
+    validate_matrices();
+  }
+  auto check_bias = [&](const Tensor& b, int64_t cols, const char* what) {
+    if (b.defined() && b.numel() > 0)
+      EXPAR_CHECK(b.dtype() == DType::F32 && b.ndim() == 2 && b.dim(0) == local_count() && b.dim(1) == cols,
+                  "expert bias {} has shape {}, expected [{}, {}] f32", what, shape_string(b.shape()),
+                  local_count(), cols);
+  };
+  check_bias(b1, hidden(), "b1 (gate)");
+  check_bias(b3, hidden(), "b3 (up)");
+  check_bias(b2, model(), "b2 (down)");
+}
+
+void ExpertWeights::validate_matrices() const {
   auto held = [](const Tensor& t) {
     return t.dtype() == DType::F32 || t.dtype() == DType::BF16 || t.dtype() == DType::F16;
   };
@@ -57,15 +128,6 @@ void ExpertWeights::validate() const {
       w3.shape() == w1.shape() && w2.dim(0) == w1.dim(0) && w2.dim(1) == w1.dim(2) && w2.dim(2) == w1.dim(1),
       "expert weight shapes disagree: w1 {} (gate [E_L,h,d]), w3 {} (up [E_L,h,d]), w2 {} (down [E_L,d,h])",
       shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));
-  auto check_bias = [&](const Tensor& b, int64_t cols, const char* what) {
-    if (b.defined() && b.numel() > 0)
-      EXPAR_CHECK(b.dtype() == DType::F32 && b.ndim() == 2 && b.dim(0) == w1.dim(0) && b.dim(1) == cols,
-                  "expert bias {} has shape {}, expected [{}, {}] f32", what, shape_string(b.shape()),
-                  w1.dim(0), cols);
-  };
-  check_bias(b1, w1.dim(1), "b1 (gate)");
-  check_bias(b3, w1.dim(1), "b3 (up)");
-  check_bias(b2, w1.dim(2), "b2 (down)");
 }
 
 namespace {
@@ -179,12 +241,6 @@ int64_t padded_stride(int64_t h) {
   return h + 16;
 }
 
-// Local expert l's matrix of a stack [E_L, a, b], as stored.
-WeightView expert_matrix(const Tensor& stack, int64_t l) {
-  const int64_t a = stack.dim(1);
-  return weight_view(stack.reshape({stack.dim(0) * a, stack.dim(2)})).row_range(l * a, (l + 1) * a);
-}
-
 // Whether experts of kExpertColumnFormMinRows rows or more compute in the column form (expert_mlp.hpp) on the
 // calling thread: never under batch invariance, whose row quantum is a rule about the rows of the row form
 // (core/matmul.hpp).
@@ -247,8 +303,8 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t l = order[static_cast<size_t>(task)];
     const float* xl = x + row_of(task) * d;
-    products.push_back({xl, expert_matrix(weights.w1, l), pre(task, 0), false});
-    products.push_back({xl, expert_matrix(weights.w3, l), pre(task, 1), false});
+    products.push_back({xl, weights.matrix(ExpertMatrix::Gate, l), pre(task, 0), false});
+    products.push_back({xl, weights.matrix(ExpertMatrix::Up, l), pre(task, 1), false});
   }
   matvec_transposed_many(products);
   products.clear();
@@ -260,7 +316,7 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
     if (has(weights.b1)) add_row_bias(Out{a, ldp}, 1, h, weights.b1.data<float>() + l * h);
     if (has(weights.b3)) add_row_bias(Out{b, ldp}, 1, h, weights.b3.data<float>() + l * h);
     activate(weights.activation, In{a, ldp}, In{b, ldp}, Out{m, h}, 1, h);
-    products.push_back({m, expert_matrix(weights.w2, l), y + row_of(task) * d, false});
+    products.push_back({m, weights.matrix(ExpertMatrix::Down, l), y + row_of(task) * d, false});
   }
   matvec_transposed_many(products);
   if (has(weights.b2))
@@ -292,7 +348,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int workers = task_threads(tasks);
   // Decided here, on the calling thread: the batch-invariance setting is per thread. Weights held in a narrow
   // format run in the row form, whose products read them as stored (core/weight_matmul.hpp).
-  const bool column_form_allowed = column_form_allowed_here() && weights.w1.dtype() == DType::F32;
+  const bool column_form_allowed = column_form_allowed_here() && weights.f32();
   auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
   auto rows_of = [&](int64_t l) {
     return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
@@ -362,16 +418,16 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       transpose(yt, d, n, cols, yl, d);
     } else {
       const WeightProduct gate{
-          .x = x + begin * d, .m = n, .w = expert_matrix(weights.w1, l), .y = al, .ldy = ldp};
+          .x = x + begin * d, .m = n, .w = weights.matrix(ExpertMatrix::Gate, l), .y = al, .ldy = ldp};
       matmul_weight(gate);
       WeightProduct up = gate;
-      up.w = expert_matrix(weights.w3, l);
+      up.w = weights.matrix(ExpertMatrix::Up, l);
       up.y = bl;
       matmul_weight(up);
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
       activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
-      matmul_weight(WeightProduct{.x = m, .m = n, .w = expert_matrix(weights.w2, l), .y = yl});
+      matmul_weight(WeightProduct{.x = m, .m = n, .w = weights.matrix(ExpertMatrix::Down, l), .y = yl});
     }
     if (has(weights.b2)) add_row_bias(Out{yl, d}, n, d, weights.b2.data<float>() + l * d);
   });
@@ -380,8 +436,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
 void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, const ExpertWeights& weights,
                          Tensor& grad_in, ExpertWeights& grads, GradientUpdate update) {
   weights.validate();
-  EXPAR_CHECK(weights.w1.dtype() == DType::F32, "the expert backward needs f32 weights, got {}",
-              dtype_name(weights.w1.dtype()));
+  EXPAR_CHECK(weights.f32(), "the expert backward needs f32 weights, got {}",
+              weights.mxfp4 ? "mxfp4" : dtype_name(weights.w1.dtype()));
   grads.validate();
   EXPAR_CHECK(grads.w1.shape() == weights.w1.shape(), "expert weight gradients have shape {}, weights {}",
               shape_string(grads.w1.shape()), shape_string(weights.w1.shape()));

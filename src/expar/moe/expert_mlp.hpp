@@ -19,8 +19,8 @@
 // The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed, aᵀ =
 // w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are their
 // columns (x and y are transposed in and out while in cache, and the pre-activations back into rows when a
-// state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming); from 64
-// rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged count
+// state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming); from
+// 64 rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged count
 // below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs each weight matrix per
 // call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows, which the column
 // form avoids: the fewer rows an expert holds, the more it gains, transposes included
@@ -28,17 +28,19 @@
 // many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results stay
 // independent of the path and the wave schedule, whose experts hold the same rows either way. Below the
 // threshold (decode's one row: the one-row form above) and under batch invariance (its row quantum is a rule
-// of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert runs in
-// the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h] gradients and the
-// saved pre-activations at a padded row stride. (Keeping the pre-activations transposed for it made it slower
-// by more than the forward gained, both with the backward transposing them back, which reads cold rows, and
-// with the backward wholly in the column form, whose gmᵀ = w2ᵀ·gyᵀ runs well below gy·w2:
+// of the row form, and under AVX2 a column's bits do depend on the column count: matmul.hpp) an expert runs
+// in the row form, x·w1ᵀ etc. The backward runs in the row form for every expert, its [rows, h] gradients and
+// the saved pre-activations at a padded row stride. (Keeping the pre-activations transposed for it made it
+// slower by more than the forward gained, both with the backward transposing them back, which reads cold
+// rows, and with the backward wholly in the column form, whose gmᵀ = w2ᵀ·gyᵀ runs well below gy·w2:
 // docs/performance_history.md, "Where a 128-row expert's forward goes".)
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "expar/core/tensor.hpp"
+#include "expar/core/weight_view.hpp"
 #include "expar/moe/payload_codec.hpp"
 
 namespace expar {
@@ -58,8 +60,20 @@ struct GptOssSwigluGrad {
 };
 GptOssSwigluGrad gpt_oss_swiglu_grad(float gate, float up);
 
-// The weights are F32, or (inference) BF16 or F16 held as the checkpoint stores them: the forward multiplies
-// them as stored (core/weight_matmul.hpp) in the row form; the backward needs F32.
+// gpt-oss's experts as the Hub stores them (MXFP4, io/mxfp4.hpp's layout), for the local experts: gate_up
+// blocks U8 [E_L, 2I, H/32, 16] and scales [E_L, 2I, H/32] (its rows interleave gate (even) and up (odd)),
+// down blocks [E_L, H, I/32, 16] and scales [E_L, H, I/32]; this rank computes intermediate rows [i0, i1),
+// whole 32-value blocks of down's inputs (i0 and i1 multiples of 32, or i1 = I).
+struct Mxfp4Experts {
+  Tensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
+  int64_t i0 = 0, i1 = 0;
+};
+
+enum class ExpertMatrix : uint8_t { Gate, Up, Down };
+
+// The weights are F32, or (inference) BF16 or F16 held as the checkpoint stores them, or MXFP4 (`mxfp4` set,
+// w1/w3/w2 undefined): the forward multiplies them as stored (core/weight_matmul.hpp), in the row form unless
+// they are F32; the backward needs F32.
 struct ExpertWeights {
   Tensor w1;  // [E_L, h, d]
   Tensor w3;  // [E_L, h, d]
@@ -68,14 +82,24 @@ struct ExpertWeights {
   // the down bias [E_L, d] after the down product.
   Tensor b1{}, b3{}, b2{};
   ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
-  int64_t local_count() const { return w1.dim(0); }
-  int64_t hidden() const { return w1.dim(1); }
-  int64_t model() const { return w1.dim(2); }
+  std::shared_ptr<const Mxfp4Experts> mxfp4{};
+  int64_t local_count() const { return mxfp4 ? mxfp4->gate_up_blocks.dim(0) : w1.dim(0); }
+  int64_t hidden() const { return mxfp4 ? mxfp4->i1 - mxfp4->i0 : w1.dim(1); }
+  int64_t model() const { return mxfp4 ? mxfp4->down_blocks.dim(1) : w1.dim(2); }
+  // Whether the matrices are held as f32 (the column form and the backward need it).
+  bool f32() const { return !mxfp4 && w1.dtype() == DType::F32; }
+  // Local expert l's gate [h, d], up [h, d] or down [d, h] matrix, as stored.
+  WeightView matrix(ExpertMatrix which, int64_t l) const;
+  // The bytes the matrices and biases are held in.
+  int64_t bytes() const;
   bool has_biases() const;
   // Local experts [begin, end): views of every tensor (the biases included), the same activation.
   ExpertWeights experts(int64_t begin, int64_t end) const;
-  // Throws unless the three shapes agree.
+  // Throws unless the three shapes (or the MXFP4 blocks and scales) and the biases agree.
   void validate() const;
+
+ private:
+  void validate_matrices() const;
 };
 
 // The fewest rows an expert computes in the column form with (above).
