@@ -126,6 +126,33 @@ inline void widen_e2m1(const uint8_t* p, Lanes& w) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// A whole MXFP4 block: 32 values from 16 bytes, already scaled (the table is multiplied by the block's scale,
+// exact since the scale is a power of two, so each value is the same f32 as widen_e2m1's times the scale).
+// Half the instructions per value of two widen_e2m1 calls: one load and one widening of the bytes, the low
+// and high nibbles interleaved back into element order by two permutes.
+inline void widen_e2m1_block(const uint8_t* p, float scale, Lanes& w0, Lanes& w1) {
+  const __m512 table =
+      _mm512_maskz_mul_ps(kAll,
+                          _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
+                                         -1.5f, -2.0f, -3.0f, -4.0f, -6.0f),
+                          _mm512_set1_ps(scale));
+  const __m512i bytes =
+      _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i lo = _mm512_maskz_and_epi32(kAll, bytes, _mm512_set1_epi32(0x0f));
+  const __m512i hi = _mm512_maskz_srli_epi32(kAll, bytes, 4);
+  // Element 2j is byte j's low nibble, 2j + 1 its high one (index 16 + j picks hi[j]).
+  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const __m512 v0 =
+      _mm512_maskz_permutexvar_ps(kAll, _mm512_maskz_permutex2var_epi32(kAll, lo, first, hi), table);
+  const __m512 v1 =
+      _mm512_maskz_permutexvar_ps(kAll, _mm512_maskz_permutex2var_epi32(kAll, lo, second, hi), table);
+  copy_bits(v0, w0);
+  copy_bits(v1, w1);
+}
+#endif
+
 // An E8M0 scale's value, 2^(code − 127) (code 0 is the subnormal 2^-127) and NaN for 0xFF, from a table.
 constexpr std::array<float, 256> kE8m0Values = [] {
   std::array<float, 256> t{};
