@@ -1,9 +1,9 @@
 #pragma once
 // A weight matrix in the format its checkpoint stores it, seen as the right operand of y = x·Wᵀ: W is
 // [rows, cols] with rows the output features and cols the input features (a linear layer's weight in every
-// Hugging Face family, and the row order of gpt-oss's MXFP4 expert blocks). Weights are to be multiplied as
-// stored (docs/inference.md, "Weights as stored"): converting a BF16 checkpoint to f32 doubles its memory
-// and the bytes decode reads, and dequantising MXFP4 experts multiplies them by eight.
+// Hugging Face family, and the row order of gpt-oss's MXFP4 expert blocks). The inference engine multiplies
+// its weights as stored (docs/inference.md, "Weights as stored"): converting a BF16 checkpoint to f32 doubles
+// its memory and the bytes decode reads, and dequantising MXFP4 experts multiplies them by eight.
 //
 // Every format's value is exact in f32: BF16 and F16 widen; an MXFP4 value is an E2M1 code (±{0, ½, 1, 1½,
 // 2, 3, 4, 6}) times 2^(s−127) of its block's E8M0 code s; an FP8 value is the f32 product of an E4M3 code's
