@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.hpp"
-#include "expar/core/convert.hpp"
 #include "expar/infer/engine.hpp"
 #include "hf_test_models.hpp"
 
@@ -15,24 +14,6 @@ namespace expar::infer {
 namespace {
 
 using namespace testing;
-
-// Every tensor rounded to BF16: as a BF16 tensor, or as the F32 tensor of the same values.
-std::map<std::string, Tensor> rounded(const std::map<std::string, Tensor>& tensors, bool as_bf16) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : tensors) {
-    Tensor r = Tensor::empty(t.shape(), as_bf16 ? DType::BF16 : DType::F32);
-    const float* v = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      const uint16_t b = f32_to_bf16(v[i]);
-      if (as_bf16)
-        static_cast<uint16_t*>(r.raw())[i] = b;
-      else
-        r.data<float>()[i] = bf16_to_f32(b);
-    }
-    out[name] = r;
-  }
-  return out;
-}
 
 struct Logits {
   Tensor prefill, decode;
@@ -84,8 +65,8 @@ TEST(Bf16Weights, TheEngineMultipliesThemAsStored) {
     const fs::path f32_dir = dir.path() / "f32", bf16_dir = dir.path() / "bf16";
     fs::create_directories(f32_dir);
     fs::create_directories(bf16_dir);
-    write_sharded_checkpoint(f32_dir, rounded(m.tensors, false), 64 * 1024);
-    write_sharded_checkpoint(bf16_dir, rounded(m.tensors, true), 64 * 1024);
+    write_sharded_checkpoint(f32_dir, bf16_rounded(m.tensors, false), 64 * 1024);
+    write_sharded_checkpoint(bf16_dir, bf16_rounded(m.tensors, true), 64 * 1024);
     std::ofstream(f32_dir / "config.json") << m.config().dump(2);
     std::ofstream(bf16_dir / "config.json") << m.config().dump(2);
     const std::vector<int32_t> prompt = vocab_tokens(5, 7, m.vocab);

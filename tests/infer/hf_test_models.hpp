@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "expar/core/convert.hpp"
 #include "expar/infer/hf_config.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "infer_test_util.hpp"
@@ -564,6 +565,25 @@ inline std::vector<int32_t> vocab_tokens(uint64_t stream, int n, int vocab) {
   std::vector<int32_t> v = random_tokens(stream, n);
   for (int32_t& t : v) t %= vocab;
   return v;
+}
+
+// Every tensor rounded to BF16: as BF16 tensors (a BF16 checkpoint), or as F32 tensors of the same values.
+inline std::map<std::string, Tensor> bf16_rounded(const std::map<std::string, Tensor>& tensors,
+                                                  bool as_bf16) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : tensors) {
+    Tensor r = Tensor::empty(t.shape(), as_bf16 ? DType::BF16 : DType::F32);
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const uint16_t b = f32_to_bf16(v[i]);
+      if (as_bf16)
+        static_cast<uint16_t*>(r.raw())[i] = b;
+      else
+        r.data<float>()[i] = bf16_to_f32(b);
+    }
+    out[name] = r;
+  }
+  return out;
 }
 
 }  // namespace expar::infer::testing

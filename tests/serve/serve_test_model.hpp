@@ -1,9 +1,11 @@
 #pragma once
 // A small random MoE checkpoint (our format) shared by the serve tests, written once per test binary.
+#include <fstream>
 #include <map>
 #include <mutex>
 
 #include "common/temp_dir.hpp"
+#include "infer/hf_test_models.hpp"
 #include "infer/infer_test_util.hpp"
 
 namespace expar::serve::testing {
@@ -28,6 +30,25 @@ inline std::filesystem::path serve_test_model(int64_t max_seq = 64) {
     return d;
   }();
   dirs[max_seq] = dir;
+  return dir;
+}
+
+// A random Mixtral-format checkpoint stored in BF16 (the serve tests' vocabulary of 256 and context of 64),
+// which the engine holds and multiplies as stored: written once per test binary.
+inline std::filesystem::path serve_bf16_test_model() {
+  static const std::filesystem::path dir = [] {
+    std::filesystem::path d = test::run_temp_dir("serve_bf16");
+    infer::testing::HfTestModel m;
+    m.format = ModelFormat::Mixtral;
+    m.shared = 0;
+    m.eps = 1e-5f;
+    m.vocab = 256;
+    m.max_seq = 64;
+    m.randomize(71);
+    write_sharded_checkpoint(d, infer::testing::bf16_rounded(m.tensors, true), 64 * 1024);
+    std::ofstream(d / "config.json") << m.config().dump(2);
+    return d;
+  }();
   return dir;
 }
 
