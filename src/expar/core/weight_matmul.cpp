@@ -60,8 +60,13 @@ void matmul_weight(const WeightProduct& p) {
   float* t = scratch.data();
   for (int64_t r0 = 0; r0 < n; r0 += tile) {
     const int64_t rows = std::min(tile, n - r0);
+    // Groups of kTileQuantum rows, each one dequantize_rows call (it checks the view once per call).
+    const int64_t groups = (rows + kTileQuantum - 1) / kTileQuantum;
 #pragma omp parallel for schedule(static) if (rows * k >= kParallelDecodeMin && !omp_in_parallel())
-    for (int64_t r = r0; r < r0 + rows; ++r) dequantize_rows(w, r, r + 1, t + (r - r0) * k, k);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = r0 + g * kTileQuantum, end = std::min(r0 + rows, begin + kTileQuantum);
+      dequantize_rows(w, begin, end, t + (begin - r0) * k, k);
+    }
     multiply(t, r0, rows, k);
   }
 }

@@ -121,6 +121,10 @@ WeightView WeightView::col_range(int64_t begin, int64_t end) const {
   return v;
 }
 
+bool held_as_stored(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
 WeightView weight_view(const Tensor& t) {
   EXPAR_CHECK(t.ndim() == 2, "a weight matrix must be 2-d, got shape {}", shape_string(t.shape()));
   const int64_t n = t.dim(0), k = t.dim(1);

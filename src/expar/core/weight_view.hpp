@@ -70,7 +70,9 @@ struct WeightView {
   void validate() const;
 };
 
-// A 2-d tensor's matrix, held in its own dtype (F32, BF16 or F16; anything else is refused by name).
+// Whether a tensor of this dtype is held and multiplied as it is (F32, BF16, F16); other dtypes are widened.
+bool held_as_stored(DType dtype);
+// A 2-d tensor's matrix, held in its own dtype (held_as_stored; anything else is refused by name).
 WeightView weight_view(const Tensor& t);
 
 // Rows [begin, end) of w as f32, exactly the values the products multiply by: out[(r − begin)·ld_out + c].

@@ -74,8 +74,8 @@ void load_gpt_oss_biases(const TensorStore& store, const std::string& p, std::sp
         local_experts, identity_loader(stacked_expert_view(store, p + "down_proj_bias"))));
 }
 
-// The local experts' rows of a stacked tensor [E, ...], copied as they are stored; their mapped pages go
-// back.
+// The local experts' rows of a stacked tensor [E, ...], copied as they are stored (the caller gives the
+// mapped pages back: load_rank_weights releases every expert tensor it read).
 Tensor stack_local_experts(const TensorStore& store, const std::string& name, std::span<const int> local) {
   const TensorInfo& info = store.info(name);
   Shape shape = info.shape;
@@ -85,7 +85,6 @@ Tensor stack_local_experts(const TensorStore& store, const std::string& name, st
   for (size_t l = 0; l < local.size(); ++l) {
     const Tensor v = store.view_rows(name, local[l], local[l] + 1);
     std::memcpy(static_cast<char*>(out.raw()) + l * per, v.raw(), per);
-    store.release_rows(name, local[l], local[l] + 1);
   }
   return out;
 }

@@ -4,6 +4,7 @@
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/weight_view.hpp"
 
 namespace expar::infer {
 
@@ -32,10 +33,6 @@ class F32Reader {
   const Tensor& t_;
   int64_t cols_;
 };
-
-bool held_as_stored(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
-}
 
 // Columns [begin, end) of a 2-D tensor held as stored, one copy in its own dtype.
 Tensor copy_columns(const Tensor& v, int64_t begin, int64_t end, MemCategory category) {

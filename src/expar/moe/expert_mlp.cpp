@@ -115,10 +115,7 @@ void ExpertWeights::validate() const {
 }
 
 void ExpertWeights::validate_matrices() const {
-  auto held = [](const Tensor& t) {
-    return t.dtype() == DType::F32 || t.dtype() == DType::BF16 || t.dtype() == DType::F16;
-  };
-  EXPAR_CHECK(held(w1) && w3.dtype() == w1.dtype() && w2.dtype() == w1.dtype(),
+  EXPAR_CHECK(held_as_stored(w1.dtype()) && w3.dtype() == w1.dtype() && w2.dtype() == w1.dtype(),
               "expert weights must be F32, BF16 or F16, all three alike, got w1 {} w3 {} w2 {}",
               dtype_name(w1.dtype()), dtype_name(w3.dtype()), dtype_name(w2.dtype()));
   EXPAR_CHECK(w1.ndim() == 3 && w3.ndim() == 3 && w2.ndim() == 3,
