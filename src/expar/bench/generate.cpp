@@ -1,5 +1,7 @@
 #include "expar/bench/generate.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -14,6 +16,7 @@
 #include "expar/core/parallel_tasks.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/infer/engine.hpp"
+#include "expar/infer/rank_memory_plan.hpp"
 
 namespace expar::bench {
 
@@ -189,6 +192,15 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
               o.tokens, config.max_seq);
   const InferenceLayout layout = infer::inference_layout(o.engine, config);
   infer::check_decode_moe(layout, o.engine.decode_moe);
+  infer::FitRequest fit;
+  fit.spec = &spec;
+  fit.options = o.engine;
+  fit.kv_tokens = o.prompt_tokens + o.tokens;
+  fit.kv_fix = [&](int64_t positions) -> std::optional<std::string> {
+    if (positions < o.prompt_tokens + 2) return std::nullopt;
+    return fmt::format("--tokens {}", positions - o.prompt_tokens);
+  };
+  infer::check_fits_before_loading(fit);
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
   for (size_t i = 0; i < prompt.size(); ++i)
     prompt[i] = static_cast<int32_t>(random_u32(o.seed, 0x6E4, i) % static_cast<uint32_t>(config.vocab));

@@ -42,6 +42,7 @@ int run_eval(const EvalArgs& a) {
   o.engine = engine_options(a.layout);
   o.engine.format = a.checkpoint.model_format();
   o.window = a.window;
+  announce_loading("expar eval", spec, o.engine, o.window > 0 ? o.window : spec.config.max_seq);
   const infer::EvaluateResult r = infer::evaluate(o, a.checkpoint.dir, file.tokens);
   fmt::print("loss {:.6f} nats/token, perplexity {:.4f} over {} predicted tokens ({} windows)\n", r.mean_loss,
              r.perplexity, r.predicted, r.windows);

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "expar/cli/option_checks.hpp"
 #include "expar/infer/engine.hpp"
+#include "expar/infer/rank_memory_plan.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar::cli {
@@ -35,6 +38,11 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
       ->capture_default_str()
       ->check(integer_in(0, 1024));
   cmd->add_flag("--oversubscribe", a.oversubscribe, "Allow ranks x threads above the cores");
+  cmd->add_option("--memory-limit-gib", a.memory_limit_gib,
+                  "Memory this process may hold (weights, KV cache, 1 GiB for the rest), checked before "
+                  "loading (0: what the machine has available)")
+      ->capture_default_str()
+      ->check(finite_in(0, 1 << 24));
 }
 
 infer::GenerateOptions engine_options(const LayoutArgs& a) {
@@ -46,7 +54,16 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   o.placement = placement_from_name(a.placement);
   o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
+  o.memory_limit_bytes = std::llround(a.memory_limit_gib * 0x1p30);
   return o;
+}
+
+void announce_loading(const std::string& command, const infer::ModelSpec& spec,
+                      const infer::GenerateOptions& options, int64_t kv_tokens) {
+  const InferenceLayout layout = infer::inference_layout(options, spec.config);
+  fmt::print(stderr, "{}: loading '{}' on TP {} x DP {}, EP {}; each rank holds:\n{}", command,
+             spec.dir.string(), layout.tp(), layout.dp(), ep_label(layout.ep_degree(), layout.tp()),
+             infer::format_rank_plans(infer::plan_inference_memory(spec, layout, kv_tokens)));
 }
 
 std::string ep_label(int ep_degree, int tp) {

@@ -16,6 +16,7 @@
 #include "expar/cli/commands.hpp"
 #include "expar/cli/json_output.hpp"
 #include "expar/cli/option_checks.hpp"
+#include "expar/cli/plan_inference.hpp"
 #include "expar/cli/precision_flags.hpp"
 #include "expar/cli/shape_flags.hpp"
 #include "expar/core/error.hpp"
@@ -56,7 +57,46 @@ struct PlanOptions {
   // The message model (topo/message_model.hpp); bandwidths in GB/s on the command line.
   MessageModelInputs messages;
   double link_gbytes = 50, memory_gbytes = 2000, node_gbytes = 450;
+  // The inference plan (plan_inference.hpp): --kv-tokens selects it; --dp and --enable-expert-parallel are
+  // its own, --tp, --ep and --placement mean what they mean for generate and serve.
+  int64_t kv_tokens = 0;
+  int dp = 1;
+  bool enable_expert_parallel = false;
+  double memory_limit_gib = 0;
 };
+
+// The flags an inference plan reads; any other given with --kv-tokens is refused by name.
+const std::vector<std::string> kInferencePlanFlags = {"--model",
+                                                      "--tp",
+                                                      "--ep",
+                                                      "--placement",
+                                                      "--kv-tokens",
+                                                      "--dp",
+                                                      "--enable-expert-parallel",
+                                                      "--memory-limit-gib",
+                                                      "--json"};
+
+int run_plan_for_inference(const PlanOptions& o, const CLI::App& cmd) {
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+    const std::string name = "--" + opt->get_lnames().front();
+    EXPAR_CHECK(
+        std::find(kInferencePlanFlags.begin(), kInferencePlanFlags.end(), name) != kInferencePlanFlags.end(),
+        "{} belongs to the training plan, but --kv-tokens asks for an inference plan, which takes {}: "
+        "drop {} (or drop --kv-tokens for the training plan)",
+        name, fmt::join(kInferencePlanFlags, " "), name);
+  }
+  InferencePlanArgs a;
+  a.model = o.model;
+  a.kv_tokens = o.kv_tokens;
+  a.options.tp = o.tp;
+  a.options.dp = o.dp;
+  a.options.enable_expert_parallel = o.enable_expert_parallel;
+  if (cmd.count("--ep") > 0) a.options.ep_degree = o.ep;
+  a.options.placement = placement_from_name(o.placement);
+  a.options.memory_limit_bytes = std::llround(o.memory_limit_gib * 0x1p30);
+  return run_inference_plan(a, o.json);
+}
 
 ModelShape build_model(const PlanOptions& o) {
   ModelShape m;
@@ -101,7 +141,13 @@ ModelShape build_model(const PlanOptions& o) {
   return m;
 }
 
-int run_plan(const PlanOptions& o) {
+int run_plan(const PlanOptions& o, const CLI::App& cmd) {
+  if (cmd.count("--kv-tokens") > 0) return run_plan_for_inference(o, cmd);
+  EXPAR_CHECK(
+      cmd.count("--dp") + cmd.count("--enable-expert-parallel") + cmd.count("--memory-limit-gib") == 0,
+      "--dp, --enable-expert-parallel and --memory-limit-gib describe an inference layout: add "
+      "--kv-tokens N (the KV positions per rank) for the inference plan, or drop them for the training "
+      "plan");
   PlanConfig c;
   c.model = build_model(o);
   c.world = o.ranks;
@@ -269,8 +315,18 @@ void add_plan(CLI::App& app, CommandTable& table) {
                   "rank-to-rank bandwidth inside a node, GB/s (message model)")
       ->capture_default_str()
       ->check(finite_above(0, 1e9));
+  cmd->add_option("--kv-tokens", opts->kv_tokens,
+                  "inference plan: KV-cache positions per rank (with --model DIR, --tp, --dp, "
+                  "--enable-expert-parallel, --ep, --placement, --memory-limit-gib)")
+      ->check(integer_in(0, int64_t{1} << 40));
+  cmd->add_option("--dp", opts->dp, "inference plan: data-parallel replicas")->check(integer_in(1, 256));
+  cmd->add_flag("--enable-expert-parallel", opts->enable_expert_parallel,
+                "inference plan: whole experts on ranks (as generate and serve)");
+  cmd->add_option("--memory-limit-gib", opts->memory_limit_gib,
+                  "inference plan: memory the process may hold (0: what the machine has available)")
+      ->check(finite_in(0, 1 << 24));
   add_json_option(cmd, opts->json, "the plan");
-  table[cmd] = [opts] { return run_plan(*opts); };
+  table[cmd] = [opts, cmd] { return run_plan(*opts, *cmd); };
 }
 
 }  // namespace expar::cli

@@ -15,6 +15,7 @@
 #include "expar/core/error.hpp"
 #include "expar/serve/http_server.hpp"
 #include "expar/serve/mpi_steps.hpp"
+#include "expar/serve/rank_loop.hpp"
 #include "expar/serve/runtime.hpp"
 
 namespace expar::cli {
@@ -41,6 +42,11 @@ struct ServeArgs {
 // Serves HTTP until one of `signals` (blocked in every thread) arrives. mpi_world: this process is world
 // rank 0 of an MPI job (the other processes follow its steps); null: the ranks are threads of this process.
 int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_world, sigset_t signals) {
+  {
+    const infer::ModelSpec spec = infer::open_model_spec(o.path, o.model.format);
+    const InferenceLayout layout = infer::inference_layout(o.model, spec.config);
+    announce_loading("expar serve", spec, o.model, serve::kv_tokens_per_rank(o, spec, layout));
+  }
   std::unique_ptr<serve::Runtime> runtime =
       mpi_world ? std::make_unique<serve::Runtime>(o, *mpi_world) : std::make_unique<serve::Runtime>(o);
   std::unique_ptr<infer::TextCodec> codec = infer::text_codec_for(runtime->spec());

@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
 namespace expar {
 
 std::string_view mem_category_name(MemCategory category) {
@@ -92,6 +97,44 @@ std::string format_bytes(int64_t bytes) {
   if (b >= 0x1p20) return fmt::format("{:.2f} MiB", b / 0x1p20);
   if (b >= 0x1p10) return fmt::format("{:.2f} KiB", b / 0x1p10);
   return fmt::format("{} B", bytes);
+}
+
+namespace {
+
+// The number a one-line file holds ("max" and unreadable files: nullopt).
+std::optional<int64_t> read_count(const char* path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return std::nullopt;
+  try {
+    return std::stoll(word);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+int64_t available_host_memory_bytes() {
+  int64_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    int64_t kib = 0;
+    if (fields >> key >> kib && key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  const auto limit = read_count("/sys/fs/cgroup/memory.max");
+  const auto used = read_count("/sys/fs/cgroup/memory.current");
+  if (limit && used) {
+    const int64_t left = std::max<int64_t>(0, *limit - *used);
+    available = available > 0 ? std::min(available, left) : left;
+  }
+  return available;
 }
 
 int64_t peak_resident_bytes() {

@@ -69,5 +69,9 @@ std::string format_memory(const MemorySnapshot& snapshot);
 // This process's peak resident set so far (getrusage ru_maxrss), in bytes.
 int64_t peak_resident_bytes();
 std::string format_bytes(int64_t bytes);
+// The memory this process could still take without the machine swapping or killing it: /proc/meminfo's
+// MemAvailable, or less where a cgroup (v2: memory.max less memory.current) limits it. 0 when neither can be
+// read.
+int64_t available_host_memory_bytes();
 
 }  // namespace expar

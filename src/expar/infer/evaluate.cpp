@@ -7,6 +7,7 @@
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/timer.hpp"
+#include "expar/infer/rank_memory_plan.hpp"
 #include "expar/io/token_file.hpp"
 
 namespace expar::infer {
@@ -32,6 +33,14 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
               "--window {} must lie in [1, max_position_embeddings={}]: pass a shorter window", window,
               config.max_seq);
   const InferenceLayout layout = inference_layout(options.engine, config);
+  FitRequest fit;
+  fit.spec = &spec;
+  fit.options = options.engine;
+  fit.kv_tokens = window;  // a window's positions
+  fit.kv_fix = [](int64_t positions) {
+    return std::optional<std::string>("--window " + std::to_string(positions));
+  };
+  check_fits_before_loading(fit);
   const auto predicted = static_cast<int64_t>(tokens.size()) - 1;
   const int64_t windows = (predicted + window - 1) / window;
   const int dp = layout.dp();

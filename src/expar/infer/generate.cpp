@@ -1,11 +1,14 @@
 #include "expar/infer/generate.hpp"
 
+#include <fmt/format.h>
+
 #include <mutex>
 
 #include "expar/comm/launcher.hpp"
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_config.hpp"
+#include "expar/infer/rank_memory_plan.hpp"
 
 namespace expar::infer {
 
@@ -56,6 +59,15 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
                 config.vocab);
   const InferenceLayout layout = inference_layout(options, config);
   check_decode_moe(layout, options.decode_moe);  // refuse before loading anything
+  FitRequest fit;
+  fit.spec = &spec;
+  fit.options = options;
+  fit.kv_tokens = static_cast<int64_t>(prompt.size()) + max_new;
+  fit.kv_fix = [&](int64_t positions) -> std::optional<std::string> {
+    if (positions <= static_cast<int64_t>(prompt.size())) return std::nullopt;
+    return fmt::format("--tokens {}", positions - static_cast<int64_t>(prompt.size()));
+  };
+  check_fits_before_loading(fit);
   GenerateResult result;
   result.format = spec.format;
   result.ep_degree = layout.ep_degree();

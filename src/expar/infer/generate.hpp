@@ -25,6 +25,9 @@ struct GenerateOptions : InferenceParallelism {
   int compute_threads = 1;                      // oneDNN threads per rank
   std::optional<ModelFormat> format;            // unset: detected from the files (open_model_spec)
   DecodeMoe decode_moe = DecodeMoe::AllReduce;  // how decode steps run the MoE layers (engine.hpp)
+  // The bytes this process may hold; a model whose weights and KV cache need more is refused before
+  // loading (rank_memory_plan.hpp). 0: what the machine has available.
+  int64_t memory_limit_bytes = 0;
 };
 
 // The TP x DP layout of `options` for `config` (validated: throws expar::Error naming the rule).

@@ -15,33 +15,6 @@ namespace expar::infer {
 
 namespace {
 
-// The query heads [q0, q1) and key/value heads [k0, k1) held by TP rank t.
-struct HeadSplit {
-  int64_t q0, q1, k0, k1;
-};
-
-HeadSplit head_split(const ModelConfig& c, int tp, int t) {
-  EXPAR_CHECK(c.heads % tp == 0,
-              "heads={} is not divisible by tensor_parallel_size={}: choose a TP size that divides the "
-              "number of attention heads",
-              c.heads, tp);
-  const int64_t qh = c.heads / tp;
-  HeadSplit s{t * qh, (t + 1) * qh, 0, 0};
-  if (c.kv_heads % tp == 0) {
-    const int64_t kh = c.kv_heads / tp;
-    s.k0 = t * kh;
-    s.k1 = (t + 1) * kh;
-  } else {
-    EXPAR_CHECK(tp % c.kv_heads == 0,
-                "kv_heads={} and tensor_parallel_size={}: one must divide the other (key/value heads are "
-                "split over TP, or replicated when TP exceeds them)",
-                c.kv_heads, tp);
-    s.k0 = s.q0 / (c.heads / c.kv_heads);  // every local query head uses this one key/value head
-    s.k1 = s.k0 + 1;
-  }
-  return s;
-}
-
 // Checks the stored shape before a slice of it is taken, so a config that does not match the checkpoint
 // fails with both shapes instead of loading the wrong rows.
 void expect_shape(const TensorStore& store, const std::string& name, const Shape& want) {
@@ -67,6 +40,28 @@ bool same_values(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+HeadSplit head_split(const ModelConfig& c, int tp, int t) {
+  EXPAR_CHECK(c.heads % tp == 0,
+              "heads={} is not divisible by tensor_parallel_size={}: choose a TP size that divides the "
+              "number of attention heads",
+              c.heads, tp);
+  const int64_t qh = c.heads / tp;
+  HeadSplit s{t * qh, (t + 1) * qh, 0, 0};
+  if (c.kv_heads % tp == 0) {
+    const int64_t kh = c.kv_heads / tp;
+    s.k0 = t * kh;
+    s.k1 = (t + 1) * kh;
+  } else {
+    EXPAR_CHECK(tp % c.kv_heads == 0,
+                "kv_heads={} and tensor_parallel_size={}: one must divide the other (key/value heads are "
+                "split over TP, or replicated when TP exceeds them)",
+                c.kv_heads, tp);
+    s.k0 = s.q0 / (c.heads / c.kv_heads);  // every local query head uses this one key/value head
+    s.k1 = s.k0 + 1;
+  }
+  return s;
+}
 
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
                               const InferenceLayout& layout, int rank, const ModelFeatures& features) {

@@ -58,6 +58,13 @@ struct RankWeights {
   std::vector<LayerWeights> layers;
 };
 
+// The query heads [q0, q1) and key/value heads [k0, k1) held by TP rank t of tp (key/value heads split over
+// TP, or one replicated per rank when TP exceeds them); throws expar::Error when the heads do not split.
+struct HeadSplit {
+  int64_t q0, q1, k0, k1;
+};
+HeadSplit head_split(const ModelConfig& config, int tp, int t);
+
 // WeightNames (a checkpoint layout's tensor names) live in model/weight_names.hpp.
 using expar::expar_weight_names;
 using expar::gpt_oss_weight_names;

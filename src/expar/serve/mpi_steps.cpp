@@ -127,7 +127,7 @@ std::unique_ptr<StepChannel> mpi_root_channel(StepBoard& board, Metrics& metrics
 }
 
 void run_mpi_follower(const RuntimeOptions& options, Comm& world) {
-  const ServingModel model = open_serving_model(options);
+  const ServingModel model = open_serving_model(options, &world);
   check_mpi_world(model.layout, world);
   FollowerChannel channel(world);
   run_serving_rank(options, model, world, channel);

@@ -1,9 +1,11 @@
 #include "expar/serve/rank_loop.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/infer/rank_memory_plan.hpp"
 #include "expar/infer/sampling.hpp"
 #include "expar/serve/runtime.hpp"
 
@@ -28,13 +30,37 @@ bool prefill_phase(const StepPlan& plan, bool batch_invariant, int dp) {
 
 }  // namespace
 
-ServingModel open_serving_model(const RuntimeOptions& options) {
+int64_t largest_kv_bytes_per_token(const infer::ModelSpec& spec, const InferenceLayout& layout) {
+  int64_t kv_bytes = 1;
+  for (int r = 0; r < layout.world(); ++r)
+    kv_bytes = std::max(kv_bytes, infer::kv_bytes_per_token(spec.config, layout, r));
+  return kv_bytes;
+}
+
+int64_t kv_tokens_per_rank(const RuntimeOptions& options, const infer::ModelSpec& spec,
+                           const InferenceLayout& layout) {
+  return options.kv_cache_mb * (int64_t{1} << 20) / largest_kv_bytes_per_token(spec, layout);
+}
+
+ServingModel open_serving_model(const RuntimeOptions& options, const Comm* mpi_world) {
   options.scheduler.validate();
   EXPAR_CHECK(options.kv_cache_mb >= 1 && options.kv_cache_mb <= (int64_t{1} << 30),
               "--kv-cache-mb {} must be in [1, 2^30]", options.kv_cache_mb);
   infer::ModelSpec spec = infer::open_model_spec(options.path, options.model.format);
   InferenceLayout layout = infer::inference_layout(options.model, spec.config);
   infer::check_decode_moe(layout, options.model.decode_moe);
+  infer::FitRequest fit;
+  fit.spec = &spec;
+  fit.options = options.model;
+  if (mpi_world) fit.hosted_ranks = {mpi_world->rank()};
+  const int64_t kv_bytes = largest_kv_bytes_per_token(spec, layout);
+  fit.kv_tokens = kv_tokens_per_rank(options, spec, layout);
+  fit.kv_fix = [kv_bytes](int64_t positions) -> std::optional<std::string> {
+    const int64_t mb = positions * kv_bytes >> 20;
+    if (mb < 1) return std::nullopt;
+    return "--kv-cache-mb " + std::to_string(mb);
+  };
+  infer::check_fits_before_loading(fit);
   return {std::move(spec), std::move(layout)};
 }
 
@@ -44,9 +70,7 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
   std::unique_ptr<infer::TensorStore> store = infer::open_store(model.spec);
   infer::RankWeights weights = infer::load_rank_weights(*store, model.spec, layout, world.rank());
   store.reset();
-  const nn::AttentionShape& attn = weights.local_attn;
-  const int64_t kv_bytes = int64_t{2} * weights.config.layers * attn.n_kv_heads * attn.head_dim *
-                           static_cast<int64_t>(sizeof(float));
+  const int64_t kv_bytes = infer::kv_bytes_per_token(model.spec.config, layout, world.rank());
   infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe});
   set_matmul_min_rows(options.batch_invariant ? batch_invariant_rows() : 0);
   const int dp_rank = engine.dp_rank();

@@ -33,8 +33,15 @@ struct ServingModel {
   infer::ModelSpec spec;
   InferenceLayout layout;
 };
-// Checks the options (expar::Error naming the flag) and reads the checkpoint's configuration.
-ServingModel open_serving_model(const RuntimeOptions& options);
+// The KV positions every rank can hold: --kv-cache-mb over the largest bytes one position takes on any rank
+// (the scheduler gives every replica the same positions: runtime.cpp).
+int64_t largest_kv_bytes_per_token(const infer::ModelSpec& spec, const InferenceLayout& layout);
+int64_t kv_tokens_per_rank(const RuntimeOptions& options, const infer::ModelSpec& spec,
+                           const InferenceLayout& layout);
+// Checks the options (expar::Error naming the flag), reads the checkpoint's configuration and refuses a model
+// whose ranks on this process (every rank; under MPI, `mpi_world`'s rank) do not fit in its memory, before
+// anything is loaded (infer/rank_memory_plan.hpp: each rank's KV cache is its --kv-cache-mb).
+ServingModel open_serving_model(const RuntimeOptions& options, const Comm* mpi_world = nullptr);
 
 void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, Comm& world,
                       StepChannel& channel);

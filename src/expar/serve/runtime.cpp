@@ -38,7 +38,7 @@ Runtime::Runtime(RuntimeOptions options) : Runtime(std::move(options), nullptr) 
 Runtime::Runtime(RuntimeOptions options, Comm& world) : Runtime(std::move(options), &world) {}
 
 Runtime::Runtime(RuntimeOptions options, Comm* mpi_world)
-    : options_(std::move(options)), model_(open_serving_model(options_)) {
+    : options_(std::move(options)), model_(open_serving_model(options_, mpi_world)) {
   if (mpi_world) check_mpi_world(model_.layout, *mpi_world);
   board_ = std::make_unique<StepBoard>(mpi_world ? 1 : model_.layout.world(), model_.layout.dp());
   if (mpi_world) {

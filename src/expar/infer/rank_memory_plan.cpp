@@ -1,0 +1,317 @@
+#include "expar/infer/rank_memory_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "expar/core/assert.hpp"
+#include "expar/core/error.hpp"
+#include "expar/infer/rank_weights.hpp"
+
+namespace expar::infer {
+
+namespace {
+
+WeightFormat held_format(DType dtype) {
+  switch (dtype) {
+    case DType::BF16:
+      return WeightFormat::BF16;
+    case DType::F16:
+      return WeightFormat::F16;
+    default:
+      return WeightFormat::F32;  // F32 as stored; anything else is widened (weight_loader.hpp)
+  }
+}
+
+int64_t row_elements(const TensorInfo& info) {
+  int64_t n = 1;
+  for (size_t i = 1; i < info.shape.size(); ++i) n *= info.shape[i];
+  return n;
+}
+
+// Mirrors weight_loader.hpp's loaders: what each allocates, in which format and category.
+class Tally {
+ public:
+  Tally(const TensorStore& store, RankMemoryPlan& plan) : store_(store), plan_(plan) {}
+
+  void add(WeightFormat format, int64_t bytes, MemCategory category) {
+    plan_.held_bytes[static_cast<size_t>(format)] += bytes;
+    (category == MemCategory::ExpertWeights ? plan_.expert_bytes : plan_.dense_bytes) += bytes;
+  }
+  // load_dense / load_rows: f32 copies.
+  void f32_rows(const std::string& name, int64_t rows, MemCategory c = MemCategory::DenseWeights) {
+    add(WeightFormat::F32, rows * row_elements(store_.info(name)) * 4, c);
+  }
+  void dense(const std::string& name) {
+    const TensorInfo& i = store_.info(name);
+    f32_rows(name, i.shape.empty() ? 1 : i.shape[0]);
+  }
+  // load_rows_as_stored / rows_loader_as_stored: rows held as stored, or widened.
+  void rows(const std::string& name, int64_t rows, MemCategory c = MemCategory::DenseWeights) {
+    const TensorInfo& i = store_.info(name);
+    const WeightFormat f = held_format(i.dtype);
+    const int64_t size = f == WeightFormat::F32 ? 4 : 2;
+    add(f, rows * row_elements(i) * size, c);
+  }
+  // load_columns_as_stored / columns_loader_as_stored of a 2-d [a, b]: `cols` columns of every row.
+  void columns(const std::string& name, int64_t cols, MemCategory c = MemCategory::DenseWeights) {
+    const TensorInfo& i = store_.info(name);
+    const WeightFormat f = held_format(i.dtype);
+    const int64_t size = f == WeightFormat::F32 ? 4 : 2;
+    add(f, i.shape.at(0) * cols * size, c);
+  }
+  // map_rows_as_stored: in place where the file is mapped and the dtype held as stored.
+  void mapped_rows(const std::string& name, int64_t rows) {
+    const TensorInfo& i = store_.info(name);
+    if (held_as_stored(i.dtype) && store_.mapped(name))
+      plan_.mapped_bytes += rows * row_elements(i) * static_cast<int64_t>(dtype_size(i.dtype));
+    else
+      this->rows(name, rows);
+  }
+  // load_gpt_oss_experts_as_stored's stacked copies: E_L experts of [E, ...] in the stored dtype.
+  void stacked(const std::string& name, int64_t local, WeightFormat format) {
+    const TensorInfo& i = store_.info(name);
+    add(format, local * row_elements(i) * static_cast<int64_t>(dtype_size(i.dtype)),
+        MemCategory::ExpertWeights);
+  }
+
+ private:
+  const TensorStore& store_;
+  RankMemoryPlan& plan_;
+};
+
+}  // namespace
+
+int64_t kv_bytes_per_token(const ModelConfig& config, const InferenceLayout& layout, int rank) {
+  const HeadSplit hs = head_split(config, layout.tp(), layout.rank_info(rank).tp_rank);
+  return int64_t{2} * config.layers * (hs.k1 - hs.k0) * config.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
+                                const InferenceLayout& layout, int rank, int64_t kv_tokens) {
+  const ModelConfig& config = spec.config;
+  const ModelFeatures& features = spec.features;
+  const WeightNames names = weight_names(spec.format);
+  const InferenceRankInfo info = layout.rank_info(rank);
+  const HeadSplit hs = head_split(config, layout.tp(), info.tp_rank);
+  const auto [i0, i1] = layout.intermediate_shard(rank, static_cast<int>(config.moe.hidden_dim));
+  const int64_t hd = config.head_dim, d = config.model_dim, n = i1 - i0;
+  const auto local = static_cast<int64_t>(info.local_experts.size());
+  RankMemoryPlan plan;
+  plan.rank = rank;
+  plan.kv_tokens = kv_tokens;
+  plan.kv_bytes_per_token = kv_bytes_per_token(config, layout, rank);
+  Tally t(store, plan);
+
+  const int64_t vocab_rows =
+      config.vocab * (info.tp_rank + 1) / layout.tp() - config.vocab * info.tp_rank / layout.tp();
+  if (features.tied_embeddings) {
+    t.rows(names.embed, vocab_rows);  // the LM head is the same copy
+  } else {
+    t.mapped_rows(names.embed, vocab_rows);
+    t.rows(names.lm_head, vocab_rows);
+  }
+  t.dense(names.final_norm);
+  for (int l = 0; l < config.layers; ++l) {
+    auto name = [&](const char* key) { return names.layer(l, key); };
+    t.dense(name("attn_norm"));
+    t.dense(name("mlp_norm"));
+    t.rows(name("wq"), (hs.q1 - hs.q0) * hd);
+    t.rows(name("wk"), (hs.k1 - hs.k0) * hd);
+    t.rows(name("wv"), (hs.k1 - hs.k0) * hd);
+    t.columns(name("wo"), (hs.q1 - hs.q0) * hd);
+    if (features.qkv_bias) {
+      t.f32_rows(name("bq"), (hs.q1 - hs.q0) * hd);
+      t.f32_rows(name("bk"), (hs.k1 - hs.k0) * hd);
+      t.f32_rows(name("bv"), (hs.k1 - hs.k0) * hd);
+    }
+    if (features.o_bias && info.tp_rank == 0) t.dense(name("bo"));
+    if (features.attention_sinks) t.f32_rows(name("sinks"), hs.q1 - hs.q0);
+    if (features.qk_norm == QkNorm::PerHead) {
+      t.dense(name("q_norm"));
+      t.dense(name("k_norm"));
+    } else if (features.qk_norm == QkNorm::Projection) {
+      t.f32_rows(name("q_norm"), (hs.q1 - hs.q0) * hd);
+      t.f32_rows(name("k_norm"), (hs.k1 - hs.k0) * hd);
+    }
+    t.dense(name("router"));
+    if (config.moe.use_score_bias) t.dense(name("score_bias"));
+    if (features.router == RouterKind::BiasedTopkSoftmax) t.dense(name("router_bias"));
+    if (features.fused_experts) {
+      const std::string p = names.expert(l, 0, "");
+      const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
+      const bool quantised = store.contains(gu + "_blocks") && store.contains(dn + "_blocks");
+      // load_gpt_oss_experts_as_stored's rule: MXFP4 where the shard covers whole blocks.
+      if (quantised && i0 % kMxfp4Block == 0 &&
+          (i1 % kMxfp4Block == 0 || i1 == store.info(dn + "_blocks").shape[2] * kMxfp4Block)) {
+        for (const std::string& m : {gu, dn})
+          for (const char* part : {"_blocks", "_scales"}) t.stacked(m + part, local, WeightFormat::MXFP4);
+      } else {
+        t.add(WeightFormat::F32, local * 3 * n * d * 4, MemCategory::ExpertWeights);
+      }
+      t.add(WeightFormat::F32, local * 2 * n * 4, MemCategory::ExpertWeights);           // gate and up biases
+      if (i0 == 0) t.add(WeightFormat::F32, local * d * 4, MemCategory::ExpertWeights);  // the down bias
+    } else {
+      for (int e : info.local_experts) {
+        t.rows(names.expert(l, e, "w1"), n, MemCategory::ExpertWeights);
+        t.rows(names.expert(l, e, "w3"), n, MemCategory::ExpertWeights);
+        t.columns(names.expert(l, e, "w2"), n, MemCategory::ExpertWeights);
+      }
+    }
+    if (config.shared_expert_hidden > 0) {
+      const int64_t h = config.shared_expert_hidden;
+      const int64_t share = h % layout.tp() == 0 ? h / layout.tp() : (info.tp_rank == 0 ? h : 0);
+      if (share > 0) {
+        t.rows(names.shared(l, "w1"), share);
+        t.rows(names.shared(l, "w3"), share);
+        t.columns(names.shared(l, "w2"), share);
+        if (features.shared_expert_gate) t.dense(names.shared(l, "gate"));
+      }
+    }
+  }
+  return plan;
+}
+
+std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
+                                                  int64_t kv_tokens) {
+  const std::unique_ptr<TensorStore> store = open_store(spec);
+  std::vector<RankMemoryPlan> plans;
+  for (int r = 0; r < layout.world(); ++r)
+    plans.push_back(plan_rank_memory(*store, spec, layout, r, kv_tokens));
+  return plans;
+}
+
+std::string format_held_bytes(const RankMemoryPlan& plan) {
+  std::vector<std::pair<int64_t, WeightFormat>> held;
+  for (size_t f = 0; f < kWeightFormatCount; ++f)
+    if (plan.held_bytes[f] > 0) held.emplace_back(plan.held_bytes[f], static_cast<WeightFormat>(f));
+  std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out;
+  for (const auto& [bytes, format] : held)
+    out += fmt::format("{}{} {}", out.empty() ? "" : " + ", weight_format_name(format), format_bytes(bytes));
+  if (out.empty()) out = "none";
+  if (plan.mapped_bytes > 0) out += fmt::format(" (+ mapped {})", format_bytes(plan.mapped_bytes));
+  return out;
+}
+
+std::string format_rank_plans(const std::vector<RankMemoryPlan>& plans) {
+  std::string out;
+  for (size_t first = 0; first < plans.size();) {
+    auto describe = [&](const RankMemoryPlan& p) {
+      return fmt::format("{}, KV cache {} ({} positions)", format_held_bytes(p), format_bytes(p.kv_bytes()),
+                         p.kv_tokens);
+    };
+    const std::string line = describe(plans[first]);
+    size_t last = first;
+    while (last + 1 < plans.size() && describe(plans[last + 1]) == line) ++last;
+    out += last == first ? fmt::format("  rank {}: {}\n", plans[first].rank, line)
+                         : fmt::format("  ranks {}-{}: {}\n", plans[first].rank, plans[last].rank, line);
+    first = last + 1;
+  }
+  return out;
+}
+
+namespace {
+
+struct ProcessNeed {
+  int64_t weights = 0, kv = 0;
+  int64_t total() const { return weights + kv + kInferenceReserveBytes; }
+};
+
+// The plan of the hosted ranks under `options`; nullopt when the layout itself is refused.
+std::optional<ProcessNeed> need_of(const TensorStore& store, const FitRequest& r,
+                                   const GenerateOptions& options, int64_t kv_tokens) {
+  std::optional<InferenceLayout> layout;
+  try {
+    layout.emplace(inference_layout(options, r.spec->config));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  std::vector<int> ranks = r.hosted_ranks;
+  if (ranks.empty())
+    for (int i = 0; i < layout->world(); ++i) ranks.push_back(i);
+  ProcessNeed need;
+  for (int rank : ranks) {
+    if (rank >= layout->world()) return std::nullopt;
+    const RankMemoryPlan p = plan_rank_memory(store, *r.spec, *layout, rank, kv_tokens);
+    need.weights += p.dense_bytes + p.expert_bytes;
+    need.kv += p.kv_bytes();
+  }
+  return need;
+}
+
+int64_t process_limit(const FitRequest& r) {
+  if (r.options.memory_limit_bytes > 0) return r.options.memory_limit_bytes;
+  int64_t available = available_host_memory_bytes();
+  if (!r.hosted_ranks.empty())
+    if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+      available /= std::max(1, std::atoi(local));
+  return available;
+}
+
+std::string layout_flags(const GenerateOptions& o) {
+  std::string s = fmt::format("--tp {} --dp {}", o.tp, o.dp);
+  if (o.enable_expert_parallel) s += " --enable-expert-parallel";
+  if (o.ep_degree) s += fmt::format(" --ep {}", *o.ep_degree);
+  return s;
+}
+
+}  // namespace
+
+void check_fits_before_loading(const FitRequest& r) {
+  EXPAR_ASSERT(r.spec != nullptr, "check_fits_before_loading needs the model spec");
+  const int64_t limit = process_limit(r);
+  if (limit <= 0) return;  // nothing to compare with (no /proc/meminfo)
+  const std::unique_ptr<TensorStore> store = open_store(*r.spec);
+  const std::optional<ProcessNeed> need = need_of(*store, r, r.options, r.kv_tokens);
+  if (!need || need->total() <= limit) return;  // a refused layout is reported by the loader's own checks
+
+  // A fix that the same plan says fits: expert parallelism, fewer replicas, a smaller KV cache.
+  std::vector<std::string> fixes;
+  auto fits = [&](const GenerateOptions& o, int64_t kv) {
+    const auto n = need_of(*store, r, o, kv);
+    return n && n->total() <= limit;
+  };
+  std::vector<GenerateOptions> layouts;
+  if (!r.options.enable_expert_parallel) {
+    GenerateOptions o = r.options;
+    o.enable_expert_parallel = true;
+    o.ep_degree.reset();
+    layouts.push_back(o);
+  }
+  if (r.options.dp > 1 && r.hosted_ranks.empty()) {
+    for (bool ep : {r.options.enable_expert_parallel, true}) {
+      GenerateOptions o = r.options;
+      o.dp = 1;
+      o.enable_expert_parallel = ep;
+      if (ep != r.options.enable_expert_parallel || (o.ep_degree && *o.ep_degree > o.tp)) o.ep_degree.reset();
+      layouts.push_back(o);
+    }
+  }
+  for (const GenerateOptions& o : layouts)
+    if (fits(o, r.kv_tokens)) {
+      fixes.push_back(fmt::format("run with {}", layout_flags(o)));
+      break;
+    }
+  if (r.kv_fix && need->weights + kInferenceReserveBytes < limit && need->kv > 0) {
+    // The most positions per rank that fit beside the weights.
+    const int64_t per_token = need->kv / r.kv_tokens;
+    const int64_t tokens = (limit - need->weights - kInferenceReserveBytes) / per_token;
+    if (tokens >= 1 && fits(r.options, tokens))
+      if (const auto flag = r.kv_fix(tokens)) fixes.push_back(fmt::format("pass {}", *flag));
+  }
+  const std::string ranks = r.hosted_ranks.empty() ? fmt::format("its {} ranks", r.options.tp * r.options.dp)
+                                                   : fmt::format("rank {}", r.hosted_ranks.front());
+  throw Error(fmt::format(
+      "the model at '{}' does not fit: this process would hold {} for {} (weights {}, KV cache {} for {} "
+      "positions per rank, {} kept free for activations) but has {} available{}; {}",
+      r.spec->dir.string(), format_bytes(need->total()), ranks, format_bytes(need->weights),
+      format_bytes(need->kv), r.kv_tokens, format_bytes(kInferenceReserveBytes), format_bytes(limit),
+      r.options.memory_limit_bytes > 0 ? " (--memory-limit-gib)" : "",
+      fixes.empty() ? "no layout of this process holds it: serve it over several machines (expar serve "
+                      "--transport mpi under mpirun), or use one with more memory"
+                    : fmt::format("to fit, {}", fmt::join(fixes, ", or "))));
+}
+
+}  // namespace expar::infer

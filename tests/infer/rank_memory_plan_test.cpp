@@ -1,0 +1,155 @@
+// The memory plan of an inference rank (infer/rank_memory_plan.hpp) against what loading really allocates:
+// for every family's storage (ours F32 with the embedding mapped in place, Mixtral and tied Qwen3-MoE in
+// BF16, Qwen-MoE in F32 with a gated shared expert, gpt-oss with MXFP4 experts held as stored or widened) on
+// TP, full, variable and cross-DP EP layouts, each rank's planned dense, expert and mapped bytes equal its
+// tracker's after load_rank_weights, and its KV bytes a sequence's cache. Then the refusal before loading:
+// its message names the bytes and a fix that the same check then accepts.
+#include "expar/infer/rank_memory_plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.hpp"
+#include "core/expect_error.hpp"
+#include "expar/infer/engine.hpp"
+#include "expar/model/moe_transformer.hpp"
+#include "hf_test_models.hpp"
+
+namespace expar::infer {
+namespace {
+
+using namespace testing;
+using expar::testing::expect_error;
+
+struct Layout {
+  int tp, dp;
+  bool ep;
+  std::optional<int> ep_degree;
+};
+
+void expect_plan_matches_load(const fs::path& dir, const std::string& family) {
+  const ModelSpec spec = open_model_spec(dir);
+  for (const Layout& l : {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}},
+                          Layout{4, 1, true, 2}, Layout{2, 2, true, {}}}) {
+    const InferenceLayout layout =
+        make_layout(l.tp, l.dp, l.ep, l.ep_degree, spec.config.moe.router.num_experts);
+    const std::vector<RankMemoryPlan> plans = plan_inference_memory(spec, layout, 9);
+    ASSERT_EQ(plans.size(), static_cast<size_t>(layout.world()));
+    run_ranks(layout.world(), [&](Comm& world) {
+      const RankMemoryPlan& plan = plans[static_cast<size_t>(world.rank())];
+      const std::string what =
+          fmt::format("{} TP {} DP {} EP {} rank {}", family, l.tp, l.dp, layout.ep_degree(), world.rank());
+      auto store = open_store(spec);
+      RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
+      store.reset();
+      const MemorySnapshot s = current_tracker().snapshot();
+      EXPECT_EQ(s.current_of(MemCategory::DenseWeights), plan.dense_bytes) << what;
+      EXPECT_EQ(s.current_of(MemCategory::ExpertWeights), plan.expert_bytes) << what;
+      EXPECT_EQ(s.current_of(MemCategory::MappedWeights), plan.mapped_bytes) << what;
+      EXPECT_GT(plan.dense_bytes, 0) << what;
+      EXPECT_EQ(plan.expert_bytes > 0, !layout.rank_info(world.rank()).local_experts.empty()) << what;
+      int64_t held = 0;
+      for (int64_t b : plan.held_bytes) held += b;
+      EXPECT_EQ(held, plan.dense_bytes + plan.expert_bytes) << what;
+      Engine engine(layout, world, std::move(w));
+      engine.add_sequence(plan.kv_tokens);
+      EXPECT_EQ(current_tracker().snapshot().current_of(MemCategory::KvCache), plan.kv_bytes()) << what;
+    });
+  }
+}
+
+TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
+  test::TempDir dir("rank_memory_plan");
+  {  // ours: F32, the embedding used in place from the mapped file
+    const fs::path ours = dir.path() / "expar";
+    fs::create_directories(ours);
+    ModelConfig config = test_config();
+    run_ranks(1, [&](Comm& world) {
+      auto group = world.split(0, 0, "ep");
+      MoeTransformer model(config, {}, *group);
+      model.init(3);
+      write_expar_checkpoint(ours, model, 2);
+    });
+    expect_plan_matches_load(ours, "expar");
+    const ModelSpec spec = open_model_spec(ours);
+    EXPECT_GT(plan_inference_memory(spec, make_layout(1, 1, false, {}, 24), 0)[0].mapped_bytes, 0);
+  }
+  for (const char* family : {"mixtral", "tied qwen3_moe", "qwen2_moe"}) {
+    const std::string f = family;
+    HfTestModel m = f == "mixtral"     ? mixtral_test_model()
+                    : f == "qwen2_moe" ? qwen_test_model()
+                                       : tied_qwen3_moe_test_model();
+    const fs::path d = dir.path() / f;
+    fs::create_directories(d);
+    write_sharded_checkpoint(d, bf16_rounded(m.tensors, f != "qwen2_moe"), 64 * 1024);
+    std::ofstream(d / "config.json") << m.config().dump(2);
+    expect_plan_matches_load(d, f);
+  }
+  {  // gpt-oss, MXFP4 experts: held as stored where a shard covers whole blocks, widened where not (TP 2)
+    HfTestModel m = gpt_oss_test_model(64, 32);
+    const fs::path d = dir.path() / "gpt_oss";
+    fs::create_directories(d);
+    write_sharded_checkpoint(d, quantise_gpt_oss_experts(m), 64 * 1024);
+    std::ofstream(d / "config.json") << mxfp4_config(m).dump(2);
+    expect_plan_matches_load(d, "gpt-oss");
+    const ModelSpec spec = open_model_spec(d);
+    const auto whole = plan_inference_memory(spec, make_layout(2, 1, true, {}, 64), 0);
+    const auto halves = plan_inference_memory(spec, make_layout(2, 1, false, {}, 64), 0);
+    EXPECT_GT(whole[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)], 0);
+    EXPECT_EQ(halves[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)], 0);
+    EXPECT_NE(format_held_bytes(whole[0]).find("mxfp4"), std::string::npos) << format_held_bytes(whole[0]);
+  }
+}
+
+TEST(RankMemoryPlan, RefusesBeforeLoadingAndNamesAFixThatFits) {
+  test::TempDir dir("fit_check");
+  HfTestModel m = gpt_oss_test_model(64, 32);
+  write_sharded_checkpoint(dir.path(), quantise_gpt_oss_experts(m), 64 * 1024);
+  std::ofstream(dir.path() / "config.json") << mxfp4_config(m).dump(2);
+  const ModelSpec spec = open_model_spec(dir.path());
+  auto need = [&](const GenerateOptions& o, int64_t kv) {
+    int64_t total = kInferenceReserveBytes;
+    for (const RankMemoryPlan& p : plan_inference_memory(spec, inference_layout(o, spec.config), kv))
+      total += p.heap_bytes();
+    return total;
+  };
+  FitRequest r;
+  r.spec = &spec;
+  r.options.tp = 2;  // TP 2 without EP: shards of 16 intermediate rows widen the MXFP4 experts to f32
+  r.kv_tokens = 16;
+  GenerateOptions ep = r.options;
+  ep.enable_expert_parallel = true;
+  ASSERT_LT(need(ep, 16), need(r.options, 16));
+  r.options.memory_limit_bytes = need(r.options, 16);
+  EXPECT_NO_THROW(check_fits_before_loading(r));  // exactly the bytes needed
+  r.options.memory_limit_bytes = need(ep, 16);
+  const std::string needed = format_bytes(need(r.options, 16)),
+                    limit = format_bytes(r.options.memory_limit_bytes);
+  expect_error([&] { check_fits_before_loading(r); },
+               {"does not fit", needed.c_str(), limit.c_str(), "--memory-limit-gib",
+                "run with --tp 2 --dp 1 --enable-expert-parallel"});
+  FitRequest fixed = r;  // the fix it names is accepted
+  fixed.options = ep;
+  fixed.options.memory_limit_bytes = r.options.memory_limit_bytes;
+  EXPECT_NO_THROW(check_fits_before_loading(fixed));
+
+  // A KV cache too large beside the weights: the flag's value that fits, checked by the same rule.
+  fixed.options.memory_limit_bytes = need(ep, 1000);
+  fixed.kv_tokens = 4'000'000;
+  int64_t offered = 0;
+  fixed.kv_fix = [&](int64_t tokens) {
+    offered = tokens;
+    return std::optional<std::string>(fmt::format("--tokens {}", tokens));
+  };
+  expect_error([&] { check_fits_before_loading(fixed); }, {"does not fit", "pass --tokens"});
+  EXPECT_EQ(offered, 1000);
+  fixed.kv_tokens = offered;
+  EXPECT_NO_THROW(check_fits_before_loading(fixed));
+
+  // Weights alone over the limit: no fix here.
+  r.options.memory_limit_bytes = kInferenceReserveBytes + 1;
+  r.kv_fix = fixed.kv_fix;
+  expect_error([&] { check_fits_before_loading(r); }, {"does not fit", "no layout of this process holds it"});
+}
+
+}  // namespace
+}  // namespace expar::infer
