@@ -1,8 +1,9 @@
 // Knowing before loading whether a model fits: `expar plan --model DIR --kv-tokens N` prints what each rank
 // of an inference layout holds by format, and generate, eval and serve refuse a model that does not fit in
 // --memory-limit-gib (default: the machine's available memory) before loading, naming the bytes and a fix
-// that the command then accepts. Run through the binary on a gpt-oss checkpoint with MXFP4 experts, whose
-// experts TP 2 without expert parallelism widens to f32 (shards of 16 rows cut the 32-value blocks).
+// that the command then accepts; while loading they show what has been read. Run through the binary on a
+// gpt-oss checkpoint with MXFP4 experts, whose experts TP 2 without expert parallelism widens to f32 (shards
+// of 16 rows cut the 32-value blocks).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -93,6 +94,14 @@ TEST_F(MemoryFit, ThePlanShowsEachRanksFormatsAndTheRefusalNamesAFixThatRuns) {
   EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
   // The startup line names each rank's formats.
   EXPECT_NE(fixed.output.find("rank 0: bf16 56.00 KiB + mxfp4 25.50 KiB"), std::string::npos) << fixed.output;
+  // And when the load is complete, what it read (every rank's weights: the plan's bytes, mapped included).
+  int64_t planned = 0;
+  for (const auto& rank : ep.at("ranks"))
+    planned += rank.at("dense_bytes").get<int64_t>() + rank.at("expert_bytes").get<int64_t>() +
+               rank.at("mapped_bytes").get<int64_t>();
+  EXPECT_NE(fixed.output.find(fmt::format("expar generate: loaded {:.2f} KiB in ", planned / 1024.0)),
+            std::string::npos)
+      << planned << " bytes planned: " << fixed.output;
 
   // Too many positions for the KV cache: the --tokens that fits, accepted.
   const ProcessResult long_run =

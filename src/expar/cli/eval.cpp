@@ -8,6 +8,7 @@
 #include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/layout_options.hpp"
+#include "expar/cli/load_report.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/evaluate.hpp"
 #include "expar/io/token_file.hpp"
@@ -42,7 +43,7 @@ int run_eval(const EvalArgs& a) {
   o.engine = engine_options(a.layout);
   o.engine.format = a.checkpoint.model_format();
   o.window = a.window;
-  announce_loading("expar eval", spec, o.engine, o.window > 0 ? o.window : spec.config.max_seq);
+  const LoadReport report("expar eval", spec, o.engine, o.window > 0 ? o.window : spec.config.max_seq);
   const infer::EvaluateResult r = infer::evaluate(o, a.checkpoint.dir, file.tokens);
   fmt::print("loss {:.6f} nats/token, perplexity {:.4f} over {} predicted tokens ({} windows)\n", r.mean_loss,
              r.perplexity, r.predicted, r.windows);

@@ -25,6 +25,7 @@
 #include "expar/cli/checkpoint_flags.hpp"
 #include "expar/cli/commands.hpp"
 #include "expar/cli/layout_options.hpp"
+#include "expar/cli/load_report.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/tokenize.hpp"
 #include "expar/comm/launcher.hpp"
@@ -82,7 +83,7 @@ int run_engine(const GenerateArgs& a) {
   if (tokenized) prompt = tokenized->ids;
   if (prompt.empty())
     for (unsigned char c : a.prompt) prompt.push_back(c);
-  announce_loading("expar generate", spec, o, static_cast<int64_t>(prompt.size()) + a.tokens);
+  const LoadReport report("expar generate", spec, o, static_cast<int64_t>(prompt.size()) + a.tokens);
   infer::GenerateResult r = infer::generate(o, checkpoint_of(a), prompt, a.tokens);
   if (tokenized) {
     fmt::print("{}\n", decode_generated(*tokenized, r.tokens));

@@ -6,7 +6,6 @@
 
 #include "expar/cli/option_checks.hpp"
 #include "expar/infer/engine.hpp"
-#include "expar/infer/rank_memory_plan.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar::cli {
@@ -56,14 +55,6 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
   o.memory_limit_bytes = std::llround(a.memory_limit_gib * 0x1p30);
   return o;
-}
-
-void announce_loading(const std::string& command, const infer::ModelSpec& spec,
-                      const infer::GenerateOptions& options, int64_t kv_tokens) {
-  const InferenceLayout layout = infer::inference_layout(options, spec.config);
-  fmt::print(stderr, "{}: loading '{}' on TP {} x DP {}, EP {}; each rank holds:\n{}", command,
-             spec.dir.string(), layout.tp(), layout.dp(), ep_label(layout.ep_degree(), layout.tp()),
-             infer::format_rank_plans(infer::plan_inference_memory(spec, layout, kv_tokens)));
 }
 
 std::string ep_label(int ep_degree, int tp) {

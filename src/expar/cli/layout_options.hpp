@@ -28,10 +28,6 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe);
 // --oversubscribe (threads_per_rank). --ep is passed through as set, so the layout's own rule refuses
 // --ep N > 1 without --enable-expert-parallel.
 infer::GenerateOptions engine_options(const LayoutArgs& a);
-// Prints "<command>: loading <checkpoint> on TP t x DP d" and what each rank will hold (weights by format,
-// KV cache for `kv_tokens` positions) to stderr before the ranks load, so a long load says what it reads.
-void announce_loading(const std::string& command, const infer::ModelSpec& spec,
-                      const infer::GenerateOptions& options, int64_t kv_tokens);
 // "off", "N (full)" or "N (variable: EP+TP)" for the one-line summaries, from the EP degree of the layout
 // that ran (GenerateResult::ep_degree and the like), not from the flags.
 std::string ep_label(int ep_degree, int tp);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "expar/cli/commands.hpp"
+#include "expar/cli/load_report.hpp"
 #include "expar/cli/option_checks.hpp"
 #include "expar/cli/serve_options.hpp"
 #include "expar/comm/launcher.hpp"
@@ -42,13 +43,14 @@ struct ServeArgs {
 // Serves HTTP until one of `signals` (blocked in every thread) arrives. mpi_world: this process is world
 // rank 0 of an MPI job (the other processes follow its steps); null: the ranks are threads of this process.
 int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_world, sigset_t signals) {
+  std::unique_ptr<serve::Runtime> runtime;
   {
     const infer::ModelSpec spec = infer::open_model_spec(o.path, o.model.format);
     const InferenceLayout layout = infer::inference_layout(o.model, spec.config);
-    announce_loading("expar serve", spec, o.model, serve::kv_tokens_per_rank(o, spec, layout));
+    const LoadReport report("expar serve", spec, o.model, serve::kv_tokens_per_rank(o, spec, layout));
+    runtime =
+        mpi_world ? std::make_unique<serve::Runtime>(o, *mpi_world) : std::make_unique<serve::Runtime>(o);
   }
-  std::unique_ptr<serve::Runtime> runtime =
-      mpi_world ? std::make_unique<serve::Runtime>(o, *mpi_world) : std::make_unique<serve::Runtime>(o);
   std::unique_ptr<infer::TextCodec> codec = infer::text_codec_for(runtime->spec());
   serve::HttpOptions h;
   h.host = a.host;

@@ -8,6 +8,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/weight_view.hpp"
 #include "expar/infer/hf_experts.hpp"
+#include "expar/infer/load_progress.hpp"
 #include "expar/infer/mxfp4_store.hpp"
 #include "expar/infer/weight_loader.hpp"
 
@@ -39,7 +40,43 @@ bool same_values(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+int64_t held(const Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+}
+
+// The bytes a layer holds, for the load's progress.
+int64_t layer_bytes(const LayerWeights& lw) {
+  int64_t b = lw.experts.bytes();
+  for (const Tensor* t : {&lw.attn_norm,
+                          &lw.mlp_norm,
+                          &lw.attn.wq,
+                          &lw.attn.wk,
+                          &lw.attn.wv,
+                          &lw.attn.wo,
+                          &lw.router,
+                          &lw.score_bias,
+                          &lw.router_bias,
+                          &lw.shared_w1,
+                          &lw.shared_w3,
+                          &lw.shared_w2,
+                          &lw.shared_gate,
+                          &lw.attn_options.bq,
+                          &lw.attn_options.bk,
+                          &lw.attn_options.bv,
+                          &lw.attn_options.bo,
+                          &lw.attn_options.sinks,
+                          &lw.attn_options.q_norm,
+                          &lw.attn_options.k_norm})
+    b += held(*t);
+  return b;
+}
+
 }  // namespace
+
+LoadProgress& load_progress() {
+  static LoadProgress progress;
+  return progress;
+}
 
 HeadSplit head_split(const ModelConfig& c, int tp, int t) {
   EXPAR_CHECK(c.heads % tp == 0,
@@ -110,6 +147,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, names.lm_head, {config.vocab, d});
     w.lm_head = load_rows_as_stored(store, names.lm_head, v0, v1);
   }
+  load_progress().bytes +=
+      held(w.embed) + held(w.final_norm) + (features.tied_embeddings ? 0 : held(w.lm_head));
+  ++load_progress().parts;
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;
     auto name = [&](const char* key) { return names.layer(l, key); };
@@ -244,6 +284,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         }
       }
     }
+    load_progress().bytes += layer_bytes(lw);
+    ++load_progress().parts;
     w.layers.push_back(std::move(lw));
   }
   return w;
