@@ -86,7 +86,8 @@ TEST(Mxfp4, QuantisedGptOssExpertsMatchTheDenseReference) {
 TEST(Mxfp4, HeldAsStoredDecodesTheBitsOfTheDequantisedCheckpoint) {
   // The same experts written dequantised (F32, gpt-oss's dense layout) and as MXFP4: one-row products read
   // the blocks to the exact values, so decode's logits are the same bits; prefill's within 1e-5.
-  HfTestModel m = gpt_oss_test_model(64, 32);
+  // An intermediate of 64: whole experts with EP, and TP 2 without EP holds a shard of 32 rows of each.
+  HfTestModel m = gpt_oss_test_model(64, 64);
   std::map<std::string, Tensor> quantised = quantise_gpt_oss_experts(m);
   const fs::path dir = test::run_temp_dir("mxfp4_as_stored");
   const fs::path q_dir = dir / "mxfp4", f_dir = dir / "f32";
@@ -97,8 +98,8 @@ TEST(Mxfp4, HeldAsStoredDecodesTheBitsOfTheDequantisedCheckpoint) {
   m.write(f_dir);
   const std::vector<int32_t> prompt = vocab_tokens(11, 9, m.vocab);
   MemoryTracker& host = current_tracker();
-  for (const int tp : {1, 2}) {
-    const InferenceLayout layout = make_layout(tp, 1, true, std::nullopt, static_cast<int>(m.experts));
+  for (const auto& [tp, ep] : {std::pair{1, true}, std::pair{2, true}, std::pair{2, false}}) {
+    const InferenceLayout layout = make_layout(tp, 1, ep, std::nullopt, static_cast<int>(m.experts));
     Tensor prefill[2], decode[2];
     int64_t expert_bytes[2] = {0, 0};
     for (int q = 0; q < 2; ++q) {
@@ -118,9 +119,10 @@ TEST(Mxfp4, HeldAsStoredDecodesTheBitsOfTheDequantisedCheckpoint) {
         }
       });
     }
-    EXPECT_TRUE(close(prefill[1], prefill[0], 1e-5)) << "TP " << tp;
+    EXPECT_TRUE(close(prefill[1], prefill[0], 1e-5)) << "TP " << tp << " EP " << ep;
     ASSERT_EQ(decode[1].shape(), decode[0].shape());
-    EXPECT_EQ(std::memcmp(decode[1].raw(), decode[0].raw(), decode[0].nbytes()), 0) << "TP " << tp;
+    EXPECT_EQ(std::memcmp(decode[1].raw(), decode[0].raw(), decode[0].nbytes()), 0)
+        << "TP " << tp << " EP " << ep;
     // Held as stored: about a seventh of the f32 bytes (4.25 bits a weight against 32, the f32 biases aside).
     EXPECT_LT(expert_bytes[1] * 5, expert_bytes[0]) << expert_bytes[1] << " against " << expert_bytes[0];
   }

@@ -84,18 +84,25 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
     std::ofstream(d / "config.json") << m.config().dump(2);
     expect_plan_matches_load(d, f);
   }
-  {  // gpt-oss, MXFP4 experts: held as stored where a shard covers whole blocks, widened where not (TP 2)
-    HfTestModel m = gpt_oss_test_model(64, 32);
-    const fs::path d = dir.path() / "gpt_oss";
+  // gpt-oss, MXFP4 experts: held as stored where a shard covers whole blocks (of an intermediate of 64: whole
+  // experts, and shards of 32 at TP 2), widened where not (of 32: shards of 16).
+  for (const int64_t inter : {64, 32}) {
+    HfTestModel m = gpt_oss_test_model(64, inter);
+    const fs::path d = dir.path() / fmt::format("gpt_oss_{}", inter);
     fs::create_directories(d);
     write_sharded_checkpoint(d, quantise_gpt_oss_experts(m), 64 * 1024);
     std::ofstream(d / "config.json") << mxfp4_config(m).dump(2);
-    expect_plan_matches_load(d, "gpt-oss");
+    expect_plan_matches_load(d, fmt::format("gpt-oss I {}", inter));
     const ModelSpec spec = open_model_spec(d);
-    const auto whole = plan_inference_memory(spec, make_layout(2, 1, true, {}, 64), 0);
-    const auto halves = plan_inference_memory(spec, make_layout(2, 1, false, {}, 64), 0);
-    EXPECT_GT(whole[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)], 0);
-    EXPECT_EQ(halves[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)], 0);
+    const auto whole =
+        plan_inference_memory(spec, make_layout(2, 1, true, {}, static_cast<int>(m.experts)), 0);
+    const auto halves =
+        plan_inference_memory(spec, make_layout(2, 1, false, {}, static_cast<int>(m.experts)), 0);
+    const int64_t whole_mxfp4 = whole[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)];
+    const int64_t halves_mxfp4 = halves[0].held_bytes[static_cast<size_t>(WeightFormat::MXFP4)];
+    EXPECT_GT(whole_mxfp4, 0);
+    // TP 2 without EP: every expert, of each half (I 64), or widened (I 32); with EP: half the experts whole.
+    EXPECT_EQ(halves_mxfp4, inter == 64 ? whole_mxfp4 : 0);
     EXPECT_NE(format_held_bytes(whole[0]).find("mxfp4"), std::string::npos) << format_held_bytes(whole[0]);
   }
 }

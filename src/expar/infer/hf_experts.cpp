@@ -74,17 +74,27 @@ void load_gpt_oss_biases(const TensorStore& store, const std::string& p, std::sp
         local_experts, identity_loader(stacked_expert_view(store, p + "down_proj_bias"))));
 }
 
-// The local experts' rows of a stacked tensor [E, ...], copied as they are stored (the caller gives the
-// mapped pages back: load_rank_weights releases every expert tensor it read).
-Tensor stack_local_experts(const TensorStore& store, const std::string& name, std::span<const int> local) {
+// The local experts of a stacked tensor [E, a, b, ...] as they are stored, of each only [b0, b1) along its
+// `axis` (1 or 2): [E_L, ..., b1 - b0, ...]. The caller gives the mapped pages back (load_rank_weights
+// releases every expert tensor it read).
+Tensor stack_local_experts(const TensorStore& store, const std::string& name, std::span<const int> local,
+                           int axis, int64_t b0, int64_t b1) {
   const TensorInfo& info = store.info(name);
   Shape shape = info.shape;
   shape[0] = static_cast<int64_t>(local.size());
+  shape[static_cast<size_t>(axis)] = b1 - b0;
   Tensor out = Tensor::empty(shape, info.dtype, MemCategory::ExpertWeights);
-  const size_t per = local.empty() ? 0 : out.nbytes() / local.size();
+  // Rows of the copy: the product of the dimensions before `axis` (after the expert's); runs: its bytes.
+  int64_t outer = 1, inner = static_cast<int64_t>(dtype_size(info.dtype));
+  for (int i = 1; i < axis; ++i) outer *= info.shape[static_cast<size_t>(i)];
+  for (size_t i = static_cast<size_t>(axis) + 1; i < info.shape.size(); ++i) inner *= info.shape[i];
+  const int64_t stored_row = info.shape[static_cast<size_t>(axis)] * inner, run = (b1 - b0) * inner;
+  auto* o = static_cast<char*>(out.raw());
   for (size_t l = 0; l < local.size(); ++l) {
     const Tensor v = store.view_rows(name, local[l], local[l] + 1);
-    std::memcpy(static_cast<char*>(out.raw()) + l * per, v.raw(), per);
+    const auto* in = static_cast<const char*>(v.raw()) + b0 * inner;
+    for (int64_t r = 0; r < outer; ++r, o += run)
+      std::memcpy(o, in + r * stored_row, static_cast<size_t>(run));
   }
   return out;
 }
@@ -117,11 +127,14 @@ GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer
       (i1 % kMxfp4Block != 0 && i1 != store.info(dn + "_blocks").shape[2] * kMxfp4Block))
     return load_gpt_oss_experts(store, layer, local_experts, i0, i1, owns_down_bias);
   GptOssExperts g;
+  // Only the shard: gate_up's rows [2·i0, 2·i1) (gate and up interleaved) and down's input blocks
+  // [i0/32, i1/32), so a TP rank holds 1/TP of every expert as an EP rank holds 1/EP of the experts.
+  const int64_t g0 = i0 / kMxfp4Block, g1 = (i1 + kMxfp4Block - 1) / kMxfp4Block;
   g.weights.mxfp4 = std::make_shared<const Mxfp4Experts>(
-      Mxfp4Experts{stack_local_experts(store, gu + "_blocks", local_experts),
-                   stack_local_experts(store, gu + "_scales", local_experts),
-                   stack_local_experts(store, dn + "_blocks", local_experts),
-                   stack_local_experts(store, dn + "_scales", local_experts), i0, i1});
+      Mxfp4Experts{stack_local_experts(store, gu + "_blocks", local_experts, 1, 2 * i0, 2 * i1),
+                   stack_local_experts(store, gu + "_scales", local_experts, 1, 2 * i0, 2 * i1),
+                   stack_local_experts(store, dn + "_blocks", local_experts, 2, g0, g1),
+                   stack_local_experts(store, dn + "_scales", local_experts, 2, g0, g1), 0, i1 - i0});
   g.weights.validate();
   load_gpt_oss_biases(store, p, local_experts, i0, i1, owns_down_bias, g);
   return g;

@@ -39,8 +39,10 @@ struct GptOssExperts {
 GptOssExperts load_gpt_oss_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1, bool owns_down_bias);
 // The same with the experts' matrices as the checkpoint stores them when it holds them in MXFP4
-// (NAME_blocks / NAME_scales) and the shard [i0, i1) covers whole 32-value blocks: weights.mxfp4 set (the
-// local experts' blocks and scales copied as they are), the biases as above. Otherwise load_gpt_oss_experts.
+// (NAME_blocks / NAME_scales) and the shard [i0, i1) covers whole 32-value blocks: weights.mxfp4 set (of the
+// local experts, the shard's blocks and scales copied as they are: gate_up rows [2·i0, 2·i1), down input
+// blocks [i0/32, i1/32); so the held Mxfp4Experts computes its rows [0, i1 - i0)), the biases as above.
+// Otherwise load_gpt_oss_experts.
 GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer,
                                              std::span<const int> local_experts, int64_t i0, int64_t i1,
                                              bool owns_down_bias);

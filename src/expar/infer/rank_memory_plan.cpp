@@ -69,10 +69,11 @@ class Tally {
     else
       this->rows(name, rows);
   }
-  // load_gpt_oss_experts_as_stored's stacked copies: E_L experts of [E, ...] in the stored dtype.
-  void stacked(const std::string& name, int64_t local, WeightFormat format) {
+  // load_gpt_oss_experts_as_stored's stacked copies, in the stored dtype: of E_L experts of [E, ...], the
+  // fraction `part / whole` of each.
+  void stacked(const std::string& name, int64_t local_part, int64_t whole, WeightFormat format) {
     const TensorInfo& i = store_.info(name);
-    add(format, local * row_elements(i) * static_cast<int64_t>(dtype_size(i.dtype)),
+    add(format, local_part * row_elements(i) / whole * static_cast<int64_t>(dtype_size(i.dtype)),
         MemCategory::ExpertWeights);
   }
 
@@ -145,8 +146,11 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
       // load_gpt_oss_experts_as_stored's rule: MXFP4 where the shard covers whole blocks.
       if (quantised && i0 % kMxfp4Block == 0 &&
           (i1 % kMxfp4Block == 0 || i1 == store.info(dn + "_blocks").shape[2] * kMxfp4Block)) {
+        // Of each local expert only the shard (n of the I intermediate rows of gate_up and of down's inputs).
+        const int64_t inter = store.info(dn + "_blocks").shape[2] * kMxfp4Block;
         for (const std::string& m : {gu, dn})
-          for (const char* part : {"_blocks", "_scales"}) t.stacked(m + part, local, WeightFormat::MXFP4);
+          for (const char* part : {"_blocks", "_scales"})
+            t.stacked(m + part, local * n, inter, WeightFormat::MXFP4);
       } else {
         t.add(WeightFormat::F32, local * 3 * n * d * 4, MemCategory::ExpertWeights);
       }
