@@ -20,17 +20,20 @@ struct Logits {
   bool shared_expert = false;  // rank 0 holds a shared expert shard
 };
 
-Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector<int32_t>& prompt,
-           bool bf16) {
+Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector<int32_t>& prompt, bool bf16,
+           std::optional<DType> weight_dtype = std::nullopt) {
   const ModelSpec spec = open_model_spec(dir);
   MemoryTracker& host = current_tracker();
   Logits out;
   run_ranks(layout.world(), [&](Comm& world) {
     auto store = open_store(spec);
-    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank(), weight_dtype));
     const DType held = bf16 ? DType::BF16 : DType::F32;
     EXPECT_EQ(engine.weights().lm_head.dtype(), held);
-    EXPECT_EQ(engine.weights().embed.dtype(), held);
+    // Converted at load: only the weights the products multiply (the embedding is gathered, and stays in
+    // the file where it is not the LM head).
+    EXPECT_EQ(engine.weights().embed.dtype(),
+              weight_dtype && !spec.features.tied_embeddings ? DType::F32 : held);
     const LayerWeights& l0 = engine.weights().layers[0];
     for (const Tensor* t :
          {&l0.attn.wq, &l0.attn.wk, &l0.attn.wv, &l0.attn.wo, &l0.experts.w1, &l0.experts.w3, &l0.experts.w2})
@@ -79,6 +82,11 @@ TEST(Bf16Weights, TheEngineMultipliesThemAsStored) {
       EXPECT_EQ(got.shared_expert, f == "qwen2_moe") << what;
       EXPECT_TRUE(close(got.prefill, want.prefill, 1e-5)) << what;
       expect_bits_equal(got.decode, want.decode, what + " decode");
+      // The F32 checkpoint converted at load (--weight-dtype bf16): held as BF16, and as its values are
+      // BF16's, the same bits as the BF16 checkpoint's.
+      const Logits converted = run(f32_dir, layout, prompt, true, DType::BF16);
+      expect_bits_equal(converted.prefill, got.prefill, what + " converted prefill");
+      expect_bits_equal(converted.decode, got.decode, what + " converted decode");
     }
   }
 }

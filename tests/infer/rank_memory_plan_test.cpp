@@ -26,20 +26,21 @@ struct Layout {
   std::optional<int> ep_degree;
 };
 
-void expect_plan_matches_load(const fs::path& dir, const std::string& family) {
+void expect_plan_matches_load(const fs::path& dir, const std::string& family,
+                              std::optional<DType> weight_dtype = std::nullopt) {
   const ModelSpec spec = open_model_spec(dir);
   for (const Layout& l : {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}},
                           Layout{4, 1, true, 2}, Layout{2, 2, true, {}}}) {
     const InferenceLayout layout =
         make_layout(l.tp, l.dp, l.ep, l.ep_degree, spec.config.moe.router.num_experts);
-    const std::vector<RankMemoryPlan> plans = plan_inference_memory(spec, layout, 9);
+    const std::vector<RankMemoryPlan> plans = plan_inference_memory(spec, layout, 9, weight_dtype);
     ASSERT_EQ(plans.size(), static_cast<size_t>(layout.world()));
     run_ranks(layout.world(), [&](Comm& world) {
       const RankMemoryPlan& plan = plans[static_cast<size_t>(world.rank())];
       const std::string what =
           fmt::format("{} TP {} DP {} EP {} rank {}", family, l.tp, l.dp, layout.ep_degree(), world.rank());
       auto store = open_store(spec);
-      RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
+      RankWeights w = load_rank_weights(*store, spec, layout, world.rank(), weight_dtype);
       store.reset();
       const MemorySnapshot s = current_tracker().snapshot();
       EXPECT_EQ(s.current_of(MemCategory::DenseWeights), plan.dense_bytes) << what;
@@ -50,6 +51,12 @@ void expect_plan_matches_load(const fs::path& dir, const std::string& family) {
       int64_t held = 0;
       for (int64_t b : plan.held_bytes) held += b;
       EXPECT_EQ(held, plan.dense_bytes + plan.expert_bytes) << what;
+      // Converted: no F32 matrix is left but the norms, router, biases and gates (a few per cent).
+      if (weight_dtype) {
+        EXPECT_GT(plan.held_bytes[static_cast<size_t>(WeightFormat::BF16)],
+                  4 * plan.held_bytes[static_cast<size_t>(WeightFormat::F32)])
+            << what;
+      }
       Engine engine(layout, world, std::move(w));
       engine.add_sequence(plan.kv_tokens);
       EXPECT_EQ(current_tracker().snapshot().current_of(MemCategory::KvCache), plan.kv_bytes()) << what;
@@ -70,6 +77,7 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
       write_expar_checkpoint(ours, model, 2);
     });
     expect_plan_matches_load(ours, "expar");
+    expect_plan_matches_load(ours, "expar as BF16", DType::BF16);
     const ModelSpec spec = open_model_spec(ours);
     EXPECT_GT(plan_inference_memory(spec, make_layout(1, 1, false, {}, 24), 0)[0].mapped_bytes, 0);
   }
@@ -83,6 +91,7 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
     write_sharded_checkpoint(d, bf16_rounded(m.tensors, f != "qwen2_moe"), 64 * 1024);
     std::ofstream(d / "config.json") << m.config().dump(2);
     expect_plan_matches_load(d, f);
+    expect_plan_matches_load(d, f + " with --weight-dtype bf16", DType::BF16);
   }
   // gpt-oss, MXFP4 experts: held as stored where a shard covers whole blocks (of an intermediate of 64: whole
   // experts, and shards of 32 at TP 2), widened where not (of 32: shards of 16).
@@ -151,6 +160,30 @@ TEST(RankMemoryPlan, RefusesBeforeLoadingAndNamesAFixThatFits) {
   EXPECT_EQ(offered, 1000);
   fixed.kv_tokens = offered;
   EXPECT_NO_THROW(check_fits_before_loading(fixed));
+
+  // F32 weights: converting them to BF16 at load is offered where it fits, and accepted.
+  {
+    HfTestModel q = qwen_test_model();
+    const fs::path qd = dir.path() / "qwen_f32";
+    fs::create_directories(qd);
+    q.write(qd);
+    const ModelSpec qspec = open_model_spec(qd);
+    FitRequest f;
+    f.spec = &qspec;
+    f.kv_tokens = 16;
+    auto need_q = [&](std::optional<DType> dtype) {
+      int64_t total = kInferenceReserveBytes;
+      for (const RankMemoryPlan& p :
+           plan_inference_memory(qspec, inference_layout(f.options, qspec.config), 16, dtype))
+        total += p.heap_bytes();
+      return total;
+    };
+    ASSERT_LT(need_q(DType::BF16), need_q(std::nullopt));
+    f.options.memory_limit_bytes = need_q(DType::BF16);
+    expect_error([&] { check_fits_before_loading(f); }, {"does not fit", "pass --weight-dtype bf16"});
+    f.options.weight_dtype = DType::BF16;
+    EXPECT_NO_THROW(check_fits_before_loading(f));
+  }
 
   // Weights alone over the limit: no fix here.
   r.options.memory_limit_bytes = kInferenceReserveBytes + 1;

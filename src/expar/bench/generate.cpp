@@ -219,7 +219,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
         layout, world,
         [&] {
           std::unique_ptr<infer::TensorStore> store = infer::open_store(spec);
-          return infer::load_rank_weights(*store, spec, layout, world.rank());
+          return infer::load_rank_weights(*store, spec, layout, world.rank(), o.engine.weight_dtype);
         }(),
         infer::EngineOptions{o.engine.decode_moe});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of

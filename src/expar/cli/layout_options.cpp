@@ -6,6 +6,7 @@
 
 #include "expar/cli/option_checks.hpp"
 #include "expar/infer/engine.hpp"
+#include "expar/infer/rank_weights.hpp"
 #include "expar/topo/placement.hpp"
 
 namespace expar::cli {
@@ -42,6 +43,10 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
                   "loading (0: what the machine has available)")
       ->capture_default_str()
       ->check(finite_in(0, 1 << 24));
+  cmd->add_option("--weight-dtype", a.weight_dtype,
+                  "Convert the F32 weights the products multiply at load: " +
+                      choices(infer::weight_dtype_names()) + " (default: every weight as stored)")
+      ->check(one_of(infer::weight_dtype_names()));
 }
 
 infer::GenerateOptions engine_options(const LayoutArgs& a) {
@@ -54,6 +59,7 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
   o.memory_limit_bytes = std::llround(a.memory_limit_gib * 0x1p30);
+  if (!a.weight_dtype.empty()) o.weight_dtype = infer::weight_dtype_from_name(a.weight_dtype);
   return o;
 }
 

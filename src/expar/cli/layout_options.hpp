@@ -1,7 +1,7 @@
 #pragma once
 // The inference layout flags (--tp, --dp, --enable-expert-parallel, --ep, --placement, --decode-moe,
-// --threads, --oversubscribe, --memory-limit-gib), defined once for `expar generate`, `expar eval`, `expar
-// bench generate`, `expar serve` and `expar bench serve`.
+// --threads, --oversubscribe, --memory-limit-gib, --weight-dtype), defined once for `expar generate`, `expar
+// eval`, `expar bench generate`, `expar serve` and `expar bench serve`.
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -20,6 +20,7 @@ struct LayoutArgs {
   int threads = 0;                       // compute threads per rank; 0: cores / ranks
   bool oversubscribe = false;
   double memory_limit_gib = 0;  // 0: what the machine has available
+  std::string weight_dtype;     // empty: as stored
 };
 
 // with_decode_moe: also --decode-moe (commands that decode).

@@ -17,7 +17,8 @@ LoadReport::LoadReport(std::string command, const infer::ModelSpec& spec,
                        const infer::GenerateOptions& options, int64_t kv_tokens)
     : command_(std::move(command)) {
   const InferenceLayout layout = infer::inference_layout(options, spec.config);
-  const std::vector<infer::RankMemoryPlan> plans = infer::plan_inference_memory(spec, layout, kv_tokens);
+  const std::vector<infer::RankMemoryPlan> plans =
+      infer::plan_inference_memory(spec, layout, kv_tokens, options.weight_dtype);
   fmt::print(stderr, "{}: loading '{}' on TP {} x DP {}, EP {}; each rank holds:\n{}", command_,
              spec.dir.string(), layout.tp(), layout.dp(), ep_label(layout.ep_degree(), layout.tp()),
              infer::format_rank_plans(plans));

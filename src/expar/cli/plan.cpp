@@ -21,6 +21,7 @@
 #include "expar/cli/shape_flags.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/hf_config.hpp"
+#include "expar/infer/rank_weights.hpp"
 #include "expar/model/model_shape.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/paths/path.hpp"
@@ -63,6 +64,7 @@ struct PlanOptions {
   int dp = 1;
   bool enable_expert_parallel = false;
   double memory_limit_gib = 0;
+  std::string weight_dtype;
 };
 
 // The flags an inference plan reads; any other given with --kv-tokens is refused by name.
@@ -74,6 +76,7 @@ const std::vector<std::string> kInferencePlanFlags = {"--model",
                                                       "--dp",
                                                       "--enable-expert-parallel",
                                                       "--memory-limit-gib",
+                                                      "--weight-dtype",
                                                       "--json"};
 
 int run_plan_for_inference(const PlanOptions& o, const CLI::App& cmd) {
@@ -95,6 +98,7 @@ int run_plan_for_inference(const PlanOptions& o, const CLI::App& cmd) {
   if (cmd.count("--ep") > 0) a.options.ep_degree = o.ep;
   a.options.placement = placement_from_name(o.placement);
   a.options.memory_limit_bytes = std::llround(o.memory_limit_gib * 0x1p30);
+  if (!o.weight_dtype.empty()) a.options.weight_dtype = infer::weight_dtype_from_name(o.weight_dtype);
   return run_inference_plan(a, o.json);
 }
 
@@ -144,8 +148,10 @@ ModelShape build_model(const PlanOptions& o) {
 int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   if (cmd.count("--kv-tokens") > 0) return run_plan_for_inference(o, cmd);
   EXPAR_CHECK(
-      cmd.count("--dp") + cmd.count("--enable-expert-parallel") + cmd.count("--memory-limit-gib") == 0,
-      "--dp, --enable-expert-parallel and --memory-limit-gib describe an inference layout: add "
+      cmd.count("--dp") + cmd.count("--enable-expert-parallel") + cmd.count("--memory-limit-gib") +
+              cmd.count("--weight-dtype") ==
+          0,
+      "--dp, --enable-expert-parallel, --memory-limit-gib and --weight-dtype describe inference: add "
       "--kv-tokens N (the KV positions per rank) for the inference plan, or drop them for the training "
       "plan");
   PlanConfig c;
@@ -325,6 +331,10 @@ void add_plan(CLI::App& app, CommandTable& table) {
   cmd->add_option("--memory-limit-gib", opts->memory_limit_gib,
                   "inference plan: memory the process may hold (0: what the machine has available)")
       ->check(finite_in(0, 1 << 24));
+  cmd->add_option("--weight-dtype", opts->weight_dtype,
+                  "inference plan: the F32 weights the products multiply converted at load to " +
+                      choices(infer::weight_dtype_names()))
+      ->check(one_of(infer::weight_dtype_names()));
   add_json_option(cmd, opts->json, "the plan");
   table[cmd] = [opts, cmd] { return run_plan(*opts, *cmd); };
 }

@@ -17,7 +17,8 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
               a.kv_tokens);
   const infer::ModelSpec spec = infer::open_model_spec(a.model);
   const InferenceLayout layout = infer::inference_layout(a.options, spec.config);
-  const std::vector<infer::RankMemoryPlan> plans = infer::plan_inference_memory(spec, layout, a.kv_tokens);
+  const std::vector<infer::RankMemoryPlan> plans =
+      infer::plan_inference_memory(spec, layout, a.kv_tokens, a.options.weight_dtype);
   int64_t process = infer::kInferenceReserveBytes;
   for (const infer::RankMemoryPlan& p : plans) process += p.heap_bytes();
   const int64_t available =

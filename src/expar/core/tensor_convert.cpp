@@ -32,4 +32,13 @@ Tensor to_f32(const Tensor& t, MemCategory category) {
   return out;
 }
 
+Tensor to_bf16(const Tensor& t, MemCategory category) {
+  EXPAR_CHECK(t.dtype() == DType::F32, "to_bf16 converts F32 tensors, not {}", dtype_name(t.dtype()));
+  Tensor out = Tensor::empty(t.shape(), DType::BF16, category);
+  const float* p = t.data<float>();
+  auto* o = static_cast<uint16_t*>(out.raw());
+  for (int64_t i = 0; i < t.numel(); ++i) o[i] = f32_to_bf16(p[i]);
+  return out;
+}
+
 }  // namespace expar

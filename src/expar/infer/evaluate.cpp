@@ -52,7 +52,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
   launch.compute_threads = options.engine.compute_threads;
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
-    RankWeights weights = load_rank_weights(*store, spec, layout, world.rank());
+    RankWeights weights = load_rank_weights(*store, spec, layout, world.rank(), options.engine.weight_dtype);
     store.reset();  // the weights used in place keep their mapping; the rest is released
     Engine engine(layout, world, std::move(weights));
     const int r = engine.dp_rank();

@@ -78,7 +78,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
   result.memory.resize(static_cast<size_t>(layout.world()));
   run_ranks(launch, [&](Comm& world) {
     std::unique_ptr<TensorStore> store = open_store(spec);
-    RankWeights w = load_rank_weights(*store, spec, layout, world.rank());
+    RankWeights w = load_rank_weights(*store, spec, layout, world.rank(), options.weight_dtype);
     store.reset();  // the weights used in place keep their mapping; the rest is released
     Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe});
     const bool serving = engine.dp_rank() == 0;

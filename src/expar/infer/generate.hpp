@@ -28,6 +28,10 @@ struct GenerateOptions : InferenceParallelism {
   // The bytes this process may hold; a model whose weights and KV cache need more is refused before
   // loading (rank_memory_plan.hpp). 0: what the machine has available.
   int64_t memory_limit_bytes = 0;
+  // BF16: the weights the products multiply (attention, LM head, experts, shared expert), where the
+  // checkpoint stores them in F32, converted at load (rounded to nearest, ties to even), for half their
+  // bytes; unset: every weight as stored (rank_weights.hpp).
+  std::optional<DType> weight_dtype;
 };
 
 // The TP x DP layout of `options` for `config` (validated: throws expar::Error naming the rule).

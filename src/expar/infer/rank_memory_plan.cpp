@@ -33,7 +33,8 @@ int64_t row_elements(const TensorInfo& info) {
 // Mirrors weight_loader.hpp's loaders: what each allocates, in which format and category.
 class Tally {
  public:
-  Tally(const TensorStore& store, RankMemoryPlan& plan) : store_(store), plan_(plan) {}
+  Tally(const TensorStore& store, RankMemoryPlan& plan, std::optional<DType> weight_dtype)
+      : store_(store), plan_(plan), weight_dtype_(weight_dtype) {}
 
   void add(WeightFormat format, int64_t bytes, MemCategory category) {
     plan_.held_bytes[static_cast<size_t>(format)] += bytes;
@@ -47,17 +48,19 @@ class Tally {
     const TensorInfo& i = store_.info(name);
     f32_rows(name, i.shape.empty() ? 1 : i.shape[0]);
   }
-  // load_rows_as_stored / rows_loader_as_stored: rows held as stored, or widened.
-  void rows(const std::string& name, int64_t rows, MemCategory c = MemCategory::DenseWeights) {
+  // load_rows_as_stored / rows_loader_as_stored: rows held as stored, or widened; a product's weight
+  // (`product`) converted to --weight-dtype where it is F32.
+  void rows(const std::string& name, int64_t rows, MemCategory c = MemCategory::DenseWeights,
+            bool product = true) {
     const TensorInfo& i = store_.info(name);
-    const WeightFormat f = held_format(i.dtype);
+    const WeightFormat f = held(i.dtype, product);
     const int64_t size = f == WeightFormat::F32 ? 4 : 2;
     add(f, rows * row_elements(i) * size, c);
   }
   // load_columns_as_stored / columns_loader_as_stored of a 2-d [a, b]: `cols` columns of every row.
   void columns(const std::string& name, int64_t cols, MemCategory c = MemCategory::DenseWeights) {
     const TensorInfo& i = store_.info(name);
-    const WeightFormat f = held_format(i.dtype);
+    const WeightFormat f = held(i.dtype, true);
     const int64_t size = f == WeightFormat::F32 ? 4 : 2;
     add(f, i.shape.at(0) * cols * size, c);
   }
@@ -67,7 +70,7 @@ class Tally {
     if (held_as_stored(i.dtype) && store_.mapped(name))
       plan_.mapped_bytes += rows * row_elements(i) * static_cast<int64_t>(dtype_size(i.dtype));
     else
-      this->rows(name, rows);
+      this->rows(name, rows, MemCategory::DenseWeights, false);
   }
   // load_gpt_oss_experts_as_stored's stacked copies, in the stored dtype: of E_L experts of [E, ...], the
   // fraction `part / whole` of each.
@@ -78,8 +81,13 @@ class Tally {
   }
 
  private:
+  WeightFormat held(DType stored, bool product) const {
+    const WeightFormat f = held_format(stored);
+    return product && f == WeightFormat::F32 && weight_dtype_ == DType::BF16 ? WeightFormat::BF16 : f;
+  }
   const TensorStore& store_;
   RankMemoryPlan& plan_;
+  std::optional<DType> weight_dtype_;
 };
 
 }  // namespace
@@ -90,7 +98,8 @@ int64_t kv_bytes_per_token(const ModelConfig& config, const InferenceLayout& lay
 }
 
 RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
-                                const InferenceLayout& layout, int rank, int64_t kv_tokens) {
+                                const InferenceLayout& layout, int rank, int64_t kv_tokens,
+                                std::optional<DType> weight_dtype) {
   const ModelConfig& config = spec.config;
   const ModelFeatures& features = spec.features;
   const WeightNames names = weight_names(spec.format);
@@ -103,7 +112,7 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
   plan.rank = rank;
   plan.kv_tokens = kv_tokens;
   plan.kv_bytes_per_token = kv_bytes_per_token(config, layout, rank);
-  Tally t(store, plan);
+  Tally t(store, plan, weight_dtype);
 
   const int64_t vocab_rows =
       config.vocab * (info.tp_rank + 1) / layout.tp() - config.vocab * info.tp_rank / layout.tp();
@@ -178,11 +187,11 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
 }
 
 std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
-                                                  int64_t kv_tokens) {
+                                                  int64_t kv_tokens, std::optional<DType> weight_dtype) {
   const std::unique_ptr<TensorStore> store = open_store(spec);
   std::vector<RankMemoryPlan> plans;
   for (int r = 0; r < layout.world(); ++r)
-    plans.push_back(plan_rank_memory(*store, spec, layout, r, kv_tokens));
+    plans.push_back(plan_rank_memory(*store, spec, layout, r, kv_tokens, weight_dtype));
   return plans;
 }
 
@@ -238,7 +247,7 @@ std::optional<ProcessNeed> need_of(const TensorStore& store, const FitRequest& r
   ProcessNeed need;
   for (int rank : ranks) {
     if (rank >= layout->world()) return std::nullopt;
-    const RankMemoryPlan p = plan_rank_memory(store, *r.spec, *layout, rank, kv_tokens);
+    const RankMemoryPlan p = plan_rank_memory(store, *r.spec, *layout, rank, kv_tokens, options.weight_dtype);
     need.weights += p.dense_bytes + p.expert_bytes;
     need.kv += p.kv_bytes();
   }
@@ -298,6 +307,13 @@ void check_fits_before_loading(const FitRequest& r) {
       fixes.push_back(fmt::format("run with {}", layout_flags(o)));
       break;
     }
+  if (!r.options.weight_dtype) {  // F32 weights converted to BF16 at load
+    GenerateOptions o = r.options;
+    o.weight_dtype = DType::BF16;
+    const auto converted = need_of(*store, r, o, r.kv_tokens);
+    if (converted && converted->weights < need->weights && converted->total() <= limit)
+      fixes.push_back("pass --weight-dtype bf16");
+  }
   if (r.kv_fix && need->weights + kInferenceReserveBytes < limit && need->kv > 0) {
     // The most positions per rank that fit beside the weights.
     const int64_t per_token = need->kv / r.kv_tokens;

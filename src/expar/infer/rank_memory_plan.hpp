@@ -40,12 +40,15 @@ struct RankMemoryPlan {
   int64_t heap_bytes() const { return dense_bytes + expert_bytes + kv_bytes(); }
 };
 
-// Rank `rank`'s plan from the headers of `store` (nothing is read but the headers).
+// Rank `rank`'s plan from the headers of `store` (nothing is read but the headers); `weight_dtype` as
+// load_rank_weights takes it.
 RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
-                                const InferenceLayout& layout, int rank, int64_t kv_tokens);
+                                const InferenceLayout& layout, int rank, int64_t kv_tokens,
+                                std::optional<DType> weight_dtype = std::nullopt);
 // Every rank's, opening the checkpoint's store once.
 std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
-                                                  int64_t kv_tokens);
+                                                  int64_t kv_tokens,
+                                                  std::optional<DType> weight_dtype = std::nullopt);
 // Every layer's keys and values of one position for rank `rank`'s key/value heads (the KV cache holds f32).
 int64_t kv_bytes_per_token(const ModelConfig& config, const InferenceLayout& layout, int rank);
 

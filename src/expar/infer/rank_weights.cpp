@@ -1,11 +1,14 @@
 #include "expar/infer/rank_weights.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/tensor_convert.hpp"
 #include "expar/core/weight_view.hpp"
 #include "expar/infer/hf_experts.hpp"
 #include "expar/infer/load_progress.hpp"
@@ -100,8 +103,27 @@ HeadSplit head_split(const ModelConfig& c, int tp, int t) {
   return s;
 }
 
+std::vector<std::string> weight_dtype_names() {
+  return {"bf16"};
+}
+
+DType weight_dtype_from_name(const std::string& name) {
+  EXPAR_CHECK(name == "bf16",
+              "--weight-dtype {}: expar converts weights at load to {} (FP8 is not built yet)", name,
+              fmt::join(weight_dtype_names(), ", "));
+  return DType::BF16;
+}
+
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
-                              const InferenceLayout& layout, int rank, const ModelFeatures& features) {
+                              const InferenceLayout& layout, int rank, const ModelFeatures& features,
+                              std::optional<DType> weight_dtype) {
+  EXPAR_CHECK(!weight_dtype || *weight_dtype == DType::BF16, "weights convert at load to BF16 only, not {}",
+              dtype_name(*weight_dtype));
+  // A product's weight in the dtype asked for: F32 ones converted (BF16 and F16 stay as stored).
+  auto product_weight = [&](Tensor t) {
+    if (!weight_dtype || t.dtype() != DType::F32) return t;
+    return to_bf16(t, t.category());
+  };
   const InferenceRankInfo info = layout.rank_info(rank);
   EXPAR_ASSERT(layout.placement().num_experts() == config.moe.router.num_experts,
                "the inference layout has {} experts but the model has {}: build the layout with "
@@ -127,7 +149,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   // Both are held in the checkpoint's dtype (F32, BF16 or F16) and multiplied as stored
   // (core/weight_view.hpp). The table is gathered one row per token, so it stays in the file where it can;
   // tied to the LM head it is streamed whole every step, and copied like the other streamed weights.
-  w.embed = features.tied_embeddings ? load_rows_as_stored(store, names.embed, v0, v1)
+  w.embed = features.tied_embeddings ? product_weight(load_rows_as_stored(store, names.embed, v0, v1))
                                      : map_rows_as_stored(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
@@ -136,7 +158,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
       // pick one (each rank compares its slice; a difference anywhere fails on the rank holding it).
       expect_shape(store, names.lm_head, {config.vocab, d});
-      const Tensor head = load_rows_as_stored(store, names.lm_head, v0, v1);
+      const Tensor head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
       EXPAR_CHECK(
           same_values(head, w.embed),
           "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
@@ -145,7 +167,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
-    w.lm_head = load_rows_as_stored(store, names.lm_head, v0, v1);
+    w.lm_head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
   }
   load_progress().bytes +=
       held(w.embed) + held(w.final_norm) + (features.tied_embeddings ? 0 : held(w.lm_head));
@@ -160,10 +182,10 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, name("wv"), {config.kv_heads * hd, d});
     expect_shape(store, name("wo"), {d, config.heads * hd});
     // The projections are held in the checkpoint's dtype and multiplied as stored.
-    lw.attn.wq = load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd);
-    lw.attn.wk = load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd);
-    lw.attn.wv = load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd);
-    lw.attn.wo = load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd);
+    lw.attn.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd));
+    lw.attn.wk = product_weight(load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd));
+    lw.attn.wv = product_weight(load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd));
+    lw.attn.wo = product_weight(load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd));
     if (features.qkv_bias) {
       expect_shape(store, name("bq"), {config.heads * hd});
       expect_shape(store, name("bk"), {config.kv_heads * hd});
@@ -244,12 +266,12 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
                                [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });
       };
       // Held in the checkpoint's dtype (F32, BF16, F16) and multiplied as stored.
-      lw.experts.w1 =
-          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w1"), i0, i1));
-      lw.experts.w3 =
-          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w3"), i0, i1));
-      lw.experts.w2 =
-          expert_parallel_weight_loader(info.local_experts, columns_loader_as_stored(view("w2"), i0, i1));
+      lw.experts.w1 = product_weight(
+          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w1"), i0, i1)));
+      lw.experts.w3 = product_weight(
+          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w3"), i0, i1)));
+      lw.experts.w2 = product_weight(
+          expert_parallel_weight_loader(info.local_experts, columns_loader_as_stored(view("w2"), i0, i1)));
       // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
       // the copy do not both stay resident.
       for (int e : info.local_experts)
@@ -274,9 +296,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         s1 = h;
       }
       if (s1 > s0) {
-        lw.shared_w1 = load_rows_as_stored(store, names.shared(l, "w1"), s0, s1);
-        lw.shared_w3 = load_rows_as_stored(store, names.shared(l, "w3"), s0, s1);
-        lw.shared_w2 = load_columns_as_stored(store, names.shared(l, "w2"), s0, s1);
+        lw.shared_w1 = product_weight(load_rows_as_stored(store, names.shared(l, "w1"), s0, s1));
+        lw.shared_w3 = product_weight(load_rows_as_stored(store, names.shared(l, "w3"), s0, s1));
+        lw.shared_w2 = product_weight(load_columns_as_stored(store, names.shared(l, "w2"), s0, s1));
         if (features.shared_expert_gate) {
           // The gate is a per-token scalar, so scaling each TP partial sum by it scales their sum.
           expect_shape(store, names.shared(l, "gate"), {1, d});
@@ -292,8 +314,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
 }
 
 RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, const InferenceLayout& layout,
-                              int rank) {
-  return load_rank_weights(store, weight_names(spec.format), spec.config, layout, rank, spec.features);
+                              int rank, std::optional<DType> weight_dtype) {
+  return load_rank_weights(store, weight_names(spec.format), spec.config, layout, rank, spec.features,
+                           weight_dtype);
 }
 
 std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {

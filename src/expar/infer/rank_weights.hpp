@@ -15,6 +15,7 @@
 // intermediate shard 0, for the same reason).
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,11 +77,16 @@ using expar::WeightNames;
 
 // This rank's weights of `config` from `store`. Throws expar::Error when the layout does not fit the model
 // (heads or intermediate not divisible, expert count mismatch) or a tensor is missing.
+// `weight_dtype` BF16: the F32 weights the products multiply are converted at load (GenerateOptions).
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
-                              const InferenceLayout& layout, int rank, const ModelFeatures& features = {});
+                              const InferenceLayout& layout, int rank, const ModelFeatures& features = {},
+                              std::optional<DType> weight_dtype = std::nullopt);
 // The same for a ModelSpec (open_model_spec): its names, config and features.
 RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, const InferenceLayout& layout,
-                              int rank);
+                              int rank, std::optional<DType> weight_dtype = std::nullopt);
+// The dtypes --weight-dtype converts to ("bf16"), and the one a name means (expar::Error naming them).
+std::vector<std::string> weight_dtype_names();
+DType weight_dtype_from_name(const std::string& name);
 // The tensor store of a ModelSpec: ExparCheckpointStore for ours, ShardedStore for Hugging Face formats.
 std::unique_ptr<TensorStore> open_store(const ModelSpec& spec);
 

@@ -68,7 +68,8 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
                       StepChannel& channel) {
   const InferenceLayout& layout = model.layout;
   std::unique_ptr<infer::TensorStore> store = infer::open_store(model.spec);
-  infer::RankWeights weights = infer::load_rank_weights(*store, model.spec, layout, world.rank());
+  infer::RankWeights weights =
+      infer::load_rank_weights(*store, model.spec, layout, world.rank(), options.model.weight_dtype);
   store.reset();
   const int64_t kv_bytes = infer::kv_bytes_per_token(model.spec.config, layout, world.rank());
   infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe});
