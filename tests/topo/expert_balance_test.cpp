@@ -252,13 +252,20 @@ TEST(ExpertBalance, ZipfLoadAtEp4WithASixteenthOfSlotsRedundant) {
   const ExpertBalance b = balance_experts({loads, 16, 4});
   EXPECT_GT(*b.contiguous_imbalance, 1.0);
   EXPECT_LT(b.imbalance, 0.01);
-  EXPECT_EQ(b.replica_count(0), 8);  // 1e6/8 = 125000 per replica: the head takes half the extra slots
+  EXPECT_EQ(b.replica_count(0), 8);
+  // Equal loads: exactly 0, never a rounding error's -0.000 (0.1 + 0.1 + 0.1 = 0.30000000000000004 > 3 x
+  // 0.1).
+  EXPECT_EQ(load_imbalance({0.1, 0.1, 0.1}), 0.0);
+  EXPECT_EQ(load_imbalance({0, 0}), 0.0);
+  EXPECT_DOUBLE_EQ(load_imbalance({3, 1}),
+                   0.5);  // 1e6/8 = 125000 per replica: the head takes half the extra slots
 }
 
 TEST(ExpertBalance, RefusalsNameTheValueTheRuleAndAnAcceptedFix) {
   EXPECT_THAT(refusal({{}, 0, 1}), HasSubstr("no expert loads given"));
   EXPECT_THAT(refusal({{1, -2}, 0, 1}), HasSubstr("the load of expert 1 is -2"));
   EXPECT_THAT(refusal({{1, NAN}, 0, 1}), HasSubstr("the load of expert 1 is nan"));
+  EXPECT_THAT(refusal({{1e308, 1e308}, 0, 1}), HasSubstr("the 2 expert loads add up to inf"));
   EXPECT_THAT(refusal({{1, 2}, -1, 1}), HasSubstr("redundant experts R=-1 is negative"));
   EXPECT_THAT(refusal({{1, 2}, 0, 0}), HasSubstr("EP group size M=0"));
 

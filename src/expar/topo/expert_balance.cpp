@@ -27,6 +27,11 @@ void validate(const ExpertBalanceInput& in) {
                 "number >= 0: give 0 or more",
                 e, load);
   }
+  const double total = std::accumulate(in.loads.begin(), in.loads.end(), 0.0);
+  EXPAR_CHECK(std::isfinite(total),
+              "the {} expert loads add up to {}, beyond what a double holds: give loads with a finite sum "
+              "(scale them down: only their ratios matter)",
+              experts, total);
   const int e_count = static_cast<int>(experts);
   EXPAR_CHECK(in.redundant >= 0,
               "redundant experts R={} is negative: R counts the slots beyond one per expert: give R >= 0 "
@@ -122,7 +127,8 @@ double load_imbalance(const std::vector<double>& rank_load) {
     most = std::max(most, l);
   }
   const double mean = total / static_cast<double>(rank_load.size());
-  return mean > 0 ? (most - mean) / mean : 0;
+  // max >= mean; summation rounding may say otherwise by an ulp, never below 0.
+  return mean > 0 ? std::max(0.0, (most - mean) / mean) : 0;
 }
 
 std::vector<int> ExpertBalance::rank_slots(int rank) const {
