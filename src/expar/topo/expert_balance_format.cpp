@@ -40,12 +40,11 @@ std::string format_expert_balance(const ExpertBalance& b) {
   }
   if (b.contiguous_imbalance) {
     out += fmt::format(
-        "  imbalance (max - mean)/mean of the rank loads: {:.3f} contiguous without replicas ({} experts per "
-        "rank) -> {:.3f} with this placement\n",
+        "  imbalance (max - mean)/mean: before {:.3f} (contiguous, {} per rank, no replicas), after "
+        "{:.3f}\n",
         *b.contiguous_imbalance, b.num_experts / b.ep_size, b.imbalance);
   } else {
-    out += fmt::format("  imbalance (max - mean)/mean of the rank loads: {:.3f} with this placement ({})\n",
-                       b.imbalance, b.contiguous_note);
+    out += fmt::format("  imbalance (max - mean)/mean: after {:.3f} ({})\n", b.imbalance, b.contiguous_note);
   }
   return out;
 }
