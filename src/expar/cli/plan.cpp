@@ -1,14 +1,17 @@
 // `expar plan`: per-rank memory and per-step communication for a model and training layout (seed 000 §5.1,
 // equations 8 and 9). Only parses and prints; the computation is expar::plan_training
 // (train/plan_buffers.hpp: topo/plan.hpp's make_plan plus the symmetric buffers sized as the trainer sizes
-// them).
+// them). With --expert-load, also the placement of redundant experts that DeepSeek's EPLB policy would choose
+// for that load (topo/expert_balance.hpp), after the plan or, without a model, on its own.
 
 #include "expar/topo/plan.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +28,8 @@
 #include "expar/model/model_shape.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/topo/expert_balance.hpp"
+#include "expar/topo/expert_balance_format.hpp"
 #include "expar/topo/message_model.hpp"
 #include "expar/topo/placement.hpp"
 #include "expar/topo/plan_format.hpp"
@@ -65,7 +70,88 @@ struct PlanOptions {
   bool enable_expert_parallel = false;
   double memory_limit_gib = 0;
   std::string weight_dtype;
+  // The expert placement (topo/expert_balance.hpp): --expert-load selects it; --ep is the EP group size.
+  std::string expert_load;
+  int redundant_experts = 0;
+  int expert_groups = 0;
 };
+
+// The flags a placement without a model reads; any other given is refused by name.
+const std::vector<std::string> kPlacementOnlyFlags = {
+    "--expert-load", "--redundant-experts", "--expert-groups", "--ep", "--ranks-per-node", "--json"};
+
+// "8,1,1,2" -> {8, 1, 1, 2}: one finite, non-negative number per logical expert.
+std::vector<double> parse_expert_load(const std::string& text) {
+  std::vector<double> loads;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string entry = text.substr(begin, end - begin);
+    const size_t expert = loads.size();
+    const char* first = entry.c_str();
+    char* last = nullptr;
+    errno = 0;
+    const double load = std::strtod(first, &last);
+    const char* stop = last;
+    const bool whole = !entry.empty() && stop != first &&
+                       std::all_of(stop, first + entry.size(), [](char c) { return c == ' '; });
+    EXPAR_CHECK(whole && errno == 0 && std::isfinite(load),
+                "--expert-load: the load of expert {} is '{}', not a finite number: give one number >= 0 per "
+                "logical expert, comma-separated (e.g. --expert-load 8,1,1,2)",
+                expert, entry);
+    EXPAR_CHECK(
+        load >= 0,
+        "--expert-load: the load of expert {} is {}: a load counts the tokens routed to the expert, so "
+        "it is never negative: give 0 or more",
+        expert, entry);
+    loads.push_back(load);
+    if (end == text.size()) break;
+    begin = end + 1;
+  }
+  return loads;
+}
+
+bool model_given(const PlanOptions& o) {
+  return !o.preset.empty() || !o.model.empty() || o.layers || o.d_model || o.vocab || o.heads || o.kv_heads ||
+         o.head_dim || o.experts || o.top_k || o.expert_hidden || o.shared_experts || o.shared_hidden ||
+         o.dense_layers || o.dense_hidden;
+}
+
+// The placement of --expert-load over the EP group of --ep ranks; `model_experts` > 0: the loads must
+// name that many experts. Nodes only when --ranks-per-node is given.
+ExpertBalance plan_expert_balance(const PlanOptions& o, const CLI::App& cmd, int model_experts,
+                                  const std::string& model_name) {
+  ExpertBalanceInput in;
+  in.loads = parse_expert_load(o.expert_load);
+  EXPAR_CHECK(
+      model_experts <= 0 || static_cast<int64_t>(in.loads.size()) == model_experts,
+      "--expert-load gives {} loads, but the model {} has {} routed experts: give one load per routed "
+      "expert ({} comma-separated numbers), or drop the model for a placement on its own",
+      in.loads.size(), model_name, model_experts, model_experts);
+  in.redundant = o.redundant_experts;
+  in.ep_size = o.ep;
+  if (cmd.count("--ranks-per-node") > 0) in.ranks_per_node = o.messages.ranks_per_node;
+  in.expert_groups = o.expert_groups;
+  return balance_experts(in);
+}
+
+// --expert-load without a model: the placement alone.
+int run_placement_only(const PlanOptions& o, const CLI::App& cmd) {
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+    const std::string name = "--" + opt->get_lnames().front();
+    EXPAR_CHECK(
+        std::find(kPlacementOnlyFlags.begin(), kPlacementOnlyFlags.end(), name) != kPlacementOnlyFlags.end(),
+        "{} belongs to the training plan, but no model is given, so only the expert placement is planned, "
+        "which takes {}: drop {} (or give --preset, --model or the shape flags for the plan with the "
+        "placement)",
+        name, fmt::join(kPlacementOnlyFlags, " "), name);
+  }
+  const ExpertBalance balance = plan_expert_balance(o, cmd, 0, "");
+  if (o.json.table_wanted()) fmt::print("{}", format_expert_balance(balance));
+  if (o.json.wanted()) o.json.write(nlohmann::json{{"expert_balance", expert_balance_json(balance)}}.dump(2));
+  return 0;
+}
 
 // The flags an inference plan reads; any other given with --kv-tokens is refused by name.
 const std::vector<std::string> kInferencePlanFlags = {"--model",
@@ -147,6 +233,11 @@ ModelShape build_model(const PlanOptions& o) {
 
 int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   if (cmd.count("--kv-tokens") > 0) return run_plan_for_inference(o, cmd);
+  const bool placement = cmd.count("--expert-load") > 0;
+  EXPAR_CHECK(placement || cmd.count("--redundant-experts") + cmd.count("--expert-groups") == 0,
+              "--redundant-experts and --expert-groups shape the expert placement, which --expert-load asks "
+              "for: add --expert-load L0,L1,... (one load per expert), or drop them");
+  if (placement && !model_given(o)) return run_placement_only(o, cmd);
   EXPAR_CHECK(
       cmd.count("--dp") + cmd.count("--enable-expert-parallel") + cmd.count("--memory-limit-gib") +
               cmd.count("--weight-dtype") ==
@@ -196,12 +287,16 @@ int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   shape.microbatches = c.microbatches;
   for (const auto& stage : plan.stages) shape.moe_layers = std::max(shape.moe_layers, stage.moe_layers);
   const MessageModel messages = model_messages(shape, inputs);
+  std::optional<ExpertBalance> balance;
+  if (placement) balance = plan_expert_balance(o, cmd, c.model.num_experts, c.model.name);
   if (o.json.table_wanted()) {
     fmt::print("{}{}", format_plan_table(plan), format_message_model(messages));
+    if (balance) fmt::print("{}", format_expert_balance(*balance));
   }
   if (o.json.wanted()) {
     nlohmann::json j = plan_to_json(plan);
     j["messages"] = message_model_json(messages);
+    if (balance) j["expert_balance"] = expert_balance_json(*balance);
     o.json.write(j.dump(2));
   }
   return 0;
@@ -302,7 +397,8 @@ void add_plan(CLI::App& app, CommandTable& table) {
   add_precision_flags(cmd, opts->precision);
   cmd->add_option(
          "--ranks-per-node", opts->messages.ranks_per_node,
-         "ranks per node for the message model and aggregated's pack buffers (EP groups fill whole nodes)")
+         "ranks per node for the message model, aggregated's pack buffers and, when given, the expert "
+         "placement's node-first packing (EP groups fill whole nodes)")
       ->capture_default_str()
       ->check(integer_in(1, 1 << 20));
   cmd->add_option("--link-gbytes-per-s", opts->link_gbytes,
@@ -335,6 +431,19 @@ void add_plan(CLI::App& app, CommandTable& table) {
                   "inference plan: the F32 weights the products multiply converted at load to " +
                       choices(infer::weight_dtype_names()))
       ->check(one_of(infer::weight_dtype_names()));
+  cmd->add_option("--expert-load", opts->expert_load,
+                  "expert placement: the load of each routed expert (e.g. tokens over a window), "
+                  "comma-separated; shows the redundant-expert placement of DeepSeek's EPLB over --ep ranks "
+                  "(without a model: the placement alone)");
+  cmd->add_option("--redundant-experts", opts->redundant_experts,
+                  "expert placement: R extra expert slots (S = experts + R, a multiple of --ep)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 20));
+  cmd->add_option("--expert-groups", opts->expert_groups,
+                  "expert placement: G groups of consecutive experts packed whole onto nodes with "
+                  "--ranks-per-node (DeepSeek-V3: 8; 0: one group per expert)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 24));
   add_json_option(cmd, opts->json, "the plan");
   table[cmd] = [opts, cmd] { return run_plan(*opts, *cmd); };
 }
