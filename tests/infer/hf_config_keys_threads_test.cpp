@@ -214,7 +214,17 @@ std::vector<KeyCase> key_cases() {
       {Q2, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}), Effect::Refused},
       {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}),
        Effect::Same},  // MXFP4 experts are dequantised at load; these experts are stored unquantised
-      {GO, "quantization_config", with("quantization_config", {{"quant_method", "fp8"}}), Effect::Refused},
+      // Block-scaled FP8 (infer/fp8_store.hpp): the tensors that are F8_E4M3 carry their scales; these are
+      // not.
+      {GO, "quantization_config", with("quantization_config", {{"quant_method", "fp8"}}), Effect::Same},
+      {Q2, "quantization_config",
+       with("quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}),
+       Effect::Refused},
+      {Q2, "quantization_config", with("quantization_config", {{"quant_method", "fp8"}, {"fmt", "e5m2"}}),
+       Effect::Refused},
+      {Q2, "quantization_config",
+       with("quantization_config", {{"quant_method", "fp8"}, {"activation_scheme", "static"}}),
+       Effect::Refused},
       {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}, {"bits", 4}}),
        Effect::Refused},
       {Q3, "use_qk_norm_v2", with("use_qk_norm_v2", true), Effect::Refused},

@@ -567,6 +567,62 @@ inline std::vector<int32_t> vocab_tokens(uint64_t stream, int n, int vocab) {
   return v;
 }
 
+// Mixtral with 128-wide matrices: whole 128 × 128 FP8 blocks (an intermediate of 256 whole or halved).
+inline HfTestModel mixtral_fp8_test_model() {
+  HfTestModel m;
+  m.format = ModelFormat::Mixtral;
+  m.shared = 0;
+  m.eps = 1e-5f;
+  m.d = 128;
+  m.inter = 256;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 32;
+  m.experts = 8;
+  m.top_k = 2;
+  m.randomize(71);
+  return m;
+}
+
+// Block-scaled FP8 of every linear weight the products multiply (attention projections, routed experts,
+// shared expert), stored as DeepSeek-V3's and Qwen3's FP8 checkpoints store them (NAME F8_E4M3 and
+// NAME_scale_inv F32 per 128 × 128 block; core/tensor_convert.hpp's to_fp8_blocks), and the checkpoint of
+// the F32 values they encode (everything else the same in both).
+struct Fp8Checkpoint {
+  std::map<std::string, Tensor> stored, dequantised;
+};
+inline bool fp8_product_weight(const std::string& name) {
+  auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return (name.find("self_attn.") != std::string::npos && ends("_proj.weight")) ||
+         (name.find(".experts.") != std::string::npos && ends(".weight")) ||
+         (name.find("shared_expert.") != std::string::npos && ends("_proj.weight"));
+}
+// `lm_head`: the LM head too (as --weight-dtype fp8 converts it).
+inline Fp8Checkpoint fp8_quantised(const std::map<std::string, Tensor>& tensors, bool lm_head = false) {
+  Fp8Checkpoint c;
+  for (const auto& [name, t] : tensors) {
+    if (!fp8_product_weight(name) && !(lm_head && name == "lm_head.weight")) {
+      c.stored[name] = c.dequantised[name] = t;
+      continue;
+    }
+    const Tensor codes = to_fp8_blocks(t, MemCategory::Other);
+    c.stored[name] = codes;
+    c.stored[name + "_scale_inv"] = *codes.block_scales();
+    c.dequantised[name] = to_f32(codes, MemCategory::Other);
+  }
+  return c;
+}
+inline nlohmann::json fp8_config(const nlohmann::json& config) {
+  nlohmann::json j = config;
+  j["quantization_config"] = {{"quant_method", "fp8"},
+                              {"fmt", "e4m3"},
+                              {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {128, 128}}};
+  return j;
+}
+
 // Every tensor rounded to BF16: as BF16 tensors (a BF16 checkpoint), or as F32 tensors of the same values.
 inline std::map<std::string, Tensor> bf16_rounded(const std::map<std::string, Tensor>& tensors,
                                                   bool as_bf16) {

@@ -52,10 +52,14 @@ void expect_plan_matches_load(const fs::path& dir, const std::string& family,
       for (int64_t b : plan.held_bytes) held += b;
       EXPECT_EQ(held, plan.dense_bytes + plan.expert_bytes) << what;
       // Converted: no F32 matrix is left but the norms, router, biases and gates (a few per cent).
-      if (weight_dtype) {
+      if (weight_dtype == DType::BF16) {
+        // Converted: no F32 matrix is left but the norms, router, biases and gates (a few per cent).
         EXPECT_GT(plan.held_bytes[static_cast<size_t>(WeightFormat::BF16)],
                   4 * plan.held_bytes[static_cast<size_t>(WeightFormat::F32)])
             << what;
+      }
+      if (weight_dtype == DType::F8E4M3) {
+        EXPECT_GT(plan.held_bytes[static_cast<size_t>(WeightFormat::FP8)], 0) << what;
       }
       Engine engine(layout, world, std::move(w));
       engine.add_sequence(plan.kv_tokens);
@@ -92,6 +96,22 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
     std::ofstream(d / "config.json") << m.config().dump(2);
     expect_plan_matches_load(d, f);
     expect_plan_matches_load(d, f + " with --weight-dtype bf16", DType::BF16);
+  }
+  {  // block-scaled FP8: Mixtral's whole blocks, Qwen's ragged ones (experts widened); BF16 converted to FP8
+    for (const char* family : {"mixtral", "qwen2_moe"}) {
+      const std::string f = family;
+      HfTestModel m = f == "mixtral" ? mixtral_fp8_test_model() : qwen_test_model();
+      const fs::path d = dir.path() / ("fp8_" + f);
+      fs::create_directories(d);
+      write_sharded_checkpoint(d, fp8_quantised(m.tensors).stored, 256 * 1024);
+      std::ofstream(d / "config.json") << fp8_config(m.config()).dump(2);
+      expect_plan_matches_load(d, f + " fp8");
+      const fs::path b = dir.path() / ("bf16_" + f);
+      fs::create_directories(b);
+      write_sharded_checkpoint(b, bf16_rounded(m.tensors, true), 256 * 1024);
+      std::ofstream(b / "config.json") << m.config().dump(2);
+      expect_plan_matches_load(b, f + " bf16 with --weight-dtype fp8", DType::F8E4M3);
+    }
   }
   // gpt-oss, MXFP4 experts: held as stored where a shard covers whole blocks (of an intermediate of 64: whole
   // experts, and shards of 32 at TP 2), widened where not (of 32: shards of 16).

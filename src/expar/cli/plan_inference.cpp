@@ -40,14 +40,15 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
     fmt::print("inference plan: '{}' ({}) on TP {} x DP {}, EP {}, KV cache of {} positions per rank\n",
                spec.dir.string(), infer::model_format_name(spec.format), layout.tp(), layout.dp(),
                ep_label(layout.ep_degree(), layout.tp()), a.kv_tokens);
-    fmt::print("{:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "rank", "experts", "f32",
-               "bf16", "f16", "mxfp4", "mapped", "KV cache", "heap");
+    fmt::print("{:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "rank", "experts",
+               "f32", "bf16", "f16", "fp8", "mxfp4", "mapped", "KV cache", "heap");
     for (const infer::RankMemoryPlan& p : plans) {
       auto held = [&](WeightFormat f) { return format_bytes(p.held_bytes[static_cast<size_t>(f)]); };
-      fmt::print("{:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", p.rank,
+      fmt::print("{:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", p.rank,
                  layout.rank_info(p.rank).local_experts.size(), held(WeightFormat::F32),
-                 held(WeightFormat::BF16), held(WeightFormat::F16), held(WeightFormat::MXFP4),
-                 format_bytes(p.mapped_bytes), format_bytes(p.kv_bytes()), format_bytes(p.heap_bytes()));
+                 held(WeightFormat::BF16), held(WeightFormat::F16), held(WeightFormat::FP8),
+                 held(WeightFormat::MXFP4), format_bytes(p.mapped_bytes), format_bytes(p.kv_bytes()),
+                 format_bytes(p.heap_bytes()));
     }
     fmt::print("one process (threads) holds {} with {} kept free for activations; {} available: {}\n",
                format_bytes(process), format_bytes(infer::kInferenceReserveBytes), format_bytes(available),

@@ -129,11 +129,15 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   int64_t row_elems = shape_[0] == 0 ? 0 : numel() / shape_[0];
   t.shape_[0] = end - begin;
   t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row_elems) * dtype_size(dtype_);
+  if (block_scales_) t.block_row0_ += begin * (row_elems / shape_.back());
   return t;
 }
 
 Tensor Tensor::reshape(Shape shape) const {
   EXPAR_ASSERT(shape_numel(shape) == numel(), "cannot reshape {} into {}: element counts differ",
+               shape_string(shape_), shape_string(shape));
+  EXPAR_ASSERT(!block_scales_ || (!shape.empty() && shape.back() == shape_.back()),
+               "a block-scaled tensor {} keeps its last dimension: cannot reshape it into {}",
                shape_string(shape_), shape_string(shape));
   Tensor t = *this;
   t.shape_ = std::move(shape);
@@ -143,6 +147,32 @@ Tensor Tensor::reshape(Shape shape) const {
 Tensor Tensor::clone(MemCategory category) const {
   Tensor t = empty(shape_, dtype_, category);
   if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  if (block_scales_) {
+    t.block_scales_ = std::make_shared<const Tensor>(block_scales_->clone(category));
+    t.block_row0_ = block_row0_;
+    t.block_col0_ = block_col0_;
+  }
+  return t;
+}
+
+Tensor Tensor::with_block_scales(Tensor scales, int64_t row0, int64_t col0) const {
+  EXPAR_CHECK(dtype_ == DType::F8E4M3 && ndim() >= 1 && scales.dtype() == DType::F32 && scales.ndim() == 2,
+              "block scales go with an F8E4M3 tensor as an F32 grid [rows/128, cols/128] (blocks of 128): "
+              "got {} {} with {} {}",
+              dtype_name(dtype_), shape_string(shape_), dtype_name(scales.dtype()),
+              shape_string(scales.shape()));
+  const int64_t cols = shape_.back(), rows = cols == 0 ? 0 : numel() / cols;
+  EXPAR_CHECK(
+      row0 >= 0 && col0 >= 0 && (rows == 0 || (rows - 1 + row0) / kFp8Block < scales.dim(0)) &&
+          (cols == 0 || (cols - 1 + col0) / kFp8Block < scales.dim(1)),
+      "an FP8 matrix of {} rows and {} columns from ({}, {}) needs a scale grid of at least [{}, {}], "
+      "got {}",
+      rows, cols, row0, col0, (rows + row0 + kFp8Block - 1) / kFp8Block,
+      (cols + col0 + kFp8Block - 1) / kFp8Block, shape_string(scales.shape()));
+  Tensor t = *this;
+  t.block_scales_ = std::make_shared<const Tensor>(std::move(scales));
+  t.block_row0_ = row0;
+  t.block_col0_ = col0;
   return t;
 }
 

@@ -15,6 +15,9 @@
 namespace expar {
 
 using Shape = std::vector<int64_t>;
+
+// The side of a block of block-scaled FP8 (Tensor::with_block_scales; DeepSeek-V3's weight_block_size).
+inline constexpr int64_t kFp8Block = 128;
 std::string shape_string(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 
@@ -67,8 +70,18 @@ class Tensor {
   Tensor rows(int64_t begin, int64_t end) const;
   // Same storage, new shape with the same number of elements.
   Tensor reshape(Shape shape) const;
-  // A deep copy in its own storage.
+  // A deep copy in its own storage (block scales included).
   Tensor clone(MemCategory category = MemCategory::Activations) const;
+
+  // Block-scaled FP8: an F8E4M3 tensor of codes carries the f32 multipliers of its 128 × 128 blocks (as
+  // DeepSeek-V3 and Qwen3's FP8 checkpoints store `weight_scale_inv`). Seen as the matrix [numel / C, C] (C
+  // its last dimension), element (r, c) stands for e4m3(code) × scales[(r + row0) / 128][(c + col0) / 128];
+  // row0 and col0 place the tensor's first element inside the grid when it is a slice of a larger matrix. Row
+  // views move row0, reshapes keep the last dimension; core/weight_view.hpp multiplies by these values.
+  Tensor with_block_scales(Tensor scales, int64_t row0 = 0, int64_t col0 = 0) const;
+  const Tensor* block_scales() const { return block_scales_.get(); }
+  int64_t block_row0() const { return block_row0_; }
+  int64_t block_col0() const { return block_col0_; }
   void fill(float value);  // f32 tensors only
   void zero();
 
@@ -79,6 +92,8 @@ class Tensor {
   Shape shape_;
   DType dtype_ = DType::F32;
   MemCategory category_ = MemCategory::Other;
+  std::shared_ptr<const Tensor> block_scales_;
+  int64_t block_row0_ = 0, block_col0_ = 0;
 };
 
 // Whether freshly allocated float tensors are filled with NaN (debug builds, or EXPAR_POISON=1).

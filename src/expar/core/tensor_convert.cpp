@@ -1,9 +1,12 @@
 #include "expar/core/tensor_convert.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/weight_view.hpp"
 
 namespace expar {
 
@@ -25,8 +28,16 @@ Tensor to_f32(const Tensor& t, MemCategory category) {
       for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(p[i]);
       break;
     }
+    case DType::F8E4M3:
+      if (t.block_scales() != nullptr && t.ndim() >= 1) {
+        const int64_t cols = t.shape().back();
+        dequantize_rows(weight_view(t.reshape({cols == 0 ? 0 : n / cols, cols})), 0, cols == 0 ? 0 : n / cols,
+                        o, cols);
+        break;
+      }
+      [[fallthrough]];
     default:
-      fail("a weight of dtype {} cannot be loaded: expar loads F32, BF16 or F16 weights",
+      fail("a weight of dtype {} cannot be loaded: expar loads F32, BF16, F16 or block-scaled FP8 weights",
            dtype_name(t.dtype()));
   }
   return out;
@@ -39,6 +50,34 @@ Tensor to_bf16(const Tensor& t, MemCategory category) {
   auto* o = static_cast<uint16_t*>(out.raw());
   for (int64_t i = 0; i < t.numel(); ++i) o[i] = f32_to_bf16(p[i]);
   return out;
+}
+
+Tensor to_fp8_blocks(const Tensor& t, MemCategory category) {
+  EXPAR_CHECK(t.ndim() >= 1 && (t.dtype() == DType::F32 || t.dtype() == DType::BF16),
+              "FP8 weights are made from F32 or BF16 tensors, not {} {}", dtype_name(t.dtype()),
+              shape_string(t.shape()));
+  const Tensor values = t.dtype() == DType::F32 ? t : to_f32(t, category);
+  const int64_t cols = t.shape().back(), rows = cols == 0 ? 0 : t.numel() / cols;
+  const int64_t grid_rows = (rows + kFp8Block - 1) / kFp8Block,
+                grid_cols = (cols + kFp8Block - 1) / kFp8Block;
+  Tensor codes = Tensor::empty(t.shape(), DType::F8E4M3, category);
+  Tensor scales = Tensor::empty({grid_rows, grid_cols}, DType::F32, category);
+  const float* v = values.data<float>();
+  auto* c = static_cast<uint8_t*>(codes.raw());
+  float* s = scales.data<float>();
+  for (int64_t br = 0; br < grid_rows; ++br)
+    for (int64_t bc = 0; bc < grid_cols; ++bc) {
+      const int64_t r0 = br * kFp8Block, r1 = std::min(rows, r0 + kFp8Block);
+      const int64_t c0 = bc * kFp8Block, c1 = std::min(cols, c0 + kFp8Block);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t k = c0; k < c1; ++k) amax = std::max(amax, std::fabs(v[r * cols + k]));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      s[br * grid_cols + bc] = scale;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t k = c0; k < c1; ++k) c[r * cols + k] = f32_to_e4m3(v[r * cols + k] / scale);
+    }
+  return codes.with_block_scales(std::move(scales));
 }
 
 }  // namespace expar

@@ -125,6 +125,10 @@ bool held_as_stored(DType dtype) {
   return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
 }
 
+bool held_as_stored(const Tensor& t) {
+  return held_as_stored(t.dtype()) || (t.dtype() == DType::F8E4M3 && t.block_scales() != nullptr);
+}
+
 WeightView weight_view(const Tensor& t) {
   EXPAR_CHECK(t.ndim() == 2, "a weight matrix must be 2-d, got shape {}", shape_string(t.shape()));
   const int64_t n = t.dim(0), k = t.dim(1);
@@ -135,8 +139,20 @@ WeightView weight_view(const Tensor& t) {
       return WeightView::bf16(static_cast<const uint16_t*>(t.raw()), n, k, k);
     case DType::F16:
       return WeightView::f16(static_cast<const uint16_t*>(t.raw()), n, k, k);
+    case DType::F8E4M3:
+      if (const Tensor* s = t.block_scales()) {
+        // The view starts at the block holding element (0, 0), at its offset inside it.
+        const int64_t r0 = t.block_row0(), c0 = t.block_col0(), ld = s->dim(1);
+        return WeightView::fp8(static_cast<const uint8_t*>(t.raw()),
+                               s->data<float>() + r0 / kFp8Block * ld + c0 / kFp8Block, n, k, k, ld,
+                               r0 % kFp8Block, c0 % kFp8Block);
+      }
+      fail(
+          "an F8E4M3 tensor {} without its block scales is not a weight matrix: load it with its "
+          "weight_scale_inv",
+          shape_string(t.shape()));
     default:
-      fail("a {} tensor {} is not a weight matrix: weights are held as F32, BF16 or F16",
+      fail("a {} tensor {} is not a weight matrix: weights are held as F32, BF16, F16 or block-scaled FP8",
            dtype_name(t.dtype()), shape_string(t.shape()));
   }
 }

@@ -30,7 +30,6 @@ enum class WeightFormat : uint8_t {
 };
 
 inline constexpr int64_t kMxfp4Block = 32;
-inline constexpr int64_t kFp8Block = 128;
 
 // "f32", "bf16", "f16", "mxfp4", "fp8".
 std::string_view weight_format_name(WeightFormat format);
@@ -72,6 +71,14 @@ struct WeightView {
 
 // Whether a tensor of this dtype is held and multiplied as it is (F32, BF16, F16); other dtypes are widened.
 bool held_as_stored(DType dtype);
+// The same for a tensor: also F8E4M3 codes that carry their block scales (Tensor::with_block_scales).
+bool held_as_stored(const Tensor& t);
+// The bytes a weight holds: its elements and, block-scaled FP8, its scale grid.
+inline int64_t weight_bytes(const Tensor& t) {
+  if (!t.defined()) return 0;
+  const Tensor* s = t.block_scales();
+  return static_cast<int64_t>(t.nbytes()) + (s != nullptr ? static_cast<int64_t>(s->nbytes()) : 0);
+}
 // A 2-d tensor's matrix, held in its own dtype (held_as_stored; anything else is refused by name).
 WeightView weight_view(const Tensor& t);
 

@@ -30,7 +30,8 @@ struct GenerateOptions : InferenceParallelism {
   int64_t memory_limit_bytes = 0;
   // BF16: the weights the products multiply (attention, LM head, experts, shared expert), where the
   // checkpoint stores them in F32, converted at load (rounded to nearest, ties to even), for half their
-  // bytes; unset: every weight as stored (rank_weights.hpp).
+  // bytes; F8E4M3: those stored in F32, BF16 or F16 converted to block-scaled FP8 (core/tensor_convert.hpp's
+  // to_fp8_blocks); unset: every weight as stored (rank_weights.hpp).
   std::optional<DType> weight_dtype;
 };
 

@@ -48,21 +48,31 @@ class Tally {
     const TensorInfo& i = store_.info(name);
     f32_rows(name, i.shape.empty() ? 1 : i.shape[0]);
   }
-  // load_rows_as_stored / rows_loader_as_stored: rows held as stored, or widened; a product's weight
-  // (`product`) converted to --weight-dtype where it is F32.
+  // load_rows_as_stored / rows_loader_as_stored: rows held as stored (FP8 with its whole scale grid, which
+  // copies keep), or widened; a product's weight (`product`) converted to --weight-dtype.
   void rows(const std::string& name, int64_t rows, MemCategory c = MemCategory::DenseWeights,
             bool product = true) {
-    const TensorInfo& i = store_.info(name);
-    const WeightFormat f = held(i.dtype, product);
-    const int64_t size = f == WeightFormat::F32 ? 4 : 2;
-    add(f, rows * row_elements(i) * size, c);
+    piece(name, rows, row_elements(store_.info(name)), c, product);
   }
   // load_columns_as_stored / columns_loader_as_stored of a 2-d [a, b]: `cols` columns of every row.
   void columns(const std::string& name, int64_t cols, MemCategory c = MemCategory::DenseWeights) {
-    const TensorInfo& i = store_.info(name);
-    const WeightFormat f = held(i.dtype, true);
-    const int64_t size = f == WeightFormat::F32 ? 4 : 2;
-    add(f, i.shape.at(0) * cols * size, c);
+    piece(name, store_.info(name).shape.at(0), cols, c, true);
+  }
+  // expert_parallel_weight_loader's stack of one piece [rows, cols] per local expert (`names`, one each),
+  // each starting at row `row0` of its expert's matrix: stored FP8 pieces stack with their grids' block rows
+  // where they cover whole block rows, else widen; then the stack is converted as a product's weight.
+  void experts(const std::vector<std::string>& names, int64_t rows, int64_t cols, int64_t row0) {
+    if (names.empty()) return;
+    const auto local = static_cast<int64_t>(names.size());
+    const MemCategory c = MemCategory::ExpertWeights;
+    if (stored_fp8(names[0])) {
+      if (row0 % kFp8Block == 0 && rows % kFp8Block == 0)
+        add(WeightFormat::FP8, local * rows * cols + local * rows / kFp8Block * grid_cols(names[0]) * 4, c);
+      else
+        add(WeightFormat::F32, local * rows * cols * 4, c);
+      return;
+    }
+    held_matrix(held_format(store_.info(names[0]).dtype), local * rows, cols, c, true);
   }
   // map_rows_as_stored: in place where the file is mapped and the dtype held as stored.
   void mapped_rows(const std::string& name, int64_t rows) {
@@ -81,9 +91,29 @@ class Tally {
   }
 
  private:
-  WeightFormat held(DType stored, bool product) const {
-    const WeightFormat f = held_format(stored);
-    return product && f == WeightFormat::F32 && weight_dtype_ == DType::BF16 ? WeightFormat::BF16 : f;
+  bool stored_fp8(const std::string& name) const {
+    return store_.info(name).dtype == DType::F8E4M3 && store_.contains(name + "_scale_inv");
+  }
+  int64_t grid_cols(const std::string& name) const { return store_.info(name + "_scale_inv").shape.at(1); }
+  // A copied piece [rows, cols] of `name`.
+  void piece(const std::string& name, int64_t rows, int64_t cols, MemCategory c, bool product) {
+    if (stored_fp8(name)) {
+      add(WeightFormat::FP8, rows * cols + static_cast<int64_t>(store_.info(name + "_scale_inv").nbytes()),
+          c);
+      return;
+    }
+    held_matrix(held_format(store_.info(name).dtype), rows, cols, c, product);
+  }
+  // A matrix [rows, cols] held in `format`, or converted by --weight-dtype when a product's weight:
+  // BF16 from F32; FP8 (codes and a grid of 128 × 128 blocks) from F32, BF16 and F16.
+  void held_matrix(WeightFormat format, int64_t rows, int64_t cols, MemCategory c, bool product) {
+    if (product && weight_dtype_ == DType::F8E4M3 && format != WeightFormat::MXFP4) {
+      add(WeightFormat::FP8,
+          rows * cols + (rows + kFp8Block - 1) / kFp8Block * ((cols + kFp8Block - 1) / kFp8Block) * 4, c);
+      return;
+    }
+    if (product && weight_dtype_ == DType::BF16 && format == WeightFormat::F32) format = WeightFormat::BF16;
+    add(format, rows * cols * (format == WeightFormat::F32 ? 4 : 2), c);
   }
   const TensorStore& store_;
   RankMemoryPlan& plan_;
@@ -166,11 +196,15 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
       t.add(WeightFormat::F32, local * 2 * n * 4, MemCategory::ExpertWeights);           // gate and up biases
       if (i0 == 0) t.add(WeightFormat::F32, local * d * 4, MemCategory::ExpertWeights);  // the down bias
     } else {
+      std::vector<std::string> w1, w3, w2;
       for (int e : info.local_experts) {
-        t.rows(names.expert(l, e, "w1"), n, MemCategory::ExpertWeights);
-        t.rows(names.expert(l, e, "w3"), n, MemCategory::ExpertWeights);
-        t.columns(names.expert(l, e, "w2"), n, MemCategory::ExpertWeights);
+        w1.push_back(names.expert(l, e, "w1"));
+        w3.push_back(names.expert(l, e, "w3"));
+        w2.push_back(names.expert(l, e, "w2"));
       }
+      t.experts(w1, n, d, i0);
+      t.experts(w3, n, d, i0);
+      t.experts(w2, d, n, 0);
     }
     if (config.shared_expert_hidden > 0) {
       const int64_t h = config.shared_expert_hidden;

@@ -10,6 +10,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/tensor_convert.hpp"
 #include "expar/core/weight_view.hpp"
+#include "expar/infer/fp8_store.hpp"
 #include "expar/infer/hf_experts.hpp"
 #include "expar/infer/load_progress.hpp"
 #include "expar/infer/mxfp4_store.hpp"
@@ -44,7 +45,7 @@ bool same_values(const Tensor& a, const Tensor& b) {
 }
 
 int64_t held(const Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  return weight_bytes(t);
 }
 
 // The bytes a layer holds, for the load's progress.
@@ -104,25 +105,28 @@ HeadSplit head_split(const ModelConfig& c, int tp, int t) {
 }
 
 std::vector<std::string> weight_dtype_names() {
-  return {"bf16"};
+  return {"bf16", "fp8"};
 }
 
 DType weight_dtype_from_name(const std::string& name) {
-  EXPAR_CHECK(name == "bf16",
-              "--weight-dtype {}: expar converts weights at load to {} (FP8 is not built yet)", name,
+  if (name == "bf16") return DType::BF16;
+  EXPAR_CHECK(name == "fp8", "--weight-dtype {}: expar converts weights at load to {}", name,
               fmt::join(weight_dtype_names(), ", "));
-  return DType::BF16;
+  return DType::F8E4M3;
 }
 
 RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names, const ModelConfig& config,
                               const InferenceLayout& layout, int rank, const ModelFeatures& features,
                               std::optional<DType> weight_dtype) {
-  EXPAR_CHECK(!weight_dtype || *weight_dtype == DType::BF16, "weights convert at load to BF16 only, not {}",
-              dtype_name(*weight_dtype));
-  // A product's weight in the dtype asked for: F32 ones converted (BF16 and F16 stay as stored).
+  EXPAR_CHECK(!weight_dtype || *weight_dtype == DType::BF16 || *weight_dtype == DType::F8E4M3,
+              "weights convert at load to BF16 or FP8, not {}", dtype_name(*weight_dtype));
+  // A product's weight in the dtype asked for: BF16 from F32 (BF16 and F16 stay as stored); block-scaled FP8
+  // from F32, BF16 and F16 (FP8 and MXFP4 stay as stored).
   auto product_weight = [&](Tensor t) {
-    if (!weight_dtype || t.dtype() != DType::F32) return t;
-    return to_bf16(t, t.category());
+    if (!weight_dtype) return t;
+    if (*weight_dtype == DType::BF16) return t.dtype() == DType::F32 ? to_bf16(t, t.category()) : t;
+    if (t.dtype() == DType::F16) t = to_f32(t, t.category());
+    return t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? to_fp8_blocks(t, t.category()) : t;
   };
   const InferenceRankInfo info = layout.rank_info(rank);
   EXPAR_ASSERT(layout.placement().num_experts() == config.moe.router.num_experts,
@@ -324,7 +328,8 @@ std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {
   // gpt-oss's MXFP4 experts (NAME_blocks / NAME_scales) read as the F32 tensors they encode.
   if (spec.format == ModelFormat::GptOss)
     return std::make_unique<Mxfp4Store>(ShardedStore::open(spec.tensor_path));
-  return ShardedStore::open(spec.tensor_path);
+  // FP8 weights come with their block scales (the other formats' tensors pass through).
+  return std::make_unique<Fp8Store>(ShardedStore::open(spec.tensor_path));
 }
 
 }  // namespace expar::infer

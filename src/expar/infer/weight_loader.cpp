@@ -44,7 +44,17 @@ Tensor copy_columns(const Tensor& v, int64_t begin, int64_t end, MemCategory cat
   for (int64_t a = 0; a < rows; ++a)
     std::memcpy(dst + static_cast<size_t>(a * n) * element,
                 src + static_cast<size_t>(a * v.dim(1) + begin) * element, static_cast<size_t>(n) * element);
+  // Block-scaled FP8: the columns keep the whole grid, placed by their first column.
+  if (const Tensor* scales = v.block_scales())
+    return out.with_block_scales(scales->clone(category), v.block_row0(), v.block_col0() + begin);
   return out;
+}
+
+// Whether every expert's piece of block-scaled FP8 (rows seen as [rows, cols]) starts on a block row and
+// holds whole block rows, so the pieces' grids stack into the stacked matrix's grid.
+bool fp8_stackable(const Tensor& piece) {
+  const int64_t cols = piece.shape().back(), rows = cols == 0 ? 0 : piece.numel() / cols;
+  return piece.block_row0() % kFp8Block == 0 && rows % kFp8Block == 0;
 }
 
 void check_matrix(const Tensor& t, int expert) {
@@ -126,7 +136,7 @@ ExpertLoader rows_loader_as_stored(ExpertView view, int64_t begin, int64_t end) 
   ExpertLoader widened = rows_loader(view, begin, end);
   return [view = std::move(view), begin, end, widened = std::move(widened)](int e) {
     Tensor v = view(e);
-    if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(0) || begin > end)
+    if (!held_as_stored(v) || v.ndim() != 2 || begin < 0 || end > v.dim(0) || begin > end)
       return widened(e);  // widened, or refused with widened's message
     return v.rows(begin, end).clone(MemCategory::ExpertWeights);
   };
@@ -136,22 +146,44 @@ ExpertLoader columns_loader_as_stored(ExpertView view, int64_t begin, int64_t en
   ExpertLoader widened = columns_loader(view, begin, end);
   return [view = std::move(view), begin, end, widened = std::move(widened)](int e) {
     Tensor v = view(e);
-    if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end)
-      return widened(e);
+    if (!held_as_stored(v) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end) return widened(e);
     return copy_columns(v, begin, end, MemCategory::ExpertWeights);
   };
 }
 
 Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const ExpertLoader& base) {
-  Tensor out;
-  int64_t per = 0;
+  Tensor out, grid;
+  int64_t per = 0, col0 = 0;
+  // Block-scaled FP8 pieces that do not cover whole block rows are widened to f32 (their values exactly).
+  bool widen = false;
   for (size_t l = 0; l < local_experts.size(); ++l) {
     Tensor piece = base(local_experts[l]);
+    if (l == 0 && piece.block_scales() != nullptr) widen = !fp8_stackable(piece);
+    if (widen) piece = to_f32(piece, MemCategory::ExpertWeights);
     if (l == 0) {
       Shape s{static_cast<int64_t>(local_experts.size())};
       s.insert(s.end(), piece.shape().begin(), piece.shape().end());
       out = Tensor::empty(s, piece.dtype(), MemCategory::ExpertWeights);
       per = piece.numel();
+      if (const Tensor* scales = piece.block_scales()) {
+        const int64_t block_rows = piece.numel() / piece.shape().back() / kFp8Block;
+        grid = Tensor::empty({static_cast<int64_t>(local_experts.size()) * block_rows, scales->dim(1)},
+                             DType::F32, MemCategory::ExpertWeights);
+        col0 = piece.block_col0();
+      }
+    }
+    if (grid.defined() && grid.numel() > 0) {
+      // This expert's block rows of its grid, after the previous experts'.
+      const Tensor* scales = piece.block_scales();
+      const int64_t block_rows = grid.dim(0) / static_cast<int64_t>(local_experts.size());
+      EXPAR_CHECK(scales != nullptr && fp8_stackable(piece) && scales->dim(1) == grid.dim(1) &&
+                      piece.block_col0() == col0,
+                  "expert {}'s FP8 weight does not stack with expert {}'s: the same shard of every expert "
+                  "must cover whole 128-row blocks",
+                  local_experts[l], local_experts[0]);
+      std::memcpy(grid.data<float>() + static_cast<int64_t>(l) * block_rows * grid.dim(1),
+                  scales->data<float>() + piece.block_row0() / kFp8Block * scales->dim(1),
+                  static_cast<size_t>(block_rows * grid.dim(1)) * sizeof(float));
     }
     EXPAR_CHECK(
         piece.numel() == per && piece.dtype() == out.dtype() &&
@@ -162,6 +194,7 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
         dtype_name(out.dtype()), shape_string(Shape(out.shape().begin() + 1, out.shape().end())));
     std::memcpy(static_cast<char*>(out.raw()) + l * piece.nbytes(), piece.raw(), piece.nbytes());
   }
+  if (grid.defined() && grid.numel() > 0) return out.with_block_scales(std::move(grid), 0, col0);
   return out;
 }
 
@@ -186,7 +219,7 @@ Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin
 
 Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   const Tensor v = store.view_rows(name, begin, end);
-  if (!held_as_stored(v.dtype())) return load_rows(store, name, begin, end);
+  if (!held_as_stored(v)) return load_rows(store, name, begin, end);
   Tensor copy = v.clone(MemCategory::DenseWeights);
   store.release_rows(name, begin, end);
   return copy;
@@ -194,13 +227,13 @@ Tensor load_rows_as_stored(const TensorStore& store, const std::string& name, in
 
 Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   Tensor v = store.view_rows(name, begin, end);
-  if (held_as_stored(v.dtype()) && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
+  if (held_as_stored(v) && store.mapped(name)) return v.charged(MemCategory::MappedWeights);
   return load_rows_as_stored(store, name, begin, end);
 }
 
 Tensor load_columns_as_stored(const TensorStore& store, const std::string& name, int64_t begin, int64_t end) {
   const Tensor v = store.view(name);
-  if (!held_as_stored(v.dtype()) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end)
+  if (!held_as_stored(v) || v.ndim() != 2 || begin < 0 || end > v.dim(1) || begin > end)
     return load_columns(store, name, begin, end);  // widened, or refused with its message
   Tensor out = copy_columns(v, begin, end, MemCategory::DenseWeights);
   store.release_rows(name, 0, v.dim(0));

@@ -365,11 +365,26 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
     if (mxfp4)
       for (const auto& [key, value] : q->items())
         mxfp4 = mxfp4 && (key == "quant_method" || key == "modules_to_not_convert");
-    if (!mxfp4)
+    // Block-scaled FP8 as DeepSeek-V3 and Qwen3's FP8 releases store it (F8_E4M3 weights and F32
+    // weight_scale_inv per 128 × 128 block; infer/fp8_store.hpp), activations quantised dynamically by
+    // their kernels (expar keeps them f32, which only makes the products more exact).
+    auto is = [&](const char* key, const json& want, bool optional) {
+      return q->contains(key) ? q->at(key) == want : optional;
+    };
+    bool fp8 = q->is_object() && is("quant_method", "fp8", false) && is("fmt", "e4m3", true) &&
+               is("activation_scheme", "dynamic", true) &&
+               is("weight_block_size", json::array({128, 128}), true);
+    if (fp8)
+      for (const auto& [key, value] : q->items())
+        fp8 =
+            fp8 && (key == "quant_method" || key == "fmt" || key == "activation_scheme" ||
+                    key == "weight_block_size" || key == "modules_to_not_convert" || key == "ignored_layers");
+    if (!mxfp4 && !fp8)
       r.bad("quantization_config",
-            "expar loads only gpt-oss's MXFP4 experts ({\"quant_method\": \"mxfp4\", "
-            "\"modules_to_not_convert\": "
-            "[...]}); dequantise other checkpoints to BF16 or F32 and remove quantization_config");
+            "expar loads gpt-oss's MXFP4 experts ({\"quant_method\": \"mxfp4\", "
+            "\"modules_to_not_convert\": [...]}) and block-scaled FP8 ({\"quant_method\": \"fp8\", "
+            "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]}); "
+            "dequantise other checkpoints to BF16 or F32 and remove quantization_config");
   }
 
   Architecture a;

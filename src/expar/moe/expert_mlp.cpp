@@ -72,8 +72,7 @@ WeightView ExpertWeights::matrix(ExpertMatrix which, int64_t l) const {
 
 int64_t ExpertWeights::bytes() const {
   int64_t total = 0;
-  for (const Tensor* t : {&w1, &w3, &w2, &b1, &b3, &b2})
-    if (t->defined()) total += static_cast<int64_t>(t->nbytes());
+  for (const Tensor* t : {&w1, &w3, &w2, &b1, &b3, &b2}) total += weight_bytes(*t);
   if (mxfp4)
     for (const Tensor* t :
          {&mxfp4->gate_up_blocks, &mxfp4->gate_up_scales, &mxfp4->down_blocks, &mxfp4->down_scales})
@@ -115,9 +114,11 @@ void ExpertWeights::validate() const {
 }
 
 void ExpertWeights::validate_matrices() const {
-  EXPAR_CHECK(held_as_stored(w1.dtype()) && w3.dtype() == w1.dtype() && w2.dtype() == w1.dtype(),
-              "expert weights must be F32, BF16 or F16, all three alike, got w1 {} w3 {} w2 {}",
-              dtype_name(w1.dtype()), dtype_name(w3.dtype()), dtype_name(w2.dtype()));
+  EXPAR_CHECK(
+      held_as_stored(w1) && held_as_stored(w3) && held_as_stored(w2) && w3.dtype() == w1.dtype() &&
+          w2.dtype() == w1.dtype(),
+      "expert weights must be F32, BF16, F16 or block-scaled FP8, all three alike, got w1 {} w3 {} w2 {}",
+      dtype_name(w1.dtype()), dtype_name(w3.dtype()), dtype_name(w2.dtype()));
   EXPAR_CHECK(w1.ndim() == 3 && w3.ndim() == 3 && w2.ndim() == 3,
               "expert weights must be 3-d [E_L, h, d] / [E_L, d, h], got w1 {} w3 {} w2 {}",
               shape_string(w1.shape()), shape_string(w3.shape()), shape_string(w2.shape()));

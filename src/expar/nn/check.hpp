@@ -31,8 +31,8 @@ inline void check_f32_matrix(const Tensor& t, std::string_view layer, std::strin
 inline void check_weight(const Tensor& t, std::string_view layer, std::string_view arg, const Shape& shape) {
   EXPAR_ASSERT(t.defined(), "{}: argument {} is an undefined tensor: pass a tensor of shape {}", layer, arg,
                shape_string(shape));
-  EXPAR_ASSERT(held_as_stored(t.dtype()), "{}: {} holds {}: a weight must be F32, BF16 or F16", layer, arg,
-               dtype_name(t.dtype()));
+  EXPAR_ASSERT(held_as_stored(t), "{}: {} holds {}: a weight must be F32, BF16, F16 or block-scaled FP8",
+               layer, arg, dtype_name(t.dtype()));
   EXPAR_ASSERT(t.shape() == shape, "{}: {} has shape {}: it must have shape {}", layer, arg,
                shape_string(t.shape()), shape_string(shape));
 }
