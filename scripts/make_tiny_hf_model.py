@@ -3,17 +3,32 @@
 
     python3 scripts/make_tiny_hf_model.py --family qwen3_moe --out /tmp/tiny-qwen3-moe
 
-writes OUT/config.json, OUT/model.safetensors (the family's tensor names, in --dtype: f32 or bf16) and
+writes OUT/config.json, OUT/model.safetensors (the family's tensor names, in --dtype: f32, bf16 or fp8) and
 OUT/tokens.bin with its sidecar OUT/tokens.bin.json ({"dtype": "uint16" or, past 65536 tokens of vocabulary,
 "uint32", "vocab_size": V}): what `expar eval` and `expar generate` read. Families: mixtral, qwen2_moe,
 qwen3_moe, olmoe, gpt_oss (its experts stored as the Hub stores them: MXFP4 blocks and E8M0 scales, with
 quantization_config mxfp4). The weights are random (seeded): the model predicts nothing, but every layout of
 expar gives it the same loss.
 
+--dtype fp8 stores the checkpoint as DeepSeek-V3's and Qwen3's FP8 releases on the Hub do (e.g.
+Qwen/Qwen3-30B-A3B-FP8; quantization_config fp8, e4m3, weight_block_size [128, 128]): every linear layer's
+weight of attention and of the MLPs (q/k/v/o_proj; the routed experts' and the shared expert's gate, up and
+down) as NAME.weight in F8_E4M3 (OCP E4M3: bias 7, max normal 448, no infinities, NaN = S.1111.111) with
+NAME.weight_scale_inv in F32 [ceil(out/128), ceil(in/128)], value = e4m3(code) * weight_scale_inv[r//128][c//128];
+everything else (embeddings, lm_head, norms, router gates, biases) in BF16. The rule: for each 128 x 128 block
+(ragged at the edges) of the BF16 weight (the one --dtype bf16 writes), scale = amax(|block|) / 448 in f32 (1 for
+a block of zeros) and code = the E4M3 value nearest to w / scale, ties to even, saturating at +-448; so each
+block's largest code is +-448. gpt_oss is refused (it ships MXFP4 experts: use --dtype bf16). --self-test checks
+the E4M3 encoder against a brute-force search over all 256 codes.
+
+    python3 scripts/make_tiny_hf_model.py --family qwen3_moe --dtype fp8 --hidden 160 --intermediate 96 \
+        --out /tmp/tiny-qwen3-moe-fp8
+
 A checkpoint larger than --max-shard-bytes is written as shards model-0000i-of-0000n.safetensors with
 model.safetensors.index.json, as the Hub's are. --preset writes a real model's exact shapes and storage:
-gpt-oss-20b (BF16, MXFP4 experts; 12.8 GiB) or olmoe-1b-7b (BF16; 13.8 GB); --dry-run prints the config and
-the bytes it would write, and writes nothing:
+gpt-oss-20b (BF16, MXFP4 experts; 12.8 GiB) or olmoe-1b-7b (BF16; 13.8 GB; with --dtype fp8, its shapes in
+FP8: 7.1 GB); --dry-run prints the config and the bytes it would write (for fp8: codes, scales and BF16 rest),
+and writes nothing:
 
     python3 scripts/make_tiny_hf_model.py --preset gpt-oss-20b --out /tmp/gpt-oss-20b --dry-run
 
@@ -26,7 +41,8 @@ The sizes default to a tiny model; --vocab, --hidden, --layers, --heads, --kv-he
         --intermediate 2048 --max-pos 2048
 
 Tensors of more than 65536 values are filled from a pool of seeded normal values (random offsets into it,
-scaled per tensor), so a model of gigabytes is written in seconds; small tensors are drawn one by one.
+scaled per tensor), so a model of gigabytes is written in seconds; small tensors are drawn one by one. With --dtype
+fp8, a large linear weight's 128 x 128 blocks are drawn from a pool of blocks quantised once by the rule above.
 """
 import argparse
 import array
@@ -34,12 +50,20 @@ import json
 import math
 import os
 import random
+import re
 import struct
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 32, 2, 4, 2, 8
 EXPERTS, TOP_K, INTER, SHARED, MAX_POS = 8, 2, 16, 24, 64
 POOL = 1 << 20  # values in the pool large tensors are filled from
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+FP8_BLOCK, FP8_MAX = 128, 448.0  # the Hub's FP8 releases: 128 x 128 blocks of E4M3 codes, max normal 448
+FP8_TILES = 32  # quantised blocks in each pool large FP8 weights are drawn from
+# The weights --dtype fp8 stores as E4M3 codes and block scales: the linear layers of attention and the MLPs.
+FP8_LINEAR = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
+                        r"\.weight$|\.shared_expert\.(gate|up|down)_proj\.weight$")
+FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
 
 # The published config.json values of real models (the sizes; the family's other keys are config()'s).
 PRESETS = {
@@ -52,7 +76,7 @@ PRESETS = {
 }
 
 
-def config(family):
+def config(family, dtype="f32"):
     c = {"model_type": family, "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
          "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "max_position_embeddings": MAX_POS,
          "rms_norm_eps": 1e-6, "num_experts_per_tok": TOP_K, "tie_word_embeddings": False,
@@ -86,6 +110,8 @@ def config(family):
                                                                  "model.embed_tokens", "lm_head"]})
     else:
         raise SystemExit(f"--family {family}: unknown; use one of {', '.join(FAMILIES)}")
+    if dtype == "fp8":  # as Qwen/Qwen3-30B-A3B-FP8's and deepseek-ai/DeepSeek-V3's config.json
+        c.update(torch_dtype="bfloat16", quantization_config=dict(FP8_QUANTIZATION))
     return c
 
 
@@ -171,15 +197,23 @@ def gpt_oss_layer(p, normal, mxfp4, s):
 
 
 def dtype_of(values, dtype):
-    return "U8" if isinstance(values, tuple) and values[0] in ("bytes", "fill") else dtype
+    if isinstance(values, tuple) and values[0] in ("bytes", "fill", "fp8", "fp8_scale"):
+        return {"fp8": "F8_E4M3", "fp8_scale": "F32"}.get(values[0], "U8")
+    return dtype
 
 
 def element_bytes(dtype):
-    return {"F32": 4, "BF16": 2, "U8": 1}[dtype]
+    return {"F32": 4, "BF16": 2, "U8": 1, "F8_E4M3": 1}[dtype]
 
 
-def tensor_bytes(shape, values, dtype, rng, pool):
+def tensor_bytes(name, shape, values, dtype, rng, pool):
     n = math.prod(shape)
+    if dtype == "F8_E4M3":
+        codes, scales = fp8_weight(shape, values[1], rng, pool)
+        pool.setdefault("scale_inv", {})[name + "_scale_inv"] = scales  # written next, in name order
+        return codes
+    if values[0] == "fp8_scale":
+        return pool["scale_inv"].pop(name)
     if dtype == "U8":
         if values[0] == "fill":
             return bytes([values[1]]) * n
@@ -215,6 +249,156 @@ def runs(src, n, size, rng):
     return b"".join(out)
 
 
+# FP8 block-scaled storage (--dtype fp8). The E4M3 encoder and decoder are integer arithmetic on exact floats
+# (the script needs no numpy); --self-test checks the encoder against a brute-force search of all 256 codes.
+def e4m3_value(code):
+    """The value of an OCP E4M3 code: bias 7, subnormals m * 2^-9, S.1111.111 NaN, no infinities."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 15, code & 7
+    if e == 15 and m == 7:
+        return math.nan
+    return sign * (math.ldexp(m, -9) if e == 0 else math.ldexp(8 + m, e - 10))
+
+
+def e4m3_code(x):
+    """The E4M3 code nearest to x, ties to even, saturating at +-448 (inf too); NaN is 0x7F."""
+    if x != x:
+        return 0x7F
+    sign = 0x80 if math.copysign(1.0, x) < 0 else 0
+    a = abs(x)
+    if a > FP8_MAX:  # (448, 464] rounds to 448 anyway; past it, to 480, which E4M3 lacks (that code is NaN)
+        return sign | 0x7E
+    if a == 0.0:
+        return sign
+    exponent = max(math.frexp(a)[1] - 1, -6)  # a's binary exponent; below 2^-6 the subnormals' quantum 2^-9
+    n = round(math.ldexp(a, 3 - exponent))  # a in quanta 2^(exponent-3): 8..16 (normal), 0..8 (subnormal)
+    # exponent field exponent+7, mantissa n-8; n = 16 carries into the next exponent, and with exponent -6
+    # the subnormals come out as codes 0..8 (8 is 2^-6, the smallest normal).
+    return sign | (((exponent + 7) << 3) + n - 8)
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def bf16_values(values):
+    # The values --dtype bf16 writes: each f32's upper half (narrowed()), back as floats.
+    halves = array.array("H", struct.pack(f"<{len(values)}f", *values))[1::2]
+    return array.array("f", array.array("I", (h << 16 for h in halves)).tobytes()).tolist()
+
+
+def fp8_block(values):
+    """One block's quantisation (the rule in --dtype's help): (scale, codes), scale = amax / 448 in f32 (1 for
+    zeros), each code the E4M3 value nearest to w / scale (ties to even, saturating); so amax codes to 448."""
+    amax = max(map(abs, values), default=0.0)
+    scale = f32(amax / FP8_MAX) if amax > 0 else 1.0
+    return scale, bytes(e4m3_code(v / scale) for v in values)
+
+
+def fp8_weight(shape, values, rng, pool):
+    """A [rows, cols] weight as (E4M3 codes, F32 weight_scale_inv [ceil(rows/128), ceil(cols/128)]) bytes."""
+    rows, cols = shape
+    b = FP8_BLOCK
+    scales = []
+    if isinstance(values, list):  # small: the drawn values, BF16 as --dtype bf16 writes them, block by block
+        w, codes = bf16_values(values), bytearray(rows * cols)
+        for r0 in range(0, rows, b):
+            r1 = min(r0 + b, rows)
+            for c0 in range(0, cols, b):
+                c1 = min(c0 + b, cols)
+                scale, q = fp8_block([w[r * cols + c] for r in range(r0, r1) for c in range(c0, c1)])
+                scales.append(scale)
+                for i, r in enumerate(range(r0, r1)):
+                    codes[r * cols + c0:r * cols + c1] = q[i * (c1 - c0):(i + 1) * (c1 - c0)]
+        return bytes(codes), struct.pack(f"<{len(scales)}f", *scales)
+    # Large: each block a random one of FP8_TILES blocks of its size (std, h x w), drawn and quantised once;
+    # a row of blocks is a run of a pool's blocks laid side by side from a random start.
+    std = values[0]
+    full, ragged = divmod(cols, b)
+    out = []
+    for r0 in range(0, rows, b):
+        h = min(b, rows - r0)
+        parts = [[] for _ in range(h)]
+        for width, count in ((b, full), (ragged, 1 if ragged else 0)):
+            if not count:
+                continue
+            tile_rows, tile_scales = fp8_tiles(std, h, width, rng, pool)
+            while count:
+                take, at = min(count, FP8_TILES), rng.randrange(FP8_TILES)
+                for i in range(h):
+                    parts[i].append(tile_rows[i][at * width:(at + take) * width])
+                scales += tile_scales[at:at + take]
+                count -= take
+        out.append(b"".join(b"".join(p) for p in parts))
+    return b"".join(out), struct.pack(f"<{len(scales)}f", *scales)
+
+
+def fp8_tiles(std, h, w, rng, pool):
+    # FP8_TILES random BF16 blocks of h x w values (normal, `std`), quantised: h rows of codes, the blocks side
+    # by side and then again (so any run of up to FP8_TILES blocks is one slice), and the blocks' scales likewise.
+    key = ("fp8", std, h, w)
+    if key not in pool:
+        rows, scales = [bytearray() for _ in range(h)], []
+        for _ in range(FP8_TILES):
+            scale, q = fp8_block(bf16_values([rng.gauss(0.0, std) for _ in range(h * w)]))
+            scales.append(scale)
+            for i in range(h):
+                rows[i] += q[i * w:(i + 1) * w]
+        pool[key] = ([bytes(r) * 2 for r in rows], scales * 2)
+    return pool[key]
+
+
+def fp8_convert(t):
+    # --dtype fp8: the linear weights become E4M3 codes, each with its F32 block scales NAME.weight_scale_inv.
+    for name in [n for n in t if FP8_LINEAR.search(n)]:
+        shape, values = t[name]
+        t[name] = (shape, ("fp8", values))
+        t[name + "_scale_inv"] = ([-(-shape[0] // FP8_BLOCK), -(-shape[1] // FP8_BLOCK)], ("fp8_scale", name))
+
+
+def self_test():
+    # The encoder against a brute-force search: the nearest of all finite codes of x's sign (ties to the even
+    # code), x clamped to +-448 first (saturation).
+    magnitudes = [(c, e4m3_value(c)) for c in range(0x7F)]  # 0x00 .. 0x7E: every finite non-negative value
+
+    def nearest(x):
+        a = min(abs(x), FP8_MAX)
+        code = min(magnitudes, key=lambda cv: (abs(a - cv[1]), cv[0] & 1))[0]
+        return code | (0x80 if math.copysign(1.0, x) < 0 else 0)
+
+    rng = random.Random(12345)
+    values = [0.0, -0.0, 448.0, -448.0, 464.0, -464.0, 465.0, 479.0, 480.0, 1e30, -math.inf, math.inf]
+    values += [math.ldexp(k, -10) for k in range(0, 17)]  # subnormals 2^-9 .. 2^-6 and their midpoints
+    values += [math.ldexp(1.0, -12), math.ldexp(1.0, -10), math.ldexp(3.0, -11), 1e-30]
+    finite = sorted(v for _, v in magnitudes)
+    values += [(x + y) / 2 for x, y in zip(finite, finite[1:])]  # every tie
+    values += [(x + y) / 2 * (1 + s * 2.0**-20) for x, y in zip(finite, finite[1:]) for s in (-1, 1)]
+    values += [rng.choice((-1, 1)) * math.ldexp(rng.random() + 0.5, rng.randrange(-12, 10)) for _ in range(4000)]
+    values += [rng.gauss(0.0, 100.0) for _ in range(1000)]
+    bad = [(x, e4m3_code(x), nearest(x)) for x in values if e4m3_code(x) != nearest(x)]
+    bad += [(x, e4m3_code(-x), nearest(-x)) for x in values if e4m3_code(-x) != nearest(-x)]
+    if bad:
+        raise SystemExit(f"self-test failed: {len(bad)} values encode wrongly, e.g. (x, code, nearest) {bad[:5]}")
+    for code in range(256):
+        value = e4m3_value(code)
+        if value == value and e4m3_code(value) != code:
+            raise SystemExit(f"self-test failed: code {code:#04x} ({value}) encodes as {e4m3_code(value):#04x}")
+    if e4m3_code(math.nan) != 0x7F or not math.isnan(e4m3_value(0xFF)):
+        raise SystemExit("self-test failed: NaN")
+    # The block rule: the largest |w| codes to 448, and every code within half an E4M3 step of w / scale.
+    for shape in ([128, 128], [32, 96], [3, 5]):
+        w = bf16_values([rng.gauss(0.0, 0.02) for _ in range(math.prod(shape))])
+        scale, q = fp8_block(w)
+        if max(abs(e4m3_value(c)) for c in q) != FP8_MAX or not 0 < scale < math.inf:
+            raise SystemExit(f"self-test failed: a {shape} block's amax does not code to 448 (scale {scale})")
+        for v, c in zip(w, q):
+            if abs(e4m3_value(c) - v / scale) > max(abs(v / scale) * 2.0**-4, 2.0**-10):
+                raise SystemExit(f"self-test failed: {v} codes to {e4m3_value(c)} * {scale}")
+    if fp8_block([0.0] * 16) != (1.0, bytes(16)):
+        raise SystemExit("self-test failed: a block of zeros")
+    print(f"self-test passed: E4M3 encoding of {2 * len(values)} values and all 256 codes, and the block rule")
+
+
 def shard_plan(t, dtype, max_bytes):
     # Tensors in name order, a new shard when the next would pass max_bytes (a tensor larger than it gets a
     # shard of its own), as transformers' save_pretrained splits them.
@@ -244,7 +428,7 @@ def write_safetensors(path, names, t, dtype, rng, pool):
         f.write(struct.pack("<Q", len(h)) + h)
         for name in names:
             shape, values = t[name]
-            f.write(tensor_bytes(shape, values, dtype_of(values, dtype), rng, pool))
+            f.write(tensor_bytes(name, shape, values, dtype_of(values, dtype), rng, pool))
     os.replace(path + ".partial", path)
     return offset
 
@@ -267,11 +451,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=FAMILIES)
     ap.add_argument("--preset", choices=sorted(PRESETS), help="a real model's sizes, family and dtype")
-    ap.add_argument("--dtype", choices=("f32", "bf16"), help="the weights' dtype (default f32; a preset's own)")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "fp8"),
+                    help="the weights' dtype (default f32; a preset's own). fp8: as the Hub's FP8 releases "
+                         "(DeepSeek-V3, Qwen3-*-FP8): attention's and the MLPs' linear weights in F8_E4M3 with "
+                         "F32 NAME.weight_scale_inv per 128 x 128 block, the rest BF16. For each block (ragged "
+                         "at the edges) of the BF16 weight, scale = amax(|block|) / 448 (1 for zeros) and code = "
+                         "the E4M3 value nearest to w / scale, ties to even, saturating at +-448. Not gpt_oss "
+                         "(MXFP4 experts)")
     ap.add_argument("--max-shard-bytes", type=int, default=5 * 10**9,
                     help="shard the checkpoint past this many bytes (default 5e9, as the Hub's)")
     ap.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the FP8 E4M3 encoder against a brute-force search of all 256 codes, and exit")
+    ap.add_argument("--out")
     ap.add_argument("--tokens", type=int, default=1000, help="tokens in OUT/tokens.bin")
     ap.add_argument("--seed", type=int, default=1)
     sizes = {"vocab": VOCAB, "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
@@ -282,12 +474,19 @@ def main():
     # expar's vocabulary: routes per token are --experts-per-token (--top-k is sampling's).
     ap.add_argument("--top-k", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.self_test:
+        self_test()
+        return
+    if a.out is None:
+        ap.error("the following arguments are required: --out")
     if a.top_k is not None:
         raise SystemExit(f"--top-k {a.top_k}: --top-k is sampling's (expar generate); the routes per token are "
                          f"--experts-per-token: pass --experts-per-token {a.top_k}")
     preset = PRESETS.get(a.preset, {})
     for key, value in preset.items():
         given = getattr(a, key)
+        if key == "dtype" and given == "fp8":  # the preset's shapes stored as the Hub's FP8 releases
+            continue
         if given is not None and given != value:
             raise SystemExit(f"--{key.replace('_', '-')} {given} contradicts --preset {a.preset} ({value}): "
                              f"leave it out, or drop --preset")
@@ -297,6 +496,9 @@ def main():
             setattr(a, key, default)
     a.family = a.family or "qwen3_moe"
     a.dtype = a.dtype or "f32"
+    if a.dtype == "fp8" and a.family == "gpt_oss":
+        raise SystemExit("--dtype fp8: gpt_oss is not shipped in FP8; its experts are MXFP4 (quant_method mxfp4), "
+                         "which this script writes with --dtype bf16: use --dtype bf16")
     if a.max_shard_bytes < 1:
         raise SystemExit(f"--max-shard-bytes {a.max_shard_bytes} must be at least 1")
     g = globals()
@@ -312,18 +514,26 @@ def main():
         raise SystemExit(f"--vocab {a.vocab}: tokens.bin holds uint32 tokens, so below 2^32")
     rng = random.Random(a.seed)
     t = tensors(a.family, rng)
-    dtype = a.dtype.upper()
+    dtype = "BF16" if a.dtype == "fp8" else a.dtype.upper()  # fp8: the tensors left unquantised are BF16
+    if a.dtype == "fp8":
+        fp8_convert(t)
     shards = shard_plan(t, dtype, a.max_shard_bytes)
-    total = sum(math.prod(shape) * element_bytes(dtype_of(values, dtype)) for shape, values in t.values())
+    by_dtype = {}
+    for shape, values in t.values():
+        d = dtype_of(values, dtype)
+        by_dtype[d] = by_dtype.get(d, 0) + math.prod(shape) * element_bytes(d)
+    total = sum(by_dtype.values())
     if a.dry_run:
-        print(json.dumps(config(a.family), indent=2))
-        print(f"would write {len(t)} tensors, {total} bytes ({total / 2**30:.2f} GiB) of {a.dtype} weights"
+        print(json.dumps(config(a.family, a.dtype), indent=2))
+        fp8 = (f" ({by_dtype['F8_E4M3']} bytes of F8_E4M3 codes + {by_dtype['F32']} of F32 block scales + "
+               f"{by_dtype['BF16']} of BF16 other tensors)" if a.dtype == "fp8" else "")
+        print(f"would write {len(t)} tensors, {total} bytes ({total / 2**30:.2f} GiB) of {a.dtype} weights{fp8}"
               f"{' and mxfp4 experts' if a.family == 'gpt_oss' else ''} in {len(shards)} file(s), and "
               f"{a.tokens} tokens, to {a.out}")
         return
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(config(a.family), f, indent=2)
+        json.dump(config(a.family, a.dtype), f, indent=2)
     write_checkpoint(a.out, t, dtype, a.max_shard_bytes, rng)
     token_type = ("H", "uint16") if VOCAB <= 65536 else ("I", "uint32")
     with open(os.path.join(a.out, "tokens.bin"), "wb") as f:
