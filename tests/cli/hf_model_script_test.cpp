@@ -1,10 +1,15 @@
 // scripts/make_tiny_hf_model.py, the random checkpoints users, tests and benchmarks run real shapes on: its
 // presets write exactly the bytes and tensors of the published checkpoints; a gpt-oss checkpoint it writes in
 // BF16 with MXFP4 experts, sharded, is a valid Hugging Face checkpoint (index and shards agree, the Hub's
-// dtypes and shapes) that `expar eval` reads with the same loss on one rank and with TP 2 + EP; contradictory
-// flags are refused with the fix.
+// dtypes and shapes) that `expar eval` reads with the same loss on one rank and with TP 2 + EP; --dtype fp8
+// writes the Hub's FP8 releases' block-scaled E4M3 storage, each block quantised by the script's rule;
+// contradictory flags are refused with the fix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +17,7 @@
 #include <vector>
 
 #include "common/temp_dir.hpp"
+#include "expar/core/convert.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
 #include "run_process.hpp"
 
@@ -40,6 +46,18 @@ TEST(HfModelScript, PresetsWriteThePublishedSizes) {
   const ProcessResult olmoe = script({"--preset", "olmoe-1b-7b", "--out", "/nonexistent/olmoe", "--dry-run"});
   ASSERT_EQ(olmoe.exit_code, 0) << olmoe.output;
   EXPECT_NE(olmoe.output.find(", 13838323712 bytes"), std::string::npos) << olmoe.output;
+  // OLMoE's shapes in FP8: per layer 4 attention matrices 2048 x 2048 and 64 x 3 experts' 1024 x 2048 become
+  // one byte a value (6710886400 bytes over 16 layers) plus F32 scales of their 16 x 16 and 8 x 16 blocks
+  // (1638400 bytes); the rest stays BF16: 13838323712 - 2 * 6710886400. 3219 tensors plus 3136 scales.
+  const ProcessResult fp8 =
+      script({"--preset", "olmoe-1b-7b", "--dtype", "fp8", "--out", "/nonexistent/olmoe", "--dry-run"});
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  EXPECT_NE(fp8.output.find(
+                "would write 6355 tensors, 7129075712 bytes (6.64 GiB) of fp8 weights (6710886400 bytes "
+                "of F8_E4M3 codes + 1638400 of F32 block scales + 416550912 of BF16 other tensors)"),
+            std::string::npos)
+      << fp8.output;
+  EXPECT_NE(fp8.output.find("\"quant_method\": \"fp8\""), std::string::npos) << fp8.output;
   EXPECT_FALSE(fs::exists("/nonexistent")) << "--dry-run wrote something";
 }
 
@@ -83,6 +101,141 @@ TEST(HfModelScript, AShardedGptOssCheckpointIsReadLikeTheHubs) {
   EXPECT_EQ(loss_line({"--tp", "2", "--enable-expert-parallel"}), one);
 }
 
+// The linear weights --dtype fp8 stores as E4M3 codes: attention's projections and the experts' matrices.
+bool fp8_linear(const std::string& name) {
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (!ends_with(".weight")) return false;
+  if (name.find(".self_attn.") != std::string::npos) return ends_with("_proj.weight");
+  return name.find(".experts.") != std::string::npos || name.find(".shared_expert.") != std::string::npos;
+}
+
+// Half the spacing of E4M3 values around |x| (the most a nearest code may be off): 2^-10 among the
+// subnormals (below 2^-6), else 2^(floor(log2 |x|) - 4).
+double half_e4m3_step(double x) {
+  const double a = std::fabs(x);
+  return a < 0x1p-6 ? 0x1p-10 : std::ldexp(1.0, std::ilogb(a) - 4);
+}
+
+TEST(HfModelScript, Fp8CheckpointIsBlockScaledE4M3) {
+  // The script's own check of its E4M3 encoder against a brute-force search of all 256 codes.
+  const ProcessResult self_test = script({"--self-test"});
+  ASSERT_EQ(self_test.exit_code, 0) << self_test.output;
+  EXPECT_NE(self_test.output.find("self-test passed"), std::string::npos) << self_test.output;
+
+  // Qwen3-MoE with hidden 160 and intermediate 96: experts' gate/up [96, 160] and down [160, 96], q [32, 160]
+  // and o [160, 32], so blocks ragged in rows, in columns and in both. Shards of 100 kB: an index, with a
+  // total_size.
+  test::TempDir dir("hf_model_script_fp8");
+  const fs::path out = dir.path() / "fp8", bf16_out = dir.path() / "bf16";
+  const std::vector<std::string> sizes{"--family", "qwen3_moe", "--hidden", "160", "--intermediate", "96"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = sizes;
+    args.insert(args.end(), {"--max-shard-bytes", "100000", "--seed", "7"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const ProcessResult made = script(with({"--dtype", "fp8", "--out", out.string()}));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  // The same seed in BF16: the weights (all small, so drawn one by one in the same order) that fp8 quantised.
+  const ProcessResult made_bf16 = script(with({"--dtype", "bf16", "--out", bf16_out.string()}));
+  ASSERT_EQ(made_bf16.exit_code, 0) << made_bf16.output;
+
+  std::ifstream config_file(out / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config.at("torch_dtype"), "bfloat16");
+  EXPECT_EQ(config.at("quantization_config"),
+            nlohmann::json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]})"));
+
+  ShardedCheckpoint checkpoint = ShardedCheckpoint::open_directory(out);
+  checkpoint.validate();
+  ShardedCheckpoint bf16 = ShardedCheckpoint::open_directory(bf16_out);
+  int64_t bytes = 0, code_bytes = 0, scale_bytes = 0, bf16_bytes = 0;
+  int converted = 0, blocks = 0;
+  for (const std::string& name : checkpoint.names()) {
+    const TensorInfo& info = checkpoint.info(name);
+    bytes += static_cast<int64_t>(info.nbytes());
+    if (name.size() > 10 && name.compare(name.size() - 10, 10, "_scale_inv") == 0) {
+      EXPECT_TRUE(fp8_linear(name.substr(0, name.size() - 10))) << name;
+      EXPECT_EQ(info.dtype, DType::F32) << name;
+      scale_bytes += static_cast<int64_t>(info.nbytes());
+      continue;
+    }
+    // Embeddings, lm_head, norms, the router's gate: BF16, as --dtype bf16 writes them.
+    if (!fp8_linear(name)) {
+      EXPECT_EQ(info.dtype, DType::BF16) << name;
+      EXPECT_EQ(info.shape, bf16.info(name).shape) << name;
+      bf16_bytes += static_cast<int64_t>(info.nbytes());
+      continue;
+    }
+    ++converted;
+    code_bytes += static_cast<int64_t>(info.nbytes());
+    ASSERT_EQ(info.dtype, DType::F8E4M3) << name;
+    ASSERT_EQ(info.shape.size(), 2u) << name;
+    const int64_t rows = info.shape[0], cols = info.shape[1];
+    const std::string scale_name = name + "_scale_inv";
+    ASSERT_TRUE(checkpoint.contains(scale_name)) << name;
+    const TensorInfo& scale_info = checkpoint.info(scale_name);
+    ASSERT_EQ(scale_info.shape, (Shape{(rows + 127) / 128, (cols + 127) / 128})) << scale_name;
+    ASSERT_EQ(scale_info.dtype, DType::F32) << scale_name;
+
+    const Tensor codes = checkpoint.view(name);
+    const Tensor scales = checkpoint.view(scale_name);
+    const Tensor weight = bf16.view(name);
+    ASSERT_EQ(weight.dtype(), DType::BF16) << name;
+    const auto* code = static_cast<const uint8_t*>(codes.raw());
+    const auto* w = static_cast<const uint16_t*>(weight.raw());
+    for (int64_t br = 0; br < scale_info.shape[0]; ++br) {
+      for (int64_t bc = 0; bc < scale_info.shape[1]; ++bc) {
+        float scale = 0.0f;
+        std::memcpy(&scale, static_cast<const char*>(scales.raw()) + 4 * (br * scale_info.shape[1] + bc), 4);
+        // From the file alone: a positive finite multiplier, and the block's largest |w| coded as 448.
+        EXPECT_TRUE(std::isfinite(scale) && scale > 0.0f) << name << " block " << br << "," << bc;
+        float amax = 0.0f, amax_w = 0.0f;
+        for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r) {
+          for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) {
+            const float value = e4m3_to_f32(code[r * cols + c]);
+            ASSERT_FALSE(std::isnan(value)) << name << " [" << r << "," << c << "]";
+            amax = std::max(amax, std::fabs(value));
+            // Against the BF16 weight: the code is the E4M3 value nearest to w / scale (within half a step).
+            const double x = static_cast<double>(bf16_to_f32(w[r * cols + c])) / scale;
+            amax_w = std::max(amax_w, std::fabs(bf16_to_f32(w[r * cols + c])));
+            ASSERT_LE(std::fabs(value - x), half_e4m3_step(x))
+                << name << " [" << r << "," << c << "]: w / scale " << x << " coded as " << value;
+          }
+        }
+        EXPECT_EQ(amax, 448.0f) << name << " block " << br << "," << bc;
+        EXPECT_EQ(scale, amax_w / 448.0f) << name << " block " << br << "," << bc;  // amax / 448 in f32
+        ++blocks;
+      }
+    }
+  }
+  // 2 layers of q, k, v, o and 8 experts' gate, up, down; blocks: q, k, v [32, 160] 1 x 2, o [160, 32] 2 x 1,
+  // gate and up [96, 160] 1 x 2, down [160, 96] 2 x 1: (4 * 2 + 8 * 3 * 2) * 2.
+  EXPECT_EQ(converted, 56);
+  EXPECT_EQ(blocks, 112);
+
+  // --dry-run's totals are what was written: the index's total_size, and each dtype's share.
+  EXPECT_EQ(checkpoint.metadata().at("total_size").get<int64_t>(), bytes);
+  const ProcessResult dry =
+      script(with({"--dtype", "fp8", "--out", (dir.path() / "dry").string(), "--dry-run"}));
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "dry"));
+  // (Built with +=: GCC 12 warns falsely on "literal" + std::string&&.)
+  std::string totals = "would write ";
+  totals += std::to_string(checkpoint.names().size()) + " tensors, ";
+  totals += std::to_string(bytes) + " bytes";
+  EXPECT_NE(dry.output.find(totals), std::string::npos) << totals << "\n" << dry.output;
+  std::string shares = "(";
+  shares += std::to_string(code_bytes) + " bytes of F8_E4M3 codes + ";
+  shares += std::to_string(scale_bytes) + " of F32 block scales + ";
+  shares += std::to_string(bf16_bytes) + " of BF16 other tensors) in ";
+  shares += std::to_string(checkpoint.shard_names().size()) + " file(s)";
+  EXPECT_NE(dry.output.find(shares), std::string::npos) << shares << "\n" << dry.output;
+}
+
 TEST(HfModelScript, ContradictionsAreRefusedWithTheFix) {
   const ProcessResult preset = script({"--preset", "gpt-oss-20b", "--hidden", "1024", "--out", "/x", "--dry-run"});
   EXPECT_NE(preset.exit_code, 0);
@@ -93,6 +246,17 @@ TEST(HfModelScript, ContradictionsAreRefusedWithTheFix) {
   EXPECT_NE(blocks.exit_code, 0);
   EXPECT_NE(blocks.output.find("choose --hidden and --intermediate multiples of 32"), std::string::npos)
       << blocks.output;
+  // gpt-oss ships MXFP4 experts, not FP8: refused, by family and by preset, naming --dtype bf16.
+  for (const std::vector<std::string>& which : {std::vector<std::string>{"--family", "gpt_oss"},
+                                                std::vector<std::string>{"--preset", "gpt-oss-20b"}}) {
+    std::vector<std::string> args = which;
+    args.insert(args.end(), {"--dtype", "fp8", "--out", "/nonexistent/fp8", "--dry-run"});
+    const ProcessResult fp8 = script(args);
+    EXPECT_NE(fp8.exit_code, 0);
+    EXPECT_NE(fp8.output.find("its experts are MXFP4"), std::string::npos) << fp8.output;
+    EXPECT_NE(fp8.output.find("use --dtype bf16"), std::string::npos) << fp8.output;
+  }
+  EXPECT_FALSE(fs::exists("/nonexistent"));
 }
 
 }  // namespace
