@@ -65,15 +65,18 @@ TEST(HfModelScript, AShardedGptOssCheckpointIsReadLikeTheHubs) {
   test::TempDir dir("hf_model_script");
   const fs::path out = dir.path() / "gpt";
   // hidden and intermediate multiples of 32 (MXFP4 blocks); a vocabulary past uint16; shards of 3 MB.
-  const ProcessResult made = script({"--family", "gpt_oss", "--dtype", "bf16", "--hidden", "64", "--intermediate",
-                                     "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--vocab",
-                                     "70000", "--max-shard-bytes", "3000000", "--out", out.string()});
+  const ProcessResult made =
+      script({"--family",       "gpt_oss",   "--dtype", "bf16",  "--hidden",          "64",
+              "--intermediate", "32",        "--heads", "4",     "--kv-heads",        "2",
+              "--head-dim",     "16",        "--vocab", "70000", "--max-shard-bytes", "3000000",
+              "--out",          out.string()});
   ASSERT_EQ(made.exit_code, 0) << made.output;
   ShardedCheckpoint checkpoint = ShardedCheckpoint::open_directory(out);
   checkpoint.validate();  // every indexed tensor is in its shard and every shard's tensor is indexed
   EXPECT_EQ(checkpoint.shard_names().size(), 3u);
   int64_t bytes = 0;
-  for (const std::string& name : checkpoint.names()) bytes += static_cast<int64_t>(checkpoint.info(name).nbytes());
+  for (const std::string& name : checkpoint.names())
+    bytes += static_cast<int64_t>(checkpoint.info(name).nbytes());
   EXPECT_EQ(checkpoint.metadata().at("total_size").get<int64_t>(), bytes);
   // The Hub's storage: BF16 dense weights, the experts as U8 blocks [E, out, in/32, 16] and scales.
   const std::string experts = "model.layers.1.mlp.experts.";
@@ -88,8 +91,9 @@ TEST(HfModelScript, AShardedGptOssCheckpointIsReadLikeTheHubs) {
 
   // One rank and TP 2 with expert parallelism read it to the same loss.
   auto loss_line = [&](const std::vector<std::string>& layout) {
-    std::vector<std::string> argv{EXPAR_BINARY, "eval", "--checkpoint", out.string(), "--data",
-                                  (out / "tokens.bin").string(), "--tokens", "100", "--window", "32"};
+    std::vector<std::string> argv{
+        EXPAR_BINARY, "eval", "--checkpoint", out.string(), "--data", (out / "tokens.bin").string(),
+        "--tokens",   "100",  "--window",     "32"};
     argv.insert(argv.end(), layout.begin(), layout.end());
     const ProcessResult r = run_process(argv, {}, 300);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -237,7 +241,8 @@ TEST(HfModelScript, Fp8CheckpointIsBlockScaledE4M3) {
 }
 
 TEST(HfModelScript, ContradictionsAreRefusedWithTheFix) {
-  const ProcessResult preset = script({"--preset", "gpt-oss-20b", "--hidden", "1024", "--out", "/x", "--dry-run"});
+  const ProcessResult preset =
+      script({"--preset", "gpt-oss-20b", "--hidden", "1024", "--out", "/x", "--dry-run"});
   EXPECT_NE(preset.exit_code, 0);
   EXPECT_NE(preset.output.find("--hidden 1024 contradicts --preset gpt-oss-20b (2880): leave it out"),
             std::string::npos)
@@ -257,6 +262,33 @@ TEST(HfModelScript, ContradictionsAreRefusedWithTheFix) {
     EXPECT_NE(fp8.output.find("use --dtype bf16"), std::string::npos) << fp8.output;
   }
   EXPECT_FALSE(fs::exists("/nonexistent"));
+}
+
+TEST(HfModelScript, AnFp8CheckpointEvaluatesAlikeOnEveryLayout) {
+  // The engine holds the script's FP8 weights as stored (infer/fp8_store.hpp): one rank, TP 2 (gate/up shards
+  // of 64 rows widened with their down shards) and TP 2 with EP (whole experts in FP8) give the same loss.
+  test::TempDir dir("hf_model_script_fp8");
+  const fs::path out = dir.path() / "qwen3";
+  const ProcessResult made = script({"--family", "qwen3_moe", "--dtype", "fp8", "--hidden", "256",
+                                     "--intermediate", "128", "--out", out.string()});
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto loss_line = [&](const std::vector<std::string>& layout) {
+    std::vector<std::string> argv{
+        EXPAR_BINARY, "eval", "--checkpoint", out.string(), "--data", (out / "tokens.bin").string(),
+        "--tokens",   "100",  "--window",     "32"};
+    argv.insert(argv.end(), layout.begin(), layout.end());
+    const ProcessResult r = run_process(argv, {}, 300);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(" fp8 "), std::string::npos) << r.output;  // the startup line's formats
+    const size_t at = r.output.find("loss ");
+    EXPECT_NE(at, std::string::npos) << r.output;
+    return at == std::string::npos ? 0.0 : std::stod(r.output.substr(at + 5));
+  };
+  // TP sums partial products in another order: the same loss within 1e-5 relative.
+  const double one = loss_line({});
+  EXPECT_GT(one, 0.0);
+  EXPECT_NEAR(loss_line({"--tp", "2"}), one, 1e-5 * one);
+  EXPECT_NEAR(loss_line({"--tp", "2", "--enable-expert-parallel"}), one, 1e-5 * one);
 }
 
 }  // namespace

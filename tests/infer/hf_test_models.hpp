@@ -568,13 +568,13 @@ inline std::vector<int32_t> vocab_tokens(uint64_t stream, int n, int vocab) {
 }
 
 // Mixtral with 128-wide matrices: whole 128 × 128 FP8 blocks (an intermediate of 256 whole or halved).
-inline HfTestModel mixtral_fp8_test_model() {
+inline HfTestModel mixtral_fp8_test_model(int64_t inter = 256) {
   HfTestModel m;
   m.format = ModelFormat::Mixtral;
   m.shared = 0;
   m.eps = 1e-5f;
   m.d = 128;
-  m.inter = 256;
+  m.inter = inter;
   m.heads = 4;
   m.kv_heads = 2;
   m.head_dim = 32;

@@ -98,9 +98,11 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
     expect_plan_matches_load(d, f + " with --weight-dtype bf16", DType::BF16);
   }
   {  // block-scaled FP8: Mixtral's whole blocks, Qwen's ragged ones (experts widened); BF16 converted to FP8
-    for (const char* family : {"mixtral", "qwen2_moe"}) {
+    for (const char* family : {"mixtral", "mixtral 128", "qwen2_moe"}) {
       const std::string f = family;
-      HfTestModel m = f == "mixtral" ? mixtral_fp8_test_model() : qwen_test_model();
+      HfTestModel m = f == "mixtral"       ? mixtral_fp8_test_model()
+                      : f == "mixtral 128" ? mixtral_fp8_test_model(128)
+                                           : qwen_test_model();
       const fs::path d = dir.path() / ("fp8_" + f);
       fs::create_directories(d);
       write_sharded_checkpoint(d, fp8_quantised(m.tensors).stored, 256 * 1024);

@@ -61,12 +61,13 @@ class Tally {
   // expert_parallel_weight_loader's stack of one piece [rows, cols] per local expert (`names`, one each),
   // each starting at row `row0` of its expert's matrix: stored FP8 pieces stack with their grids' block rows
   // where they cover whole block rows, else widen; then the stack is converted as a product's weight.
-  void experts(const std::vector<std::string>& names, int64_t rows, int64_t cols, int64_t row0) {
+  // `stack_fp8`: whether the three matrices' stored FP8 pieces all stack (else all three widen).
+  void experts(const std::vector<std::string>& names, int64_t rows, int64_t cols, bool stack_fp8) {
     if (names.empty()) return;
     const auto local = static_cast<int64_t>(names.size());
     const MemCategory c = MemCategory::ExpertWeights;
     if (stored_fp8(names[0])) {
-      if (row0 % kFp8Block == 0 && rows % kFp8Block == 0)
+      if (stack_fp8)
         add(WeightFormat::FP8, local * rows * cols + local * rows / kFp8Block * grid_cols(names[0]) * 4, c);
       else
         add(WeightFormat::F32, local * rows * cols * 4, c);
@@ -202,9 +203,11 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
         w3.push_back(names.expert(l, e, "w3"));
         w2.push_back(names.expert(l, e, "w2"));
       }
-      t.experts(w1, n, d, i0);
-      t.experts(w3, n, d, i0);
-      t.experts(w2, d, n, 0);
+      // Gate/up pieces start at row i0 of n rows, down's span all d rows (weight_loader.hpp's stacking rule).
+      const bool stack_fp8 = i0 % kFp8Block == 0 && n % kFp8Block == 0 && d % kFp8Block == 0;
+      t.experts(w1, n, d, stack_fp8);
+      t.experts(w3, n, d, stack_fp8);
+      t.experts(w2, d, n, stack_fp8);
     }
     if (config.shared_expert_hidden > 0) {
       const int64_t h = config.shared_expert_hidden;

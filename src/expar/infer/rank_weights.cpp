@@ -276,6 +276,11 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
           expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w3"), i0, i1)));
       lw.experts.w2 = product_weight(
           expert_parallel_weight_loader(info.local_experts, columns_loader_as_stored(view("w2"), i0, i1)));
+      // FP8 experts stack only where their shards cover whole 128-row blocks, which gate/up and down may not
+      // both do (shards of 64 rows of 128-wide experts): the three are held alike, so then all widen.
+      if (lw.experts.w1.dtype() != lw.experts.w2.dtype() || lw.experts.w3.dtype() != lw.experts.w2.dtype())
+        for (Tensor* m : {&lw.experts.w1, &lw.experts.w3, &lw.experts.w2})
+          if (m->dtype() != DType::F32) *m = to_f32(*m, MemCategory::ExpertWeights);
       // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
       // the copy do not both stay resident.
       for (int e : info.local_experts)
