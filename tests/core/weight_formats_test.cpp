@@ -229,6 +229,30 @@ TEST(WeightFormats, ProductsGiveTheBitsOfTheF32ProductOverTheDequantisedWeights)
   set_compute_threads(saved_threads);
 }
 
+TEST(WeightFormats, Fp8RowsWithEveryCodeGiveTheDequantisedProductsBits) {
+  // Every one of the 256 codes (NaN codes included) in rows of whole 128-column blocks, the matvec's block
+  // path: each row's product has the bits of the f32 product over its dequantised values (NaN where a NaN
+  // code sits).
+  const int64_t n = 9, k = 256;
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      // Row 0: every code; the others a mix without the NaN codes 0x7f and 0xff.
+      codes[static_cast<size_t>(r * k + c)] = static_cast<uint8_t>(
+          r == 0 ? c : ((c * 7 + r * 13) % 256) & ~(((c * 7 + r * 13) % 128 == 127) ? 1 : 0));
+  const std::vector<float> scales = {0.013f, 0.021f};
+  const WeightView w = WeightView::fp8(codes.data(), scales.data(), n, k, k, 2);
+  const std::vector<float> dense = dequantised(w);
+  const std::vector<float> a = random_vector(static_cast<size_t>(k), 91, 4);
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  matvec_transposed(a.data(), dense.data(), want.data(), n, k, k, false);
+  matvec_transposed(a.data(), w, got.data(), false);
+  // A NaN's payload is no result: row 0 is NaN in both; the others are the same bits.
+  EXPECT_TRUE(std::isnan(got[0]) && std::isnan(want[0])) << got[0] << " " << want[0];
+  expect_same_bits(std::vector<float>(got.begin() + 1, got.end()),
+                   std::vector<float>(want.begin() + 1, want.end()), "fp8 every code");
+}
+
 TEST(WeightFormats, ShardsReadTheirRowsAndColumnsOfTheWhole) {
   // TP shards: rows [r0, r1) and columns [c0, c1) of a stored matrix, FP8 shards starting mid-block.
   for (const WeightFormat f : kFormats) {

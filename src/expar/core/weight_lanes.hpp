@@ -94,6 +94,24 @@ inline void widen_e4m3(const uint8_t* p, Lanes& w) {
   copy_bits(bits, w);
 }
 
+#if defined(__AVX512F__)
+// Sixteen E4M3 codes as f32 values times 2^8: the code's 7 magnitude bits moved up by 7 are an IEEE half
+// whose value is the E4M3 value / 2^8, normal and subnormal alike (both formats' subnormals sit 2^-8 apart in
+// range), so one conversion widens them; NaN codes (S.1111.111) get the half's all-ones exponent and stay
+// NaN. Multiplied by 2^8 times a block's multiplier this is exactly e4m3_to_f32(code) × multiplier: the power
+// of two is exact, so the product rounds once, as the scalar decoder's does.
+inline void widen_e4m3_over_256(const uint8_t* p, __m512& w) {
+  // Sign-extended to 16 bits and moved up by 7: the sign lands on bit 15, exponent and mantissa on bits
+  // 13..7; bit 14 (a copy of the sign) is cleared.
+  const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(static_cast<int16_t>(0xbf80)));
+  const __m256i nan_bits = _mm256_set1_epi16(0x3f80);
+  const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, nan_bits), nan_bits);
+  h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
+  w = _mm512_maskz_cvtph_ps(kAll, h);
+}
+#endif
+
 // Sixteen E2M1 codes from 8 bytes, low nibble first: a table lookup of the code.
 inline void widen_e2m1(const uint8_t* p, Lanes& w) {
 #if defined(__AVX512F__)
