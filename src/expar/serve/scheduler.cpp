@@ -185,6 +185,9 @@ std::optional<StepPlan> Scheduler::next_step() {
 void Scheduler::complete_step(const StepPlan& plan, const StepTokens& tokens) {
   std::lock_guard lock(mutex_);
   const Clock::time_point now = Clock::now();
+  // Requests that end with this step are told so only after the gauges count them out: a client that reads
+  // /metrics once its answer arrives sees them gone.
+  std::vector<std::pair<std::shared_ptr<RequestState>, FinishReason>> ended;
   for (size_t ri = 0; ri < plan.replicas.size(); ++ri) {
     Replica& r = replicas_[ri];
     size_t next = 0, next_hash = 0;
@@ -210,19 +213,20 @@ void Scheduler::complete_step(const StepPlan& plan, const StepTokens& tokens) {
       if (s.trace_logits) state.push_logits_hash(hash);
       const auto& stops = state.request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        state.finish(FinishReason::Stop);
+        ended.emplace_back(it->state, FinishReason::Stop);
         release_locked(r, static_cast<size_t>(it - r.running.begin()));
         continue;
       }
       state.push_token(token);
       metrics_.generated_tokens(1);
       if (static_cast<int64_t>(state.generated()) >= state.request().max_tokens) {
-        state.finish(FinishReason::Length);
+        ended.emplace_back(it->state, FinishReason::Length);
         release_locked(r, static_cast<size_t>(it - r.running.begin()));
       }
     }
   }
   update_gauges_locked();
+  for (const auto& [state, reason] : ended) state->finish(reason);
 }
 
 void Scheduler::stop(bool cancel_in_flight) {
