@@ -1,6 +1,7 @@
 // Continuous batching on the serving runtime: a request's tokens (greedy, and sampled with a seed) are the
 // same bits whether it runs alone or among other requests that join and leave while it runs, on every
-// layout (TP, cross-DP EP, no EP, variable EP), with f32 weights and with BF16 weights held as stored;
+// layout (TP, cross-DP EP, no EP, variable EP), with f32 weights and with BF16, block-scaled FP8 and MXFP4
+// weights held as stored;
 // chunked prefill mixes with decode under the token budget; every request gets exactly max_tokens tokens.
 #include <gtest/gtest.h>
 
@@ -17,13 +18,17 @@ namespace {
 struct LayoutCase {
   int tp, dp;
   bool ep;
-  int ep_degree;      // 0: TP*DP
-  bool bf16 = false;  // the BF16 Hugging Face checkpoint instead of our f32 one
+  int ep_degree;                // 0: TP*DP
+  std::string weights = "f32";  // our f32 checkpoint, or a Hugging Face one in bf16, fp8 or mxfp4
 };
 
 RuntimeOptions options_for(const LayoutCase& l) {
   RuntimeOptions o;
-  o.path = (l.bf16 ? testing::serve_bf16_test_model() : testing::serve_test_model()).string();
+  o.path = (l.weights == "bf16"    ? testing::serve_bf16_test_model()
+            : l.weights == "fp8"   ? testing::serve_fp8_test_model()
+            : l.weights == "mxfp4" ? testing::serve_mxfp4_test_model()
+                                   : testing::serve_test_model())
+               .string();
   o.model.tp = l.tp;
   o.model.dp = l.dp;
   o.model.enable_expert_parallel = l.ep;
@@ -108,18 +113,21 @@ TEST_P(Batching, TokensDoNotDependOnOtherRequests) {
   EXPECT_TRUE(runtime.failure().empty()) << runtime.failure();
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, Batching,
-                         ::testing::Values(LayoutCase{1, 1, true, 0}, LayoutCase{2, 1, true, 0},
-                                           LayoutCase{2, 2, true, 0}, LayoutCase{2, 1, false, 0},
-                                           LayoutCase{4, 1, true, 2}, LayoutCase{1, 1, true, 0, true},
-                                           LayoutCase{2, 2, true, 0, true}, LayoutCase{4, 1, true, 2, true}),
-                         [](const auto& info) {
-                           const LayoutCase& l = info.param;
-                           return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) +
-                                  (l.ep ? "_ep" + std::to_string(l.ep_degree ? l.ep_degree : l.tp * l.dp)
-                                        : std::string("_noep")) +
-                                  (l.bf16 ? "_bf16" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Batching,
+    ::testing::Values(LayoutCase{1, 1, true, 0}, LayoutCase{2, 1, true, 0}, LayoutCase{2, 2, true, 0},
+                      LayoutCase{2, 1, false, 0}, LayoutCase{4, 1, true, 2},
+                      LayoutCase{1, 1, true, 0, "bf16"}, LayoutCase{2, 2, true, 0, "bf16"},
+                      LayoutCase{4, 1, true, 2, "bf16"}, LayoutCase{1, 1, true, 0, "fp8"},
+                      LayoutCase{2, 2, true, 0, "fp8"}, LayoutCase{4, 1, true, 2, "fp8"},
+                      LayoutCase{2, 1, false, 0, "fp8"}, LayoutCase{1, 1, true, 0, "mxfp4"},
+                      LayoutCase{2, 2, true, 0, "mxfp4"}, LayoutCase{2, 1, false, 0, "mxfp4"}),
+    [](const auto& info) {
+      const LayoutCase& l = info.param;
+      return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) +
+             (l.ep ? "_ep" + std::to_string(l.ep_degree ? l.ep_degree : l.tp * l.dp) : std::string("_noep")) +
+             (l.weights == "f32" ? std::string() : "_" + l.weights);
+    });
 
 // /metrics' tokens per expert per rank add up: every forwarded token (prompt, and each generated token but
 // the last) is routed to K experts in each of L layers, and each route's rows are computed once by every

@@ -52,6 +52,39 @@ inline std::filesystem::path serve_bf16_test_model() {
   return dir;
 }
 
+// The same Mixtral architecture 128 wide with its products' weights in block-scaled FP8 (E4M3 codes and a
+// multiplier per 128 × 128 block, as DeepSeek-V3 ships), held and multiplied as stored.
+inline std::filesystem::path serve_fp8_test_model() {
+  static const std::filesystem::path dir = [] {
+    std::filesystem::path d = test::run_temp_dir("serve_fp8");
+    infer::testing::HfTestModel m = infer::testing::mixtral_fp8_test_model(128);
+    m.vocab = 256;
+    m.max_seq = 64;
+    m.tensors.clear();
+    m.randomize(73);
+    write_sharded_checkpoint(d, infer::testing::fp8_quantised(m.tensors).stored, 256 * 1024);
+    std::ofstream(d / "config.json") << infer::testing::fp8_config(m.config()).dump(2);
+    return d;
+  }();
+  return dir;
+}
+
+// A gpt-oss checkpoint with MXFP4 experts (hidden 64, intermediate 32: whole 32-value blocks).
+inline std::filesystem::path serve_mxfp4_test_model() {
+  static const std::filesystem::path dir = [] {
+    std::filesystem::path d = test::run_temp_dir("serve_mxfp4");
+    infer::testing::HfTestModel m = infer::testing::gpt_oss_test_model(64, 32);
+    m.vocab = 256;
+    m.max_seq = 64;
+    m.tensors.clear();
+    m.randomize(79);
+    write_sharded_checkpoint(d, infer::testing::quantise_gpt_oss_experts(m), 256 * 1024);
+    std::ofstream(d / "config.json") << infer::testing::mxfp4_config(m).dump(2);
+    return d;
+  }();
+  return dir;
+}
+
 }  // namespace expar::serve::testing
 
 namespace expar::serve::testing {
