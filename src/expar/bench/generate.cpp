@@ -270,9 +270,14 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     }
     a_size = std::max(a_size, head.m * head.k);
     c_size = std::max(c_size, head.m * head.n);
-    // A head held in a narrow format gets an f32 scratch of its size (for gpt-oss-20b's vocabulary a large
-    // one): the limit products do not read stored formats yet.
-    if (!head.b) b_size = std::max(b_size, head.n * head.k);
+    // A head held in a narrow format is multiplied from an f32 scratch (the limit products do not read stored
+    // formats yet) in slices of at most 256 MiB of rows, far beyond the caches: gpt-oss-20b's vocabulary
+    // would otherwise need 2.3 GB of scratch beside the model.
+    const int64_t head_rows =
+        head.b ? head.n
+               : std::clamp<int64_t>((int64_t{256} << 20) / (head.k * static_cast<int64_t>(sizeof(float))), 1,
+                                     head.n);
+    if (!head.b) b_size = std::max(b_size, head_rows * head.k);
     Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
     Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
     // One output per worker: the task groups' products run side by side.
@@ -314,8 +319,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       const auto [tp, td, tr] = run(read_probe);
       const double tl = timed_max(world, [&] {
         for (int l = 0; l < config.layers; ++l) run_products(gemms, a, b, c, c_size);
-        matmul(a.data<float>(), head.b ? head.b : b.data<float>(), c.data<float>(), head.m, head.n, head.k,
-               false, true, false);
+        for (int64_t r0 = 0; r0 < head.n; r0 += head_rows)
+          matmul(a.data<float>(), head.b ? head.b + r0 * head.k : b.data<float>(), c.data<float>() + r0,
+                 head.m, std::min(head_rows, head.n - r0), head.k, false, true, false);
       });
       if (i < o.warmup) continue;
       prefill.push_back(tp);
