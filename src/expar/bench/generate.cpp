@@ -15,6 +15,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/parallel_tasks.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/core/weight_view.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/rank_memory_plan.hpp"
 
@@ -140,31 +141,9 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
 }
 
 int64_t held_bytes(const infer::RankWeights& w) {
-  auto b = [](const Tensor& t) { return infer::present(t) ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; };
-  int64_t bytes = b(w.embed) + b(w.final_norm) + (w.lm_head.raw() == w.embed.raw() ? 0 : b(w.lm_head));
-  for (const infer::LayerWeights& lw : w.layers)
-    for (const Tensor* t : {&lw.attn_norm,
-                            &lw.mlp_norm,
-                            &lw.attn.wq,
-                            &lw.attn.wk,
-                            &lw.attn.wv,
-                            &lw.attn.wo,
-                            &lw.attn_options.bq,
-                            &lw.attn_options.bk,
-                            &lw.attn_options.bv,
-                            &lw.attn_options.bo,
-                            &lw.attn_options.sinks,
-                            &lw.attn_options.q_norm,
-                            &lw.attn_options.k_norm,
-                            &lw.router,
-                            &lw.score_bias,
-                            &lw.router_bias,
-                            &lw.shared_w1,
-                            &lw.shared_w3,
-                            &lw.shared_w2,
-                            &lw.shared_gate})
-      bytes += b(*t);
-  for (const infer::LayerWeights& lw : w.layers) bytes += lw.experts.bytes();
+  int64_t bytes = weight_bytes(w.embed) + weight_bytes(w.final_norm) +
+                  (w.lm_head.raw() == w.embed.raw() ? 0 : weight_bytes(w.lm_head));
+  for (const infer::LayerWeights& lw : w.layers) bytes += infer::layer_bytes(lw);
   return bytes;
 }
 

@@ -135,18 +135,23 @@ ExpertBalance plan_expert_balance(const PlanOptions& o, const CLI::App& cmd, int
   return balance_experts(in);
 }
 
-// --expert-load without a model: the placement alone.
-int run_placement_only(const PlanOptions& o, const CLI::App& cmd) {
+// Refuses every flag given on `cmd` that is not in `allowed`: "<flag> belongs to the training plan, but
+// <why>, which takes <allowed>: drop <flag> <alternative>".
+void refuse_other_flags(const CLI::App& cmd, const std::vector<std::string>& allowed, const std::string& why,
+                        const std::string& alternative) {
   for (const CLI::Option* opt : cmd.get_options()) {
     if (opt->count() == 0 || opt->get_lnames().empty()) continue;
     const std::string name = "--" + opt->get_lnames().front();
-    EXPAR_CHECK(
-        std::find(kPlacementOnlyFlags.begin(), kPlacementOnlyFlags.end(), name) != kPlacementOnlyFlags.end(),
-        "{} belongs to the training plan, but no model is given, so only the expert placement is planned, "
-        "which takes {}: drop {} (or give --preset, --model or the shape flags for the plan with the "
-        "placement)",
-        name, fmt::join(kPlacementOnlyFlags, " "), name);
+    EXPAR_CHECK(std::find(allowed.begin(), allowed.end(), name) != allowed.end(),
+                "{} belongs to the training plan, but {}, which takes {}: drop {} {}", name, why,
+                fmt::join(allowed, " "), name, alternative);
   }
+}
+
+// --expert-load without a model: the placement alone.
+int run_placement_only(const PlanOptions& o, const CLI::App& cmd) {
+  refuse_other_flags(cmd, kPlacementOnlyFlags, "no model is given, so only the expert placement is planned",
+                     "(or give --preset, --model or the shape flags for the plan with the placement)");
   const ExpertBalance balance = plan_expert_balance(o, cmd, 0, "");
   if (o.json.table_wanted()) fmt::print("{}", format_expert_balance(balance));
   if (o.json.wanted()) o.json.write(nlohmann::json{{"expert_balance", expert_balance_json(balance)}}.dump(2));
@@ -166,15 +171,8 @@ const std::vector<std::string> kInferencePlanFlags = {"--model",
                                                       "--json"};
 
 int run_plan_for_inference(const PlanOptions& o, const CLI::App& cmd) {
-  for (const CLI::Option* opt : cmd.get_options()) {
-    if (opt->count() == 0 || opt->get_lnames().empty()) continue;
-    const std::string name = "--" + opt->get_lnames().front();
-    EXPAR_CHECK(
-        std::find(kInferencePlanFlags.begin(), kInferencePlanFlags.end(), name) != kInferencePlanFlags.end(),
-        "{} belongs to the training plan, but --kv-tokens asks for an inference plan, which takes {}: "
-        "drop {} (or drop --kv-tokens for the training plan)",
-        name, fmt::join(kInferencePlanFlags, " "), name);
-  }
+  refuse_other_flags(cmd, kInferencePlanFlags, "--kv-tokens asks for an inference plan",
+                     "(or drop --kv-tokens for the training plan)");
   InferencePlanArgs a;
   a.model = o.model;
   a.kv_tokens = o.kv_tokens;

@@ -44,11 +44,8 @@ bool same_values(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-int64_t held(const Tensor& t) {
-  return weight_bytes(t);
-}
+}  // namespace
 
-// The bytes a layer holds, for the load's progress.
 int64_t layer_bytes(const LayerWeights& lw) {
   int64_t b = lw.experts.bytes();
   for (const Tensor* t : {&lw.attn_norm,
@@ -71,11 +68,9 @@ int64_t layer_bytes(const LayerWeights& lw) {
                           &lw.attn_options.sinks,
                           &lw.attn_options.q_norm,
                           &lw.attn_options.k_norm})
-    b += held(*t);
+    b += weight_bytes(*t);
   return b;
 }
-
-}  // namespace
 
 LoadProgress& load_progress() {
   static LoadProgress progress;
@@ -173,8 +168,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, names.lm_head, {config.vocab, d});
     w.lm_head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
   }
-  load_progress().bytes +=
-      held(w.embed) + held(w.final_norm) + (features.tied_embeddings ? 0 : held(w.lm_head));
+  load_progress().bytes += weight_bytes(w.embed) + weight_bytes(w.final_norm) +
+                           (features.tied_embeddings ? 0 : weight_bytes(w.lm_head));
   ++load_progress().parts;
   for (int l = 0; l < config.layers; ++l) {
     LayerWeights lw;

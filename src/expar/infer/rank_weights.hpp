@@ -59,6 +59,9 @@ struct RankWeights {
   std::vector<LayerWeights> layers;
 };
 
+// The bytes a layer's weights hold (core/weight_view.hpp's weight_bytes: FP8 scale grids included).
+int64_t layer_bytes(const LayerWeights& layer);
+
 // The query heads [q0, q1) and key/value heads [k0, k1) held by TP rank t of tp (key/value heads split over
 // TP, or one replicated per rank when TP exceeds them); throws expar::Error when the heads do not split.
 struct HeadSplit {
