@@ -206,6 +206,34 @@ TEST(RouterGradients, SigmoidRenormalisedGroupedBiased) {
                          true, 14);
 }
 
+// DeepSeek-V3's router: sigmoid scores, groups, a selection bias, renormalised, then routed_scaling_factor.
+TEST(RouterGradients, SigmoidGroupedBiasedScaled) {
+  check_router_gradients({.num_experts = 8,
+                          .top_k = 3,
+                          .score = ScoreFunction::Sigmoid,
+                          .renormalize = true,
+                          .n_group = 4,
+                          .topk_group = 2,
+                          .routed_scale = 2.5,
+                          .aux_loss_coef = 0.2},
+                         true, 16);
+  // DeepSeek-V2's greedy router: softmax scores, not renormalised, scaled.
+  check_router_gradients({.num_experts = 6, .top_k = 2, .routed_scale = 16.0}, false, 17);
+}
+
+TEST(Router, RoutedScaleMultipliesTheWeightsLast) {
+  Tensor x = from({1, 4}, {2.0f, 1.0f, 0.0f, -1.0f});
+  RouterConfig c{.num_experts = 4, .top_k = 2, .score = ScoreFunction::Sigmoid, .renormalize = true};
+  RouterState s;
+  const RouterOutput plain = router_forward(c, x, identity(4), nullptr, s);
+  c.routed_scale = 2.5;
+  const RouterOutput scaled = router_forward(c, x, identity(4), nullptr, s);
+  EXPECT_EQ(idx_row(plain, 0), idx_row(scaled, 0));
+  const double s0 = 1.0 / (1.0 + std::exp(-2.0)), s1 = 1.0 / (1.0 + std::exp(-1.0));
+  EXPECT_NEAR(scaled.topk_weight.data<float>()[0], 2.5 * s0 / (s0 + s1), 1e-6);
+  EXPECT_NEAR(scaled.topk_weight.data<float>()[1], 2.5 * s1 / (s0 + s1), 1e-6);
+}
+
 TEST(ScoreBias, MovesTowardsBalance) {
   std::vector<float> bias{0.0f, 0.0f, 0.5f, 0.0f};
   std::vector<int64_t> counts{4, 0, 2, 2};  // mean 2
@@ -229,6 +257,11 @@ TEST(RouterConfig, BadConfigurationsAreClearErrors) {
   EXPECT_NE(message({.num_experts = 8, .top_k = 3, .n_group = 4, .topk_group = 1}).find("topk_group"),
             std::string::npos);
   EXPECT_EQ(message({.num_experts = 8, .top_k = 2, .n_group = 4, .topk_group = 1}), "");
+  EXPECT_NE(message({.num_experts = 4, .top_k = 2, .routed_scale = 0.0}).find("routed_scale=0"),
+            std::string::npos);
+  EXPECT_NE(message({.num_experts = 4, .top_k = 2, .softmax_over_topk = true, .routed_scale = 2.0})
+                .find("softmax_over_topk"),
+            std::string::npos);
   EXPECT_THROW(score_function_from_name("relu"), Error);
 }
 

@@ -49,6 +49,12 @@ void RouterConfig::validate() const {
       "softmax_over_topk (gpt-oss's router) needs the softmax score and no group-limited routing, got "
       "score {} and n_group={}",
       score_function_name(score), n_group);
+  EXPAR_CHECK(std::isfinite(routed_scale) && routed_scale > 0.0,
+              "routed_scale={} must be finite and positive (1: the weights as the score function gives them)",
+              routed_scale);
+  EXPAR_CHECK(!softmax_over_topk || routed_scale == 1.0,
+              "routed_scale={} with softmax_over_topk (gpt-oss's router): that router has no scaling, use 1",
+              routed_scale);
   EXPAR_CHECK(std::isfinite(aux_loss_coef) && aux_loss_coef >= 0.0,
               "aux_loss_coef={} must be finite and >= 0", aux_loss_coef);
   EXPAR_CHECK(std::isfinite(z_loss_coef) && z_loss_coef >= 0.0, "z_loss_coef={} must be finite and >= 0",
@@ -201,6 +207,7 @@ void write_topk(const RouterConfig& config, const float* lrow, const float* srow
     w_out[k] = config.softmax_over_topk ? static_cast<float>(std::exp(lrow[e] - top_logit) / exp_sum)
                : config.renormalize     ? static_cast<float>(srow[e] / weight_sum)
                                         : srow[e];
+    if (config.routed_scale != 1.0) w_out[k] *= static_cast<float>(config.routed_scale);
     ++expert_counts[static_cast<size_t>(e)];
   }
 }
@@ -346,6 +353,14 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   const float* scores = state.scores.data<float>();
   const int32_t* idx = state.topk_idx.data<int32_t>();
   const float* gw = grad_topk_weight.data<float>();
+  // The weights' gradient before routed_scale (the scale is the last step of the forward).
+  Tensor scaled_gw;
+  if (config.routed_scale != 1.0) {
+    scaled_gw = Tensor::empty({t_count, k_count});
+    for (int64_t i = 0; i < t_count * k_count; ++i)
+      scaled_gw.data<float>()[i] = static_cast<float>(gw[i] * config.routed_scale);
+    gw = scaled_gw.data<float>();
+  }
   Tensor grad_logits = Tensor::empty({t_count, e_count});
   float* gl = grad_logits.data<float>();
 

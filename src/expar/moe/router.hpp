@@ -10,6 +10,8 @@
 //    the reference makes: on the logits, not on rounded probabilities).
 //  - A logit bias (gpt-oss's router bias, a parameter) is added to the logits before anything else; the
 //    score bias is not a parameter and changes selection only.
+//  - routed_scale multiplies the K weights last (DeepSeek-V2/V3's routed_scaling_factor: sigmoid scores
+//    renormalised to sum 1 are scaled back up so the routed experts' output keeps its magnitude).
 //  - The score bias (auxiliary-loss-free balancing) changes SELECTION only (top-K and group scores); the
 //    weights always come from the unbiased scores.
 //  - Group-limited routing (DeepSeek-V3): the E experts form n_group consecutive groups; a group's score is
@@ -58,6 +60,9 @@ struct RouterConfig {
   bool softmax_over_topk = false;  // top-K of the logits, weights = softmax over them (Softmax, no groups)
   int n_group = 1;                 // > 1: group-limited routing
   int topk_group = 1;              // groups eligible per token (with n_group > 1)
+  // Every weight is multiplied by it after the renormalisation (DeepSeek's routed_scaling_factor); finite,
+  // positive; 1 with softmax_over_topk.
+  double routed_scale = 1.0;
   double aux_loss_coef = 0.0;
   double z_loss_coef = 0.0;
   // Throws expar::Error naming the value and the fix (K > E, E not divisible by n_group, ...).
