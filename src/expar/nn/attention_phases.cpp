@@ -146,17 +146,16 @@ void softmax_row(float* row, int64_t lo, int64_t visible, int64_t tk, float scal
   std::fill(row + visible, row + tk, 0.0f);
 }
 
-float score_scale(int64_t head_dim) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-}
-
 }  // namespace
 
-void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
-                 int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
-                 const float* sink) {
+HeadWidths HeadWidths::square(int64_t head_dim) {
+  return {head_dim, head_dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)))};
+}
+
+void attend_head(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                 int64_t tq, int64_t past, const HeadWidths& widths, float* probs, float* out, int64_t ldo,
+                 int64_t window, const float* sink) {
   const int64_t tk = past + tq;
-  const float scale = score_scale(head_dim);
   // Query rows in blocks: block [r0, r1) sees keys [0, past + r1) only, so the products skip most of the
   // causal mask's upper triangle (a 512-token prefill computed twice the scores it needed).
   for (int64_t r0 = 0; r0 < tq; r0 += kAttentionRowBlock) {
@@ -167,56 +166,55 @@ void attend_head(const float* q, int64_t ldq, const float* k, const float* v, in
                       .c = block,
                       .m = r1 - r0,
                       .n = keys,
-                      .k = head_dim,
+                      .k = widths.qk,
                       .trans_b = true,
                       .lda = ldq,
-                      .ldb = ldkv,
+                      .ldb = ldk,
                       .ldc = tk});  // scores q·kᵀ
     for (int64_t i = r0; i < r1; ++i) {
       const int64_t visible = past + i + 1;
-      softmax_row(probs + i * tk, window > 0 ? std::max<int64_t>(0, visible - window) : 0, visible, tk, scale,
-                  sink);
+      softmax_row(probs + i * tk, window > 0 ? std::max<int64_t>(0, visible - window) : 0, visible, tk,
+                  widths.scale, sink);
     }
     matmul(MatmulArgs{.a = block,
                       .b = v,
                       .c = out + r0 * ldo,
                       .m = r1 - r0,
-                      .n = head_dim,
+                      .n = widths.v,
                       .k = keys,
                       .lda = tk,
-                      .ldb = ldkv,
+                      .ldb = ldv,
                       .ldc = ldo});  // probabilities · v
   }
 }
 
-void attend_group_one_token(const float* q, int64_t group, const float* k, const float* v, int64_t ldkv,
-                            int64_t past, int64_t head_dim, float* probs, float* out, int64_t window,
-                            const float* sinks) {
+void attend_group_one_token(const float* q, int64_t group, const float* k, int64_t ldk, const float* v,
+                            int64_t ldv, int64_t past, const HeadWidths& widths, float* probs, float* out,
+                            int64_t window, const float* sinks) {
   const int64_t tk = past + 1;
-  const float scale = score_scale(head_dim);
   // The group's query heads as the rows of one product: each K and V row is read once for all of them.
   matmul(MatmulArgs{.a = q,
                     .b = k,
                     .c = probs,
                     .m = group,
                     .n = tk,
-                    .k = head_dim,
+                    .k = widths.qk,
                     .trans_b = true,
-                    .lda = head_dim,
-                    .ldb = ldkv,
+                    .lda = widths.qk,
+                    .ldb = ldk,
                     .ldc = tk});
   const int64_t lo = window > 0 ? std::max<int64_t>(0, tk - window) : 0;
   for (int64_t r = 0; r < group; ++r)
-    softmax_row(probs + r * tk, lo, tk, tk, scale, sinks ? sinks + r : nullptr);
+    softmax_row(probs + r * tk, lo, tk, tk, widths.scale, sinks ? sinks + r : nullptr);
   matmul(MatmulArgs{.a = probs,
                     .b = v,
                     .c = out,
                     .m = group,
-                    .n = head_dim,
+                    .n = widths.v,
                     .k = tk,
                     .lda = tk,
-                    .ldb = ldkv,
-                    .ldc = head_dim});
+                    .ldb = ldv,
+                    .ldc = widths.v});
 }
 
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
@@ -258,27 +256,37 @@ Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWe
   return out;
 }
 
-Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, const Tensor& k,
-              const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
-              const AttentionOptions& options, Tensor* probs) {
-  const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads, tk = past + seq;
+Tensor attend(const AttendHeads& heads, const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+              int64_t seq, int64_t past, int64_t key_rows, int64_t window, const Tensor& sinks,
+              Tensor* probs) {
+  const HeadWidths& w = heads.widths;
+  const int64_t group = heads.n_heads / heads.n_kv_heads, tk = past + seq;
+  const int64_t qd = heads.n_heads * w.qk, kd = heads.n_kv_heads * w.qk, vd = heads.n_kv_heads * w.v,
+                cd = heads.n_heads * w.v;
   // Without `probs` the probabilities of one head at a time are enough.
   const bool keep = probs != nullptr;
   // Without `probs`, each compute thread keeps one head's probabilities at a time.
-  const int64_t scratch = task_threads(batch * shape.n_heads);
-  Tensor p_all = keep ? Tensor::empty({batch, shape.n_heads, seq, tk}) : Tensor::empty({scratch, seq, tk});
-  Tensor context = Tensor::empty({batch * seq, dims.qd});
-  for_each_task(batch * shape.n_heads, [&](int64_t task, int thread) {
-    const int64_t b = task / shape.n_heads, h = task % shape.n_heads, g = h / group;
+  const int64_t scratch = task_threads(batch * heads.n_heads);
+  Tensor p_all = keep ? Tensor::empty({batch, heads.n_heads, seq, tk}) : Tensor::empty({scratch, seq, tk});
+  Tensor context = Tensor::empty({batch * seq, cd});
+  for_each_task(batch * heads.n_heads, [&](int64_t task, int thread) {
+    const int64_t b = task / heads.n_heads, h = task % heads.n_heads, g = h / group;
     float* p = p_all.data<float>() + (keep ? task : thread) * seq * tk;
-    attend_head(q.data<float>() + b * seq * dims.qd + h * hd, dims.qd,
-                k.data<float>() + b * key_rows * dims.kd + g * hd,
-                v.data<float>() + b * key_rows * dims.kd + g * hd, dims.kd, seq, past, hd, p,
-                context.data<float>() + b * seq * dims.qd + h * hd, dims.qd, options.window,
-                has(options.sinks) ? options.sinks.data<float>() + h : nullptr);
+    attend_head(q.data<float>() + b * seq * qd + h * w.qk, qd, k.data<float>() + b * key_rows * kd + g * w.qk,
+                kd, v.data<float>() + b * key_rows * vd + g * w.v, vd, seq, past, w, p,
+                context.data<float>() + b * seq * cd + h * w.v, cd, window,
+                has(sinks) ? sinks.data<float>() + h : nullptr);
   });
   if (keep) *probs = p_all;
   return context;
+}
+
+Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, const Tensor& k,
+              const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
+              const AttentionOptions& options, Tensor* probs) {
+  (void)dims;  // the widths follow from the shape
+  return attend(AttendHeads{shape.n_heads, shape.n_kv_heads, HeadWidths::square(shape.head_dim)}, q, k, v,
+                batch, seq, past, key_rows, options.window, options.sinks, probs);
 }
 
 Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const Tensor& context,
@@ -343,63 +351,77 @@ Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const 
   return grad_context;
 }
 
-QkvGrads attend_backward(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
-                         const Tensor& grad_context, const AttentionOptions& options,
-                         AttentionOptionGrads* option_grads) {
-  const int64_t batch = saved.batch, seq = saved.seq, past = saved.past, tk = saved.key_rows;
-  const int64_t hd = shape.head_dim, group = shape.n_heads / shape.n_kv_heads;
+QkvGrads attend_backward(const AttendHeads& heads, const Tensor& probs, const Tensor& q, const Tensor& k,
+                         const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
+                         const Tensor& grad_context, const Tensor& sinks, Tensor* grad_sinks) {
+  const HeadWidths& w = heads.widths;
+  const int64_t tk = key_rows, group = heads.n_heads / heads.n_kv_heads;
+  EXPAR_ASSERT(tk == past + seq, "attend_backward: key_rows={} must be past + seq = {} + {}", key_rows, past,
+               seq);
+  const int64_t qd = heads.n_heads * w.qk, kd = heads.n_kv_heads * w.qk, vd = heads.n_kv_heads * w.v,
+                cd = heads.n_heads * w.v;
   // Query heads of one group add into the same key/value gradient in head order.
-  QkvGrads g{Tensor::empty({batch * seq, dims.qd}), Tensor::zeros({batch * tk, dims.kd}),
-             Tensor::zeros({batch * tk, dims.kd})};
+  QkvGrads g{Tensor::empty({batch * seq, qd}), Tensor::zeros({batch * tk, kd}),
+             Tensor::zeros({batch * tk, vd})};
   Tensor grad_p = Tensor::empty({seq, tk});
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const bool sink = has(options.sinks);
+  const bool sink = has(sinks);
   for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < shape.n_heads; ++h) {
+    for (int64_t h = 0; h < heads.n_heads; ++h) {
       const int64_t kv_head = h / group;
-      const float* p = saved.probs.data<float>() + (b * shape.n_heads + h) * seq * tk;
-      const int64_t q_off = b * seq * dims.qd + h * hd, kv_off = b * tk * dims.kd + kv_head * hd;
+      const float* p = probs.data<float>() + (b * heads.n_heads + h) * seq * tk;
+      const int64_t q_off = b * seq * qd + h * w.qk, c_off = b * seq * cd + h * w.v;
+      const int64_t k_off = b * tk * kd + kv_head * w.qk, v_off = b * tk * vd + kv_head * w.v;
       float* dp = grad_p.data<float>();
       // dP = dO·vᵀ
       MatmulArgs a;
-      a.a = grad_context.data<float>() + q_off;
-      a.b = saved.v.data<float>() + kv_off;
+      a.a = grad_context.data<float>() + c_off;
+      a.b = v.data<float>() + v_off;
       a.c = dp;
-      a.m = seq, a.n = tk, a.k = hd;
+      a.m = seq, a.n = tk, a.k = w.v;
       a.trans_b = true;
-      a.lda = dims.qd, a.ldb = dims.kd, a.ldc = tk;
+      a.lda = cd, a.ldb = vd, a.ldc = tk;
       matmul(a);
       // dv += Pᵀ·dO
       MatmulArgs bv;
       bv.a = p;
-      bv.b = grad_context.data<float>() + q_off;
-      bv.c = g.v.data<float>() + kv_off;
-      bv.m = tk, bv.n = hd, bv.k = seq;
+      bv.b = grad_context.data<float>() + c_off;
+      bv.c = g.v.data<float>() + v_off;
+      bv.m = tk, bv.n = w.v, bv.k = seq;
       bv.trans_a = true, bv.accumulate = true;
-      bv.lda = tk, bv.ldb = dims.qd, bv.ldc = dims.kd;
+      bv.lda = tk, bv.ldb = cd, bv.ldc = vd;
       matmul(bv);
-      const double sink_grad = softmax_backward(p, dp, seq, past, scale, sink);
-      if (sink) option_grads->sinks.data<float>()[h] += static_cast<float>(sink_grad);
+      const double sink_grad = softmax_backward(p, dp, seq, past, w.scale, sink);
+      if (sink) grad_sinks->data<float>()[h] += static_cast<float>(sink_grad);
       // dq = dS·k
       MatmulArgs cq;
       cq.a = dp;
-      cq.b = saved.k.data<float>() + kv_off;
+      cq.b = k.data<float>() + k_off;
       cq.c = g.q.data<float>() + q_off;
-      cq.m = seq, cq.n = hd, cq.k = tk;
-      cq.lda = tk, cq.ldb = dims.kd, cq.ldc = dims.qd;
+      cq.m = seq, cq.n = w.qk, cq.k = tk;
+      cq.lda = tk, cq.ldb = kd, cq.ldc = qd;
       matmul(cq);
       // dk += dSᵀ·q
       MatmulArgs ck;
       ck.a = dp;
-      ck.b = saved.q.data<float>() + q_off;
-      ck.c = g.k.data<float>() + kv_off;
-      ck.m = tk, ck.n = hd, ck.k = seq;
+      ck.b = q.data<float>() + q_off;
+      ck.c = g.k.data<float>() + k_off;
+      ck.m = tk, ck.n = w.qk, ck.k = seq;
       ck.trans_a = true, ck.accumulate = true;
-      ck.lda = tk, ck.ldb = dims.qd, ck.ldc = dims.kd;
+      ck.lda = tk, ck.ldb = qd, ck.ldc = kd;
       matmul(ck);
     }
   }
   return g;
+}
+
+QkvGrads attend_backward(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
+                         const Tensor& grad_context, const AttentionOptions& options,
+                         AttentionOptionGrads* option_grads) {
+  (void)dims;  // the widths follow from the shape
+  return attend_backward(AttendHeads{shape.n_heads, shape.n_kv_heads, HeadWidths::square(shape.head_dim)},
+                         saved.probs, saved.q, saved.k, saved.v, saved.batch, saved.seq, saved.past,
+                         saved.key_rows, grad_context, options.sinks,
+                         has(options.sinks) ? &option_grads->sinks : nullptr);
 }
 
 Tensor input_backward(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,

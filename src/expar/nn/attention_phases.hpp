@@ -30,25 +30,60 @@ void project(const Tensor& x, const Tensor& w, float* y, bool accumulate);
 // Adds bias [cols] (when defined and not empty) to every row of y [rows, cols].
 void add_bias(float* y, int64_t rows, int64_t cols, const Tensor& bias);
 
+// The widths of one attention head: queries and keys of `qk` values, values (and the context) of `v`
+// values, scores scaled by `scale` before the softmax. Ordinary attention is square (qk = v = head_dim,
+// scale 1/sqrt(head_dim)); multi-head latent attention (latent_attention.hpp) has qk = nope + rope ≠ v and
+// the checkpoint's softmax_scale, and its absorbed form attends with keys [c, k_rope] (qk = kv_lora + rope)
+// whose first kv_lora values are also the values (v = kv_lora, the same rows).
+struct HeadWidths {
+  int64_t qk = 0, v = 0;
+  float scale = 0.0f;
+  static HeadWidths square(int64_t head_dim);
+};
+
 // One head: tq queries at positions [past, past + tq) against tk = past + tq keys; query i sees keys
 // [lo_i, past + i] with lo_i = 0, or past + i - window + 1 with a window. `sink` (nullable) is one extra
-// logit in the softmax denominator. Writes probs [tq, tk] (zero where masked) and out [tq, head_dim] (row
-// stride ldo).
+// logit in the softmax denominator. q [tq, widths.qk] (row stride ldq), k [tk, widths.qk] (ldk),
+// v [tk, widths.v] (ldv). Writes probs [tq, tk] (zero where masked) and out [tq, widths.v] (row stride ldo).
 // Query rows go through the products in blocks of kAttentionRowBlock, each against only the keys its last
 // row sees.
-void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
-                 int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
-                 const float* sink);
+void attend_head(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                 int64_t tq, int64_t past, const HeadWidths& widths, float* probs, float* out, int64_t ldo,
+                 int64_t window, const float* sink);
+// The square form (qk = v = head_dim, k and v with one row stride ldkv).
+inline void attend_head(const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, int64_t tq,
+                        int64_t past, int64_t head_dim, float* probs, float* out, int64_t ldo, int64_t window,
+                        const float* sink) {
+  attend_head(q, ldq, k, ldkv, v, ldkv, tq, past, HeadWidths::square(head_dim), probs, out, ldo, window,
+              sink);
+}
 inline constexpr int64_t kAttentionRowBlock = 64;
 
 // One new token's `group` query heads that share a key/value head (grouped-query attention; group 1 is
 // attend_head with tq = 1), at position `past` against its past + 1 keys, as the rows of one product each:
-// q [group, head_dim] and out [group, head_dim] contiguous (adjacent heads of one row), probs [group,
-// past + 1]; sinks (nullable) one logit per head of the group. The decode step's attention: each cached
-// key and value row is read once for the whole group instead of once per head.
-void attend_group_one_token(const float* q, int64_t group, const float* k, const float* v, int64_t ldkv,
-                            int64_t past, int64_t head_dim, float* probs, float* out, int64_t window,
-                            const float* sinks);
+// q [group, widths.qk] and out [group, widths.v] contiguous (adjacent heads of one row), probs [group,
+// past + 1]; k [past + 1, widths.qk] (row stride ldk), v [past + 1, widths.v] (ldv); sinks (nullable) one
+// logit per head of the group. The decode step's attention: each cached key and value row is read once for
+// the whole group instead of once per head (multi-head latent attention's absorbed form: all its heads
+// against the one latent row).
+void attend_group_one_token(const float* q, int64_t group, const float* k, int64_t ldk, const float* v,
+                            int64_t ldv, int64_t past, const HeadWidths& widths, float* probs, float* out,
+                            int64_t window, const float* sinks);
+// The square form.
+inline void attend_group_one_token(const float* q, int64_t group, const float* k, const float* v,
+                                   int64_t ldkv, int64_t past, int64_t head_dim, float* probs, float* out,
+                                   int64_t window, const float* sinks) {
+  attend_group_one_token(q, group, k, ldkv, v, ldkv, past, HeadWidths::square(head_dim), probs, out, window,
+                         sinks);
+}
+
+// The heads of a batched attention: n_heads query heads, n_kv_heads key/value heads (dividing n_heads),
+// each of `widths`. Rows hold the heads side by side: q [.., n_heads·qk], k [.., n_kv_heads·qk],
+// v [.., n_kv_heads·v], the context [.., n_heads·v].
+struct AttendHeads {
+  int64_t n_heads = 0, n_kv_heads = 0;
+  HeadWidths widths;
+};
 
 // The argument checks every training call makes (weights against the shape and Rope, options without
 // inference-only parts); returns the widths.
@@ -67,8 +102,13 @@ Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWe
                 AttentionSaved* saved);
 
 // Per sequence b and head: the `seq` queries q[b·seq + i] at positions past + i attend to the first
-// past + seq of the `key_rows` keys k[b·key_rows + j] (at positions j). Returns the context [B·seq, qd];
-// probs, when defined, receives [B, H, seq, past + seq] (zero where masked).
+// past + seq of the `key_rows` keys k[b·key_rows + j] (at positions j), within `window` (0: none), with one
+// sink logit per head when `sinks` is defined and not empty. Returns the context [B·seq, n_heads·v]; probs,
+// when defined, receives [B, H, seq, past + seq] (zero where masked).
+Tensor attend(const AttendHeads& heads, const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+              int64_t seq, int64_t past, int64_t key_rows, int64_t window, const Tensor& sinks,
+              Tensor* probs);
+// Ordinary attention's: the square heads of `shape`, the window and sinks of `options`.
 Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, const Tensor& k,
               const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
               const AttentionOptions& options, Tensor* probs);
@@ -88,10 +128,17 @@ Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const 
                        AttentionOptionGrads* option_grads);
 
 struct QkvGrads {
-  Tensor q;     // [B·seq, qd]: the queries' rows
-  Tensor k, v;  // [B·key_rows, kd]: every key row of saved.k / saved.v (zero where no query saw it)
+  Tensor q;     // [B·seq, n_heads·qk]: the queries' rows
+  Tensor k, v;  // [B·key_rows, n_kv_heads·qk], [B·key_rows, n_kv_heads·v]: every key row (zero where no
+                // query saw it)
 };
-// The adjoint of attend over saved.probs; adds the sinks' gradient into option_grads->sinks.
+// The adjoint of attend over the probabilities it saved (exactly zero where the causal mask or a window
+// hid a key, so the window needs no argument) and its q, k, v. With sinks defined and not empty, their
+// gradient is added into grad_sinks [n_heads].
+QkvGrads attend_backward(const AttendHeads& heads, const Tensor& probs, const Tensor& q, const Tensor& k,
+                         const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
+                         const Tensor& grad_context, const Tensor& sinks, Tensor* grad_sinks);
+// Ordinary attention's, over `saved`; adds the sinks' gradient into option_grads->sinks.
 QkvGrads attend_backward(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
                          const Tensor& grad_context, const AttentionOptions& options,
                          AttentionOptionGrads* option_grads);
