@@ -41,6 +41,54 @@ TEST(Rope, MatchesRotateHalfReference) {
   for (int64_t j = 0; j < heads * hd; ++j) EXPECT_EQ(y.data<float>()[j], x.data<float>()[j]);
 }
 
+// DeepSeek's pairing: (2i, 2i + 1) rotated by pos·inv_freq[i], here with YaRN's frequencies and scale so
+// both parts of the pair formula (angle and s) are exercised.
+TEST(Rope, InterleavedPairingMatchesItsFormula) {
+  const int64_t hd = 8, heads = 3, half = hd / 2;
+  RopeScaling scaling;
+  scaling.type = RopeType::Yarn;
+  scaling.theta = 500.0;
+  scaling.factor = 4.0;
+  scaling.original_max_position_embeddings = 16;
+  const testing::ReferenceRope ref{scaling};
+  Rope rope(hd, 64, scaling, RopePairing::Interleaved);
+  EXPECT_EQ(rope.pairing(), RopePairing::Interleaved);
+  EXPECT_EQ(Rope(hd, 64).pairing(), RopePairing::Half);
+  Tensor pos = positions_of({0, 1, 7, 63});
+  Tensor x = randn({4, heads * hd}, 1);
+  Tensor y = x.clone();
+  rope.forward(y, heads, pos);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = pos.data<int32_t>()[r] * ref.frequency(i, hd), s = ref.scale();
+        const float* v = x.data<float>() + r * heads * hd + h * hd;
+        const float* w = y.data<float>() + r * heads * hd + h * hd;
+        EXPECT_NEAR(w[2 * i], s * (v[2 * i] * std::cos(angle) - v[2 * i + 1] * std::sin(angle)), 1e-5);
+        EXPECT_NEAR(w[2 * i + 1], s * (v[2 * i + 1] * std::cos(angle) + v[2 * i] * std::sin(angle)), 1e-5);
+      }
+  // Backward is the adjoint: the gradient of Σ r·forward(x).
+  Tensor r = randn({4, heads * hd}, 2);
+  Tensor grad = r.clone();
+  rope.backward(grad, heads, pos);
+  expect_gradient(
+      "interleaved rope grad_x",
+      [&] {
+        Tensor z = x.clone();
+        rope.forward(z, heads, pos);
+        return project(r, z);
+      },
+      x, grad);
+  // Strided rows: the gap after the heads is left alone.
+  const int64_t ld = heads * hd + 3;
+  Tensor padded = randn({2, ld}, 3), before = padded.clone();
+  const int32_t p2[2] = {5, 9};
+  rope.apply(padded.data<float>(), 2, heads, ld, p2, false);
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t j = heads * hd; j < ld; ++j)
+      EXPECT_EQ(padded.data<float>()[row * ld + j], before.data<float>()[row * ld + j]);
+}
+
 TEST(Rope, PreservesNormsAndBackwardUndoesForward) {
   const int64_t hd = 16, heads = 3;
   Rope rope(hd, 300);

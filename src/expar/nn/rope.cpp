@@ -125,11 +125,13 @@ RopeScaling plain(double theta) {
 
 }  // namespace
 
-Rope::Rope(int64_t head_dim, int64_t max_positions, double theta)
-    : Rope(head_dim, max_positions, plain(theta)) {}
+Rope::Rope(int64_t head_dim, int64_t max_positions, double theta, RopePairing pairing)
+    : Rope(head_dim, max_positions, plain(theta), pairing) {}
 
-Rope::Rope(int64_t head_dim, int64_t max_positions, const RopeScaling& scaling)
-    : head_dim_(head_dim), max_positions_(max_positions), scaling_(scaling) {
+Rope::Rope(int64_t head_dim, int64_t max_positions, const RopeScaling& scaling, RopePairing pairing)
+    : head_dim_(head_dim), max_positions_(max_positions), scaling_(scaling), pairing_(pairing) {
+  EXPAR_CHECK(pairing == RopePairing::Half || pairing == RopePairing::Interleaved,
+              "Rope: pairing={} is neither Half nor Interleaved", static_cast<int>(pairing));
   EXPAR_CHECK(head_dim > 0 && head_dim % 2 == 0,
               "Rope: head_dim={} must be positive and even (values rotate in pairs): choose an even head_dim",
               head_dim);
@@ -165,10 +167,19 @@ void Rope::apply(float* x, int64_t rows, int64_t n_heads, int64_t ld, const int3
     const float* s = sin_.data() + static_cast<int64_t>(pos) * half;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + r * ld + h * head_dim_;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half], sn = sign * s[i];
-        v[i] = a * c[i] - b * sn;
-        v[i + half] = b * c[i] + a * sn;
+      // Two loops rather than one with a runtime pair stride: the halves' loop stays unit-stride.
+      if (pairing_ == RopePairing::Half) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half], sn = sign * s[i];
+          v[i] = a * c[i] - b * sn;
+          v[i + half] = b * c[i] + a * sn;
+        }
+      } else {
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1], sn = sign * s[i];
+          v[2 * i] = a * c[i] - b * sn;
+          v[2 * i + 1] = b * c[i] + a * sn;
+        }
       }
     }
   }

@@ -10,6 +10,14 @@
 // YaRN and llama3 rescale the frequencies, YaRN also sets s (its attention factor, applied to cos and sin as
 // transformers does, so q·k scales by s²). The backward pass rotates by the negative angle with the same s:
 // the adjoint of s·R is s·Rᵀ.
+//
+// RopePairing::Interleaved pairs adjacent elements instead: element 2i and element 2i + 1 rotate by the
+// angle position · inv_freq[i]:
+//   x'[2i]     = s · (x[2i] cos - x[2i+1] sin)
+//   x'[2i + 1] = s · (x[2i+1] cos + x[2i] sin)
+// the layout of DeepSeek checkpoints (V2's complex-number form, V3 with rope_interleave): their multi-head
+// latent attention (latent_attention.hpp) rotates its rope parts this way. transformers' V3 code
+// de-interleaves the pairs and rotates halves, which permutes q and k alike and gives the same scores.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +27,8 @@
 namespace expar::nn {
 
 enum class RopeType : uint8_t { Default, Linear, Yarn, Llama3 };
+// Which elements of a head rotate together: (i, i + head_dim/2) or (2i, 2i + 1).
+enum class RopePairing : uint8_t { Half, Interleaved };
 std::string rope_type_name(RopeType type);  // "default", "linear", "yarn", "llama3"
 
 struct RopeScaling {
@@ -45,13 +55,16 @@ struct RopeScaling {
 class Rope {
  public:
   // Precomputes cos/sin for positions [0, max_positions). head_dim must be even, theta > 1.
-  Rope(int64_t head_dim, int64_t max_positions, double theta = 10000.0);
-  Rope(int64_t head_dim, int64_t max_positions, const RopeScaling& scaling);
+  Rope(int64_t head_dim, int64_t max_positions, double theta = 10000.0,
+       RopePairing pairing = RopePairing::Half);
+  Rope(int64_t head_dim, int64_t max_positions, const RopeScaling& scaling,
+       RopePairing pairing = RopePairing::Half);
 
   int64_t head_dim() const { return head_dim_; }
   int64_t max_positions() const { return max_positions_; }
   double theta() const { return scaling_.theta; }
   const RopeScaling& scaling() const { return scaling_; }
+  RopePairing pairing() const { return pairing_; }
 
   // Rotates in place `rows` rows of x, each holding n_heads heads of head_dim values starting at x + r·ld
   // (ld >= n_heads·head_dim); row r is at position positions[r]. inverse = true rotates by the negative
@@ -67,6 +80,7 @@ class Rope {
   int64_t head_dim_;
   int64_t max_positions_;
   RopeScaling scaling_;
+  RopePairing pairing_;
   std::vector<float> cos_;  // [max_positions, head_dim / 2], times the scale s
   std::vector<float> sin_;
 };
