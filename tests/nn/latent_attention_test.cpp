@@ -320,6 +320,8 @@ TEST(LatentAttention, HeadsSplitAcrossTensorParallelRanksSumToTheWhole) {
     const Tensor grad_x = latent_attention_backward(s, rope, w, saved, r, g);
 
     Tensor y_sum = Tensor::zeros({n, d}), gx_sum = Tensor::zeros({n, d});
+    // The replicated weights' gradients are partial sums over the local heads too.
+    LatentAttentionGrads replicated_sum = zero_grads(w);
     const int64_t splits[3] = {0, 2, 3};  // heads {0, 1} and {2}
     for (int part = 0; part < 2; ++part) {
       LatentAttentionShape local = s;
@@ -329,6 +331,12 @@ TEST(LatentAttention, HeadsSplitAcrossTensorParallelRanksSumToTheWhole) {
       add_into(y_sum, latent_attention_forward(local, rope, wl, x, batch, seq, &sl));
       LatentAttentionGrads gl = zero_grads(wl);
       add_into(gx_sum, latent_attention_backward(local, rope, wl, sl, r, gl));
+      add_into(replicated_sum.wkv_a, gl.wkv_a);
+      add_into(replicated_sum.kv_a_norm, gl.kv_a_norm);
+      if (q_lora) {
+        add_into(replicated_sum.wq_a, gl.wq_a);
+        add_into(replicated_sum.q_a_norm, gl.q_a_norm);
+      }
       // The local heads' weight gradients are the whole's slices.
       const LatentAttentionWeights g_slice = head_slice(s, g, splits[part], splits[part + 1]);
       EXPECT_TRUE(close(gl.wkv_b, g_slice.wkv_b, Tolerance::relative_to_largest(1e-5)));
@@ -338,6 +346,12 @@ TEST(LatentAttention, HeadsSplitAcrossTensorParallelRanksSumToTheWhole) {
     }
     EXPECT_TRUE(close(y_sum, y, Tolerance::relative_to_largest(1e-5)));
     EXPECT_TRUE(close(gx_sum, grad_x, Tolerance::relative_to_largest(1e-5)));
+    EXPECT_TRUE(close(replicated_sum.wkv_a, g.wkv_a, Tolerance::relative_to_largest(1e-5)));
+    EXPECT_TRUE(close(replicated_sum.kv_a_norm, g.kv_a_norm, Tolerance::relative_to_largest(1e-5)));
+    if (q_lora) {
+      EXPECT_TRUE(close(replicated_sum.wq_a, g.wq_a, Tolerance::relative_to_largest(1e-5)));
+      EXPECT_TRUE(close(replicated_sum.q_a_norm, g.q_a_norm, Tolerance::relative_to_largest(1e-5)));
+    }
   }
 }
 

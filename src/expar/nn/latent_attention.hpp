@@ -1,15 +1,15 @@
 #pragma once
 // Multi-head latent attention (MLA: DeepSeek-V2 and V3, transformers' modeling_deepseek_v3.py), for H heads
 // and model width d, nope = qk_nope_head_dim, rope = qk_rope_head_dim, v = v_head_dim:
-//   q      = x·Wqᵀ                                 (q_lora_rank == 0; Wq [H·(nope+rope), d])
-//          = RMSNorm_{q_a_norm}(x·Wq_aᵀ)·Wq_bᵀ      (q_lora_rank > 0; Wq_a [q_lora, d], Wq_b [H·(nope+rope),
-//          q_lora])
-//            per head h: q_nope_h (the first nope values), q_rope_h (the next rope values)
-//   kv_a   = x·Wkv_aᵀ                              (Wkv_a [kv_lora + rope, d]): c (kv_lora values), k_rope
-//   (rope) c_n    = RMSNorm_{kv_a_norm}(c);  kv = c_n·Wkv_bᵀ (Wkv_b [H·(nope+v), kv_lora]): per head
-//   k_nope_h, v_h RoPE on q_rope_h and on k_rope (one rope key shared by every head, like multi-query
-//   attention) key_h = [k_nope_h, k_rope], query_h = [q_nope_h, q_rope_h] context_h = softmax(query_h·key_hᵀ
-//   · softmax_scale + causal)·v_h;  y = concat_h(context_h)·Woᵀ (Wo [d, H·v]). No biases.
+//   q = x·Wqᵀ (q_lora_rank 0; Wq [H·(nope+rope), d]), or
+//   q = RMSNorm_{q_a_norm}(x·Wq_aᵀ)·Wq_bᵀ (Wq_a [q_lora, d], Wq_b [H·(nope+rope), q_lora]);
+//       per head h: q_nope_h (the first nope values), then q_rope_h (rope values).
+//   kv_a = x·Wkv_aᵀ (Wkv_a [kv_lora + rope, d]): c (kv_lora values), then k_rope (rope values).
+//   c_n = RMSNorm_{kv_a_norm}(c); kv = c_n·Wkv_bᵀ (Wkv_b [H·(nope+v), kv_lora]): per head k_nope_h, v_h.
+//   RoPE on every q_rope_h and on k_rope: one rope key shared by all heads, like multi-query attention.
+//   key_h = [k_nope_h, k_rope], query_h = [q_nope_h, q_rope_h].
+//   context_h = softmax(query_h·key_hᵀ · softmax_scale + causal)·v_h; y = concat_h(context_h)·Woᵀ.
+//   Wo [d, H·v]. No biases.
 // The Rope must have head_dim == qk_rope_head_dim; DeepSeek checkpoints pair (2i, 2i + 1): build it with
 // RopePairing::Interleaved (the caller's choice; any pairing works here).
 //
