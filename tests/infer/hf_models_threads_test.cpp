@@ -150,6 +150,47 @@ TEST(HfModels, QwenMoeWithNormTopkProbMatchesTheDenseImplementation) {
   fs::remove_all(dir);
 }
 
+// Qwen-MoE's dense MLP layers (Qwen2MoeDecoderLayer: mlp_only_layers, and decoder_sparse_step's layers
+// (l + 1) % step != 0) run a Qwen2MoeMLP of intermediate_size, TP-sharded, in place of the MoE block.
+TEST(HfModels, QwenMoeDenseLayersMatchTheDenseImplementation) {
+  for (int variant = 0; variant < 2; ++variant) {
+    HfTestModel m = variant == 0 ? qwen_test_model() : qwen3_moe_test_model();
+    m.layers = 3;
+    if (variant == 0)
+      m.mlp_only_layers = {2};
+    else
+      m.sparse_step = 2;  // layers 0 and 2 dense
+    m.tensors.clear();
+    m.randomize(83);
+    const fs::path dir = test::run_temp_dir("qwen_dense");
+    m.write(dir);
+    const ModelSpec spec = open_model_spec(dir);
+    const std::vector<uint8_t> want =
+        variant == 0 ? std::vector<uint8_t>{0, 0, 1} : std::vector<uint8_t>{1, 0, 1};
+    EXPECT_EQ(spec.features.dense_mlp, want);
+    EXPECT_EQ(spec.features.dense_mlp_hidden, 20);
+    const std::vector<int32_t> prompt = vocab_tokens(5, 8, m.vocab);
+    const Tensor dense = m.dense_logits(prompt);
+    for (int tp : {1, 2, 4}) {
+      const InferenceLayout layout =
+          make_layout(tp, 1, tp > 1, std::nullopt, spec.config.moe.router.num_experts);
+      run_ranks(tp, [&](Comm& world) {
+        auto store = open_store(spec);
+        Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+        const int id = engine.add_sequence(16);
+        EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), dense, 1e-4)) << "TP " << tp;
+        // A decode step through the dense layers' all-reduce.
+        std::vector<int32_t> longer = prompt;
+        longer.push_back(3);
+        const Tensor step = engine.decode(std::vector<int>{id}, std::vector<int32_t>{3});
+        const Tensor want_step = m.dense_logits(longer);
+        EXPECT_TRUE(close(step, want_step.rows(want_step.dim(0) - 1, want_step.dim(0)).clone(), 1e-4));
+      });
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(HfModels, GptOssSingleRankEngineMatchesADenseDoubleImplementation) {
   const Reference& r = reference(ModelFormat::GptOss);
   EXPECT_EQ(r.spec.format, ModelFormat::GptOss);
@@ -375,8 +416,8 @@ TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {
     j[key] = value;
     std::ofstream(dir / "config.json") << j.dump(2);
   };
-  rewrite("mlp_only_layers", {1});
-  expect_error([&] { open_model_spec(dir); }, {"mlp_only_layers"});
+  rewrite("mlp_only_layers", {7});
+  expect_error([&] { open_model_spec(dir); }, {"mlp_only_layers", "[0, 2)"});
   rewrite("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}});
   expect_error([&] { open_model_spec(dir); }, {"rope_scaling", "dynamic", "yarn"});
   rewrite("use_sliding_window", true);

@@ -28,6 +28,13 @@ struct HfTestModel {
   float eps = 1e-6f;
   bool attention_bias = false;  // Qwen3-MoE / OLMoE: q/k/v/o biases
   bool tied = false;            // tie_word_embeddings: no lm_head.weight, the LM head is the embedding
+  // Qwen-MoE dense MLP layers: those listed in mlp_only_layers, and those with (l + 1) % sparse_step != 0.
+  std::vector<int> mlp_only_layers;
+  int64_t sparse_step = 1, dense_inter = 20;
+  bool dense_layer(int l) const {
+    return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) != mlp_only_layers.end() ||
+           (l + 1) % sparse_step != 0;
+  }
   // The rope the reference applies (its theta is rope_theta) and how config.json states it:
   // rope_json null: v4 "rope_theta" only (gpt-oss: nothing, the family's YaRN default); otherwise the
   // description, under "rope_parameters" (with rope_theta inside) when v5, else under "rope_scaling".
@@ -94,10 +101,10 @@ struct HfTestModel {
       j["num_experts"] = experts;
       j["moe_intermediate_size"] = inter;
       j["shared_expert_intermediate_size"] = shared;
-      j["intermediate_size"] = 4 * inter;  // the dense MLP size: unused (every layer is sparse)
+      j["intermediate_size"] = dense_inter;  // the dense layers' MLP
       j["norm_topk_prob"] = norm_topk_prob;
-      j["decoder_sparse_step"] = 1;
-      j["mlp_only_layers"] = nlohmann::json::array();
+      j["decoder_sparse_step"] = sparse_step;
+      j["mlp_only_layers"] = mlp_only_layers;
       j["use_sliding_window"] = false;
     } else if (format == ModelFormat::Mixtral) {
       j["model_type"] = "mixtral";
@@ -113,8 +120,9 @@ struct HfTestModel {
       j["attention_bias"] = attention_bias;
       if (format == ModelFormat::Qwen3Moe) {
         j["head_dim"] = head_dim;
-        j["decoder_sparse_step"] = 1;
-        j["mlp_only_layers"] = nlohmann::json::array();
+        j["decoder_sparse_step"] = sparse_step;
+        j["mlp_only_layers"] = mlp_only_layers;
+        j["intermediate_size"] = dense_inter;
         j["use_sliding_window"] = false;
       } else {
         j["clip_qkv"] = nullptr;
@@ -170,6 +178,12 @@ struct HfTestModel {
       if (format == ModelFormat::Olmoe) {
         tensors[p + "self_attn.q_norm.weight"] = normal({qd}, 0.3f, 1.0f);
         tensors[p + "self_attn.k_norm.weight"] = normal({kd}, 0.3f, 1.0f);
+      }
+      if (dense_layer(l)) {
+        tensors[p + "mlp.gate_proj.weight"] = normal({dense_inter, d}, in);
+        tensors[p + "mlp.up_proj.weight"] = normal({dense_inter, d}, in);
+        tensors[p + "mlp.down_proj.weight"] = normal({d, dense_inter}, 1.0f / std::sqrt(float(dense_inter)));
+        continue;
       }
       if (format != ModelFormat::GptOss) {
         tensors[router_name(l)] = normal({experts, d}, in);
@@ -325,6 +339,15 @@ struct HfTestModel {
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> xt(x.begin() + t * d, x.begin() + (t + 1) * d);
       double* yt = y.data() + t * d;
+      if (dense_layer(l)) {  // Qwen2MoeMLP of intermediate_size
+        auto g = linear(xt, w(p + "gate_proj.weight"), nullptr, d, dense_inter);
+        auto u = linear(xt, w(p + "up_proj.weight"), nullptr, d, dense_inter);
+        for (int64_t i = 0; i < dense_inter; ++i)
+          g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+        auto o = linear(g, w(p + "down_proj.weight"), nullptr, dense_inter, d);
+        for (int64_t c = 0; c < d; ++c) yt[c] = o[static_cast<size_t>(c)];
+        continue;
+      }
       if (format != ModelFormat::GptOss) {
         auto logits = linear(xt, w(router_name(l)), nullptr, d, experts);
         const double mx = *std::max_element(logits.begin(), logits.end());
@@ -595,9 +618,11 @@ inline bool fp8_product_weight(const std::string& name) {
   auto ends = [&](const std::string& s) {
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
+  // Attention projections (latent attention's too), routed experts, shared experts and dense MLPs; not the
+  // router (mlp.gate.weight) or the norms.
   return (name.find("self_attn.") != std::string::npos && ends("_proj.weight")) ||
          (name.find(".experts.") != std::string::npos && ends(".weight")) ||
-         (name.find("shared_expert.") != std::string::npos && ends("_proj.weight"));
+         (name.find(".mlp.") != std::string::npos && ends("_proj.weight"));
 }
 // `lm_head`: the LM head too (as --weight-dtype fp8 converts it).
 inline Fp8Checkpoint fp8_quantised(const std::map<std::string, Tensor>& tensors, bool lm_head = false) {

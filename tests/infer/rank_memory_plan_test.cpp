@@ -10,9 +10,9 @@
 
 #include "common/temp_dir.hpp"
 #include "core/expect_error.hpp"
+#include "deepseek_test_model.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/model/moe_transformer.hpp"
-#include "hf_test_models.hpp"
 
 namespace expar::infer {
 namespace {
@@ -136,6 +136,35 @@ TEST(RankMemoryPlan, EqualsWhatLoadingAllocates) {
     EXPECT_EQ(halves_mxfp4, inter == 64 ? whole_mxfp4 : 0);
     EXPECT_NE(format_held_bytes(whole[0]).find("mxfp4"), std::string::npos) << format_held_bytes(whole[0]);
   }
+}
+
+// DeepSeek: latent attention's replicated and per-head projections, dense MLP layers, ungated shared experts,
+// the correction bias; F32, BF16 and FP8 as the Hub ships V3 (the latent cache: kv_lora + rope per layer).
+TEST(RankMemoryPlan, DeepseekEqualsWhatLoadingAllocates) {
+  test::TempDir dir("rank_memory_plan_deepseek");
+  for (const bool v3 : {true, false}) {
+    DeepseekTestModel m = v3 ? deepseek_v3_test_model() : deepseek_v2_test_model();
+    const fs::path d = dir.path() / (v3 ? "v3" : "v2");
+    fs::create_directories(d);
+    m.write(d);
+    expect_plan_matches_load(d, v3 ? "deepseek-v3" : "deepseek-v2");
+    if (!v3) continue;
+    expect_plan_matches_load(d, "deepseek-v3 with --weight-dtype bf16", DType::BF16);
+    const fs::path f = dir.path() / "v3_fp8";
+    fs::create_directories(f);
+    write_sharded_checkpoint(f, fp8_quantised(m.tensors).stored, 64 * 1024);
+    std::ofstream(f / "config.json") << fp8_config(m.config()).dump(2);
+    expect_plan_matches_load(f, "deepseek-v3 fp8");
+  }
+  // Qwen-MoE with a dense MLP layer (mlp_only_layers).
+  HfTestModel q = qwen_test_model();
+  q.mlp_only_layers = {1};
+  q.tensors.clear();
+  q.randomize(5);
+  const fs::path d = dir.path() / "qwen_dense";
+  fs::create_directories(d);
+  q.write(d);
+  expect_plan_matches_load(d, "qwen2_moe with a dense layer");
 }
 
 TEST(RankMemoryPlan, RefusesBeforeLoadingAndNamesAFixThatFits) {

@@ -144,7 +144,7 @@ TEST_P(RowwiseDecode, MatchesTheAllReduceDecode) {
     auto store = open_store(ck.spec);
     Engine a(layout, world, load_rank_weights(*store, ck.spec, layout, world.rank()));
     Engine b(layout, world, load_rank_weights(*store, ck.spec, layout, world.rank()),
-             EngineOptions{DecodeMoe::Rowwise});
+             EngineOptions{DecodeMoe::Rowwise, {}});
     EXPECT_EQ(b.options().decode_moe, DecodeMoe::Rowwise);
     const auto prompts = prompts_of(a.dp_rank(), config.vocab);
     DecodeRun ra = greedy_run(a, prompts, config, host);
@@ -200,7 +200,7 @@ TEST(RowwiseDecodeCollectives, PerDecodeStep) {
     auto store = open_store(ck.spec);
     for (DecodeMoe mode : {DecodeMoe::AllReduce, DecodeMoe::Rowwise}) {
       Engine engine(layout, world, load_rank_weights(*store, ck.spec, layout, world.rank()),
-                    EngineOptions{mode});
+                    EngineOptions{mode, {}});
       const int id = engine.add_sequence(8);
       engine.prefill(std::vector<int>{id}, {{1, 2, 3}});
       engine.tp_group().reset_stats();
@@ -257,7 +257,7 @@ TEST(RowwiseDecodeErrors, RefusesIntermediateShardedExpertsWithTheRuleAndTheFix)
     run_ranks(variable.world(), [&](Comm& world) {
       auto store = open_store(ck.spec);
       Engine e(variable, world, load_rank_weights(*store, ck.spec, variable, world.rank()),
-               EngineOptions{DecodeMoe::Rowwise});
+               EngineOptions{DecodeMoe::Rowwise, {}});
     });
   });
   EXPECT_NE(msg.find("rowwise decode needs every expert whole"), std::string::npos) << msg;

@@ -78,5 +78,19 @@ TEST(RunModel, PresetOrScoreBesideAConfigJsonIsRefusedByName) {
   EXPECT_NE(error_of(r).find("does not exist"), std::string::npos) << error_of(r);
 }
 
+// Latent attention and dense MLP layers run in the engine but not yet in the training model: refused by name.
+TEST(RunModel, WhatTheTrainingModelDoesNotRunIsRefusedByName) {
+  test::TempDir dir("run_model");
+  std::ofstream(dir / "config.json") << nlohmann::json{{"model_type", "deepseek_v3"}}.dump();
+  RunModelRequest r;
+  r.model = dir.path().string();
+  EXPECT_NE(error_of(r).find("multi-head latent attention (kv_lora_rank 512)"), std::string::npos)
+      << error_of(r);
+  std::ofstream(dir / "config.json") << nlohmann::json{
+      {"model_type", "qwen2_moe"},
+      {"mlp_only_layers", {1}}}.dump();
+  EXPECT_NE(error_of(r).find("layer 1 is a dense MLP layer"), std::string::npos) << error_of(r);
+}
+
 }  // namespace
 }  // namespace expar

@@ -166,6 +166,11 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
               o.warmup);
   const infer::ModelSpec spec = infer::open_model_spec(o.path, o.engine.format);
   const ModelConfig& config = spec.config;
+  // The limits below are the products of a layer with q/k/v projections and experts.
+  EXPAR_CHECK(!spec.features.mla.enabled() && spec.features.dense_mlp.empty(),
+              "bench generate does not yet model the limits of latent attention or dense MLP layers ({}): "
+              "time this checkpoint with expar generate",
+              model_format_name(spec.format));
   EXPAR_CHECK(o.prompt_tokens + o.tokens <= config.max_seq,
               "--prompt-tokens {} + --tokens {} exceed the model's max_seq {}: shorten them", o.prompt_tokens,
               o.tokens, config.max_seq);
@@ -200,7 +205,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
           std::unique_ptr<infer::TensorStore> store = infer::open_store(spec);
           return infer::load_rank_weights(*store, spec, layout, world.rank(), o.engine.weight_dtype);
         }(),
-        infer::EngineOptions{o.engine.decode_moe});
+        infer::EngineOptions{o.engine.decode_moe, {}});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
     // the decode steps (slowest rank). `between`, when given, runs after each decode step outside its
     // timing (the read probe of the bandwidth limit); the sum of the seconds it returns comes back third.

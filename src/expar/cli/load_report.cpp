@@ -22,6 +22,11 @@ LoadReport::LoadReport(std::string command, const infer::ModelSpec& spec,
   fmt::print(stderr, "{}: loading '{}' on TP {} x DP {}, EP {}; each rank holds:\n{}", command_,
              spec.dir.string(), layout.tp(), layout.dp(), ep_label(layout.ep_degree(), layout.tp()),
              infer::format_rank_plans(plans));
+  if (spec.features.ignored_mtp_layers > 0)
+    fmt::print(stderr,
+               "{}: not loading the {} multi-token-prediction layer(s) after layer {} "
+               "(num_nextn_predict_layers): generation does not use them\n",
+               command_, spec.features.ignored_mtp_layers, spec.config.layers - 1);
   for (const infer::RankMemoryPlan& p : plans)
     total_bytes_ += p.dense_bytes + p.expert_bytes + p.mapped_bytes;
   total_parts_ = static_cast<int64_t>(plans.size()) * (spec.config.layers + 1);

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "expar/core/error.hpp"
 #include "expar/core/assert.hpp"
+#include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/core/weight_matmul.hpp"
@@ -92,10 +92,45 @@ void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode) {
 }
 
 struct Engine::Sequence {
-  std::vector<nn::KvCache> caches;  // one per layer
+  std::vector<nn::KvCache> caches;               // one per layer
+  std::vector<nn::LatentKvCache> latent_caches;  // one per layer, with latent attention (instead)
   int64_t capacity = 0;
-  int64_t length() const { return caches.empty() ? 0 : caches[0].length; }
+  int64_t length() const {
+    return !latent_caches.empty() ? latent_caches[0].length : caches.empty() ? 0 : caches[0].length;
+  }
 };
+
+namespace {
+
+// The rope of a model: DeepSeek's latent attention rotates pairs (2i, 2i + 1) of its rope part.
+nn::Rope model_rope(const RankWeights& w) {
+  const nn::RopePairing pairing = w.features.mla.enabled() && w.features.mla.rope_interleave
+                                      ? nn::RopePairing::Interleaved
+                                      : nn::RopePairing::Half;
+  return nn::Rope(w.config.head_dim, w.config.max_seq, rope_scaling(w.config, w.features), pairing);
+}
+
+// One SwiGLU MLP's rows (this rank's intermediate shard w1, w3 [h, d], w2 [d, h]) added into out [m, d],
+// through moe/'s expert MLP; `gate` (Qwen's shared expert) scales each row by sigmoid(x · gate).
+void swiglu_rows(const Tensor& w1, const Tensor& w3, const Tensor& w2, const Tensor& gate, const Tensor& x,
+                 float* out) {
+  if (!present(w1) || x.dim(0) == 0) return;
+  const int64_t m = x.dim(0), d = x.dim(1), h = w1.dim(0);
+  ExpertWeights w{w1.reshape({1, h, d}), w3.reshape({1, h, d}), w2.reshape({1, d, h})};
+  const std::vector<int64_t> offsets{0, m};
+  Tensor y = Tensor::empty({m, d});
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, nullptr);
+  const float* py = y.data<float>();
+  if (!present(gate)) {
+    for (int64_t i = 0; i < m * d; ++i) out[i] += py[i];
+    return;
+  }
+  // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token (moe/'s gate, the
+  // training model's); scaling this rank's partial sum by it scales the sum over the TP group alike.
+  add_gated_rows(shared_expert_gate(x, gate), py, m, d, out);
+}
+
+}  // namespace
 
 Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, EngineOptions options)
     : layout_(layout),
@@ -105,8 +140,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       tp_rank_(layout.rank_info(world.rank()).tp_rank),
       dp_rank_(layout.rank_info(world.rank()).dp_rank),
       partition_(layout.rank_info(world.rank()).ep_rank),
-      rope_(weights_.config.head_dim, weights_.config.max_seq,
-            rope_scaling(weights_.config, weights_.features)) {
+      rope_(model_rope(weights_)) {
   check_decode_moe(layout_, options_.decode_moe);  // before any collective: every rank refuses alike
   EXPAR_CHECK(weights_.features.window.empty() ||
                   static_cast<int>(weights_.features.window.size()) == weights_.config.layers,
@@ -173,8 +207,12 @@ int Engine::add_sequence(int64_t capacity) {
               capacity, weights_.config.max_seq);
   auto s = std::make_unique<Sequence>();
   s->capacity = capacity;
-  for (int l = 0; l < weights_.config.layers; ++l)
-    s->caches.push_back(nn::KvCache::create(capacity, weights_.local_attn));
+  for (int l = 0; l < weights_.config.layers; ++l) {
+    if (weights_.features.mla.enabled())
+      s->latent_caches.push_back(nn::LatentKvCache::create(capacity, weights_.local_latent));
+    else
+      s->caches.push_back(nn::KvCache::create(capacity, weights_.local_attn));
+  }
   sequences_.push_back(std::move(s));
   return static_cast<int>(sequences_.size()) - 1;
 }
@@ -266,7 +304,9 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
               tokens.size(), ids.size());
   std::vector<int64_t> new_tokens;
   std::vector<int32_t> flat;
+  const bool latent = weights_.features.mla.enabled();
   std::vector<std::vector<nn::KvCache*>> caches(static_cast<size_t>(c.layers));
+  std::vector<std::vector<nn::LatentKvCache*>> latent_caches(static_cast<size_t>(c.layers));
   for (size_t i = 0; i < ids.size(); ++i) {
     const int id = ids[i];
     EXPAR_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[static_cast<size_t>(id)],
@@ -288,8 +328,12 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
                   id, t, c.vocab);
     new_tokens.push_back(n);
     flat.insert(flat.end(), tokens[i].begin(), tokens[i].end());
-    for (int l = 0; l < c.layers; ++l)
-      caches[static_cast<size_t>(l)].push_back(&s.caches[static_cast<size_t>(l)]);
+    for (int l = 0; l < c.layers; ++l) {
+      if (latent)
+        latent_caches[static_cast<size_t>(l)].push_back(&s.latent_caches[static_cast<size_t>(l)]);
+      else
+        caches[static_cast<size_t>(l)].push_back(&s.caches[static_cast<size_t>(l)]);
+    }
   }
   const auto total = static_cast<int64_t>(flat.size());
   const int tp = tp_->size();
@@ -305,9 +349,18 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     Tensor n1 = rmsnorm(h, lw.attn_norm, c.norm_eps);
     if (prefill) n1 = gather_rows(*tp_, n1, sp_rows, d);
-    Tensor att = total > 0 ? nn::attention_forward_cached(weights_.local_attn, rope_, lw.attn, n1, new_tokens,
-                                                          caches[static_cast<size_t>(l)], lw.attn_options)
-                           : Tensor::zeros({0, d});
+    Tensor att;
+    if (total == 0) {
+      att = Tensor::zeros({0, d});
+    } else if (latent) {
+      const nn::LatentForm form =
+          options_.latent_form.value_or(prefill ? nn::LatentForm::Expanded : nn::LatentForm::Absorbed);
+      att = nn::latent_attention_forward_cached(weights_.local_latent, rope_, lw.mla, n1, new_tokens,
+                                                latent_caches[static_cast<size_t>(l)], form);
+    } else {
+      att = nn::attention_forward_cached(weights_.local_attn, rope_, lw.attn, n1, new_tokens,
+                                         caches[static_cast<size_t>(l)], lw.attn_options);
+    }
     // Each rank's attention output is a partial sum over its heads.
     if (prefill) {
       att = reduce_scatter_rows(*tp_, att, sp_rows, d);
@@ -316,8 +369,9 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
     }
     add_into(h, att);
     Tensor n2 = rmsnorm(h, lw.mlp_norm, c.norm_eps);
-    Tensor m = !prefill && options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
-                                                                     : moe_agrs(l, n2, prefill);
+    Tensor m = weights_.features.is_dense_mlp(l)                       ? dense_mlp(l, n2, prefill, sp_rows)
+               : !prefill && options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
+                                                                       : moe_agrs(l, n2, prefill);
     add_into(h, m);
   }
   Tensor hf = rmsnorm(h, weights_.final_norm, c.norm_eps);
@@ -423,22 +477,20 @@ Tensor Engine::moe_decode_rowwise(int layer, const Tensor& x) {
 
 void Engine::shared_expert(int layer, const Tensor& x, float* out) const {
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
-  if (!present(lw.shared_w1) || x.dim(0) == 0) return;
-  const int64_t m = x.dim(0), d = x.dim(1), h = lw.shared_w1.dim(0);
-  // One SwiGLU expert (this rank's intermediate shard), through moe/'s expert MLP.
-  ExpertWeights w{lw.shared_w1.reshape({1, h, d}), lw.shared_w3.reshape({1, h, d}),
-                  lw.shared_w2.reshape({1, d, h})};
-  const std::vector<int64_t> offsets{0, m};
-  Tensor y = Tensor::empty({m, d});
-  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, y, nullptr);
-  const float* py = y.data<float>();
-  if (!present(lw.shared_gate)) {
-    for (int64_t i = 0; i < m * d; ++i) out[i] += py[i];
-    return;
-  }
-  // Qwen-MoE: the shared expert's output scaled by sigmoid(x · gate), one scalar per token (moe/'s gate, the
-  // training model's); scaling this rank's partial sum by it scales the sum over the TP group alike.
-  add_gated_rows(shared_expert_gate(x, lw.shared_gate), py, m, d, out);
+  swiglu_rows(lw.shared_w1, lw.shared_w3, lw.shared_w2, lw.shared_gate, x, out);
+}
+
+Tensor Engine::dense_mlp(int layer, const Tensor& x, bool prefill, const std::vector<int64_t>& sp_rows) {
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const int64_t d = weights_.config.model_dim;
+  // Prefill: every SP row is gathered over TP, each rank adds its intermediate shard's partial sums, and the
+  // reduce-scatter returns each rank's rows; decode: the replica's tokens are on every rank, one all-reduce.
+  Tensor in = prefill ? gather_rows(*tp_, x, sp_rows, d) : x;
+  Tensor partial = Tensor::zeros({in.dim(0), d});
+  swiglu_rows(lw.dense_w1, lw.dense_w3, lw.dense_w2, Tensor(), in, partial.data<float>());
+  if (prefill) return reduce_scatter_rows(*tp_, partial, sp_rows, d);
+  tp_->all_reduce(partial.raw(), static_cast<size_t>(partial.numel()), DType::F32, ReduceOp::Sum);
+  return partial;
 }
 
 }  // namespace expar::infer

@@ -29,6 +29,7 @@
 // wait.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ enum class PrefillLogits : uint8_t { LastRow, AllRows };
 
 struct EngineOptions {
   DecodeMoe decode_moe = DecodeMoe::AllReduce;
+  // Latent attention (DeepSeek): which form every step runs; unset, prefill expands the latents into keys and
+  // values (its products are matrix products over many tokens) and decode runs the absorbed form (a step
+  // reads the compressed cache once). The two give the same logits (tests compare them).
+  std::optional<nn::LatentForm> latent_form;
 };
 
 // Throws expar::Error unless `layout` supports `mode`: Rowwise needs every expert whole on one rank
@@ -134,6 +139,9 @@ class Engine {
   MoeWeights moe_weights(int layer) const;
   Tensor moe_forward_counted(int layer, const Tensor& x, const MoeForwardOptions& options);
   void shared_expert(int layer, const Tensor& x, float* out) const;
+  // A dense layer's MLP (its TP shard, summed over TP): prefill's SP rows in and out (gathered, then
+  // reduce-scattered; sp_rows: every TP rank's), decode's replica tokens in and out (all-reduced).
+  Tensor dense_mlp(int layer, const Tensor& x, bool prefill, const std::vector<int64_t>& sp_rows);
 
   InferenceLayout layout_;
   EngineOptions options_;

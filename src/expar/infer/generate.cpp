@@ -80,7 +80,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
     std::unique_ptr<TensorStore> store = open_store(spec);
     RankWeights w = load_rank_weights(*store, spec, layout, world.rank(), options.weight_dtype);
     store.reset();  // the weights used in place keep their mapping; the rest is released
-    Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe});
+    Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe, {}});
     const bool serving = engine.dp_rank() == 0;
     auto tokens = greedy_generate(engine, serving ? prompt : std::vector<int32_t>{}, max_new);
     {

@@ -83,7 +83,8 @@ ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> form
       const auto found = format_of_model_type(type);
       EXPAR_CHECK(found.has_value(),
                   "'{}/config.json': model_type '{}' is not supported: the engine runs expar checkpoints, "
-                  "mixtral, qwen2_moe (Qwen1.5/Qwen2-MoE), qwen3_moe, olmoe and gpt_oss",
+                  "mixtral, qwen2_moe (Qwen1.5/Qwen2-MoE), qwen3_moe, olmoe, gpt_oss, deepseek_v3 and "
+                  "deepseek_v2",
                   dir.string(), type);
       format = found;
     }

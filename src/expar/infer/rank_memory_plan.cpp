@@ -123,7 +123,11 @@ class Tally {
 
 }  // namespace
 
-int64_t kv_bytes_per_token(const ModelConfig& config, const InferenceLayout& layout, int rank) {
+int64_t kv_bytes_per_token(const ModelConfig& config, const ModelFeatures& features,
+                           const InferenceLayout& layout, int rank) {
+  if (features.mla.enabled())
+    return int64_t{config.layers} * (features.mla.kv_lora_rank + features.mla.qk_rope_head_dim) *
+           static_cast<int64_t>(sizeof(float));
   const HeadSplit hs = head_split(config, layout.tp(), layout.rank_info(rank).tp_rank);
   return int64_t{2} * config.layers * (hs.k1 - hs.k0) * config.head_dim * static_cast<int64_t>(sizeof(float));
 }
@@ -142,7 +146,7 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
   RankMemoryPlan plan;
   plan.rank = rank;
   plan.kv_tokens = kv_tokens;
-  plan.kv_bytes_per_token = kv_bytes_per_token(config, layout, rank);
+  plan.kv_bytes_per_token = kv_bytes_per_token(config, features, layout, rank);
   Tally t(store, plan, weight_dtype);
 
   const int64_t vocab_rows =
@@ -158,10 +162,26 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
     auto name = [&](const char* key) { return names.layer(l, key); };
     t.dense(name("attn_norm"));
     t.dense(name("mlp_norm"));
-    t.rows(name("wq"), (hs.q1 - hs.q0) * hd);
-    t.rows(name("wk"), (hs.k1 - hs.k0) * hd);
-    t.rows(name("wv"), (hs.k1 - hs.k0) * hd);
-    t.columns(name("wo"), (hs.q1 - hs.q0) * hd);
+    const LatentAttentionDims& mla = features.mla;
+    if (mla.enabled()) {  // load_rank_weights' latent attention: local heads' rows, the latent's replicated
+      const int64_t heads = hs.q1 - hs.q0;
+      if (mla.q_lora_rank == 0) {
+        t.rows(name("wq"), heads * mla.qk_head_dim());
+      } else {
+        t.rows(name("wq_a"), mla.q_lora_rank);
+        t.dense(name("q_a_norm"));
+        t.rows(name("wq_b"), heads * mla.qk_head_dim());
+      }
+      t.rows(name("wkv_a"), mla.kv_lora_rank + mla.qk_rope_head_dim);
+      t.dense(name("kv_a_norm"));
+      t.rows(name("wkv_b"), heads * (mla.qk_nope_head_dim + mla.v_head_dim));
+      t.columns(name("wo"), heads * mla.v_head_dim);
+    } else {
+      t.rows(name("wq"), (hs.q1 - hs.q0) * hd);
+      t.rows(name("wk"), (hs.k1 - hs.k0) * hd);
+      t.rows(name("wv"), (hs.k1 - hs.k0) * hd);
+      t.columns(name("wo"), (hs.q1 - hs.q0) * hd);
+    }
     if (features.qkv_bias) {
       t.f32_rows(name("bq"), (hs.q1 - hs.q0) * hd);
       t.f32_rows(name("bk"), (hs.k1 - hs.k0) * hd);
@@ -175,6 +195,15 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
     } else if (features.qk_norm == QkNorm::Projection) {
       t.f32_rows(name("q_norm"), (hs.q1 - hs.q0) * hd);
       t.f32_rows(name("k_norm"), (hs.k1 - hs.k0) * hd);
+    }
+    if (features.is_dense_mlp(l)) {
+      const auto [s0, s1] = mlp_shard(features.dense_mlp_hidden, layout.tp(), info.tp_rank);
+      if (s1 > s0) {
+        t.rows(names.dense(l, "w1"), s1 - s0);
+        t.rows(names.dense(l, "w3"), s1 - s0);
+        t.columns(names.dense(l, "w2"), s1 - s0);
+      }
+      continue;
     }
     t.dense(name("router"));
     if (config.moe.use_score_bias) t.dense(name("score_bias"));
@@ -210,8 +239,8 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
       t.experts(w2, d, n, stack_fp8);
     }
     if (config.shared_expert_hidden > 0) {
-      const int64_t h = config.shared_expert_hidden;
-      const int64_t share = h % layout.tp() == 0 ? h / layout.tp() : (info.tp_rank == 0 ? h : 0);
+      const auto [s0, s1] = mlp_shard(config.shared_expert_hidden, layout.tp(), info.tp_rank);
+      const int64_t share = s1 - s0;
       if (share > 0) {
         t.rows(names.shared(l, "w1"), share);
         t.rows(names.shared(l, "w3"), share);

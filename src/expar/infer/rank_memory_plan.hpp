@@ -49,8 +49,10 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
 std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
                                                   int64_t kv_tokens,
                                                   std::optional<DType> weight_dtype = std::nullopt);
-// Every layer's keys and values of one position for rank `rank`'s key/value heads (the KV cache holds f32).
-int64_t kv_bytes_per_token(const ModelConfig& config, const InferenceLayout& layout, int rank);
+// Every layer's keys and values of one position for rank `rank`'s key/value heads (the KV cache holds f32);
+// with latent attention, every layer's latent and rope key (the compressed cache, whole on every TP rank).
+int64_t kv_bytes_per_token(const ModelConfig& config, const ModelFeatures& features,
+                           const InferenceLayout& layout, int rank);
 
 // "bf16 1.20 GiB + f32 3.1 MiB" (the formats held, largest first), "+ mapped 0.5 GiB" when some are used in
 // place.

@@ -67,7 +67,18 @@ int64_t layer_bytes(const LayerWeights& lw) {
                           &lw.attn_options.bo,
                           &lw.attn_options.sinks,
                           &lw.attn_options.q_norm,
-                          &lw.attn_options.k_norm})
+                          &lw.attn_options.k_norm,
+                          &lw.mla.wq,
+                          &lw.mla.wq_a,
+                          &lw.mla.q_a_norm,
+                          &lw.mla.wq_b,
+                          &lw.mla.wkv_a,
+                          &lw.mla.kv_a_norm,
+                          &lw.mla.wkv_b,
+                          &lw.mla.wo,
+                          &lw.dense_w1,
+                          &lw.dense_w3,
+                          &lw.dense_w2})
     b += weight_bytes(*t);
   return b;
 }
@@ -75,6 +86,23 @@ int64_t layer_bytes(const LayerWeights& lw) {
 LoadProgress& load_progress() {
   static LoadProgress progress;
   return progress;
+}
+
+std::pair<int64_t, int64_t> mlp_shard(int64_t h, int tp, int t) {
+  if (h % tp == 0) return {t * (h / tp), (t + 1) * (h / tp)};
+  return t == 0 ? std::pair<int64_t, int64_t>{0, h} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+nn::LatentAttentionShape latent_shape(const LatentAttentionDims& a, int64_t local_heads) {
+  nn::LatentAttentionShape s;
+  s.n_heads = local_heads;
+  s.q_lora_rank = a.q_lora_rank;
+  s.kv_lora_rank = a.kv_lora_rank;
+  s.qk_nope_head_dim = a.qk_nope_head_dim;
+  s.qk_rope_head_dim = a.qk_rope_head_dim;
+  s.v_head_dim = a.v_head_dim;
+  s.softmax_scale = a.softmax_scale;
+  return s;
 }
 
 HeadSplit head_split(const ModelConfig& c, int tp, int t) {
@@ -137,6 +165,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   const HeadSplit hs = head_split(config, layout.tp(), info.tp_rank);
   const int64_t hd = config.head_dim;
   w.local_attn = nn::AttentionShape{hs.q1 - hs.q0, hs.k1 - hs.k0, hd};
+  const LatentAttentionDims& mla = features.mla;
+  if (mla.enabled()) w.local_latent = latent_shape(mla, hs.q1 - hs.q0);
   const auto [i0, i1] = layout.intermediate_shard(rank, static_cast<int>(config.moe.hidden_dim));
   const int64_t d = config.model_dim;
 
@@ -168,6 +198,20 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, names.lm_head, {config.vocab, d});
     w.lm_head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
   }
+  // A SwiGLU MLP of width h (names(l, "w1" | "w3" | "w2")) sharded over TP by mlp_shard; false where this
+  // rank holds none of it.
+  auto load_tp_mlp = [&](const std::function<std::string(int, const std::string&)>& mlp_name, int l,
+                         int64_t h, Tensor& w1, Tensor& w3, Tensor& w2) {
+    expect_shape(store, mlp_name(l, "w1"), {h, d});
+    expect_shape(store, mlp_name(l, "w3"), {h, d});
+    expect_shape(store, mlp_name(l, "w2"), {d, h});
+    const auto [s0, s1] = mlp_shard(h, layout.tp(), info.tp_rank);
+    if (s1 <= s0) return false;
+    w1 = product_weight(load_rows_as_stored(store, mlp_name(l, "w1"), s0, s1));
+    w3 = product_weight(load_rows_as_stored(store, mlp_name(l, "w3"), s0, s1));
+    w2 = product_weight(load_columns_as_stored(store, mlp_name(l, "w2"), s0, s1));
+    return true;
+  };
   load_progress().bytes += weight_bytes(w.embed) + weight_bytes(w.final_norm) +
                            (features.tied_embeddings ? 0 : weight_bytes(w.lm_head));
   ++load_progress().parts;
@@ -176,15 +220,41 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     auto name = [&](const char* key) { return names.layer(l, key); };
     lw.attn_norm = load_dense(store, name("attn_norm"));
     lw.mlp_norm = load_dense(store, name("mlp_norm"));
-    expect_shape(store, name("wq"), {config.heads * hd, d});
-    expect_shape(store, name("wk"), {config.kv_heads * hd, d});
-    expect_shape(store, name("wv"), {config.kv_heads * hd, d});
-    expect_shape(store, name("wo"), {d, config.heads * hd});
-    // The projections are held in the checkpoint's dtype and multiplied as stored.
-    lw.attn.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd));
-    lw.attn.wk = product_weight(load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd));
-    lw.attn.wv = product_weight(load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd));
-    lw.attn.wo = product_weight(load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd));
+    if (mla.enabled()) {
+      // Latent attention: the local heads' rows of the per-head projections, the latent's replicated.
+      const int64_t qh = mla.qk_head_dim(), kvh = mla.qk_nope_head_dim + mla.v_head_dim, H = config.heads;
+      const int64_t kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim;
+      if (mla.q_lora_rank == 0) {
+        expect_shape(store, name("wq"), {H * qh, d});
+        lw.mla.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * qh, hs.q1 * qh));
+      } else {
+        expect_shape(store, name("wq_a"), {mla.q_lora_rank, d});
+        expect_shape(store, name("q_a_norm"), {mla.q_lora_rank});
+        expect_shape(store, name("wq_b"), {H * qh, mla.q_lora_rank});
+        lw.mla.wq_a = product_weight(load_rows_as_stored(store, name("wq_a"), 0, mla.q_lora_rank));
+        lw.mla.q_a_norm = load_dense(store, name("q_a_norm"));
+        lw.mla.wq_b = product_weight(load_rows_as_stored(store, name("wq_b"), hs.q0 * qh, hs.q1 * qh));
+      }
+      expect_shape(store, name("wkv_a"), {kv_a, d});
+      expect_shape(store, name("kv_a_norm"), {mla.kv_lora_rank});
+      expect_shape(store, name("wkv_b"), {H * kvh, mla.kv_lora_rank});
+      expect_shape(store, name("wo"), {d, H * mla.v_head_dim});
+      lw.mla.wkv_a = product_weight(load_rows_as_stored(store, name("wkv_a"), 0, kv_a));
+      lw.mla.kv_a_norm = load_dense(store, name("kv_a_norm"));
+      lw.mla.wkv_b = product_weight(load_rows_as_stored(store, name("wkv_b"), hs.q0 * kvh, hs.q1 * kvh));
+      lw.mla.wo = product_weight(
+          load_columns_as_stored(store, name("wo"), hs.q0 * mla.v_head_dim, hs.q1 * mla.v_head_dim));
+    } else {
+      expect_shape(store, name("wq"), {config.heads * hd, d});
+      expect_shape(store, name("wk"), {config.kv_heads * hd, d});
+      expect_shape(store, name("wv"), {config.kv_heads * hd, d});
+      expect_shape(store, name("wo"), {d, config.heads * hd});
+      // The projections are held in the checkpoint's dtype and multiplied as stored.
+      lw.attn.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd));
+      lw.attn.wk = product_weight(load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd));
+      lw.attn.wv = product_weight(load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd));
+      lw.attn.wo = product_weight(load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd));
+    }
     if (features.qkv_bias) {
       expect_shape(store, name("bq"), {config.heads * hd});
       expect_shape(store, name("bk"), {config.kv_heads * hd});
@@ -217,6 +287,14 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       lw.attn_options.k_norm = load_rows(store, name("k_norm"), hs.k0 * hd, hs.k1 * hd);
       lw.attn_options.q_norm_total = config.heads * hd;
       lw.attn_options.k_norm_total = config.kv_heads * hd;
+    }
+    if (features.is_dense_mlp(l)) {
+      // A dense layer: its MLP sharded over TP like the shared expert; no router, no experts.
+      load_tp_mlp(names.dense, l, features.dense_mlp_hidden, lw.dense_w1, lw.dense_w3, lw.dense_w2);
+      load_progress().bytes += layer_bytes(lw);
+      ++load_progress().parts;
+      w.layers.push_back(std::move(lw));
+      continue;
     }
     expect_shape(store, name("router"), {config.moe.router.num_experts, d});
     lw.router = load_dense(store, name("router"));  // replicated: the standard (non-EP) loader
@@ -288,21 +366,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     lw.experts.validate();
     if (config.shared_expert_hidden > 0) {
       const int64_t h = config.shared_expert_hidden;
-      const int tp = layout.tp(), t = info.tp_rank;
-      expect_shape(store, names.shared(l, "w1"), {h, d});
-      expect_shape(store, names.shared(l, "w3"), {h, d});
-      expect_shape(store, names.shared(l, "w2"), {d, h});
-      int64_t s0 = 0, s1 = 0;
-      if (h % tp == 0) {
-        s0 = t * (h / tp);
-        s1 = (t + 1) * (h / tp);
-      } else if (t == 0) {
-        s1 = h;
-      }
-      if (s1 > s0) {
-        lw.shared_w1 = product_weight(load_rows_as_stored(store, names.shared(l, "w1"), s0, s1));
-        lw.shared_w3 = product_weight(load_rows_as_stored(store, names.shared(l, "w3"), s0, s1));
-        lw.shared_w2 = product_weight(load_columns_as_stored(store, names.shared(l, "w2"), s0, s1));
+      if (load_tp_mlp(names.shared, l, h, lw.shared_w1, lw.shared_w3, lw.shared_w2)) {
         if (features.shared_expert_gate) {
           // The gate is a per-token scalar, so scaling each TP partial sum by it scales their sum.
           expect_shape(store, names.shared(l, "gate"), {1, d});

@@ -12,11 +12,15 @@
 // attention biases (q/k/v rows of the local heads like the weights; the o bias on TP rank 0 only, so the sum
 // over the TP group adds it once), sinks of the local query heads, the shared-expert gate (replicated), the
 // router bias (replicated), gpt-oss's fused experts and their biases (the down bias on the EP_TP rank holding
-// intermediate shard 0, for the same reason).
+// intermediate shard 0, for the same reason). Latent attention (DeepSeek) holds the local heads' rows of
+// q_proj / q_b_proj and kv_b_proj and columns of o_proj; q_a_proj, kv_a_proj_with_mqa and their norms are
+// replicated (every TP rank computes the latent it caches). A dense layer holds its MLP TP-sharded like the
+// shared expert, and no router or experts.
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expar/infer/hf_config.hpp"
@@ -25,6 +29,7 @@
 #include "expar/model/weight_names.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/nn/attention.hpp"
+#include "expar/nn/latent_attention.hpp"
 #include "expar/topo/inference_layout.hpp"
 
 namespace expar::infer {
@@ -33,6 +38,7 @@ struct LayerWeights {
   Tensor attn_norm, mlp_norm;         // [d]
   nn::AttentionWeights attn;          // local heads
   nn::AttentionOptions attn_options;  // biases, sinks, sliding window (Hugging Face formats)
+  nn::LatentAttentionWeights mla;     // latent attention (features.mla): in place of attn
   Tensor router;                      // [E, d]
   Tensor score_bias;                  // [E] or undefined
   Tensor router_bias;                 // [E] added to the router logits (gpt-oss) or undefined
@@ -42,6 +48,9 @@ struct LayerWeights {
   ExpertWeights experts;
   Tensor shared_w1, shared_w3, shared_w2;  // [hs_l, d], [hs_l, d], [d, hs_l]; undefined: none here
   Tensor shared_gate;                      // [1, d]: output scaled by sigmoid(x · gate) (Qwen) or undefined
+  // A dense layer's MLP (features.is_dense_mlp), sharded like the shared expert: [hd_l, d], [hd_l, d],
+  // [d, hd_l]; undefined on a rank that holds none of it, and in MoE layers.
+  Tensor dense_w1, dense_w3, dense_w2;
 };
 
 // True when an optional weight is present (defined and not empty).
@@ -52,7 +61,8 @@ inline bool present(const Tensor& t) {
 struct RankWeights {
   ModelConfig config;
   ModelFeatures features;
-  nn::AttentionShape local_attn;  // heads held here
+  nn::AttentionShape local_attn;          // heads held here
+  nn::LatentAttentionShape local_latent;  // latent attention's, with its local heads (features.mla)
   std::vector<int> local_experts;
   Tensor embed, final_norm, lm_head;  // embed, lm_head: vocabulary rows [vocab_begin, + embed.dim(0))
   int64_t vocab_begin = 0;
@@ -61,6 +71,10 @@ struct RankWeights {
 
 // The bytes a layer's weights hold (core/weight_view.hpp's weight_bytes: FP8 scale grids included).
 int64_t layer_bytes(const LayerWeights& layer);
+
+// The rows [s0, s1) of a TP-sharded MLP's intermediate dimension h held by TP rank t of tp: an even share
+// when tp divides h, else all of it on rank 0 (and none elsewhere).
+std::pair<int64_t, int64_t> mlp_shard(int64_t h, int tp, int t);
 
 // The query heads [q0, q1) and key/value heads [k0, k1) held by TP rank t of tp (key/value heads split over
 // TP, or one replicated per rank when TP exceeds them); throws expar::Error when the heads do not split.

@@ -5,8 +5,9 @@
 namespace expar {
 
 const std::vector<ModelFormat>& all_model_formats() {
-  static const std::vector<ModelFormat> all{ModelFormat::Expar,    ModelFormat::Mixtral, ModelFormat::QwenMoe,
-                                            ModelFormat::Qwen3Moe, ModelFormat::Olmoe,   ModelFormat::GptOss};
+  static const std::vector<ModelFormat> all{
+      ModelFormat::Expar, ModelFormat::Mixtral, ModelFormat::QwenMoe,    ModelFormat::Qwen3Moe,
+      ModelFormat::Olmoe, ModelFormat::GptOss,  ModelFormat::DeepseekV3, ModelFormat::DeepseekV2};
   return all;
 }
 
@@ -24,6 +25,10 @@ std::string model_format_name(ModelFormat format) {
       return "olmoe";
     case ModelFormat::GptOss:
       return "gpt-oss";
+    case ModelFormat::DeepseekV3:
+      return "deepseek-v3";
+    case ModelFormat::DeepseekV2:
+      return "deepseek-v2";
   }
   return "?";
 }
@@ -40,6 +45,10 @@ std::string hf_model_type(ModelFormat format) {
       return "olmoe";
     case ModelFormat::GptOss:
       return "gpt_oss";
+    case ModelFormat::DeepseekV3:
+      return "deepseek_v3";
+    case ModelFormat::DeepseekV2:
+      return "deepseek_v2";
     case ModelFormat::Expar:
       break;
   }

@@ -16,6 +16,11 @@
 //  gpt-oss    model_type gpt_oss: q/k/v/o biases, a learned sink logit per head, sliding-window and full
 //             attention layers (layer_types), router with bias and softmax over the top-k logits, fused
 //             gate_up_proj experts with biases and the clamped SwiGLU, YaRN rope by default
+//  deepseek-v3  model_type deepseek_v3 (DeepSeek-V3/R1, Kimi-K2, Moonlight): multi-head latent attention,
+//             sigmoid router with a selection-only correction bias, group-limited top-k, renormalised and
+//             scaled by routed_scaling_factor; ungated shared experts; the first layers dense MLPs
+//  deepseek-v2  model_type deepseek_v2 (DeepSeek-V2/V2-Lite): the same attention and MLP layers, softmax
+//             router (greedy or group_limited_greedy top-k), scaled by routed_scaling_factor
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,8 +32,8 @@
 
 namespace expar {
 
-enum class ModelFormat : uint8_t { Expar, Mixtral, QwenMoe, Qwen3Moe, Olmoe, GptOss };
-// "ours", "mixtral", "qwen-moe", "qwen3-moe", "olmoe", "gpt-oss".
+enum class ModelFormat : uint8_t { Expar, Mixtral, QwenMoe, Qwen3Moe, Olmoe, GptOss, DeepseekV3, DeepseekV2 };
+// "ours", "mixtral", "qwen-moe", "qwen3-moe", "olmoe", "gpt-oss", "deepseek-v3", "deepseek-v2".
 std::string model_format_name(ModelFormat format);
 // The names above; throws expar::Error listing them otherwise.
 ModelFormat model_format_from_name(const std::string& name);
@@ -51,6 +56,20 @@ using ExpertActivation = ExpertMlpActivation;
 // q/k RMSNorm: none, per head (Qwen3) or over the whole projection (OLMoE); see nn/attention.hpp.
 using QkNorm = nn::QkNorm;
 
+// Multi-head latent attention (DeepSeek-V2/V3, nn/latent_attention.hpp) in place of the q/k/v projections:
+// keys and values come from one compressed latent of kv_lora_rank values per token plus one shared rope key
+// of qk_rope_head_dim (= ModelConfig::head_dim, the rope's width); ModelConfig::heads counts the query heads.
+struct LatentAttentionDims {
+  int64_t q_lora_rank = 0;   // 0: a plain q projection; else q_a_proj -> RMSNorm -> q_b_proj
+  int64_t kv_lora_rank = 0;  // 0: no latent attention (every other family)
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  // softmax scale: (qk_nope_head_dim + qk_rope_head_dim)^-1/2 times YaRN's mscale(factor, mscale_all_dim)²
+  double softmax_scale = 0.0;
+  bool rope_interleave = true;  // rope pairs (2i, 2i+1), as DeepSeek's checkpoints store them
+  bool enabled() const { return kv_lora_rank > 0; }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
 // What a family adds to ModelConfig (the training model has none of it). Defaults: our model.
 struct ModelFeatures {
   bool qkv_bias = false;            // self_attn.{q,k,v}_proj.bias
@@ -63,6 +82,18 @@ struct ModelFeatures {
   ExpertActivation activation = ExpertActivation::Swiglu;
   bool fused_experts = false;    // gpt-oss: stacked gate_up_proj / down_proj with biases
   bool tied_embeddings = false;  // the LM head is the embedding
+  LatentAttentionDims mla;       // DeepSeek: enabled() replaces wq/wk/wv
+  // Per layer: a dense SwiGLU MLP of dense_mlp_hidden in place of the MoE block (DeepSeek's first
+  // first_k_dense_replace layers and those off moe_layer_freq; Qwen-MoE's mlp_only_layers and
+  // decoder_sparse_step). Empty: every layer is an MoE layer.
+  std::vector<uint8_t> dense_mlp;
+  int64_t dense_mlp_hidden = 0;
+  // DeepSeek's multi-token-prediction layers after the last layer (num_nextn_predict_layers): not loaded,
+  // since generation does not use them; the startup line names them.
+  int ignored_mtp_layers = 0;
+  bool is_dense_mlp(int layer) const {
+    return static_cast<size_t>(layer) < dense_mlp.size() && dense_mlp[static_cast<size_t>(layer)] != 0;
+  }
   // The rope type and its parameters; its theta is ModelConfig::rope_theta (rope_scaling() joins them).
   nn::RopeScaling rope;
   int64_t window_of(int layer) const {

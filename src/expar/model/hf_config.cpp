@@ -72,6 +72,15 @@ Family family_of(ModelFormat f) {
       return {
           201088, 2880, 36, 64, 8, 131072, 1e-5, 150000.0, "num_local_experts", 128, 4, "intermediate_size",
           2880,   64};
+    // head_dim: the rope's width, qk_rope_head_dim (read with the latent attention's keys).
+    case ModelFormat::DeepseekV3:
+      return {
+          129280, 7168, 61, 128, 0, 4096, 1e-6, 10000.0, "n_routed_experts", 256, 8, "moe_intermediate_size",
+          2048,   0};
+    // DeepseekV2Config has no default expert count or top-k (None): a config must say them (0 here).
+    case ModelFormat::DeepseekV2:
+      return {32000, 4096, 30, 32, 0, 2048, 1e-6, 10000.0, "n_routed_experts", 0, 0, "moe_intermediate_size",
+              1407,  0};
     case ModelFormat::Expar:
       break;
   }
@@ -293,9 +302,113 @@ std::vector<std::string> read_layer_types(Reader& r, int layers) {
   return types;
 }
 
-// Qwen2/Qwen3-MoE: sliding windows are refused (transformers releases disagree on which layers slide),
-// dense MLP layers are refused.
-void read_qwen_common(Reader& r, int layers) {
+// YaRN's mscale_all_dim from whichever rope description the config has (0: none). DeepSeek's attention
+// multiplies its softmax scale by mscale(factor, mscale_all_dim)² (transformers' DeepseekV3Attention).
+double mscale_squared(const json& j, const nn::RopeScaling& rope) {
+  if (rope.type != nn::RopeType::Yarn) return 1.0;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || !j.at(key).is_object()) continue;
+    const json& desc = j.at(key);
+    if (!desc.contains("mscale_all_dim") || !desc.at("mscale_all_dim").is_number()) return 1.0;
+    const double all = desc.at("mscale_all_dim").get<double>();
+    if (all == 0.0 || rope.factor <= 1.0) return 1.0;
+    const double m = 0.1 * all * std::log(rope.factor) + 1.0;
+    return m * m;
+  }
+  return 1.0;
+}
+
+void check_activation(Reader& r);
+
+// DeepSeek-V2/V3: latent attention, the router, shared experts and dense layers.
+void read_deepseek(Reader& r, const json& j, ModelFormat format, ModelConfig& c, ModelFeatures& f) {
+  const bool v3 = format == ModelFormat::DeepseekV3;
+  check_activation(r);
+  if (r.flag("attention_bias", false))
+    r.bad("attention_bias", "latent attention with projection biases is not implemented: use false");
+  if (r.flag("mlp_bias", false)) r.bad("mlp_bias", "MLPs with biases are not implemented: use false");
+  if (c.kv_heads != c.heads)
+    r.bad("num_key_value_heads",
+          fmt::format("latent attention derives a key and a value per query head: it must equal "
+                      "num_attention_heads = {}",
+                      c.heads));
+  LatentAttentionDims& a = f.mla;
+  const json* q_lora = r.raw("q_lora_rank");
+  a.q_lora_rank = q_lora ? r.integer("q_lora_rank", std::nullopt) : (j.contains("q_lora_rank") ? 0 : 1536);
+  a.kv_lora_rank = r.integer("kv_lora_rank", 512);
+  a.qk_nope_head_dim = r.integer("qk_nope_head_dim", 128);
+  a.qk_rope_head_dim = r.integer("qk_rope_head_dim", 64);
+  a.v_head_dim = r.integer("v_head_dim", 128);
+  if (a.qk_rope_head_dim % 2 != 0) r.bad("qk_rope_head_dim", "must be even (RoPE rotates pairs)");
+  if (r.has("head_dim") && r.integer("head_dim", std::nullopt) != a.qk_rope_head_dim)
+    r.bad("head_dim",
+          fmt::format("is the rope's width here and must equal qk_rope_head_dim = {}", a.qk_rope_head_dim));
+  r.no_effect("head_dim");
+  if (r.has("qk_head_dim") && r.integer("qk_head_dim", std::nullopt) != a.qk_head_dim())
+    r.bad("qk_head_dim", fmt::format("must equal qk_nope_head_dim + qk_rope_head_dim = {}", a.qk_head_dim()));
+  r.no_effect("qk_head_dim");
+  c.head_dim = a.qk_rope_head_dim;
+  // V3 reads rope_interleave; V2's rope is always the complex-number form, which pairs (2i, 2i + 1) too.
+  a.rope_interleave = v3 ? r.flag("rope_interleave", true) : true;
+  if (!v3) r.no_effect("rope_interleave");
+  a.softmax_scale = mscale_squared(j, f.rope) / std::sqrt(static_cast<double>(a.qk_head_dim()));
+
+  MoeConfig& m = c.moe;
+  RouterConfig& router = m.router;
+  router.routed_scale = r.positive("routed_scaling_factor", v3 ? 2.5 : 1.0);
+  router.renormalize = r.flag("norm_topk_prob", v3);
+  const std::string scoring = r.text("scoring_func", v3 ? "sigmoid" : "softmax");
+  const std::string method = r.text("topk_method", v3 ? "noaux_tc" : "greedy");
+  const int64_t n_group = r.has("n_group") ? r.integer("n_group", std::nullopt) : (v3 ? 8 : 1);
+  const int64_t topk_group = r.has("topk_group") ? r.integer("topk_group", std::nullopt) : (v3 ? 4 : 1);
+  if (v3) {
+    if (scoring != "sigmoid")
+      r.bad("scoring_func",
+            "DeepSeek-V3's router scores with sigmoid (noaux_tc); other functions are not run");
+    if (method != "noaux_tc")
+      r.bad("topk_method", "DeepSeek-V3's router selects with noaux_tc (a selection-only correction bias)");
+    router.score = ScoreFunction::Sigmoid;
+    m.use_score_bias = true;  // mlp.gate.e_score_correction_bias
+  } else {
+    if (scoring != "softmax") r.bad("scoring_func", "DeepSeek-V2's router scores with softmax");
+    if (method != "greedy" && method != "group_limited_greedy")
+      r.bad("topk_method", "DeepSeek-V2's router selects with greedy or group_limited_greedy");
+    router.score = ScoreFunction::Softmax;
+  }
+  const bool grouped = v3 || method == "group_limited_greedy";
+  router.n_group = grouped ? static_cast<int>(n_group) : 1;  // greedy ignores the groups
+  router.topk_group = grouped ? static_cast<int>(topk_group) : 1;
+  if (grouped) {
+    if (router.num_experts % router.n_group != 0)
+      r.bad("n_group", fmt::format("must divide n_routed_experts = {}", router.num_experts));
+    if (router.topk_group > router.n_group) r.bad("topk_group", fmt::format("exceeds n_group = {}", n_group));
+    if (router.top_k > router.topk_group * (router.num_experts / router.n_group))
+      r.bad("num_experts_per_tok", "exceeds the experts of the topk_group groups a token may choose from");
+  }
+  const json* shared = r.raw("n_shared_experts");
+  const int64_t n_shared = shared ? r.integer("n_shared_experts", std::nullopt, 0) : (v3 ? 1 : 0);
+  c.shared_expert_hidden = n_shared * m.hidden_dim;  // one SwiGLU MLP of n_shared experts' width, ungated
+
+  // Dense MLP layers: the first first_k_dense_replace, and those off moe_layer_freq (DeepSeek's own code and
+  // vLLM: a layer is MoE when l >= first_k_dense_replace and l % moe_layer_freq == 0).
+  const int64_t first_dense = r.integer("first_k_dense_replace", v3 ? 3 : 0, 0);
+  const int64_t freq = r.integer("moe_layer_freq", 1);
+  f.dense_mlp.assign(static_cast<size_t>(c.layers), 0);
+  for (int l = 0; l < c.layers; ++l) f.dense_mlp[static_cast<size_t>(l)] = l < first_dense || l % freq != 0;
+  f.dense_mlp_hidden = r.integer("intermediate_size", v3 ? 18432 : 11008);
+
+  // The multi-token-prediction layers follow the num_hidden_layers layers in the checkpoint; generation
+  // does not use them (transformers skips them alike).
+  f.ignored_mtp_layers = static_cast<int>(r.integer("num_nextn_predict_layers", 0, 0));
+  // Training-only (loss coefficients), the authors' parallel layout, and pretraining_tp (which splits the
+  // products into slices with the same result).
+  for (const char* key : {"aux_loss_alpha", "seq_aux", "ep_size", "pretraining_tp"}) r.no_effect(key);
+}
+
+// Qwen2/Qwen3-MoE: sliding windows are refused (transformers releases disagree on which layers slide);
+// dense MLP layers where mlp_only_layers lists them or (l + 1) % decoder_sparse_step != 0
+// (Qwen2MoeDecoderLayer).
+void read_qwen_common(Reader& r, int layers, ModelFeatures& f, int64_t default_intermediate) {
   if (r.flag("use_sliding_window", false))
     r.bad("use_sliding_window",
           "expar runs Qwen MoE models with full attention only (which layers slide differs between "
@@ -306,13 +419,25 @@ void read_qwen_common(Reader& r, int layers) {
     if (t != "full_attention")
       r.bad("layer_types", "sliding_attention layers are not run for Qwen MoE models: use full_attention");
   const int64_t step = r.integer("decoder_sparse_step", 1);
-  if (step != 1)
-    r.bad("decoder_sparse_step",
-          "values above 1 make dense MLP layers between the MoE layers, which expar does not run yet: use 1");
-  const json* dense = r.raw("mlp_only_layers");
-  if (dense && (!dense->is_array() || !dense->empty()))
-    r.bad("mlp_only_layers", "dense MLP layers are not run yet: expar needs every layer sparse ([])");
-  r.no_effect("intermediate_size");  // the dense MLP's size: unused when every layer is sparse
+  std::vector<uint8_t> dense(static_cast<size_t>(layers), 0);
+  if (const json* only = r.raw("mlp_only_layers")) {
+    if (!only->is_array()) r.bad("mlp_only_layers", "must be a list of layer indices");
+    for (const json& l : *only) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers)
+        r.bad("mlp_only_layers", fmt::format("entry {} is not a layer index in [0, {})", l.dump(), layers));
+      dense[static_cast<size_t>(l.get<int64_t>())] = 1;
+    }
+  }
+  bool any = false;
+  for (int l = 0; l < layers; ++l) {
+    if ((l + 1) % step != 0) dense[static_cast<size_t>(l)] = 1;
+    any = any || dense[static_cast<size_t>(l)] != 0;
+  }
+  const int64_t hidden = r.integer("intermediate_size", default_intermediate);  // the dense MLP's width
+  if (any) {
+    f.dense_mlp = std::move(dense);
+    f.dense_mlp_hidden = hidden;
+  }
 }
 
 void check_activation(Reader& r) {
@@ -353,7 +478,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
   }
   EXPAR_CHECK(found.has_value(),
               "'{}': model_type '{}' is not supported: expar runs mixtral, qwen2_moe (Qwen1.5/Qwen2-MoE), "
-              "qwen3_moe, olmoe and gpt_oss",
+              "qwen3_moe, olmoe, gpt_oss, deepseek_v3 and deepseek_v2",
               label, type);
   const ModelFormat format = *found;
   const Family fam = family_of(format);
@@ -399,13 +524,16 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
   if (c.heads % c.kv_heads != 0)
     r.bad("num_key_value_heads",
           fmt::format("must divide num_attention_heads = {} (grouped-query attention)", c.heads));
-  if (!r.has("head_dim") && fam.head_dim == 0 && c.model_dim % c.heads != 0)
+  const bool deepseek = format == ModelFormat::DeepseekV3 || format == ModelFormat::DeepseekV2;
+  if (!deepseek && !r.has("head_dim") && fam.head_dim == 0 && c.model_dim % c.heads != 0)
     r.bad("num_attention_heads",
           fmt::format(
               "must divide hidden_size = {} when head_dim is not given (head_dim = hidden_size / heads)",
               c.model_dim));
-  c.head_dim = r.integer("head_dim", fam.head_dim > 0 ? fam.head_dim : c.model_dim / c.heads);
-  if (c.head_dim % 2 != 0) r.bad("head_dim", "must be even (RoPE rotates pairs)");
+  if (!deepseek) {  // DeepSeek: the rope's width, read with the latent attention
+    c.head_dim = r.integer("head_dim", fam.head_dim > 0 ? fam.head_dim : c.model_dim / c.heads);
+    if (c.head_dim % 2 != 0) r.bad("head_dim", "must be even (RoPE rotates pairs)");
+  }
   c.max_seq = r.integer("max_position_embeddings", fam.max_pos);
   c.norm_eps = static_cast<float>(r.positive("rms_norm_eps", fam.eps));
   f.tied_embeddings = r.flag("tie_word_embeddings", false);
@@ -414,8 +542,9 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
 
   MoeConfig& m = c.moe;
   m.model_dim = c.model_dim;
-  m.router.num_experts = static_cast<int>(r.integer(fam.experts_key, fam.experts));
-  m.router.top_k = static_cast<int>(r.integer("num_experts_per_tok", fam.top_k));
+  auto fallback = [](int64_t v) { return v > 0 ? std::optional<int64_t>(v) : std::nullopt; };
+  m.router.num_experts = static_cast<int>(r.integer(fam.experts_key, fallback(fam.experts)));
+  m.router.top_k = static_cast<int>(r.integer("num_experts_per_tok", fallback(fam.top_k)));
   if (m.router.top_k > m.router.num_experts)
     r.bad("num_experts_per_tok", fmt::format("exceeds the {} experts", m.router.num_experts));
   m.hidden_dim = r.integer(fam.expert_hidden_key, fam.expert_hidden);
@@ -439,7 +568,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       c.shared_expert_hidden = r.integer("shared_expert_intermediate_size", 5632, 0);
       f.shared_expert_gate = c.shared_expert_hidden > 0;
       f.qkv_bias = r.flag("qkv_bias", true);  // v5's key; v4's Qwen2-MoE always has q/k/v biases
-      read_qwen_common(r, c.layers);
+      read_qwen_common(r, c.layers, f, 5632);
       break;
     case ModelFormat::Qwen3Moe: {
       check_activation(r);
@@ -447,7 +576,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       const bool bias = r.flag("attention_bias", false);
       f.qkv_bias = f.o_bias = bias;
       f.qk_norm = QkNorm::PerHead;
-      read_qwen_common(r, c.layers);
+      read_qwen_common(r, c.layers, f, 6144);
       break;
     }
     case ModelFormat::Olmoe: {
@@ -497,6 +626,10 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       }
       break;
     }
+    case ModelFormat::DeepseekV3:
+    case ModelFormat::DeepseekV2:
+      read_deepseek(r, j, format, c, f);
+      break;
     case ModelFormat::Expar:
       break;
   }

@@ -17,14 +17,32 @@ WeightNames expar_weight_names() {
     return "layers." + std::to_string(l) + ".moe.experts." + std::to_string(e) + "." + key;
   };
   n.shared = [](int l, const std::string& key) { return "layers." + std::to_string(l) + ".shared." + key; };
+  n.dense = [](int l, const std::string& key) { return "layers." + std::to_string(l) + ".mlp." + key; };
   return n;
 }
 
 namespace {
 
+// gate_proj, up_proj, down_proj for w1, w3, w2.
+const char* hf_mlp_proj(const std::string& key) {
+  return key == "w1" ? "gate_proj" : key == "w3" ? "up_proj" : "down_proj";
+}
+
+// A dense layer's MLP: model.layers.L.mlp.{gate,up,down}_proj (DeepSeek, Qwen-MoE's mlp_only_layers).
+std::string hf_dense_name(int l, const std::string& key) {
+  return "model.layers." + std::to_string(l) + ".mlp." + hf_mlp_proj(key) + ".weight";
+}
+
 // Names shared by the Hugging Face decoder layouts: norms and self-attention.
 std::string hf_layer_name(int l, const std::string& key) {
   const std::string p = "model.layers." + std::to_string(l);
+  // Latent attention (DeepSeek).
+  if (key == "wq_a") return p + ".self_attn.q_a_proj.weight";
+  if (key == "q_a_norm") return p + ".self_attn.q_a_layernorm.weight";
+  if (key == "wq_b") return p + ".self_attn.q_b_proj.weight";
+  if (key == "wkv_a") return p + ".self_attn.kv_a_proj_with_mqa.weight";
+  if (key == "kv_a_norm") return p + ".self_attn.kv_a_layernorm.weight";
+  if (key == "wkv_b") return p + ".self_attn.kv_b_proj.weight";
   if (key == "attn_norm") return p + ".input_layernorm.weight";
   if (key == "mlp_norm") return p + ".post_attention_layernorm.weight";
   if (key == "sinks") return p + ".self_attn.sinks";
@@ -40,6 +58,7 @@ WeightNames hf_names() {
   n.embed = "model.embed_tokens.weight";
   n.final_norm = "model.norm.weight";
   n.lm_head = "lm_head.weight";
+  n.dense = hf_dense_name;
   return n;
 }
 
@@ -71,9 +90,7 @@ WeightNames qwen_moe_weight_names() {
     if (key == "score_bias") return p + ".mlp.score_bias";  // never present
     return hf_layer_name(l, key);
   };
-  auto proj = [](const std::string& key) {
-    return key == "w1" ? "gate_proj" : key == "w3" ? "up_proj" : "down_proj";
-  };
+  auto proj = hf_mlp_proj;
   n.expert = [proj](int l, int e, const std::string& key) {
     return "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." + proj(key) +
            ".weight";
@@ -112,6 +129,24 @@ WeightNames gpt_oss_weight_names() {
   return n;
 }
 
+WeightNames deepseek_weight_names() {
+  WeightNames n = hf_names();
+  n.layer = [](int l, const std::string& key) {
+    const std::string p = "model.layers." + std::to_string(l);
+    if (key == "router") return p + ".mlp.gate.weight";
+    if (key == "score_bias") return p + ".mlp.gate.e_score_correction_bias";
+    return hf_layer_name(l, key);
+  };
+  n.expert = [](int l, int e, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." +
+           hf_mlp_proj(key) + ".weight";
+  };
+  n.shared = [](int l, const std::string& key) {
+    return "model.layers." + std::to_string(l) + ".mlp.shared_experts." + hf_mlp_proj(key) + ".weight";
+  };
+  return n;
+}
+
 WeightNames weight_names(ModelFormat format) {
   switch (format) {
     case ModelFormat::Expar:
@@ -125,6 +160,9 @@ WeightNames weight_names(ModelFormat format) {
       return qwen3_moe_weight_names();
     case ModelFormat::GptOss:
       return gpt_oss_weight_names();
+    case ModelFormat::DeepseekV3:
+    case ModelFormat::DeepseekV2:
+      return deepseek_weight_names();
   }
   return expar_weight_names();
 }
@@ -134,9 +172,12 @@ std::map<std::string, std::string> translate_weight_names(const WeightNames& fro
   std::map<std::string, std::string> names{
       {from.embed, to.embed}, {from.final_norm, to.final_norm}, {from.lm_head, to.lm_head}};
   for (int l = 0; l < config.layers; ++l) {
-    for (const char* key : {"attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "router", "score_bias", "bq",
-                            "bk", "bv", "bo", "sinks", "router_bias", "q_norm", "k_norm"})
+    for (const char* key :
+         {"attn_norm", "wq",       "wk",   "wv",    "wo",        "mlp_norm",    "router", "score_bias",
+          "bq",        "bk",       "bv",   "bo",    "sinks",     "router_bias", "q_norm", "k_norm",
+          "wq_a",      "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wkv_b"})
       names[from.layer(l, key)] = to.layer(l, key);
+    for (const char* key : {"w1", "w3", "w2"}) names[from.dense(l, key)] = to.dense(l, key);
     for (int e = 0; e < config.moe.router.num_experts; ++e)
       for (const char* key : {"w1", "w3", "w2"}) names[from.expert(l, e, key)] = to.expert(l, e, key);
     for (const char* key : {"w1", "w3", "w2", "gate"}) names[from.shared(l, key)] = to.shared(l, key);

@@ -33,7 +33,7 @@ bool prefill_phase(const StepPlan& plan, bool batch_invariant, int dp) {
 int64_t largest_kv_bytes_per_token(const infer::ModelSpec& spec, const InferenceLayout& layout) {
   int64_t kv_bytes = 1;
   for (int r = 0; r < layout.world(); ++r)
-    kv_bytes = std::max(kv_bytes, infer::kv_bytes_per_token(spec.config, layout, r));
+    kv_bytes = std::max(kv_bytes, infer::kv_bytes_per_token(spec.config, spec.features, layout, r));
   return kv_bytes;
 }
 
@@ -71,8 +71,9 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
   infer::RankWeights weights =
       infer::load_rank_weights(*store, model.spec, layout, world.rank(), options.model.weight_dtype);
   store.reset();
-  const int64_t kv_bytes = infer::kv_bytes_per_token(model.spec.config, layout, world.rank());
-  infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe});
+  const int64_t kv_bytes =
+      infer::kv_bytes_per_token(model.spec.config, model.spec.features, layout, world.rank());
+  infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe, {}});
   set_matmul_min_rows(options.batch_invariant ? batch_invariant_rows() : 0);
   const int dp_rank = engine.dp_rank();
   const bool samples = layout.rank_info(world.rank()).tp_rank == 0;
