@@ -11,7 +11,7 @@
 
 #include "common/temp_dir.hpp"
 #include "expar/bench/generate.hpp"
-#include "infer/hf_test_models.hpp"
+#include "infer/deepseek_test_model.hpp"
 
 namespace expar::bench {
 namespace {
@@ -73,6 +73,46 @@ TEST_F(GenerateBench, Tp2SplitsTheBytesAStepReads) {
   EXPECT_EQ(two.ranks, 2);
   EXPECT_GT(two.weight_bytes, checkpoint_bytes_);
   EXPECT_LT(two.decode_bytes_per_token, 0.75 * one.decode_bytes_per_token);
+}
+
+// DeepSeek-V3 (latent attention, a dense first layer, shared experts): the limits count the expanded
+// prefill's products, layer by layer, and the report names the latent cache beside the expanded one.
+TEST(GenerateBenchDeepseek, CountsLatentAttentionAndDenseLayers) {
+  const fs::path dir = test::make_temp_dir("generate_bench_deepseek");
+  const infer::testing::DeepseekTestModel m = infer::testing::deepseek_v3_test_model();
+  m.write(dir);
+  int64_t checkpoint_bytes = 0;
+  for (const auto& [name, t] : m.tensors) checkpoint_bytes += static_cast<int64_t>(t.nbytes());
+  GenerateBenchOptions o;
+  o.path = dir.string();
+  o.prompt_tokens = 5;
+  o.tokens = 3;
+  o.warmup = 0;
+  o.repeats = 1;
+  const GenerateBenchReport one = run_generate_bench(o);
+  for (const double v : {one.prefill_tokens_per_s, one.decode_tokens_per_s, one.prefill_matmul_fraction,
+                         one.decode_bandwidth_fraction, one.decode_bytes_per_token})
+    EXPECT_TRUE(std::isfinite(v) && v > 0.0) << v;
+  EXPECT_EQ(one.weight_bytes, checkpoint_bytes);
+  // The prefill's FLOPs, counted independently: per layer the latent attention (q LoRA, latent, expansion,
+  // causal scores and values per head, output), then the dense MLP (layer 0) or the router, each local
+  // expert at max(1, P·K/E) rows and the shared experts; the LM head of the last row.
+  const double p = 5, d = 32, h = 4, ql = 12, kl = 16, nope = 6, rope = 4, v = 5, qk = nope + rope;
+  const double attention =
+      2 * p * (ql * d + h * qk * ql + (kl + rope) * d + h * (nope + v) * kl + d * h * v) +
+      h * (p * p * qk + p * v * p);
+  const double dense = 2 * p * 3 * 24 * d;
+  const double moe = 2 * p * 8 * d + 8 * 2 * 1 * 3 * 8 * d + 2 * p * 3 * 16 * d;
+  EXPECT_DOUBLE_EQ(one.prefill_flops, 3 * attention + dense + 2 * moe + 2 * 1 * 64 * d);
+  EXPECT_EQ(one.kv_bytes_per_token, 3 * (16 + 4) * 4);
+  EXPECT_EQ(one.kv_bytes_per_token_expanded, 3 * 4 * (10 + 5) * 4);
+  o.engine.tp = 2;
+  o.engine.enable_expert_parallel = true;
+  const GenerateBenchReport two = run_generate_bench(o);
+  EXPECT_EQ(two.kv_bytes_per_token, 3 * (16 + 4) * 4);  // the latent is whole on every TP rank
+  EXPECT_EQ(two.kv_bytes_per_token_expanded, 3 * 2 * (10 + 5) * 4);
+  EXPECT_LT(two.decode_bytes_per_token, one.decode_bytes_per_token);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -40,20 +40,60 @@ const float* f32_or_scratch(const Tensor& t, int64_t offset = 0) {
   return infer::present(t) && t.dtype() == DType::F32 ? t.data<float>() + offset : nullptr;
 }
 
-// This rank's matrix products of one layer of a P-token prefill, at the shapes the engine runs them.
-std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout& layout, int64_t p) {
+// A SwiGLU MLP's three products over m rows (w1, w3 [h, d], w2 [d, h]; the shared expert, a dense layer).
+void swiglu_gemms(std::vector<Gemm>& g, int64_t m, const Tensor& w1, const Tensor& w3, const Tensor& w2) {
+  if (!infer::present(w1)) return;
+  const int64_t h = w1.dim(0), d = w1.dim(1);
+  g.push_back({m, h, d, f32_or_scratch(w1), 1.0});
+  g.push_back({m, h, d, f32_or_scratch(w3), 1.0});
+  g.push_back({m, d, h, f32_or_scratch(w2), 1.0});
+}
+
+// Latent attention's products of a P-token prefill in the expanded form (the engine's prefill): the query
+// (through the q LoRA), the latent, its expansion into each local head's key and value parts, the causal
+// attention at widths nope + rope and v, and the output.
+void latent_attention_gemms(std::vector<Gemm>& g, const infer::RankWeights& w, const infer::LayerWeights& lw,
+                            int64_t p) {
+  const nn::LatentAttentionShape& s = w.local_latent;
+  const int64_t d = w.config.model_dim;
+  if (s.q_lora_rank > 0) {
+    g.push_back({p, s.q_lora_rank, d, f32_or_scratch(lw.mla.wq_a), 1.0});
+    g.push_back({p, s.q_width(), s.q_lora_rank, f32_or_scratch(lw.mla.wq_b), 1.0});
+  } else {
+    g.push_back({p, s.q_width(), d, f32_or_scratch(lw.mla.wq), 1.0});
+  }
+  g.push_back({p, s.kv_a_width(), d, f32_or_scratch(lw.mla.wkv_a), 1.0});
+  g.push_back({p, s.kv_b_width(), s.kv_lora_rank, f32_or_scratch(lw.mla.wkv_b), 1.0});
+  for (int64_t h = 0; h < s.n_heads; ++h) {
+    g.push_back({p, p, s.qk_head_dim(), nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
+    g.push_back({p, s.v_head_dim, p, nullptr, 0.5, 0, h});     // probabilities · v, causal
+  }
+  g.push_back({p, d, s.context_width(), f32_or_scratch(lw.mla.wo), 1.0});
+}
+
+// This rank's matrix products of layer `layer` of a P-token prefill, at the shapes the engine runs them.
+std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout& layout, int64_t p,
+                              int layer) {
   const ModelConfig& c = w.config;
-  const infer::LayerWeights& lw = w.layers[0];
+  const infer::LayerWeights& lw = w.layers[static_cast<size_t>(layer)];
   const int64_t d = c.model_dim, hd = c.head_dim, heads = w.local_attn.n_heads, kv = w.local_attn.n_kv_heads;
   std::vector<Gemm> g;
-  g.push_back({p, heads * hd, d, f32_or_scratch(lw.attn.wq), 1.0});
-  g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wk), 1.0});
-  g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wv), 1.0});
-  for (int64_t h = 0; h < heads; ++h) {
-    g.push_back({p, p, hd, nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
-    g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
+  if (w.features.mla.enabled()) {
+    latent_attention_gemms(g, w, lw, p);
+  } else {
+    g.push_back({p, heads * hd, d, f32_or_scratch(lw.attn.wq), 1.0});
+    g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wk), 1.0});
+    g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wv), 1.0});
+    for (int64_t h = 0; h < heads; ++h) {
+      g.push_back({p, p, hd, nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
+      g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
+    }
+    g.push_back({p, d, heads * hd, f32_or_scratch(lw.attn.wo), 1.0});
   }
-  g.push_back({p, d, heads * hd, f32_or_scratch(lw.attn.wo), 1.0});
+  if (w.features.is_dense_mlp(layer)) {  // every token through this rank's shard of the dense MLP
+    swiglu_gemms(g, p, lw.dense_w1, lw.dense_w3, lw.dense_w2);
+    return g;
+  }
   g.push_back(
       {(p + layout.tp() - 1) / layout.tp(), c.moe.router.num_experts, d, lw.router.data<float>(), 1.0});
   // Each local expert at the mean rows the replica's P tokens give it (P·K/E; the replicas' tokens meet
@@ -67,12 +107,7 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
     g.push_back({rows, h, d, f32_or_scratch(e.w3, l * h * d), 1.0, 1, l});
     g.push_back({rows, d, h, f32_or_scratch(e.w2, l * d * h), 1.0, 1, l});
   }
-  if (infer::present(lw.shared_w1)) {
-    const int64_t hs = lw.shared_w1.dim(0);
-    g.push_back({p, hs, d, lw.shared_w1.data<float>(), 1.0});
-    g.push_back({p, hs, d, lw.shared_w3.data<float>(), 1.0});
-    g.push_back({p, d, hs, lw.shared_w2.data<float>(), 1.0});
-  }
+  swiglu_gemms(g, p, lw.shared_w1, lw.shared_w3, lw.shared_w2);
   return g;
 }
 
@@ -123,19 +158,28 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
   DecodeBytes r;
   double& bytes = r.dense;
   bytes = b(w.final_norm) + b(w.lm_head) + static_cast<double>(c.model_dim) * sizeof(float);
+  const nn::LatentAttentionShape& s = w.local_latent;
   for (const infer::LayerWeights& lw : w.layers) {
     bytes += b(lw.attn_norm) + b(lw.mlp_norm) + b(lw.attn.wq) + b(lw.attn.wk) + b(lw.attn.wv) + b(lw.attn.wo);
     bytes += b(lw.attn_options.bq) + b(lw.attn_options.bk) + b(lw.attn_options.bv) + b(lw.attn_options.bo);
+    for (const Tensor* t :
+         {&lw.mla.wq, &lw.mla.wq_a, &lw.mla.q_a_norm, &lw.mla.wq_b, &lw.mla.wkv_a, &lw.mla.kv_a_norm,
+          &lw.mla.wkv_b, &lw.mla.wo, &lw.dense_w1, &lw.dense_w3, &lw.dense_w2})
+      bytes += b(*t);
     bytes += b(lw.router) + b(lw.score_bias) + b(lw.router_bias);
     bytes += b(lw.shared_w1) + b(lw.shared_w3) + b(lw.shared_w2) + b(lw.shared_gate);
+    // The cache a step reads: the latent rows (latent attention), or each key/value head's keys and values.
+    bytes += w.features.mla.enabled()
+                 ? static_cast<double>(length * s.kv_a_width()) * sizeof(float)
+                 : 2.0 * static_cast<double>(length * w.local_attn.n_kv_heads * w.local_attn.head_dim) *
+                       sizeof(float);
+    if (!infer::present(lw.experts.w1) && !lw.experts.mxfp4) continue;  // a dense layer
     const auto experts = static_cast<double>(lw.experts.bytes());
     // E_L local experts, each active with probability K/E for one token.
     const auto local = static_cast<double>(lw.experts.local_count());
     if (local > 0) r.per_expert = experts / local;
     r.expected_experts +=
         local * static_cast<double>(c.moe.router.top_k) / static_cast<double>(c.moe.router.num_experts);
-    bytes +=
-        2.0 * static_cast<double>(length * w.local_attn.n_kv_heads * w.local_attn.head_dim) * sizeof(float);
   }
   return r;
 }
@@ -166,11 +210,6 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
               o.warmup);
   const infer::ModelSpec spec = infer::open_model_spec(o.path, o.engine.format);
   const ModelConfig& config = spec.config;
-  // The limits below are the products of a layer with q/k/v projections and experts.
-  EXPAR_CHECK(!spec.features.mla.enabled() && spec.features.dense_mlp.empty(),
-              "bench generate does not yet model the limits of latent attention or dense MLP layers ({}): "
-              "time this checkpoint with expar generate",
-              model_format_name(spec.format));
   EXPAR_CHECK(o.prompt_tokens + o.tokens <= config.max_seq,
               "--prompt-tokens {} + --tokens {} exceed the model's max_seq {}: shorten them", o.prompt_tokens,
               o.tokens, config.max_seq);
@@ -243,14 +282,19 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     if (world.rank() == 0) r.peak_rss_bytes = peak_resident_bytes();  // before the limits' buffers too
     // The limits, on the same ranks with the same threads, all ranks at once.
     const infer::RankWeights& w = engine.weights();
-    const std::vector<Gemm> gemms = layer_gemms(w, layout, o.prompt_tokens);
+    std::vector<std::vector<Gemm>> gemms;  // per layer
+    for (int l = 0; l < config.layers; ++l) gemms.push_back(layer_gemms(w, layout, o.prompt_tokens, l));
     const Gemm head{1, w.lm_head.dim(0), config.model_dim, f32_or_scratch(w.lm_head), 1.0};
     // The operands fit every product, the LM head's too (its output row outgrows short prompts' products).
     int64_t a_size = 0, c_size = 0, b_size = 0;
-    for (const Gemm& g : gemms) {
-      a_size = std::max(a_size, g.m * g.k);
-      c_size = std::max(c_size, g.m * g.n);
-      if (!g.b) b_size = std::max(b_size, g.n * g.k);
+    double flops = gemm_flops({head});
+    for (const std::vector<Gemm>& layer : gemms) {
+      flops += gemm_flops(layer);
+      for (const Gemm& g : layer) {
+        a_size = std::max(a_size, g.m * g.k);
+        c_size = std::max(c_size, g.m * g.n);
+        if (!g.b) b_size = std::max(b_size, g.n * g.k);
+      }
     }
     a_size = std::max(a_size, head.m * head.k);
     c_size = std::max(c_size, head.m * head.n);
@@ -269,7 +313,6 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
                              MemCategory::Other);
     fill_normal(a, o.seed, 9101, 1.0f);
     fill_normal(b, o.seed, 9102, 1.0f);
-    const double flops = gemm_flops(gemms) * config.layers + gemm_flops({head});
     // Streaming read bandwidth, each rank through a buffer of max(256 MiB, 1 GiB / ranks): far beyond what
     // the caches hold. On a VM whose share of a large L3 is not fixed, smaller buffers read partly from the
     // cache and overstate the limit (docs/performance.md, "`expar bench generate`").
@@ -302,7 +345,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
       const auto [tp, td, tr] = run(read_probe);
       const double tl = timed_max(world, [&] {
-        for (int l = 0; l < config.layers; ++l) run_products(gemms, a, b, c, c_size);
+        for (const std::vector<Gemm>& layer : gemms) run_products(layer, a, b, c, c_size);
         for (int64_t r0 = 0; r0 < head.n; r0 += head_rows)
           matmul(a.data<float>(), head.b ? head.b + r0 * head.k : b.data<float>(), c.data<float>() + r0,
                  head.m, std::min(head_rows, head.n - r0), head.k, false, true, false);
@@ -339,6 +382,11 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       r.decode_routed_bytes_per_token = routed_mean;
       r.read_bandwidth = static_cast<double>(window) * sizeof(float) / median(read);
       r.weight_bytes = static_cast<int64_t>(held_total);
+      r.kv_bytes_per_token = infer::kv_bytes_per_token(config, spec.features, layout, 0);
+      if (spec.features.mla.enabled())
+        r.kv_bytes_per_token_expanded = int64_t{config.layers} * w.local_latent.n_heads *
+                                        (w.local_latent.qk_head_dim() + w.local_latent.v_head_dim) *
+                                        static_cast<int64_t>(sizeof(float));
     }
   });
   r.prefill_tokens_per_s = static_cast<double>(o.prompt_tokens) / r.prefill_seconds;
@@ -382,6 +430,8 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"decode_bytes_per_token_busiest_rank", r.decode_bytes_per_token},
                          {"decode_routed_bytes_per_token_busiest_rank", r.decode_routed_bytes_per_token},
                          {"weight_bytes_all_ranks", r.weight_bytes},
+                         {"kv_bytes_per_token_rank0", r.kv_bytes_per_token},
+                         {"kv_bytes_per_token_expanded_rank0", r.kv_bytes_per_token_expanded},
                          {"peak_rss_bytes", r.peak_rss_bytes},
                          {"memory_per_rank", memory}};
   return j.dump(2) + "\n";

@@ -51,6 +51,9 @@ struct GenerateBenchReport {
   std::vector<MemorySnapshot> memory;
   int64_t weight_bytes = 0;    // weight bytes held, summed over ranks (TP 1: the model's)
   int64_t peak_rss_bytes = 0;  // this process's peak resident set after the runs, before the limits
+  // The KV cache of one position on rank 0 (every layer); with latent attention, the latent rows, and what
+  // the expanded keys and values of its heads would take instead (0 otherwise).
+  int64_t kv_bytes_per_token = 0, kv_bytes_per_token_expanded = 0;
 };
 
 // Throws expar::Error for a bad option (the message names it) or a prompt + generation above max_seq.

@@ -47,6 +47,13 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
     fmt::print("rank {} memory (current, peak):\n{}", rank, format_memory(r.memory[rank]));
   fmt::print("weights held (all ranks) {}, peak resident set of the process {}\n",
              format_bytes(r.weight_bytes), format_bytes(r.peak_rss_bytes));
+  fmt::print("KV cache per position on rank 0: {}{}\n", format_bytes(r.kv_bytes_per_token),
+             r.kv_bytes_per_token_expanded > 0
+                 ? fmt::format(" (the latent; expanded keys and values of its heads: {}, {:.1f}x)",
+                               format_bytes(r.kv_bytes_per_token_expanded),
+                               static_cast<double>(r.kv_bytes_per_token_expanded) /
+                                   static_cast<double>(r.kv_bytes_per_token))
+                 : std::string());
 }
 
 int run_bench_generate(BenchGenerateArgs& a) {
