@@ -7,30 +7,38 @@ writes OUT/config.json, OUT/model.safetensors (the family's tensor names, in --d
 OUT/tokens.bin with its sidecar OUT/tokens.bin.json ({"dtype": "uint16" or, past 65536 tokens of vocabulary,
 "uint32", "vocab_size": V}): what `expar eval` and `expar generate` read. Families: mixtral, qwen2_moe,
 qwen3_moe, olmoe, gpt_oss (its experts stored as the Hub stores them: MXFP4 blocks and E8M0 scales, with
-quantization_config mxfp4). The weights are random (seeded): the model predicts nothing, but every layout of
-expar gives it the same loss.
+quantization_config mxfp4), deepseek_v3 and deepseek_v2 (latent attention, shared experts, the first layers
+dense; V3's sigmoid router with groups and an F32 e_score_correction_bias, V2's softmax greedy one; tiny
+defaults: hidden 64, 3 layers, 8 experts, top-2). The weights are random (seeded): the model predicts nothing,
+but every layout of expar gives it the same loss.
 
 --dtype fp8 stores the checkpoint as DeepSeek-V3's and Qwen3's FP8 releases on the Hub do (e.g.
 Qwen/Qwen3-30B-A3B-FP8; quantization_config fp8, e4m3, weight_block_size [128, 128]): every linear layer's
-weight of attention and of the MLPs (q/k/v/o_proj; the routed experts' and the shared expert's gate, up and
-down) as NAME.weight in F8_E4M3 (OCP E4M3: bias 7, max normal 448, no infinities, NaN = S.1111.111) with
-NAME.weight_scale_inv in F32 [ceil(out/128), ceil(in/128)], value = e4m3(code) * weight_scale_inv[r//128][c//128];
-everything else (embeddings, lm_head, norms, router gates, biases) in BF16. The rule: for each 128 x 128 block
-(ragged at the edges) of the BF16 weight (the one --dtype bf16 writes), scale = amax(|block|) / 448 in f32 (1 for
-a block of zeros) and code = the E4M3 value nearest to w / scale, ties to even, saturating at +-448; so each
-block's largest code is +-448. gpt_oss is refused (it ships MXFP4 experts: use --dtype bf16). --self-test checks
-the E4M3 encoder against a brute-force search over all 256 codes.
+weight of attention and of the MLPs (q/k/v/o_proj, DeepSeek's q_a/q_b/kv_a_proj_with_mqa/kv_b; the routed
+experts', the shared experts' and DeepSeek's dense layers' gate, up and down) as NAME.weight in F8_E4M3 (OCP
+E4M3: bias 7, max normal 448, no infinities, NaN = S.1111.111) with NAME.weight_scale_inv in F32
+[ceil(out/128), ceil(in/128)], value = e4m3(code) * weight_scale_inv[r//128][c//128]; everything else
+(embeddings, lm_head, norms, router gates, biases) in BF16, but DeepSeek-V3's e_score_correction_bias, F32 in
+every --dtype as the Hub's. The rule: for each 128 x 128 block (ragged at the edges) of the BF16 weight (the
+one --dtype bf16 writes), scale = amax(|block|) / 448 in f32 (1 for a block of zeros) and code = the E4M3 value
+nearest to w / scale, ties to even, saturating at +-448; so each block's largest code is +-448. gpt_oss is
+refused (it ships MXFP4 experts: use --dtype bf16). --self-test checks the E4M3 encoder against a brute-force
+search over all 256 codes.
 
     python3 scripts/make_tiny_hf_model.py --family qwen3_moe --dtype fp8 --hidden 160 --intermediate 96 \
         --out /tmp/tiny-qwen3-moe-fp8
 
 A checkpoint larger than --max-shard-bytes is written as shards model-0000i-of-0000n.safetensors with
 model.safetensors.index.json, as the Hub's are. --preset writes a real model's exact shapes and storage:
-gpt-oss-20b (BF16, MXFP4 experts; 12.8 GiB) or olmoe-1b-7b (BF16; 13.8 GB; with --dtype fp8, its shapes in
-FP8: 7.1 GB); --dry-run prints the config and the bytes it would write (for fp8: codes, scales and BF16 rest),
-and writes nothing:
+gpt-oss-20b (BF16, MXFP4 experts; 12.8 GiB), olmoe-1b-7b (BF16; 13.8 GB; with --dtype fp8, its shapes in
+FP8: 7.1 GB), deepseek-v3 (FP8 as published, without its multi-token-prediction layer: 673 GB) or
+deepseek-v2-lite (BF16; 31.4 GB); --dry-run prints the config and the bytes it would write (for fp8: codes,
+scales and BF16 rest), and writes nothing. --layers N and --experts N cut a preset to fewer layers and routed
+experts of its real widths (DeepSeek-V3: --experts a multiple of its 8 groups, at least 16 for its top-8 of
+the best 4 groups), e.g. 6.6 GiB of DeepSeek-V3 with 3 dense layers and one MoE layer of 32 experts:
 
     python3 scripts/make_tiny_hf_model.py --preset gpt-oss-20b --out /tmp/gpt-oss-20b --dry-run
+    python3 scripts/make_tiny_hf_model.py --preset deepseek-v3 --layers 4 --experts 32 --out /tmp/v3 --dry-run
 
 The sizes default to a tiny model; --vocab, --hidden, --layers, --heads, --kv-heads, --head-dim,
 --experts, --experts-per-token, --intermediate, --shared and --max-pos set them, e.g. the Mixtral-architecture model
@@ -39,6 +47,12 @@ The sizes default to a tiny model; --vocab, --hidden, --layers, --heads, --kv-he
     python3 scripts/make_tiny_hf_model.py --family mixtral --out /tmp/mixtral-1024 --vocab 32000 \
         --hidden 1024 --layers 8 --heads 16 --kv-heads 8 --head-dim 64 --experts 8 --experts-per-token 2 \
         --intermediate 2048 --max-pos 2048
+
+DeepSeek's own widths have flags named as their config.json keys: --q-lora-rank (0: null, a plain q_proj),
+--kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim, --n-group, --topk-group,
+--n-shared-experts, --first-k-dense-replace, --dense-intermediate (intermediate_size) and --rope-factor (YaRN's;
+original_max_position_embeddings = --max-pos / factor); --intermediate is moe_intermediate_size there, the key
+and value heads are --heads, and --kv-heads, --head-dim and --shared are refused.
 
 Tensors of more than 65536 values are filled from a pool of seeded normal values (random offsets into it,
 scaled per tensor), so a model of gigabytes is written in seconds; small tensors are drawn one by one. With --dtype
@@ -56,12 +70,19 @@ import struct
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 32, 2, 4, 2, 8
 EXPERTS, TOP_K, INTER, SHARED, MAX_POS = 8, 2, 16, 24, 64
 POOL = 1 << 20  # values in the pool large tensors are filled from
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3", "deepseek_v2")
+DEEPSEEK = ("deepseek_v3", "deepseek_v2")
+# DeepSeek's latent attention, router groups, shared experts and dense layers (set from --q-lora-rank etc.).
+Q_LORA, KV_LORA, NOPE, ROPE, V_DIM = 32, 32, 16, 8, 16  # Q_LORA 0: q_lora_rank null, a plain q_proj
+N_GROUP, TOPK_GROUP, N_SHARED, FIRST_DENSE, DENSE_INTER, ROPE_FACTOR = 4, 2, 1, 1, 96, 4
 FP8_BLOCK, FP8_MAX = 128, 448.0  # the Hub's FP8 releases: 128 x 128 blocks of E4M3 codes, max normal 448
 FP8_TILES = 32  # quantised blocks in each pool large FP8 weights are drawn from
 # The weights --dtype fp8 stores as E4M3 codes and block scales: the linear layers of attention and the MLPs.
-FP8_LINEAR = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
-                        r"\.weight$|\.shared_expert\.(gate|up|down)_proj\.weight$")
+# DeepSeek's too: the latent attention's q_a, q_b, kv_a_proj_with_mqa and kv_b, the shared experts and the dense
+# layers' MLP (as deepseek-ai/DeepSeek-V3 stores them; its router, correction bias and norms stay unquantised).
+FP8_LINEAR = re.compile(r"\.self_attn\.([qkvo]|q_a|q_b|kv_b)_proj\.weight$|\.self_attn\.kv_a_proj_with_mqa\.weight$"
+                        r"|\.experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$"
+                        r"|\.shared_experts?\.(gate|up|down)_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
 FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
 
@@ -73,7 +94,27 @@ PRESETS = {
     "olmoe-1b-7b": {"family": "olmoe", "dtype": "bf16", "vocab": 50304, "hidden": 2048, "layers": 16,
                     "heads": 16, "kv_heads": 16, "head_dim": 128, "experts": 64, "experts_per_token": 8,
                     "intermediate": 1024, "max_pos": 4096},
+    # deepseek-ai/DeepSeek-V3 (FP8 as published; its multi-token-prediction layer 61 is not written) and
+    # deepseek-ai/DeepSeek-V2-Lite (BF16). --layers and --experts may cut them (see main()).
+    "deepseek-v3": {"family": "deepseek_v3", "dtype": "fp8", "vocab": 129280, "hidden": 7168, "layers": 61,
+                    "heads": 128, "experts": 256, "experts_per_token": 8, "intermediate": 2048,
+                    "max_pos": 163840, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_group": 8, "topk_group": 4,
+                    "n_shared_experts": 1, "first_k_dense_replace": 3, "dense_intermediate": 18432,
+                    "rope_factor": 40},
+    "deepseek-v2-lite": {"family": "deepseek_v2", "dtype": "bf16", "vocab": 102400, "hidden": 2048,
+                         "layers": 27, "heads": 16, "experts": 64, "experts_per_token": 6, "intermediate": 1408,
+                         "max_pos": 163840, "q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                         "qk_rope_head_dim": 64, "v_head_dim": 128, "n_group": 1, "topk_group": 1,
+                         "n_shared_experts": 2, "first_k_dense_replace": 1, "dense_intermediate": 10944,
+                         "rope_factor": 40},
 }
+# The tiny DeepSeek models' sizes (where neither a flag nor a preset sets them): three layers, the first dense.
+DEEPSEEK_TINY = {"hidden": 64, "layers": 3, "heads": 4, "experts": 8, "experts_per_token": 2, "intermediate": 32,
+                 "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                 "v_head_dim": 16, "n_group": 4, "topk_group": 2, "n_shared_experts": 1,
+                 "first_k_dense_replace": 1, "dense_intermediate": 96, "rope_factor": 4}
+DEEPSEEK_V2_TINY = dict(DEEPSEEK_TINY, q_lora_rank=0, n_group=1, topk_group=1, n_shared_experts=2)
 
 
 def config(family, dtype="f32"):
@@ -95,6 +136,8 @@ def config(family, dtype="f32"):
     elif family == "olmoe":
         c.update(num_experts=EXPERTS, intermediate_size=INTER, norm_topk_prob=False, rope_theta=10000.0,
                  clip_qkv=None)
+    elif family in DEEPSEEK:
+        c.update(deepseek_config(family == "deepseek_v3"))
     elif family == "gpt_oss":
         # gpt-oss-20b's config.json apart from the sizes: alternating sliding (128) and full attention, YaRN
         # over 4096 positions, the clamped SwiGLU, MXFP4 experts.
@@ -112,6 +155,29 @@ def config(family, dtype="f32"):
         raise SystemExit(f"--family {family}: unknown; use one of {', '.join(FAMILIES)}")
     if dtype == "fp8":  # as Qwen/Qwen3-30B-A3B-FP8's and deepseek-ai/DeepSeek-V3's config.json
         c.update(torch_dtype="bfloat16", quantization_config=dict(FP8_QUANTIZATION))
+    return c
+
+
+def deepseek_config(v3):
+    # deepseek-ai/DeepSeek-V3's and DeepSeek-V2-Lite's config.json apart from the sizes: latent attention (a
+    # key and value per query head), YaRN with DeepSeek's mscale keys, V3's sigmoid router with groups and a
+    # correction bias (noaux_tc) or V2-Lite's softmax greedy one, shared experts, the first layers dense.
+    mscale = 1.0 if v3 else 0.707
+    c = {"num_key_value_heads": HEADS, "q_lora_rank": Q_LORA or None, "kv_lora_rank": KV_LORA,
+         "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": V_DIM, "n_routed_experts": EXPERTS,
+         "n_shared_experts": N_SHARED, "moe_intermediate_size": INTER, "intermediate_size": DENSE_INTER,
+         "first_k_dense_replace": FIRST_DENSE, "moe_layer_freq": 1, "n_group": N_GROUP, "topk_group": TOPK_GROUP,
+         "topk_method": "noaux_tc" if v3 else "greedy", "scoring_func": "sigmoid" if v3 else "softmax",
+         "norm_topk_prob": v3, "routed_scaling_factor": 2.5 if v3 else 1.0, "attention_bias": False,
+         "rope_theta": 10000.0,
+         "rope_scaling": {"type": "yarn", "factor": ROPE_FACTOR, "mscale": mscale, "mscale_all_dim": mscale,
+                          "original_max_position_embeddings": max(1, MAX_POS // ROPE_FACTOR), "beta_fast": 32,
+                          "beta_slow": 1},
+         "aux_loss_alpha": 0.001, "seq_aux": True}
+    if v3:  # the checkpoint has no MTP layer; expar and transformers skip it anyway
+        c.update(ep_size=1, num_nextn_predict_layers=1)
+    else:
+        c.update(pretraining_tp=1)
     return c
 
 
@@ -147,6 +213,9 @@ def tensors(family, rng):
         normal(p + "post_attention_layernorm.weight", [HIDDEN], 0.1, 1.0)
         if family == "gpt_oss":
             gpt_oss_layer(p, normal, mxfp4, s)
+            continue
+        if family in DEEPSEEK:
+            deepseek_layer(p, l, family == "deepseek_v3", normal, t, s)
             continue
         normal(p + "self_attn.q_proj.weight", [qd, HIDDEN], s)
         normal(p + "self_attn.k_proj.weight", [kd, HIDDEN], s)
@@ -196,9 +265,46 @@ def gpt_oss_layer(p, normal, mxfp4, s):
     normal(x + "down_proj_bias", [EXPERTS, HIDDEN], 0.1)
 
 
+def deepseek_layer(p, l, v3, normal, t, s):
+    # transformers' DeepseekV3/V2 names: latent attention (q through q_a_proj, its norm and q_b_proj, or a plain
+    # q_proj when q_lora_rank is null; the latent and the shared rope key from kv_a_proj_with_mqa; kv_b_proj
+    # into each head's nope key and value), then a dense MLP (the first FIRST_DENSE layers) or the experts with
+    # the router (V3: plus e_score_correction_bias, F32 in every dtype as the Hub stores it) and shared experts.
+    a, qk = p + "self_attn.", NOPE + ROPE
+    if Q_LORA:
+        normal(a + "q_a_proj.weight", [Q_LORA, HIDDEN], s)
+        normal(a + "q_a_layernorm.weight", [Q_LORA], 0.1, 1.0)
+        normal(a + "q_b_proj.weight", [HEADS * qk, Q_LORA], 1.0 / math.sqrt(Q_LORA))
+    else:
+        normal(a + "q_proj.weight", [HEADS * qk, HIDDEN], s)
+    normal(a + "kv_a_proj_with_mqa.weight", [KV_LORA + ROPE, HIDDEN], s)
+    normal(a + "kv_a_layernorm.weight", [KV_LORA], 0.1, 1.0)
+    normal(a + "kv_b_proj.weight", [HEADS * (NOPE + V_DIM), KV_LORA], 1.0 / math.sqrt(KV_LORA))
+    normal(a + "o_proj.weight", [HIDDEN, HEADS * V_DIM], 1.0 / math.sqrt(HEADS * V_DIM))
+
+    def mlp(prefix, width):
+        normal(prefix + "gate_proj.weight", [width, HIDDEN], s)
+        normal(prefix + "up_proj.weight", [width, HIDDEN], s)
+        normal(prefix + "down_proj.weight", [HIDDEN, width], 1.0 / math.sqrt(width))
+
+    m = p + "mlp."
+    if l < FIRST_DENSE:
+        mlp(m, DENSE_INTER)
+        return
+    normal(m + "gate.weight", [EXPERTS, HIDDEN], s)
+    if v3:
+        bias = m + "gate.e_score_correction_bias"
+        normal(bias, [EXPERTS], 0.1)
+        t[bias] = ([EXPERTS], ("f32", t[bias][1]))
+    for e in range(EXPERTS):
+        mlp(f"{m}experts.{e}.", INTER)
+    if N_SHARED:
+        mlp(m + "shared_experts.", N_SHARED * INTER)
+
+
 def dtype_of(values, dtype):
-    if isinstance(values, tuple) and values[0] in ("bytes", "fill", "fp8", "fp8_scale"):
-        return {"fp8": "F8_E4M3", "fp8_scale": "F32"}.get(values[0], "U8")
+    if isinstance(values, tuple) and values[0] in ("bytes", "fill", "fp8", "fp8_scale", "f32"):
+        return {"fp8": "F8_E4M3", "fp8_scale": "F32", "f32": "F32"}.get(values[0], "U8")
     return dtype
 
 
@@ -214,6 +320,8 @@ def tensor_bytes(name, shape, values, dtype, rng, pool):
         return codes
     if values[0] == "fp8_scale":
         return pool["scale_inv"].pop(name)
+    if values[0] == "f32":  # kept F32 whatever --dtype (DeepSeek-V3's e_score_correction_bias)
+        return tensor_bytes(name, shape, values[1], "F32", rng, pool)
     if dtype == "U8":
         if values[0] == "fill":
             return bytes([values[1]]) * n
@@ -447,14 +555,80 @@ def write_checkpoint(out, t, dtype, max_bytes, rng):
     return total
 
 
+# DeepSeek's own sizes: flag (its config.json key where one has the name), help, the global it sets, minimum.
+DEEPSEEK_ARGS = {
+    "q_lora_rank": "the query's low rank (0: null, a plain q_proj as DeepSeek-V2-Lite)",
+    "kv_lora_rank": "the latent key/value width",
+    "qk_nope_head_dim": "each head's key/query width without rope",
+    "qk_rope_head_dim": "each head's rope width (even)",
+    "v_head_dim": "each head's value width",
+    "n_group": "the router's expert groups (V3: must divide --experts)",
+    "topk_group": "the groups a token chooses from (V3)",
+    "n_shared_experts": "shared experts (one MLP n x --intermediate wide; 0: none)",
+    "first_k_dense_replace": "the first layers with a dense MLP instead of experts",
+    "dense_intermediate": "the dense MLP's width (intermediate_size)",
+    "rope_factor": "YaRN's factor (original_max_position_embeddings = --max-pos / factor)",
+}
+DEEPSEEK_GLOBALS = {"q_lora_rank": ("Q_LORA", 0), "kv_lora_rank": ("KV_LORA", 1), "qk_nope_head_dim": ("NOPE", 1),
+                    "qk_rope_head_dim": ("ROPE", 2), "v_head_dim": ("V_DIM", 1), "n_group": ("N_GROUP", 1),
+                    "topk_group": ("TOPK_GROUP", 1), "n_shared_experts": ("N_SHARED", 0),
+                    "first_k_dense_replace": ("FIRST_DENSE", 0), "dense_intermediate": ("DENSE_INTER", 1),
+                    "rope_factor": ("ROPE_FACTOR", 1)}
+PRESET_CUTS = ("layers", "experts")  # what a preset may be given smaller
+
+
+def deepseek_sizes(a, given):
+    # The DeepSeek families: their tiny defaults, the flags that do not apply refused with the ones that do,
+    # and the router's groups checked as expar and transformers check them.
+    if a.family not in DEEPSEEK:
+        for key in DEEPSEEK_ARGS:
+            if key in given:
+                raise SystemExit(f"--{key.replace('_', '-')} is DeepSeek's (--family deepseek_v3 or deepseek_v2); "
+                                 f"leave it out for {a.family}")
+        return
+    for key, fix in (("head_dim", "--qk-nope-head-dim, --qk-rope-head-dim and --v-head-dim"),
+                     ("shared", "--n-shared-experts (a count of --intermediate wide experts)")):
+        if key in given:
+            raise SystemExit(f"--{key.replace('_', '-')}: {a.family} has no such width; use {fix}")
+    for key, value in (DEEPSEEK_TINY if a.family == "deepseek_v3" else DEEPSEEK_V2_TINY).items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if "kv_heads" in given and a.kv_heads != a.heads:
+        raise SystemExit(f"--kv-heads {a.kv_heads}: latent attention has a key and value per query head; "
+                         f"leave it out (it is --heads, {a.heads})")
+    a.kv_heads = a.heads
+    g = globals()
+    for key, (name, least) in DEEPSEEK_GLOBALS.items():
+        value = getattr(a, key)
+        if value < least:
+            raise SystemExit(f"--{key.replace('_', '-')} {value} must be at least {least}")
+        g[name] = value
+    if ROPE % 2:
+        raise SystemExit(f"--qk-rope-head-dim {ROPE} must be even (RoPE rotates pairs)")
+    if a.experts_per_token > a.experts:
+        raise SystemExit(f"--experts-per-token {a.experts_per_token} exceeds --experts {a.experts}")
+    if a.family == "deepseek_v3":
+        per_group = a.experts // N_GROUP if a.experts % N_GROUP == 0 else 0
+        if TOPK_GROUP > N_GROUP or a.experts_per_token > TOPK_GROUP * per_group:
+            least = N_GROUP * -(-a.experts_per_token // min(TOPK_GROUP, N_GROUP))
+            raise SystemExit(f"--experts {a.experts}: DeepSeek-V3's router takes the top {a.experts_per_token} of "
+                             f"the best {TOPK_GROUP} of {N_GROUP} groups, so --experts must be a multiple of "
+                             f"--n-group {N_GROUP} with at least {a.experts_per_token} in {TOPK_GROUP} groups "
+                             f"(--topk-group <= --n-group): e.g. --experts {least}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=FAMILIES)
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="a real model's sizes, family and dtype")
+    ap.add_argument("--preset", choices=sorted(PRESETS),
+                    help="a real model's sizes, family and dtype; --layers N and --experts N may cut it (fewer "
+                         "layers, fewer routed experts: e.g. --preset deepseek-v3 --layers 4 --experts 32, whose "
+                         "top-8 of 8 groups, best 4, stays valid), the widths stay the model's")
     ap.add_argument("--dtype", choices=("f32", "bf16", "fp8"),
                     help="the weights' dtype (default f32; a preset's own). fp8: as the Hub's FP8 releases "
                          "(DeepSeek-V3, Qwen3-*-FP8): attention's and the MLPs' linear weights in F8_E4M3 with "
-                         "F32 NAME.weight_scale_inv per 128 x 128 block, the rest BF16. For each block (ragged "
+                         "F32 NAME.weight_scale_inv per 128 x 128 block, the rest BF16 (DeepSeek-V3's "
+                         "e_score_correction_bias F32). For each block (ragged "
                          "at the edges) of the BF16 weight, scale = amax(|block|) / 448 (1 for zeros) and code = "
                          "the E4M3 value nearest to w / scale, ties to even, saturating at +-448. Not gpt_oss "
                          "(MXFP4 experts)")
@@ -471,9 +645,13 @@ def main():
              "shared": SHARED, "max_pos": MAX_POS}
     for key in sizes:
         ap.add_argument("--" + key.replace("_", "-"), type=int)
+    # DeepSeek only (--intermediate is moe_intermediate_size; the heads are the key/value heads too).
+    for key, what in DEEPSEEK_ARGS.items():
+        ap.add_argument("--" + key.replace("_", "-"), type=int, help=f"{'/'.join(DEEPSEEK)}: {what}")
     # expar's vocabulary: routes per token are --experts-per-token (--top-k is sampling's).
     ap.add_argument("--top-k", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    flags = {key for key in list(sizes) + list(DEEPSEEK_ARGS) if getattr(a, key) is not None}
     if a.self_test:
         self_test()
         return
@@ -485,16 +663,19 @@ def main():
     preset = PRESETS.get(a.preset, {})
     for key, value in preset.items():
         given = getattr(a, key)
-        if key == "dtype" and given == "fp8":  # the preset's shapes stored as the Hub's FP8 releases
+        if key == "dtype" and given in ("fp8", "bf16"):  # the preset's shapes stored as the Hub's FP8 or BF16
+            continue
+        if key in PRESET_CUTS and given is not None:  # fewer layers or experts of the preset's widths
             continue
         if given is not None and given != value:
             raise SystemExit(f"--{key.replace('_', '-')} {given} contradicts --preset {a.preset} ({value}): "
                              f"leave it out, or drop --preset")
         setattr(a, key, value)
+    a.family = a.family or "qwen3_moe"
+    deepseek_sizes(a, flags)
     for key, default in sizes.items():
         if getattr(a, key) is None:
             setattr(a, key, default)
-    a.family = a.family or "qwen3_moe"
     a.dtype = a.dtype or "f32"
     if a.dtype == "fp8" and a.family == "gpt_oss":
         raise SystemExit("--dtype fp8: gpt_oss is not shipped in FP8; its experts are MXFP4 (quant_method mxfp4), "
@@ -521,12 +702,17 @@ def main():
     by_dtype = {}
     for shape, values in t.values():
         d = dtype_of(values, dtype)
-        by_dtype[d] = by_dtype.get(d, 0) + math.prod(shape) * element_bytes(d)
+        if d == "F32" and dtype != "F32" and values[0] == "f32":
+            d = "F32 kept"  # DeepSeek-V3's correction biases: F32 in every dtype, told apart from block scales
+        by_dtype[d] = by_dtype.get(d, 0) + math.prod(shape) * element_bytes(d.split()[0])
     total = sum(by_dtype.values())
     if a.dry_run:
         print(json.dumps(config(a.family, a.dtype), indent=2))
+        kept = by_dtype.get("F32 kept", 0)
+        biases = f"{kept} of F32 router correction biases" if kept else ""
         fp8 = (f" ({by_dtype['F8_E4M3']} bytes of F8_E4M3 codes + {by_dtype['F32']} of F32 block scales + "
-               f"{by_dtype['BF16']} of BF16 other tensors)" if a.dtype == "fp8" else "")
+               f"{by_dtype['BF16']} of BF16 other tensors{' + ' + biases if kept else ''})" if a.dtype == "fp8"
+               else f" (and {kept} bytes of F32 router correction biases)" if kept else "")
         print(f"would write {len(t)} tensors, {total} bytes ({total / 2**30:.2f} GiB) of {a.dtype} weights{fp8}"
               f"{' and mxfp4 experts' if a.family == 'gpt_oss' else ''} in {len(shards)} file(s), and "
               f"{a.tokens} tokens, to {a.out}")
