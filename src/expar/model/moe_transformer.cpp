@@ -9,6 +9,7 @@
 #include "expar/nn/cross_entropy.hpp"
 #include "expar/nn/embedding.hpp"
 #include "expar/nn/init.hpp"
+#include "expar/nn/latent_attention.hpp"
 #include "expar/nn/linear.hpp"
 #include "expar/nn/rmsnorm.hpp"
 
@@ -31,6 +32,34 @@ Tensor int_tensor(const std::vector<int32_t>& values) {
   return t;
 }
 
+// DeepSeek's checkpoints rotate adjacent pairs of the rope parts (rope_interleave); every other family pairs
+// the two halves.
+nn::Rope model_rope(const ModelConfig& config, const ModelFeatures& features) {
+  const nn::RopePairing pairing = features.mla.enabled() && features.mla.rope_interleave
+                                      ? nn::RopePairing::Interleaved
+                                      : nn::RopePairing::Half;
+  return nn::Rope(config.head_dim, config.max_seq, rope_scaling(config, features), pairing);
+}
+
+nn::LatentAttentionShape latent_shape(const ModelConfig& config, const LatentAttentionDims& a) {
+  nn::LatentAttentionShape s;
+  s.n_heads = config.heads;
+  s.q_lora_rank = a.q_lora_rank;
+  s.kv_lora_rank = a.kv_lora_rank;
+  s.qk_nope_head_dim = a.qk_nope_head_dim;
+  s.qk_rope_head_dim = a.qk_rope_head_dim;
+  s.v_head_dim = a.v_head_dim;
+  s.softmax_scale = a.softmax_scale;
+  return s;  // norm_eps: the latent norms' 1e-6, whatever the model's norm_eps (as DeepSeek's code)
+}
+
+// One SwiGLU MLP on moe/expert_mlp (the shared expert, a dense layer's MLP): rows -> out [rows, d].
+void mlp_forward(const Tensor& x, const ExpertWeights& w, Tensor& out, ExpertMlpState* state) {
+  const std::vector<int64_t> offsets{0, x.dim(0)};
+  out = Tensor::empty({x.dim(0), x.dim(1)});
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, w, out, state);
+}
+
 }  // namespace
 
 struct MoeTransformer::Block {
@@ -39,7 +68,12 @@ struct MoeTransformer::Block {
   nn::AttentionGrads attn_grad;
   nn::AttentionOptions attn_options;  // the family's biases, q/k norms and window (handles on parameters)
   nn::AttentionOptionGrads attn_option_grads;
-  std::unique_ptr<MoeLayer> moe;
+  std::unique_ptr<MoeLayer> moe;  // null in a dense MLP layer
+  // Latent attention (features.mla): in place of attn/attn_grad.
+  nn::LatentAttentionWeights mla;
+  nn::LatentAttentionGrads mla_grad;
+  // A dense MLP layer's SwiGLU MLP, viewed as one expert over "mlp.w1|w3|w2" (as the shared expert).
+  ExpertWeights dense, dense_grad;
   // Optional shared expert: one SwiGLU expert on moe/expert_mlp, its weights and gradients viewed as
   // [1, h, d] / [1, d, h] over the parameters "shared.w1|w3|w2" ([h, d], [h, d], [d, h]).
   ExpertWeights shared, shared_grad;
@@ -50,7 +84,9 @@ struct MoeTransformer::Activations {
   struct PerBlock {
     nn::RmsNormSaved attn_norm, mlp_norm;
     nn::AttentionSaved attn;
+    nn::LatentAttentionSaved mla;
     MoeState moe;
+    ExpertMlpState dense;               // a dense MLP layer's saved state
     ExpertMlpState shared;              // the shared expert's saved state
     Tensor shared_in, shared_out;       // with a shared-expert scale: its input and unscaled output
     std::vector<float> shared_sigmoid;  // per token: sigmoid(x · w)
@@ -67,7 +103,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
       execution_(std::move(execution)),
       features_(std::move(features)),
       ep_group_(ep_group),
-      rope_(config_.head_dim, config_.max_seq, rope_scaling(config_, features_)) {
+      rope_(model_rope(config_, features_)) {
   config_.moe.model_dim = config_.model_dim;
   // The family's router and experts (gpt-oss: router bias, expert biases, clamped SwiGLU) are the MoE
   // layer's; the features are the one place that says which.
@@ -79,6 +115,40 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
   EXPAR_CHECK(features_.window.empty() || static_cast<int>(features_.window.size()) == config_.layers,
               "the model has {} layers but its features list {} attention windows", config_.layers,
               features_.window.size());
+  const LatentAttentionDims& mla = features_.mla;
+  if (mla.enabled()) {
+    latent_shape(config_, mla).validate();
+    EXPAR_CHECK(config_.head_dim == mla.qk_rope_head_dim,
+                "latent attention rotates qk_rope_head_dim = {} values per head, but the model's head_dim "
+                "(the rope's width) is {}: they must be equal",
+                mla.qk_rope_head_dim, config_.head_dim);
+    EXPAR_CHECK(!features_.qkv_bias && !features_.o_bias && !features_.attention_sinks &&
+                    features_.qk_norm == QkNorm::None && features_.window.empty(),
+                "latent attention has no q/k/v/o biases, sinks, q/k norms or sliding windows: the model's "
+                "features combine them");
+  }
+  EXPAR_CHECK(features_.dense_mlp.empty() || static_cast<int>(features_.dense_mlp.size()) == config_.layers,
+              "the model has {} layers but its features mark {} layers dense or MoE", config_.layers,
+              features_.dense_mlp.size());
+  int moe_layers = 0;
+  for (int l = 0; l < config_.layers; ++l) {
+    if (!features_.is_dense_mlp(l)) {
+      ++moe_layers;
+      continue;
+    }
+    EXPAR_CHECK(features_.dense_mlp_hidden > 0,
+                "layer {} is a dense MLP layer but the dense MLP's width (intermediate_size) is {}", l,
+                features_.dense_mlp_hidden);
+    EXPAR_CHECK(
+        !execution_.recomputes_moe(l) || execution_.recompute_every_moe,
+        "recompute_moe_layers names block {}, a dense MLP layer without an MoE MLP to recompute: list "
+        "MoE blocks only",
+        l);
+  }
+  EXPAR_CHECK(moe_layers > 0,
+              "every one of the model's {} layers is a dense MLP layer: an MoE model needs at least one MoE "
+              "layer (expert parallelism has no experts to place)",
+              config_.layers);
   const int64_t d = config_.model_dim, hq = config_.heads * config_.head_dim,
                 hkv = config_.kv_heads * config_.head_dim;
   params_.reserve(static_cast<size_t>(config_.layers) * 16 + 4);
@@ -107,16 +177,33 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
       v = par.value;
       g = par.grad;
     };
-    bind(".attn.wq", {hq, d}, b->attn.wq, b->attn_grad.wq);
-    bind(".attn.wk", {hkv, d}, b->attn.wk, b->attn_grad.wk);
-    bind(".attn.wv", {hkv, d}, b->attn.wv, b->attn_grad.wv);
-    bind(".attn.wo", {d, hq}, b->attn.wo, b->attn_grad.wo);
     // Biases and norm gains: no weight decay.
     auto bind_vector = [&](const char* n, int64_t size, Tensor& v, Tensor& g) {
       auto& par = add_param(p + n, {size}, ParamKind::Dense, false);
       v = par.value;
       g = par.grad;
     };
+    if (mla.enabled()) {
+      const nn::LatentAttentionShape ls = latent_shape(config_, mla);
+      nn::LatentAttentionWeights& w = b->mla;
+      nn::LatentAttentionGrads& g = b->mla_grad;
+      if (mla.q_lora_rank == 0) {
+        bind(".attn.wq", {ls.q_width(), d}, w.wq, g.wq);
+      } else {
+        bind(".attn.wq_a", {mla.q_lora_rank, d}, w.wq_a, g.wq_a);
+        bind_vector(".attn.q_a_norm", mla.q_lora_rank, w.q_a_norm, g.q_a_norm);
+        bind(".attn.wq_b", {ls.q_width(), mla.q_lora_rank}, w.wq_b, g.wq_b);
+      }
+      bind(".attn.wkv_a", {ls.kv_a_width(), d}, w.wkv_a, g.wkv_a);
+      bind_vector(".attn.kv_a_norm", mla.kv_lora_rank, w.kv_a_norm, g.kv_a_norm);
+      bind(".attn.wkv_b", {ls.kv_b_width(), mla.kv_lora_rank}, w.wkv_b, g.wkv_b);
+      bind(".attn.wo", {d, ls.context_width()}, w.wo, g.wo);
+    } else {
+      bind(".attn.wq", {hq, d}, b->attn.wq, b->attn_grad.wq);
+      bind(".attn.wk", {hkv, d}, b->attn.wk, b->attn_grad.wk);
+      bind(".attn.wv", {hkv, d}, b->attn.wv, b->attn_grad.wv);
+      bind(".attn.wo", {d, hq}, b->attn.wo, b->attn_grad.wo);
+    }
     nn::AttentionOptions& ao = b->attn_options;
     nn::AttentionOptionGrads& ag = b->attn_option_grads;
     if (features_.qkv_bias) {
@@ -137,6 +224,18 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
     auto& mn = add_param(p + ".mlp_norm", {d}, ParamKind::Dense, false);
     b->mlp_norm = mn.value;
     b->mlp_norm_grad = mn.grad;
+    if (features_.is_dense_mlp(l)) {
+      // A dense MLP in place of the MoE MLP (and its shared expert), one SwiGLU expert's computation.
+      const int64_t hd = features_.dense_mlp_hidden;
+      Tensor w1, w3, w2, g1, g3, g2;
+      bind(".mlp.w1", {hd, d}, w1, g1);
+      bind(".mlp.w3", {hd, d}, w3, g3);
+      bind(".mlp.w2", {d, hd}, w2, g2);
+      b->dense = {w1.reshape({1, hd, d}), w3.reshape({1, hd, d}), w2.reshape({1, d, hd})};
+      b->dense_grad = {g1.reshape({1, hd, d}), g3.reshape({1, hd, d}), g2.reshape({1, d, hd})};
+      blocks_.push_back(std::move(b));
+      continue;
+    }
     if (config_.shared_expert_hidden > 0) {
       const int64_t hs = config_.shared_expert_hidden;
       Tensor w1, w3, w2, g1, g3, g2;
@@ -191,22 +290,45 @@ void MoeTransformer::freeze_leases() {
 }
 
 void MoeTransformer::set_microbatch(int microbatch) {
-  for (auto& b : blocks_) b->moe->set_microbatch(microbatch);
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->set_microbatch(microbatch);
+}
+
+bool MoeTransformer::has_moe(int layer) const {
+  return blocks_.at(static_cast<size_t>(layer))->moe != nullptr;
 }
 
 MoeLayer& MoeTransformer::moe(int layer) {
-  return *blocks_.at(static_cast<size_t>(layer))->moe;
+  EXPAR_CHECK(layer >= 0 && layer < config_.layers, "block {} does not exist (the model has blocks 0 .. {})",
+              layer, config_.layers - 1);
+  MoeLayer* m = blocks_[static_cast<size_t>(layer)]->moe.get();
+  EXPAR_CHECK(m != nullptr, "block {} is a dense MLP layer: it has no MoE layer (check has_moe first)",
+              layer);
+  return *m;
+}
+
+MoeLayer& MoeTransformer::first_moe() {
+  for (auto& b : blocks_)
+    if (b->moe) return *b->moe;
+  fail("the model has no MoE layer");
 }
 
 bool MoeTransformer::recomputes_moe(int layer) const {
-  return blocks_.at(static_cast<size_t>(layer))->moe->recompute();
+  const MoeLayer* m = blocks_.at(static_cast<size_t>(layer))->moe.get();
+  return m != nullptr && m->recompute();
 }
 
 void MoeTransformer::set_recompute_moe(int layer, bool recompute) {
   EXPAR_CHECK(layer >= 0 && layer < config_.layers,
               "set_recompute_moe: block {} does not exist (the model has blocks 0 .. {})", layer,
               config_.layers - 1);
-  blocks_[static_cast<size_t>(layer)]->moe->set_recompute(recompute);
+  MoeLayer* m = blocks_[static_cast<size_t>(layer)]->moe.get();
+  if (m == nullptr) {
+    EXPAR_CHECK(!recompute,
+                "set_recompute_moe: block {} is a dense MLP layer, without an MoE MLP to recompute", layer);
+    return;
+  }
+  m->set_recompute(recompute);
 }
 
 Parameter& MoeTransformer::add_param(const std::string& name, Shape shape, ParamKind kind, bool decay) {
@@ -231,16 +353,21 @@ void MoeTransformer::init(uint64_t seed) {
     } else {
       const auto fan_in = static_cast<float>(p.value.dim(1));
       float stddev = 1.0f / std::sqrt(fan_in);
-      if (n.ends_with(".wo") || n.ends_with(".shared.w2")) stddev *= out_scale;
+      if (n.ends_with(".wo") || n.ends_with(".shared.w2") || n.ends_with(".mlp.w2")) stddev *= out_scale;
       if (n == "lm_head") stddev = 1.0f / d;
       nn::init_normal(p.value, seed, n, stddev);
     }
   }
-  for (auto& b : blocks_) b->moe->init_params(seed);
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->init_params(seed);
 }
 
 void MoeTransformer::set_context_parallel(Comm* cp, int loss_batches) {
   EXPAR_CHECK(loss_batches >= 1, "context parallelism: loss_batches={} must be at least 1", loss_batches);
+  EXPAR_CHECK(cp == nullptr || cp->size() == 1 || !features_.mla.enabled(),
+              "context parallelism over {} ranks with multi-head latent attention (DeepSeek) is not built: "
+              "latent attention has no context-parallel form; train with --cp 1",
+              cp ? cp->size() : 1);
   cp_group_ = cp;
   loss_batches_ = loss_batches;
 }
@@ -249,7 +376,8 @@ void MoeTransformer::zero_grads() {
   // Each MoE layer zeroes its own gradients (router and experts), which lets its next backward write the
   // experts' weight gradients instead of adding them (MoeLayer::zero_grads). The expert parameters are theirs
   // alone; the router's, also in params_, are zeroed twice ([E, d]: nothing to save).
-  for (auto& b : blocks_) b->moe->zero_grads();
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->zero_grads();
   for (Parameter& p : params_)
     if (p.kind != ParamKind::Expert) p.grad.zero();
 }
@@ -271,8 +399,13 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
                 batch, loss_batches_, loss_batches_);
     loss_scope = {cp_group_, loss_batches_};
   }
-  for (auto& b : blocks_) b->moe->set_loss_scope(loss_scope);
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->set_loss_scope(loss_scope);
   double aux = 0, z = 0, drop = 0, util = 0;
+  int moe_blocks = 0;
+  const bool latent = features_.mla.enabled();
+  const nn::LatentAttentionShape lshape =
+      latent ? latent_shape(config_, features_.mla) : nn::LatentAttentionShape{};
   metrics.expert_counts.clear();
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];
@@ -282,11 +415,22 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     Tensor n1 = nn::rmsnorm_forward(h, b.attn_norm, config_.norm_eps, a ? &a->attn_norm : nullptr);
     nn::AttentionSaved* saved_attn = a ? &a->attn : nullptr;
     Tensor att =
-        cp_group_ ? nn::cp_attention_forward(*cp_group_, shape, rope_, b.attn, n1, batch, seq, saved_attn,
-                                             b.attn_options)
-                  : nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, saved_attn, b.attn_options);
+        latent ? nn::latent_attention_forward(lshape, rope_, b.mla, n1, batch, seq, a ? &a->mla : nullptr)
+        : cp_group_ ? nn::cp_attention_forward(*cp_group_, shape, rope_, b.attn, n1, batch, seq, saved_attn,
+                                               b.attn_options)
+                    : nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, saved_attn, b.attn_options);
     Tensor h1 = add(h, att);
     Tensor n2 = nn::rmsnorm_forward(h1, b.mlp_norm, config_.norm_eps, a ? &a->mlp_norm : nullptr);
+    if (!b.moe) {
+      // A dense MLP layer: no router, so no losses or routes (its expert_counts row is zero).
+      Tensor m;
+      mlp_forward(n2, b.dense, m, a ? &a->dense : nullptr);
+      h = add(h1, m);
+      metrics.expert_counts.resize(metrics.expert_counts.size() +
+                                   static_cast<size_t>(config_.moe.router.num_experts));
+      continue;
+    }
+    ++moe_blocks;
     Tensor m = b.moe->forward(n2, moe_state);
     if (b.shared.w1.defined()) {
       const int64_t rows = n2.dim(0), d = n2.dim(1);
@@ -314,7 +458,7 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     drop += moe_state.metrics.drop_rate;
     util = std::max(util, moe_state.metrics.utilisation);
   }
-  const auto layers = static_cast<double>(blocks_.size());
+  const auto layers = static_cast<double>(moe_blocks);
   metrics.aux_loss = aux / layers;
   metrics.z_loss = z / layers;
   metrics.drop_rate = drop / layers;
@@ -361,9 +505,15 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
   for (size_t li = blocks_.size(); li-- > 0;) {
     Block& b = *blocks_[li];
     auto& a = acts.blocks[li];
-    // h = h1 + moe(norm(h1)) [+ shared(norm(h1))]
-    Tensor grad_n2 = b.moe->backward(grad, a.moe);
-    if (b.shared.w1.defined()) {
+    // h = h1 + moe(norm(h1)) [+ shared(norm(h1))], or h1 + mlp(norm(h1)) in a dense layer
+    Tensor grad_n2;
+    if (!b.moe) {
+      grad_n2 = Tensor::empty(grad.shape());
+      expert_mlp_backward(grad, a.dense, b.dense, grad_n2, b.dense_grad);
+    } else {
+      grad_n2 = b.moe->backward(grad, a.moe);
+    }
+    if (b.moe && b.shared.w1.defined()) {
       const Tensor grad_so = b.shared_scale.defined() ? shared_expert_gate_backward(
                                                             grad, a.shared_out, a.shared_in, b.shared_scale,
                                                             a.shared_sigmoid, b.shared_scale_grad, grad_n2)
@@ -376,10 +526,13 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     add_into(grad_h1, grad);
     // h1 = h + attn(norm(h))
     const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
-    Tensor grad_n1 = cp_group_ ? nn::cp_attention_backward(*cp_group_, shape, rope_, b.attn, a.attn, grad_h1,
-                                                           b.attn_grad, b.attn_options, &b.attn_option_grads)
-                               : nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
-                                                        b.attn_options, &b.attn_option_grads);
+    Tensor grad_n1 =
+        features_.mla.enabled() ? nn::latent_attention_backward(latent_shape(config_, features_.mla), rope_,
+                                                                b.mla, a.mla, grad_h1, b.mla_grad)
+        : cp_group_             ? nn::cp_attention_backward(*cp_group_, shape, rope_, b.attn, a.attn, grad_h1,
+                                                            b.attn_grad, b.attn_options, &b.attn_option_grads)
+                                : nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
+                                                         b.attn_options, &b.attn_option_grads);
     grad = nn::rmsnorm_backward(a.attn_norm, grad_n1, b.attn_norm, b.attn_norm_grad);
     add_into(grad, grad_h1);
   }

@@ -8,6 +8,12 @@
 // rope scaling, a shared expert scaled by sigmoid(x · gate), gpt-oss's router bias and experts (biases,
 // clamped SwiGLU: the MoE layer's), and tied embeddings (one parameter for the embedding and the LM head).
 //
+// DeepSeek-V2/V3 (features.mla enabled): multi-head latent attention (nn/latent_attention.hpp) in place of
+// the q/k/v projections, parameters "layers.L.attn.{wq | wq_a, q_a_norm, wq_b}, wkv_a, kv_a_norm, wkv_b, wo",
+// the rope on adjacent pairs when rope_interleave. Dense MLP layers (features.is_dense_mlp: DeepSeek's first
+// layers, Qwen-MoE's mlp_only_layers): a SwiGLU MLP "layers.L.mlp.w1|w3|w2" on moe/expert_mlp in place of
+// the block's MoE MLP (and its shared expert); such a block has no MoeLayer (has_moe(l) is false).
+//
 // Parameters are named ("layers.3.attn.wq", "layers.3.moe.experts.w1" for the local expert shard) and
 // initialised from (seed, name, element) only, so every layout starts from the same weights: routed expert
 // e has the same values whatever the EP degree (the MoE layer draws one stream per (layer, expert)).
@@ -30,13 +36,13 @@ class Comm;
 
 struct StepMetrics {
   double loss = 0.0;         // cross-entropy of this microbatch, mean over its tokens
-  double aux_loss = 0.0;     // L_aux, mean over the blocks (unscaled)
-  double z_loss = 0.0;       // L_z, mean over the blocks (unscaled)
-  double drop_rate = 0.0;    // mean over the blocks
-  double utilisation = 0.0;  // max over the blocks
+  double aux_loss = 0.0;     // L_aux, mean over the MoE blocks (unscaled)
+  double z_loss = 0.0;       // L_z, mean over the MoE blocks (unscaled)
+  double drop_rate = 0.0;    // mean over the MoE blocks
+  double utilisation = 0.0;  // max over the MoE blocks
   int64_t tokens = 0;
-  std::vector<int64_t>
-      expert_counts;  // [layers x E]: this rank's routes per block and expert (before capacity)
+  // [layers x E]: this rank's routes per block and expert (before capacity); a dense block's row is zero
+  std::vector<int64_t> expert_counts;
 };
 
 class MoeTransformer {
@@ -62,9 +68,14 @@ class MoeTransformer {
   // Every parameter (dense and this rank's expert shard), values and gradients share the model's storage.
   std::vector<Parameter>& parameters() { return params_; }
   void zero_grads();
+  // Whether block `layer` has an MoE MLP (false for a dense MLP layer). moe(layer) throws expar::Error for a
+  // dense block; first_moe() is the first MoE block's (the experts' placement is every MoE block's).
+  bool has_moe(int layer) const;
   MoeLayer& moe(int layer);
+  MoeLayer& first_moe();
   // Whether block `layer`'s MoE MLP runs with activation recomputation (execution().recompute_moe_layers at
-  // construction); set_recompute_moe changes it for the forwards that follow.
+  // construction; false for a dense block); set_recompute_moe changes it for the forwards that follow (a
+  // dense block refuses true).
   bool recomputes_moe(int layer) const;
   void set_recompute_moe(int layer, bool recompute);
   // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
@@ -80,7 +91,8 @@ class MoeTransformer {
   // losses, each over the group's whole sequences: statistics summed over the CP group (RouterLossScope).
   // loss_batches = C makes each group the sequences one rank of a C = 1 run on as many ranks routes, so
   // the losses and their gradients are that run's. Forward-only passes (evaluate, logits) have no backward
-  // and report each rank's own tokens' losses, with no collective. The group must outlive its use.
+  // and report each rank's own tokens' losses, with no collective. The group must outlive its use. Latent
+  // attention has no context-parallel form: a group of more than one rank is refused.
   void set_context_parallel(Comm* cp, int loss_batches = 1);
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the

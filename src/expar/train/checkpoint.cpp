@@ -116,6 +116,7 @@ using StackedExpertRows = std::function<Tensor(const std::string&, int, const Sh
 // Every MoE layer's local experts (weights and biases) from gpt-oss's stacked tensors.
 void load_gpt_oss_experts(MoeTransformer& model, const StackedExpertRows& expert_rows) {
   for (int l = 0; l < model.config().layers; ++l) {
+    if (!model.has_moe(l)) continue;  // a dense MLP layer
     MoeLayer& layer = model.moe(l);
     const ExpertPlacement& placement = layer.placement();
     const int my_ep = placement.ep_size() == 1 ? 0 : layer.ep_rank();
@@ -313,7 +314,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   }
   world.broadcast(save_id, sizeof(save_id), DType::U8, 0);
   const fs::path staging = checkpoint_staging_dir(dir, info.step);
-  const ExpertPlacement& placement = model.moe(0).placement();
+  const ExpertPlacement& placement = model.first_moe().placement();
   const int my_ep = ep_mp.rank();
   auto& params = model.parameters();
   // Moments of sharded expert state must be gathered by every EP_DP member (collective), before deciding
@@ -353,12 +354,14 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     }
   }
   for (int l = 0; l < model.config().layers; ++l) {
+    if (!model.has_moe(l)) continue;
     const Tensor& bias = model.moe(l).params().score_bias;
     if (bias.defined() && bias.numel() > 0)
       dense[names.weight("layers." + std::to_string(l) + ".moe.score_bias")] = bias;
   }
   if (stacked_experts && ep_dp.rank() == 0)
     for (int l = 0; l < model.config().layers; ++l) {
+      if (!model.has_moe(l)) continue;
       std::map<std::string, Tensor> layer = gather_gpt_oss_experts(model.moe(l), l, ep_mp);
       if (world.rank() == 0) dense.merge(layer);
     }
@@ -458,8 +461,8 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     Tensor src = source(file, name, dst.numel());
     std::memcpy(dst.raw(), src.raw(), dst.nbytes());
   };
-  const ExpertPlacement& placement = model.moe(0).placement();
-  const int my_ep = placement.ep_size() == 1 ? 0 : model.moe(0).ep_rank();
+  const ExpertPlacement& placement = model.first_moe().placement();
+  const int my_ep = placement.ep_size() == 1 ? 0 : model.first_moe().ep_rank();
   auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter& p = params[i];
@@ -498,6 +501,7 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     }
   }
   for (int l = 0; l < model.config().layers; ++l) {
+    if (!model.has_moe(l)) continue;
     Tensor& bias = model.moe(l).params().score_bias;
     const std::string name = names.weight("layers." + std::to_string(l) + ".moe.score_bias");
     if (!bias.defined() || bias.numel() == 0) continue;
@@ -549,8 +553,8 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
     const Tensor f32 = to_f32(src, MemCategory::Other);
     std::memcpy(dst.raw(), f32.raw(), dst.nbytes());
   };
-  const ExpertPlacement& placement = model.moe(0).placement();
-  const int my_ep = placement.ep_size() == 1 ? 0 : model.moe(0).ep_rank();
+  const ExpertPlacement& placement = model.first_moe().placement();
+  const int my_ep = placement.ep_size() == 1 ? 0 : model.first_moe().ep_rank();
   const bool stacked_experts = format == ModelFormat::GptOss;
   for (Parameter& p : model.parameters()) {
     if (!is_expert_shard(p)) {
@@ -560,6 +564,13 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
     if (stacked_experts) continue;  // below
     for (int l = 0; l < placement.local_count(); ++l)
       copy(p.value.rows(l, l + 1), names.weight(expert_name(p.name, placement.global_expert(my_ep, l))));
+  }
+  // The score bias of a family that has one (DeepSeek-V3's e_score_correction_bias) starts from its weights.
+  for (int l = 0; l < model.config().layers; ++l) {
+    if (!model.has_moe(l)) continue;
+    Tensor& bias = model.moe(l).params().score_bias;
+    if (bias.defined() && bias.numel() > 0)
+      copy(bias, names.weight("layers." + std::to_string(l) + ".moe.score_bias"));
   }
   if (!stacked_experts) return;
   load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {

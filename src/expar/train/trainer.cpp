@@ -170,8 +170,9 @@ void check_train_config(const TrainConfig& c) {
       "--score-bias-rate {} needs a model with a score bias (ModelConfig moe.use_score_bias); a checkpoint "
       "trained without one cannot gain one on resume: start a new run",
       c.score_bias_rate);
+  // Ours and DeepSeek-V3 (mlp.gate.e_score_correction_bias) hold a score bias in their checkpoints.
   EXPAR_CHECK(
-      !c.model.moe.use_score_bias || c.format == ModelFormat::Expar,
+      !c.model.moe.use_score_bias || c.format == ModelFormat::Expar || c.format == ModelFormat::DeepseekV3,
       "a score bias (--score-bias-rate) is not part of the {} architecture, so its checkpoints could not "
       "hold it: train it in expar's own format (no --model), or drop --score-bias-rate",
       model_format_name(c.format));
@@ -329,10 +330,11 @@ void update_score_biases(MoeTransformer& model, std::vector<int64_t>& counts, do
   EXPAR_ASSERT(counts.size() == static_cast<size_t>(model.config().layers) * static_cast<size_t>(e),
                "{} route counts for {} blocks of {} experts", counts.size(), model.config().layers, e);
   for (int l = 0; l < model.config().layers; ++l)
-    update_score_bias(
-        model.moe(l).params().score_bias.span<float>(),
-        std::span<const int64_t>(counts).subspan(static_cast<size_t>(l) * e, static_cast<size_t>(e)),
-        static_cast<float>(rate));
+    if (model.has_moe(l))  // a dense MLP layer has no router (its counts are zero)
+      update_score_bias(
+          model.moe(l).params().score_bias.span<float>(),
+          std::span<const int64_t>(counts).subspan(static_cast<size_t>(l) * e, static_cast<size_t>(e)),
+          static_cast<float>(rate));
 }
 
 // The step's losses as means over every rank (each holds as many tokens), the utilisation as the maximum.
@@ -388,7 +390,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   if (layout.cp > 1) model.set_context_parallel(g.cp.get(), loss_batches);
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
   const int64_t pool_rows = max_capacity_rows(max_forward_tokens, mc.moe.router.top_k,
-                                              model.moe(0).placement(), cfg.execution.moe.capacity);
+                                              model.first_moe().placement(), cfg.execution.moe.capacity);
   model.init(cfg.seed);
   if (!cfg.init_from.empty() && cfg.resume_from.empty()) load_hf_weights(cfg.init_from, cfg.format, model);
 
@@ -407,7 +409,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   if (model.lease_pool() != nullptr)
     memory += lease_pool_sizing(cfg, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
   if (observer && observer->on_start && world.rank() == 0)
-    observer->on_start(describe_layout(layout, model.moe(0).placement()) + memory);
+    observer->on_start(describe_layout(layout, model.first_moe().placement()) + memory);
 
   bool saved = false;
   auto save = [&](int steps_done) {
