@@ -78,18 +78,25 @@ TEST(RunModel, PresetOrScoreBesideAConfigJsonIsRefusedByName) {
   EXPECT_NE(error_of(r).find("does not exist"), std::string::npos) << error_of(r);
 }
 
-// Latent attention and dense MLP layers run in the engine but not yet in the training model: refused by name.
-TEST(RunModel, WhatTheTrainingModelDoesNotRunIsRefusedByName) {
+// DeepSeek (latent attention, dense first layers) and Qwen-MoE with dense layers are training models: their
+// config.json resolves with the features that say so (tests/infer/trained_families_test.cpp trains them).
+TEST(RunModel, LatentAttentionAndDenseLayersResolveWithTheirFeatures) {
   test::TempDir dir("run_model");
   std::ofstream(dir / "config.json") << nlohmann::json{{"model_type", "deepseek_v3"}}.dump();
   RunModelRequest r;
   r.model = dir.path().string();
-  EXPECT_NE(error_of(r).find("multi-head latent attention (kv_lora_rank 512)"), std::string::npos)
-      << error_of(r);
+  RunModel run = resolve_run_model(r);
+  EXPECT_EQ(run.format, ModelFormat::DeepseekV3);
+  EXPECT_EQ(run.features.mla.kv_lora_rank, 512);
+  EXPECT_TRUE(run.features.is_dense_mlp(0));
+  EXPECT_TRUE(run.model.moe.use_score_bias) << "V3's e_score_correction_bias";
   std::ofstream(dir / "config.json") << nlohmann::json{
       {"model_type", "qwen2_moe"},
       {"mlp_only_layers", {1}}}.dump();
-  EXPECT_NE(error_of(r).find("layer 1 is a dense MLP layer"), std::string::npos) << error_of(r);
+  run = resolve_run_model(r);
+  EXPECT_EQ(run.format, ModelFormat::QwenMoe);
+  EXPECT_FALSE(run.features.is_dense_mlp(0));
+  EXPECT_TRUE(run.features.is_dense_mlp(1));
 }
 
 }  // namespace

@@ -29,16 +29,6 @@ void read_model_architecture(RunModel& run, const fs::path& given, bool weights_
       fs::exists(given / "manifest.json") ? " (this is an expar checkpoint of our format: --resume it)" : "");
   const std::string text = read_text_file(file, "model config");
   const Architecture arch = hf_architecture(parse_strict_json(text, file.string(), 64), file.string());
-  // The engine runs these; the training model does not have them yet.
-  EXPAR_CHECK(!arch.features.mla.enabled(),
-              "--model '{}': {} uses multi-head latent attention (kv_lora_rank {}), which expar train does "
-              "not run yet (generate, eval and serve do): train another family",
-              given.string(), hf_model_type(arch.format), arch.features.mla.kv_lora_rank);
-  for (int l = 0; l < arch.config.layers; ++l)
-    EXPAR_CHECK(!arch.features.is_dense_mlp(l),
-                "--model '{}': layer {} is a dense MLP layer, which expar train does not run yet (generate, "
-                "eval and serve do): make every layer an MoE layer",
-                given.string(), l);
   run.model = arch.config;
   run.format = arch.format;
   run.features = arch.features;
