@@ -6,7 +6,9 @@
 // the families' new kinds included, against finite differences; training runs whose saves are Hugging Face
 // checkpoints of the family that the inference engine reads under another layout, that resume bit for bit,
 // and that --format ours refuses naming the family; and gpt-oss's MXFP4 experts dequantised when a
-// fine-tuning run loads them.
+// fine-tuning run loads them. DeepSeek-V3 and V2 (multi-head latent attention, a dense first layer, V3's
+// grouped sigmoid router with its correction bias as the score bias, ungated shared experts) and Qwen-MoE
+// with a dense layer take the same checks; DeepSeek-V3 also trains to equal losses under two EP layouts.
 //
 // Links expar_train as well as expar_infer (tests/CMakeLists.txt): it is the one place both meet.
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "deepseek_test_model.hpp"
 #include "expar/infer/evaluate.hpp"
 #include "expar/model/hf_config.hpp"
 #include "expar/model/moe_transformer.hpp"
@@ -30,46 +33,132 @@
 namespace expar::infer::testing {
 namespace {
 
+// Qwen-MoE with its first layer dense (mlp_only_layers [0]): a Qwen2MoeMLP in place of the MoE block, so
+// the MoE layers start at block 1.
+HfTestModel qwen_dense_test_model() {
+  HfTestModel m = qwen_test_model();
+  m.layers = 3;
+  m.mlp_only_layers = {0};
+  m.tensors.clear();
+  m.randomize(83);
+  return m;
+}
+
 struct Family {
   const char* name;
   HfTestModel (*make)();
-  // Parameters per layer of the kinds only the families have: Qwen-MoE q bias + shared-expert gate;
-  // Qwen3-MoE q and o biases + q and k norms; OLMoE q and k norms; Mixtral none (its window is not a
+  // Parameters of the kinds only the families have (family_kind): Qwen-MoE q bias + shared-expert gate per
+  // layer; Qwen3-MoE q and o biases + q and k norms; OLMoE q and k norms; Mixtral none (its window is not a
   // parameter: its gradients run through the windowed softmax); gpt-oss q and o biases, sinks, router bias
-  // and the experts' gate, up and down biases.
-  int family_kinds_per_layer;
+  // and the experts' gate, up and down biases; all over 2 layers. Qwen-MoE with a dense layer: 3 q biases,
+  // 2 gates and the dense MLP's w1, w3 and w2.
+  int family_kinds;
 };
 
 const Family kFamilies[] = {
-    {"qwen_moe", [] { return qwen_test_model(); }, 2},
-    {"qwen3_moe", [] { return qwen3_moe_test_model(); }, 4},
-    {"qwen3_moe_tied", [] { return tied_qwen3_moe_test_model(); }, 4},
-    {"olmoe", [] { return olmoe_test_model(); }, 2},
+    {"qwen_moe", [] { return qwen_test_model(); }, 2 * 2},
+    {"qwen3_moe", [] { return qwen3_moe_test_model(); }, 4 * 2},
+    {"qwen3_moe_tied", [] { return tied_qwen3_moe_test_model(); }, 4 * 2},
+    {"olmoe", [] { return olmoe_test_model(); }, 2 * 2},
     {"mixtral", [] { return mixtral_test_model(); }, 0},
-    {"gpt_oss", [] { return gpt_oss_test_model(); }, 7},
+    {"gpt_oss", [] { return gpt_oss_test_model(); }, 7 * 2},
+    {"qwen_moe_dense", qwen_dense_test_model, 3 + 2 + 3},
 };
 
 bool family_kind(const std::string& n) {
   for (const char* suffix : {".bq", ".bo", "q_norm", "k_norm", ".shared.gate", ".sinks", ".router_bias",
-                             ".experts.b1", ".experts.b3", ".experts.b2"})
+                             ".experts.b1", ".experts.b3", ".experts.b2", ".mlp.w1", ".mlp.w3", ".mlp.w2"})
     if (n.ends_with(suffix)) return true;
   return false;
+}
+
+// The kinds DeepSeek adds: latent attention's (wq for V2's plain q projection) and the dense layer's MLP.
+bool deepseek_kind(const std::string& n) {
+  for (const char* suffix : {".attn.wq", ".attn.wq_a", ".attn.q_a_norm", ".attn.wq_b", ".attn.wkv_a",
+                             ".attn.kv_a_norm", ".attn.wkv_b", ".mlp.w1", ".mlp.w3", ".mlp.w2"})
+    if (n.ends_with(suffix)) return true;
+  return false;
+}
+
+ModelFormat format_of(const HfTestModel& m) {
+  return m.format;
+}
+ModelFormat format_of(const DeepseekTestModel& m) {
+  return m.v3 ? ModelFormat::DeepseekV3 : ModelFormat::DeepseekV2;
+}
+bool tied_of(const HfTestModel& m) {
+  return m.tied;
+}
+bool tied_of(const DeepseekTestModel&) {
+  return false;
+}
+
+// Every parameter's gradient from one forward_backward against central differences of model.evaluate's
+// loss. Among the 2 * elements + 4 elements with the largest gradients (where a finite difference is most
+// informative), the first `elements` where the loss is smooth (central differences at eps and eps/2 agree
+// within 10%; where they do not, a perturbation flips a token's top-k choice and the loss jumps, which no
+// gradient describes) must match: |g - fd| <= 3e-2 |fd| + 5e-4, eps = 4e-4 max(1, |w|). `elements` is that
+// count for the parameters `thorough` names and 1 for the others. Returns how many parameters `counted`
+// names were checked.
+int check_every_gradient(MoeTransformer& model, const std::vector<int32_t>& tokens,
+                         const std::vector<int32_t>& targets, int64_t batch, int64_t seq,
+                         const std::function<bool(const std::string&)>& counted,
+                         const std::function<bool(const std::string&)>& thorough = {}, int elements = 1) {
+  model.zero_grads();
+  model.forward_backward(tokens, targets, batch, seq, batch * seq);
+  int kinds = 0;
+  auto loss_at = [&](float* w, float value) {
+    const float saved = *w;
+    *w = value;
+    const double loss = model.evaluate(tokens, targets, batch, seq).loss;
+    *w = saved;
+    return loss;
+  };
+  for (Parameter& p : model.parameters()) {
+    const int want = thorough && thorough(p.name) ? elements : 1;
+    const float* g = p.grad.data<float>();
+    std::vector<int64_t> order(static_cast<size_t>(p.grad.numel()));
+    std::iota(order.begin(), order.end(), 0);
+    const size_t candidates = std::min<size_t>(static_cast<size_t>(2 * want + 4), order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(candidates), order.end(),
+                      [g](int64_t x, int64_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
+    float* w = p.value.data<float>();
+    int checked = 0;
+    for (size_t c = 0; c < candidates && checked < want; ++c) {
+      const int64_t i = order[c];
+      const float eps = 4e-4f * std::max(1.0f, std::fabs(w[i]));
+      const double wide = (loss_at(w + i, w[i] + eps) - loss_at(w + i, w[i] - eps)) / (2.0 * eps);
+      const double narrow =
+          (loss_at(w + i, w[i] + eps / 2) - loss_at(w + i, w[i] - eps / 2)) / static_cast<double>(eps);
+      if (std::fabs(wide - narrow) > 0.1 * std::fabs(wide) + 1e-4) continue;
+      EXPECT_NEAR(g[i], wide, 3e-2 * std::fabs(wide) + 5e-4) << p.name << " element " << i;
+      EXPECT_GT(std::fabs(g[i]), 0.0f) << p.name << " has an all-zero gradient";
+      ++checked;
+    }
+    EXPECT_EQ(checked, std::min<int>(want, static_cast<int>(candidates)))
+        << p.name << ": the loss jumps near its " << candidates << " largest-gradient elements";
+    kinds += counted(p.name);
+  }
+  return kinds;
 }
 
 class TrainedFamilies : public ::testing::TestWithParam<Family> {};
 
 // The architecture config.json describes, on one rank (path local), without auxiliary losses (evaluate()
 // reports cross-entropy only).
-Architecture training_architecture(const HfTestModel& m) {
+template <class M>
+Architecture training_architecture(const M& m) {
   Architecture a = hf_architecture(m.config(), "test config.json");
   a.config.moe.router.aux_loss_coef = 0.0;
   a.config.moe.router.z_loss_coef = 0.0;
   return a;
 }
 
-TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
-  const HfTestModel m = GetParam().make();
-  const fs::path dir = test::run_temp_dir(std::string("train_fwd_") + GetParam().name);
+// The training model (one rank) loaded from the test model's weights: the logits of two sequences of 9 tokens
+// in one batch are the dense double reference's within `rtol` of the largest.
+template <class M>
+void expect_forward_matches_reference(const M& m, const std::string& name, double rtol) {
+  const fs::path dir = test::run_temp_dir("train_fwd_" + name);
   m.write(dir);
   const Architecture a = training_architecture(m);
   const std::vector<int32_t> first = vocab_tokens(11, 9, m.vocab), second = vocab_tokens(12, 9, m.vocab);
@@ -81,13 +170,18 @@ TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
     model.init(3);
     load_hf_weights(dir, a.format, model);
     const Tensor logits = model.logits(both, 2, 9);  // two sequences of 9 tokens
-    EXPECT_TRUE(close(logits.rows(0, 9).clone(), m.dense_logits(first), 1e-4)) << "sequence 0";
-    EXPECT_TRUE(close(logits.rows(9, 18).clone(), m.dense_logits(second), 1e-4)) << "sequence 1";
+    EXPECT_TRUE(close(logits.rows(0, 9).clone(), m.dense_logits(first), rtol)) << "sequence 0";
+    EXPECT_TRUE(close(logits.rows(9, 18).clone(), m.dense_logits(second), rtol)) << "sequence 1";
   });
+  fs::remove_all(dir);
+}
+
+TEST_P(TrainedFamilies, TrainingForwardMatchesTheDenseDoubleReference) {
+  const HfTestModel m = GetParam().make();
+  expect_forward_matches_reference(m, GetParam().name, 1e-4);
   if (m.format == ModelFormat::GptOss) {
     EXPECT_GT(m.clamp_hits, 0) << "no activation reached the clamped SwiGLU's limits";
   }
-  fs::remove_all(dir);
 }
 
 TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
@@ -103,47 +197,11 @@ TEST_P(TrainedFamilies, EveryParameterGradientMatchesFiniteDifferences) {
     const int64_t batch = 2, seq = 6;
     const auto tokens = vocab_tokens(21, static_cast<int>(batch * seq), m.vocab);
     const auto targets = vocab_tokens(22, static_cast<int>(batch * seq), m.vocab);
-    model.zero_grads();
-    model.forward_backward(tokens, targets, batch, seq, batch * seq);
-    int family_kinds = 0;
-    auto loss_at = [&](float* w, float value) {
-      const float saved = *w;
-      *w = value;
-      const double loss = model.evaluate(tokens, targets, batch, seq).loss;
-      *w = saved;
-      return loss;
-    };
-    for (Parameter& p : model.parameters()) {
-      // Among the 6 elements with the largest gradients (where a finite difference is most informative), the
-      // first where the loss is smooth: central differences at eps and eps/2 agree. Where they do not, a
-      // perturbation flips a token's top-k choice (the loss jumps), which no gradient describes.
-      const float* g = p.grad.data<float>();
-      std::vector<int64_t> order(static_cast<size_t>(p.grad.numel()));
-      std::iota(order.begin(), order.end(), 0);
-      const size_t candidates = std::min<size_t>(6, order.size());
-      std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(candidates), order.end(),
-                        [g](int64_t x, int64_t y) { return std::fabs(g[x]) > std::fabs(g[y]); });
-      float* w = p.value.data<float>();
-      bool checked = false;
-      for (size_t c = 0; c < candidates && !checked; ++c) {
-        const int64_t i = order[c];
-        const float eps = 4e-4f * std::max(1.0f, std::fabs(w[i]));
-        const double wide = (loss_at(w + i, w[i] + eps) - loss_at(w + i, w[i] - eps)) / (2.0 * eps);
-        const double narrow =
-            (loss_at(w + i, w[i] + eps / 2) - loss_at(w + i, w[i] - eps / 2)) / static_cast<double>(eps);
-        if (std::fabs(wide - narrow) > 0.1 * std::fabs(wide) + 1e-4) continue;
-        EXPECT_NEAR(g[i], wide, 3e-2 * std::fabs(wide) + 5e-4) << p.name << " element " << i;
-        EXPECT_GT(std::fabs(g[i]), 0.0f) << p.name << " has an all-zero gradient";
-        checked = true;
-      }
-      EXPECT_TRUE(checked) << p.name << ": the loss jumps near each of its " << candidates
-                           << " largest-gradient elements";
-      family_kinds += family_kind(p.name);
-      // Tied embeddings: one parameter, no LM head of its own (its gradient is the embedding's, checked).
-      EXPECT_FALSE(m.tied && p.name == "lm_head") << "a tied model has its own LM head parameter";
-    }
     // Each family's own kinds were among the parameters checked.
-    EXPECT_EQ(family_kinds, GetParam().family_kinds_per_layer * m.layers);
+    EXPECT_EQ(check_every_gradient(model, tokens, targets, batch, seq, family_kind), GetParam().family_kinds);
+    // Tied embeddings: one parameter, no LM head of its own (its gradient is the embedding's, checked).
+    for (const Parameter& p : model.parameters())
+      EXPECT_FALSE(m.tied && p.name == "lm_head") << "a tied model has its own LM head parameter";
   });
   fs::remove_all(dir);
 }
@@ -155,7 +213,8 @@ TokenCorpus family_corpus(int vocab) {
   return TokenCorpus::from_tokens(vocab_tokens(99, 3000, vocab), vocab);
 }
 
-TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::path& checkpoint) {
+template <class M>
+TrainConfig family_run(const M& m, const fs::path& weights, const fs::path& checkpoint) {
   const Architecture a = hf_architecture(m.config(), "test config.json");
   TrainConfig c;
   c.model = a.config;
@@ -180,7 +239,8 @@ TrainConfig family_run(const HfTestModel& m, const fs::path& weights, const fs::
 // The logits of `prompt` from the training model (one rank) loaded from the save `run`, after checking that
 // the engine on TP 2 with EP loaded from the same save gives them within 1e-5, and `expar eval`'s loss on
 // two other layouts is theirs.
-Tensor logits_of_save(const fs::path& run, const HfTestModel& m, const std::vector<int32_t>& prompt) {
+template <class M>
+Tensor logits_of_save(const fs::path& run, const M& m, const std::vector<int32_t>& prompt) {
   const auto n = static_cast<int64_t>(prompt.size());
   Tensor trained;
   MemoryTracker& host = current_tracker();  // this thread's: the rank's tracker ends with run_ranks
@@ -244,6 +304,12 @@ const SaveCase kSaveCases[] = {
      [] { return tied_qwen3_moe_test_model(); },
      {"model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight"},
      {"lm_head.weight"}},
+    // A dense first layer: its MLP under the family's dense names, no router or experts there.
+    {"qwen_moe_dense",
+     qwen_dense_test_model,
+     {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight",
+      "model.layers.1.mlp.experts.23.up_proj.weight", "model.layers.2.mlp.shared_expert_gate.weight"},
+     {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.gate_proj.weight"}},
 };
 
 class TrainedFamilySaves : public ::testing::TestWithParam<SaveCase> {};
@@ -252,39 +318,53 @@ class TrainedFamilySaves : public ::testing::TestWithParam<SaveCase> {};
 // the family's names) that the engine loads on TP 2 with EP and that a single-rank training model loads
 // back, with the same logits (and that --format ours refuses, naming the family and its flag); a run resumed
 // from step 2 ends with the same weights as the uninterrupted run.
-TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
-  const HfTestModel m = GetParam().make();
-  const std::string tag = GetParam().name;
+template <class M>
+void expect_saves_are_checkpoints_of_the_family(const M& m, const std::string& tag,
+                                                const std::vector<std::string>& present,
+                                                const std::vector<std::string>& absent,
+                                                double score_bias_rate = 0.0) {
   const fs::path weights = test::run_temp_dir("train_hf_weights_" + tag),
                  straight = test::run_temp_dir("train_hf_straight_" + tag),
                  resumed = test::run_temp_dir("train_hf_resumed_" + tag);
   m.write(weights);
   const TokenCorpus corpus = family_corpus(m.vocab);
-  run_ranks(2, [&](Comm& world) { train(family_run(m, weights, straight), world, corpus); });
+  TrainConfig run = family_run(m, weights, straight);
+  run.score_bias_rate = score_bias_rate;
+  run_ranks(2, [&](Comm& world) { train(run, world, corpus); });
   TrainConfig first_two = family_run(m, weights, resumed);
+  first_two.score_bias_rate = score_bias_rate;
   first_two.stop_after = 2;
   run_ranks(2, [&](Comm& world) { train(first_two, world, corpus); });
   TrainConfig rest = family_run(m, weights, resumed);
+  rest.score_bias_rate = score_bias_rate;
   rest.resume_from = resumed.string();
   run_ranks(2, [&](Comm& world) { train(rest, world, corpus); });
 
   // The save's layout: the family's names, an index covering exactly the weight shards, config.json.
   const ModelSpec spec = open_model_spec(straight);
-  EXPECT_EQ(spec.format, m.format);
-  EXPECT_EQ(spec.features.tied_embeddings, m.tied);
+  EXPECT_EQ(spec.format, format_of(m));
+  EXPECT_EQ(spec.features.tied_embeddings, tied_of(m));
   const fs::path step = straight / "step-3";
   ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
   EXPECT_NO_THROW(index.validate());
-  for (const std::string& name : GetParam().present) EXPECT_TRUE(index.contains(name)) << name;
-  for (const std::string& name : GetParam().absent) EXPECT_FALSE(index.contains(name)) << name;
+  for (const std::string& name : present) EXPECT_TRUE(index.contains(name)) << name;
+  for (const std::string& name : absent) EXPECT_FALSE(index.contains(name)) << name;
   EXPECT_EQ(index.names().size(), m.tensors.size());
   for (const auto& [name, t] : m.tensors)
     EXPECT_EQ(index.info(name).shape, t.shape()) << name << " is saved in another shape than the family's";
   EXPECT_TRUE(fs::exists(step / "optimizer-dense.safetensors"));
+  // A score bias the run moves (DeepSeek-V3's e_score_correction_bias) is saved as moved.
+  if (score_bias_rate > 0) {
+    for (const std::string& name : index.names()) {
+      if (name.ends_with("e_score_correction_bias")) {
+        EXPECT_FALSE(close(index.read(name), m.tensors.at(name), 1e-6)) << name << " did not move";
+      }
+    }
+  }
 
   // --format ours (our own tensor names and architecture) on the family's save is refused before anything
   // is loaded, naming the family, where the save says it, and the flag that reads it; so is `expar eval`.
-  const std::string family = model_format_name(m.format);
+  const std::string family = model_format_name(format_of(m));
   auto expect_refused = [&](const std::function<void()>& read, const std::string& how) {
     try {
       read();
@@ -320,10 +400,163 @@ TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom)
   for (const fs::path& p : {weights, straight, resumed}) fs::remove_all(p);
 }
 
+TEST_P(TrainedFamilySaves, AreHuggingFaceCheckpointsTheEngineReadsAndResumeFrom) {
+  expect_saves_are_checkpoints_of_the_family(GetParam().make(), GetParam().name, GetParam().present,
+                                             GetParam().absent);
+}
+
 INSTANTIATE_TEST_SUITE_P(Infer, TrainedFamilySaves, ::testing::ValuesIn(kSaveCases),
                          [](const ::testing::TestParamInfo<SaveCase>& i) {
                            return std::string(i.param.name);
                          });
+
+struct DeepseekCase {
+  const char* name;
+  DeepseekTestModel (*make)();
+  // deepseek_kind parameters: latent attention's per layer (V3: wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm,
+  // wkv_b; V2: wq, wkv_a, kv_a_norm, wkv_b) over 3 layers, and the dense first layer's w1, w3 and w2.
+  int deepseek_kinds;
+  std::vector<std::string> present;  // tensor names a save holds besides those both versions hold
+};
+
+const DeepseekCase kDeepseek[] = {
+    {"v3",
+     [] { return deepseek_v3_test_model(); },
+     6 * 3 + 3,
+     {"model.layers.1.self_attn.q_a_proj.weight", "model.layers.2.self_attn.q_a_layernorm.weight",
+      "model.layers.1.self_attn.q_b_proj.weight", "model.layers.2.mlp.gate.e_score_correction_bias"}},
+    {"v2", [] { return deepseek_v2_test_model(); }, 4 * 3 + 3, {"model.layers.0.self_attn.q_proj.weight"}},
+};
+
+class TrainedDeepseek : public ::testing::TestWithParam<DeepseekCase> {};
+
+// Latent attention (q LoRA or a plain q projection, interleaved YaRN rope, the latent norms at 1e-6), the
+// dense first layer, V3's grouped sigmoid router with its correction bias (loaded as the score bias) and V2's
+// softmax router, both scaled by routed_scaling_factor, and the ungated shared experts: the training model's
+// logits are the reference's within 1e-5 of the largest.
+TEST_P(TrainedDeepseek, TrainingForwardMatchesTheDenseDoubleReference) {
+  expect_forward_matches_reference(GetParam().make(), std::string("deepseek_") + GetParam().name, 1e-5);
+}
+
+// Every parameter against finite differences (check_every_gradient's tolerance), on 3 elements each of the
+// kinds DeepSeek adds.
+TEST_P(TrainedDeepseek, EveryParameterGradientMatchesFiniteDifferences) {
+  const DeepseekTestModel m = GetParam().make();
+  const fs::path dir = test::run_temp_dir(std::string("train_fd_deepseek_") + GetParam().name);
+  m.write(dir);
+  const Architecture a = training_architecture(m);
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(a.config, {}, *group, 0, a.features);
+    model.init(5);
+    load_hf_weights(dir, a.format, model);
+    EXPECT_FALSE(model.has_moe(0)) << "layer 0 is dense";
+    const int64_t batch = 2, seq = 6;
+    const auto tokens = vocab_tokens(21, static_cast<int>(batch * seq), m.vocab);
+    const auto targets = vocab_tokens(22, static_cast<int>(batch * seq), m.vocab);
+    EXPECT_EQ(check_every_gradient(model, tokens, targets, batch, seq, deepseek_kind, deepseek_kind, 3),
+              GetParam().deepseek_kinds);
+  });
+  fs::remove_all(dir);
+}
+
+// Trained on 2 ranks with EP 2 (V3 moving its score bias at --score-bias-rate 1e-3), the saves are DeepSeek
+// checkpoints: the dense layer's MLP, the latent attention's tensors, per-expert names, the correction bias;
+// the engine (TP 2 with EP) and evaluate read them, and a resumed run ends bit for bit where the straight
+// one does.
+TEST_P(TrainedDeepseek, SavesAreCheckpointsTheEngineReadsAndResumeFrom) {
+  const DeepseekTestModel m = GetParam().make();
+  std::vector<std::string> present{"model.layers.0.mlp.gate_proj.weight",
+                                   "model.layers.0.mlp.down_proj.weight",
+                                   "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+                                   "model.layers.2.self_attn.kv_a_layernorm.weight",
+                                   "model.layers.1.self_attn.kv_b_proj.weight",
+                                   "model.layers.1.self_attn.o_proj.weight",
+                                   "model.layers.2.mlp.experts.7.down_proj.weight",
+                                   "model.layers.1.mlp.shared_experts.up_proj.weight"};
+  present.insert(present.end(), GetParam().present.begin(), GetParam().present.end());
+  expect_saves_are_checkpoints_of_the_family(
+      m, std::string("deepseek_") + GetParam().name, present,
+      {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.gate_proj.weight",
+       "model.layers.0.mlp.shared_experts.gate_proj.weight"},
+      m.v3 ? 1e-3 : 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Infer, TrainedDeepseek, ::testing::ValuesIn(kDeepseek),
+                         [](const ::testing::TestParamInfo<DeepseekCase>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// What the training model does not build for DeepSeek is refused by name: context parallelism with latent
+// attention (set_context_parallel over 2 ranks, and so `expar train --cp 2`), the MoE layer of a dense block,
+// and recomputing a dense block's MoE MLP.
+TEST(TrainedDeepseek, WhatIsNotBuiltIsRefusedByName) {
+  const Architecture a = training_architecture(deepseek_v3_test_model());
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  run_ranks(2, [&](Comm& world) {
+    auto ep = world.split(world.rank(), 0, "ep");  // one rank each: the world is the CP group
+    MoeTransformer model(a.config, {}, *ep, 0, a.features);
+    EXPECT_NE(error_of([&] { model.set_context_parallel(&world, 2); })
+                  .find("context parallelism over 2 ranks with multi-head latent attention (DeepSeek) is not "
+                        "built"),
+              std::string::npos);
+    EXPECT_NO_THROW(model.set_context_parallel(ep.get(), 1)) << "a CP group of one rank is whole sequences";
+    EXPECT_NE(error_of([&] { model.moe(0); }).find("block 0 is a dense MLP layer"), std::string::npos);
+    EXPECT_EQ(&model.first_moe(), &model.moe(1));
+    EXPECT_FALSE(model.recomputes_moe(0));
+    EXPECT_NE(error_of([&] { model.set_recompute_moe(0, true); }).find("block 0 is a dense MLP layer"),
+              std::string::npos);
+    ModelExecution recompute;
+    recompute.recompute_moe_layers = {0};
+    EXPECT_NE(error_of([&] {
+                MoeTransformer(a.config, recompute, *ep, 0, a.features);
+              }).find("recompute_moe_layers names block 0, a dense MLP layer"),
+              std::string::npos);
+  });
+}
+
+// The losses of a short run (2 ranks, threads transport) with the experts on one EP rank each (EP 1, DP 2)
+// and spread over both (EP 2) agree within the reduction-order tolerance of tests/train/ep_training_test.cpp
+// (1e-4 relative per step).
+template <class M>
+void expect_ep_layouts_train_alike(const M& m, const std::string& tag, double score_bias_rate) {
+  const fs::path weights = test::run_temp_dir("train_ep_layouts_" + tag);
+  m.write(weights);
+  const TokenCorpus corpus = family_corpus(m.vocab);
+  std::vector<std::vector<StepRecord>> curves;
+  for (int ep : {1, 2}) {
+    TrainConfig c = family_run(m, weights, "");
+    c.checkpoint_dir.clear();
+    c.ep = ep;
+    c.steps = 4;
+    c.score_bias_rate = score_bias_rate;
+    std::vector<StepRecord> curve;
+    run_ranks(2, [&](Comm& world) {
+      TrainSummary s = train(c, world, corpus);
+      if (world.rank() == 0) curve = s.steps;
+    });
+    curves.push_back(curve);
+  }
+  ASSERT_EQ(curves[0].size(), 4u);
+  ASSERT_EQ(curves[1].size(), 4u);
+  for (size_t i = 0; i < curves[0].size(); ++i)
+    EXPECT_NEAR(curves[1][i].loss, curves[0][i].loss, 1e-4 * curves[0][i].loss) << tag << " step " << i;
+  EXPECT_NE(curves[0].back().loss, curves[0].front().loss) << "training did not change the loss";
+  fs::remove_all(weights);
+}
+
+TEST(TrainedDeepseek, EpLayoutsTrainToTheSameLosses) {
+  expect_ep_layouts_train_alike(deepseek_v3_test_model(), "deepseek_v3", 1e-3);
+  expect_ep_layouts_train_alike(deepseek_v2_test_model(), "deepseek_v2", 0.0);
+  expect_ep_layouts_train_alike(qwen_dense_test_model(), "qwen_moe_dense", 0.0);
+}
 
 // Fine-tuning gpt-oss from its MXFP4 release: the trainer's load dequantises this rank's experts, and the
 // training model (on 2 EP ranks) computes the dense reference over the values the blocks encode; the run's
