@@ -558,6 +558,46 @@ TEST(TrainedDeepseek, EpLayoutsTrainToTheSameLosses) {
   expect_ep_layouts_train_alike(qwen_dense_test_model(), "qwen_moe_dense", 0.0);
 }
 
+// Fine-tuning DeepSeek-V3 from its block-scaled FP8 release: the load dequantises the projections with their
+// _scale_inv multipliers, and the training model (on 2 EP ranks) computes the reference over the values the
+// blocks encode (1e-5); a fine-tuning step saves F32 weights, without the multipliers or quantization_config,
+// that the engine (TP 2) reads like the training model.
+TEST(TrainedDeepseek, Fp8WeightsAreDequantisedForFineTuning) {
+  DeepseekTestModel m = deepseek_v3_test_model();
+  const Fp8Checkpoint q = fp8_quantised(m.tensors);
+  ASSERT_EQ(q.stored.at("model.layers.0.mlp.gate_proj.weight").dtype(), DType::F8E4M3);
+  ASSERT_EQ(q.stored.at("model.layers.1.self_attn.kv_b_proj.weight").dtype(), DType::F8E4M3);
+  const fs::path dir = test::run_temp_dir("train_deepseek_fp8");
+  write_sharded_checkpoint(dir, q.stored, 64 * 1024);
+  const nlohmann::json config = fp8_config(m.config());
+  std::ofstream(dir / "config.json") << config.dump(2);
+  m.tensors = q.dequantised;
+  const Architecture a = hf_architecture(config, "test config.json");
+  ModelExecution block;
+  block.moe.path = "block";
+  const std::vector<int32_t> prompt = vocab_tokens(13, 9, m.vocab);
+  const Tensor want = m.dense_logits(prompt);
+  run_ranks(2, [&](Comm& world) {
+    MoeTransformer model(a.config, block, world, 0, a.features);
+    model.init(1);
+    load_hf_weights(dir, a.format, model);
+    EXPECT_TRUE(close(model.logits(prompt, 1, 9), want, 1e-5)) << "rank " << world.rank();
+  });
+  const fs::path run = test::run_temp_dir("train_deepseek_fp8_run");
+  TrainConfig c = family_run(m, dir, run);
+  c.hf_config_json = config.dump(2);
+  c.steps = 1;
+  run_ranks(2, [&](Comm& world) { train(c, world, family_corpus(m.vocab)); });
+  const fs::path step = run / "step-1";
+  EXPECT_FALSE(read_hf_config_json(step).contains("quantization_config"));
+  ShardedCheckpoint index = ShardedCheckpoint::open_directory(step);
+  EXPECT_EQ(index.info("model.layers.0.mlp.gate_proj.weight").dtype, DType::F32);
+  EXPECT_EQ(index.info("model.layers.2.mlp.experts.3.up_proj.weight").dtype, DType::F32);
+  for (const std::string& name : index.names()) EXPECT_FALSE(name.ends_with("_scale_inv")) << name;
+  EXPECT_FALSE(close(logits_of_save(run, m, prompt), want, 1e-3)) << "the fine-tuning step changed nothing";
+  for (const fs::path& p : {dir, run}) fs::remove_all(p);
+}
+
 // Fine-tuning gpt-oss from its MXFP4 release: the trainer's load dequantises this rank's experts, and the
 // training model (on 2 EP ranks) computes the dense reference over the values the blocks encode; the run's
 // save is an F32 gpt-oss checkpoint the engine reads.

@@ -547,9 +547,23 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
         checkpoint.contains(name),
         "'{}': tensor '{}' is missing: the weights do not hold the {} model its config.json describes",
         dir.string(), name, model_format_name(format));
-    const Tensor src = checkpoint.view(name);
+    Tensor src = checkpoint.view(name);
     EXPAR_CHECK(src.numel() == dst.numel(), "'{}': tensor '{}' has shape {} but the model needs {} values",
                 dir.string(), name, shape_string(src.shape()), dst.numel());
+    if (src.dtype() == DType::F8E4M3) {
+      // Block-scaled FP8 (DeepSeek-V3's and Qwen3's FP8 releases): NAME_scale_inv multiplies each 128 x 128
+      // block; dequantised here, so a fine-tuning run trains (and saves) the values the release encodes.
+      const std::string scale = name + "_scale_inv";
+      const Shape grid = src.ndim() == 2 ? Shape{(src.dim(0) + kFp8Block - 1) / kFp8Block,
+                                                 (src.dim(1) + kFp8Block - 1) / kFp8Block}
+                                         : Shape{};
+      EXPAR_CHECK(src.ndim() == 2 && checkpoint.contains(scale) &&
+                      checkpoint.info(scale).dtype == DType::F32 && checkpoint.info(scale).shape == grid,
+                  "'{}': tensor '{}' is F8_E4M3 {} without its block multipliers '{}' (F32 [ceil(out/128), "
+                  "ceil(in/128)]): expar loads block-scaled FP8 only; dequantise the checkpoint to BF16",
+                  dir.string(), name, shape_string(src.shape()), scale);
+      src = src.with_block_scales(checkpoint.view(scale));
+    }
     const Tensor f32 = to_f32(src, MemCategory::Other);
     std::memcpy(dst.raw(), f32.raw(), dst.nbytes());
   };
