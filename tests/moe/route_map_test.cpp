@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <numeric>
 #include <vector>
 
 #include "expar/core/error.hpp"
@@ -326,6 +329,69 @@ TEST(Capacity, CeilForgivesDecimalRounding) {
   EXPECT_EQ(ceil_rows(6.000001), 7);
   EXPECT_EQ(ceil_rows(0.0), 0);
   EXPECT_EQ(ceil_rows(0.3), 1);
+}
+
+// Redundant experts: E = 3 on 2 ranks in S = 4 slots {0, 1, 2, 0} (expert 0 also in slot 3, on rank 1).
+// Expert 0's five routes, in (source, token, k) order, are dealt over its slots 0, 3, 0, 3, 0: rank 0's
+// three from replica 0, rank 1's two from replica 3 mod 2 = 1 (slot 3) on. Worked by hand:
+//   slot requests  source 0: slot0 2, slot1 2, slot2 1, slot3 1;  source 1: slot0 1, slot1 0, slot2 2, slot3
+//   1 rank 0 rows: slot 0 [0, 3) (source 0: 0, 1; source 1: 2), slot 1 [3, 5) rank 1 rows: slot 2 [0, 3)
+//   (source 0: 0; source 1: 1, 2), slot 3 [3, 5) (source 0: 3; source 1: 4)
+TEST(RouteMap, ReplicasTakeTheRoutesOfTheirExpertInTurn) {
+  const ExpertPlacement placement = ExpertPlacement::from_slots(3, 2, {0, 1, 2, 0});
+  const std::vector<Routes> routes = {{{0, 1}, {0, 2}, {1, 0}}, {{0, 2}, {2, 0}}};
+  const auto maps = build_all(routes, 2, placement, CapacityPolicy::dropless());
+  EXPECT_EQ(maps[0].num_experts, 3);
+  EXPECT_EQ(maps[0].num_slots, 4);
+  EXPECT_EQ(maps[0].requested, (std::vector<int64_t>{2, 2, 1, 1, 1, 0, 2, 1}));
+  EXPECT_EQ(maps[0].accepted, maps[0].requested);
+  expect_map(maps[0], {{{0, 0}, {1, 1}, {0, 0}}, {{0, 3}, {3, 0}, {4, 1}}}, "replicas");
+  expect_map(maps[1], {{{1, 1}, {1, 0}}, {{4, 1}, {2, 2}}}, "replicas");
+  EXPECT_EQ(maps[0].expert_offsets, (std::vector<int64_t>{0, 3, 5}));
+  EXPECT_EQ(maps[1].expert_offsets, (std::vector<int64_t>{0, 3, 5}));
+  EXPECT_EQ(maps[0].send_counts, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(maps[1].recv_counts, (std::vector<int64_t>{2, 3}));
+}
+
+// The rule's balance: a hot expert's routes split within 1 over its replicas, for the whole group and for
+// every source, whatever the sources' counts.
+TEST(RouteMap, ReplicaRuleSplitsAHotExpertWithinOne) {
+  // E = 2 on 4 ranks in 8 slots: expert 0 in slots 0, 2, 4 (three replicas), expert 1 in the other five.
+  const ExpertPlacement placement = ExpertPlacement::from_slots(2, 4, {0, 1, 0, 1, 0, 1, 1, 1});
+  for (const std::vector<int64_t>& hot :
+       {std::vector<int64_t>{7, 5, 0, 4}, std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{2, 2, 2, 2},
+        std::vector<int64_t>{0, 0, 10, 1}}) {
+    std::vector<int64_t> requests;
+    for (int64_t h : hot) requests.insert(requests.end(), {h, 3});
+    const std::vector<int64_t> slots = slot_requests(requests, 4, placement);
+    for (int e = 0; e < 2; ++e) {
+      std::vector<int64_t> total;
+      for (int s : placement.expert_slots(e)) {
+        int64_t sum = 0;
+        for (int src = 0; src < 4; ++src) {
+          sum += slots[static_cast<size_t>(src * 8 + s)];
+          // Each source's routes to e split within 1 too.
+          for (int other : placement.expert_slots(e))
+            EXPECT_LE(std::abs(slots[static_cast<size_t>(src * 8 + s)] -
+                               slots[static_cast<size_t>(src * 8 + other)]),
+                      1);
+        }
+        total.push_back(sum);
+      }
+      const auto [lo, hi] = std::minmax_element(total.begin(), total.end());
+      EXPECT_LE(*hi - *lo, 1) << "expert " << e;
+      int64_t want = 0;
+      for (int src = 0; src < 4; ++src) want += requests[static_cast<size_t>(src * 2 + e)];
+      EXPECT_EQ(std::accumulate(total.begin(), total.end(), int64_t{0}), want);
+    }
+  }
+}
+
+// Without replicas the slot matrix is the request matrix (slot id = expert id, round-robin included).
+TEST(RouteMap, WithoutReplicasSlotsAreExperts) {
+  const ExpertPlacement placement(4, 2, PlacementKind::RoundRobin);
+  const std::vector<int64_t> requests{1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(slot_requests(requests, 2, placement), requests);
 }
 
 }  // namespace

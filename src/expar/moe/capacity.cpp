@@ -58,7 +58,8 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
   // differ (route_map.hpp: inference's agrs path with variable EP); the rules below size per-destination
   // budgets from the sources' tokens with one destination per source.
   const auto m = static_cast<int>(tokens.size());
-  const int e_count = placement.num_experts();
+  // The "experts" of every rule are the placement's slots (S = E without replicas; route_map.hpp).
+  const int e_count = placement.num_slots();
   const int e_local = placement.local_count();
   EXPAR_CHECK(m == placement.ep_size() || policy.rule == CapacityRule::Dropless,
               "capacity plan: {} token counts for an EP group of {} (a group of sources other than the EP "
@@ -96,7 +97,7 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
         for (int r = 0; r < m; ++r) {
           int64_t left = budget;
           for (int l = 0; l < e_local; ++l) {
-            const int e = placement.global_expert(r, l);
+            const int e = placement.slot(r, l);
             acc(s, e) = std::min(req(s, e), left);
             left -= acc(s, e);
           }
@@ -110,7 +111,7 @@ CapacityPlan plan_capacity(std::span<const int64_t> requests, std::span<const in
       for (int r = 0; r < m; ++r) {
         int64_t left = cap;
         for (int l = 0; l < e_local; ++l) {
-          const int e = placement.global_expert(r, l);
+          const int e = placement.slot(r, l);
           for (int s = 0; s < m; ++s) {
             acc(s, e) = std::min(req(s, e), left);
             left -= acc(s, e);
@@ -139,7 +140,7 @@ int64_t max_capacity_rows(int64_t max_tokens_per_rank, int top_k, const ExpertPl
                           const CapacityPolicy& policy) {
   EXPAR_ASSERT(max_tokens_per_rank >= 0, "max_tokens_per_rank={} must not be negative", max_tokens_per_rank);
   const auto m = static_cast<size_t>(placement.ep_size());
-  const std::vector<int64_t> requests(m * static_cast<size_t>(placement.num_experts()), 0);
+  const std::vector<int64_t> requests(m * static_cast<size_t>(placement.num_slots()), 0);
   const std::vector<int64_t> tokens(m, max_tokens_per_rank);
   return plan_capacity(requests, tokens, top_k, placement, policy).capacity_rows;
 }

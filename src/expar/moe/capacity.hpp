@@ -15,6 +15,9 @@
 //  - expert (Switch/Megatron): at most c_s = ceil(cf·T_s·K/E) rows per (source, expert). Per-destination
 //    capacity: M·E_L·ceil(cf·T_max·K/E).
 //
+// With redundant experts (topo/placement.hpp) every rule runs on the slot request matrix: e is a physical
+// slot, E the slot count S and E_L the slots per rank (a replicated expert gets each replica's share).
+//
 // Buffer capacity (rows of every rank's expert-side buffer; the same on all ranks so that buffers can be
 // symmetric): the rule's per-destination capacity, but never more than the dropless bound Σ_s T_s·min(K, E_L)
 // (a token's K experts are distinct, so at most min(K, E_L) of its routes reach one rank). Dropless uses that

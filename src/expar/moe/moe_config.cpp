@@ -14,11 +14,16 @@ void MoeConfig::validate() const {
 void MoeExecution::validate(const MoeConfig& block, int ep_size) const {
   capacity.validate();
   precision.validate(block.model_dim);
-  ExpertPlacement check(block.router.num_experts, ep_size, placement);  // throws for E not divisible by EP
+  const ExpertPlacement check = expert_placement(block.router.num_experts, ep_size);  // throws: S % EP != 0
   waves.validate(check.local_count());
   EXPAR_CHECK(waves.waves == 1 || path_traits(path).waves,
               "path '{}' has no wave schedule (--waves {}): pass --waves 1, or choose path {}", path,
               waves.waves, paths_with(&PathTraits::waves));
+}
+
+ExpertPlacement MoeExecution::expert_placement(int num_experts, int ep_size) const {
+  if (slots.empty()) return ExpertPlacement(num_experts, ep_size, placement);
+  return ExpertPlacement::from_slots(num_experts, ep_size, slots);
 }
 
 }  // namespace expar

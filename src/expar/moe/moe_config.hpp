@@ -8,6 +8,7 @@
 // MoeLayer is built from both; each validate() is the one place its rules are checked.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/expert_mlp.hpp"
@@ -42,6 +43,10 @@ struct MoeExecution {
   CapacityPolicy capacity;     // dropless by default
   PayloadPrecision precision;  // of the four row movements (block, rowwise, aggregated; others need f32)
   PlacementKind placement = PlacementKind::Contiguous;
+  // Redundant experts (issue #36 item 1): an explicit slot table, slot s holding logical expert slots[s] on
+  // EP rank s / (S/M) (topo/placement.hpp; e.g. the slots of topo/expert_balance.hpp). Empty: `placement`'s
+  // layout with one slot per expert. Each rank's expert weights are its slots' (replicas identical).
+  std::vector<int> slots;
   // The experts' schedule (moe/waves.hpp): waves of local experts, sequential or with the communication of
   // neighbouring waves overlapped on its own thread (paths whose traits say `waves`: block, rowwise).
   WaveConfig waves;
@@ -50,6 +55,9 @@ struct MoeExecution {
   // degree, waves within the local experts, payload formats against d); throws expar::Error naming the
   // value and the fix.
   void validate(const MoeConfig& block, int ep_size) const;
+  // The placement these choices give `num_experts` experts on `ep_size` ranks: from `slots` when given, else
+  // `placement`'s. Throws expar::Error naming the fix (topo/placement.hpp).
+  ExpertPlacement expert_placement(int num_experts, int ep_size) const;
 };
 
 }  // namespace expar

@@ -36,9 +36,8 @@ MoeLayer::MoeLayer(MoeConfig config, MoeExecution execution, Comm& ep_group, std
       execution_(std::move(execution)),
       ep_group_(ep_group),
       name_(std::move(name)),
-      placement_(
-          (config_.validate(), execution_.validate(config_, ep_group.size()), config_.router.num_experts),
-          ep_group.size(), execution_.placement) {
+      placement_((config_.validate(), execution_.validate(config_, ep_group.size()),
+                  execution_.expert_placement(config_.router.num_experts, ep_group.size()))) {
   PathOptions options;
   options.model_dim = config_.model_dim;
   options.top_k = config_.router.top_k;
@@ -70,7 +69,7 @@ void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPla
                      int ep_rank, const std::string& name, uint64_t seed) {
   const int64_t d = config.model_dim, h = config.hidden_dim;
   EXPAR_CHECK(params.experts.local_count() == placement.local_count(),
-              "init of '{}': {} local expert slots for a placement with {} local experts", name,
+              "init of '{}': {} local expert slots for a placement with {} local slots", name,
               params.experts.local_count(), placement.local_count());
   fill_normal(params.w_router, seed, stream_of((name + ".router").c_str()),
               1.0f / std::sqrt(static_cast<float>(d)));

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 
 namespace expar {
@@ -12,7 +13,7 @@ double RouteMap::drop_rate_of(int source) const {
   const int64_t t = tokens_per_source[static_cast<size_t>(source)];
   if (t == 0) return 0.0;
   int64_t req = 0, acc = 0;
-  for (int e = 0; e < num_experts; ++e) {
+  for (int e = 0; e < num_slots; ++e) {
     req += requested_of(source, e);
     acc += accepted_of(source, e);
   }
@@ -27,8 +28,8 @@ double RouteMap::group_drop_rate() const {
 
 int64_t RouteMap::rows_received_by(int destination) const {
   int64_t rows = 0;
-  for (int e = 0; e < num_experts; ++e)
-    if (expert_owner[static_cast<size_t>(e)] == destination)
+  for (int e = 0; e < num_slots; ++e)
+    if (slot_owner[static_cast<size_t>(e)] == destination)
       for (int s = 0; s < ep_size; ++s) rows += accepted_of(s, e);
   return rows;
 }
@@ -102,19 +103,19 @@ int check_builder_inputs(const Tensor& topk_idx, int ep_rank, std::span<const in
   return partition;
 }
 
-// Contract 3's row arithmetic from the accepted matrix: returns base[e], the row where this source's first
-// route to expert e lands on its partition, and sets this partition's expert_offsets and recv_rows.
+// Contract 3's row arithmetic from the accepted matrix: returns base[slot], the row where this source's first
+// route to the slot lands on its partition, and sets this partition's expert_offsets and recv_rows.
 std::vector<int64_t> row_bases(RouteMap& map, const ExpertPlacement& placement) {
-  std::vector<int64_t> base(static_cast<size_t>(map.num_experts), 0);
+  std::vector<int64_t> base(static_cast<size_t>(map.num_slots), 0);
   for (int r = 0; r < map.partitions; ++r) {
     int64_t offset = 0;
     for (int l = 0; l < placement.local_count(); ++l) {
-      const int e = placement.global_expert(r, l);
+      const int slot = placement.slot(r, l);
       int64_t before_me = 0;
-      for (int s = 0; s < map.ep_rank; ++s) before_me += map.accepted_of(s, e);
-      base[static_cast<size_t>(e)] = offset + before_me;
+      for (int s = 0; s < map.ep_rank; ++s) before_me += map.accepted_of(s, slot);
+      base[static_cast<size_t>(slot)] = offset + before_me;
       int64_t all = 0;
-      for (int s = 0; s < map.ep_size; ++s) all += map.accepted_of(s, e);
+      for (int s = 0; s < map.ep_size; ++s) all += map.accepted_of(s, slot);
       if (r == map.partition) map.expert_offsets.push_back(offset);
       offset += all;
     }
@@ -126,15 +127,29 @@ std::vector<int64_t> row_bases(RouteMap& map, const ExpertPlacement& placement) 
   return base;
 }
 
-// dst_rank / dst_row of each route in (token, k) order: the first accepted_of(me, e) routes to expert e are
-// accepted, the rest dropped; counts the sends, drops and invalid routes.
-void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int64_t>& base) {
+// Requests to logical expert e from the sources before `source`: where its routes start in e's round-robin.
+int64_t requests_before(std::span<const int64_t> requests, int e_count, int source, int e) {
+  int64_t before = 0;
+  for (int s = 0; s < source; ++s) before += requests[static_cast<size_t>(s) * e_count + e];
+  return before;
+}
+
+// dst_rank / dst_row of each route in (token, k) order: the replica rule picks each route's slot, then the
+// first accepted_of(me, slot) routes to a slot are accepted, the rest dropped; counts the sends, drops and
+// invalid routes.
+void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int64_t>& base,
+                   std::span<const int64_t> requests, const ExpertPlacement& placement) {
   map.dst_rank = Tensor::empty({map.tokens, map.top_k}, DType::I32);
   map.dst_row = Tensor::empty({map.tokens, map.top_k}, DType::I32);
   int32_t* dst_rank = map.dst_rank.data<int32_t>();
   int32_t* dst_row = map.dst_row.data<int32_t>();
   const int32_t* idx = topk_idx.data<int32_t>();
-  std::vector<int64_t> used(static_cast<size_t>(map.num_experts), 0);
+  // next[e]: the position in e's round-robin of this rank's next route to e.
+  std::vector<int64_t> next(static_cast<size_t>(map.num_experts), 0);
+  if (placement.has_replicas())
+    for (int e = 0; e < map.num_experts; ++e)
+      next[static_cast<size_t>(e)] = requests_before(requests, map.num_experts, map.ep_rank, e);
+  std::vector<int64_t> used(static_cast<size_t>(map.num_slots), 0);
   for (int64_t i = 0; i < map.tokens * map.top_k; ++i) {
     const int32_t e = idx[i];
     if (e < 0) {
@@ -142,11 +157,15 @@ void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int6
       ++map.invalid;
       continue;
     }
-    int64_t& n = used[static_cast<size_t>(e)];
-    if (n < map.accepted_of(map.ep_rank, e)) {
-      const int owner = map.expert_owner[static_cast<size_t>(e)];
+    const std::vector<int>& replicas = placement.expert_slots(e);
+    int64_t& j = next[static_cast<size_t>(e)];
+    const int slot = replicas[static_cast<size_t>(j % static_cast<int64_t>(replicas.size()))];
+    ++j;
+    int64_t& n = used[static_cast<size_t>(slot)];
+    if (n < map.accepted_of(map.ep_rank, slot)) {
+      const int owner = map.slot_owner[static_cast<size_t>(slot)];
       dst_rank[i] = owner;
-      dst_row[i] = static_cast<int32_t>(base[static_cast<size_t>(e)] + n);
+      dst_row[i] = static_cast<int32_t>(base[static_cast<size_t>(slot)] + n);
       ++map.send_counts[static_cast<size_t>(owner)];
       ++n;
     } else {
@@ -158,6 +177,32 @@ void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int6
 
 }  // namespace
 
+std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int sources,
+                                   const ExpertPlacement& placement) {
+  const int e_count = placement.num_experts(), s_count = placement.num_slots();
+  EXPAR_ASSERT(requests.size() == static_cast<size_t>(sources) * e_count,
+               "slot requests: request matrix has {} entries, expected {} x {}", requests.size(), sources,
+               e_count);
+  if (!placement.has_replicas()) return {requests.begin(), requests.end()};  // slot id = expert id
+  std::vector<int64_t> out(static_cast<size_t>(sources) * s_count, 0);
+  for (int e = 0; e < e_count; ++e) {
+    const std::vector<int>& replicas = placement.expert_slots(e);
+    const auto n = static_cast<int64_t>(replicas.size());
+    int64_t before = 0;
+    for (int r = 0; r < sources; ++r) {
+      const int64_t c = requests[static_cast<size_t>(r) * e_count + e];
+      // Routes j = 0..c-1 go to replica (before + j) mod n: c / n each, one more for the c % n after `first`.
+      const int64_t first = before % n;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t extra = ((i - first + n) % n) < c % n ? 1 : 0;
+        out[static_cast<size_t>(r) * s_count + replicas[static_cast<size_t>(i)]] = c / n + extra;
+      }
+      before += c;
+    }
+  }
+  return out;
+}
+
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
                          const CapacityPolicy& policy, int partition) {
@@ -166,13 +211,14 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   map.tokens = topk_idx.dim(0);
   map.top_k = static_cast<int>(topk_idx.dim(1));
   map.num_experts = placement.num_experts();
+  map.num_slots = placement.num_slots();
   map.ep_size = static_cast<int>(tokens.size());
   map.ep_rank = ep_rank;
   map.partitions = placement.ep_size();
   map.partition = partition;
   map.tokens_per_source.assign(tokens.begin(), tokens.end());
-  map.requested.assign(requests.begin(), requests.end());
-  CapacityPlan plan = plan_capacity(requests, tokens, map.top_k, placement, policy);
+  map.requested = slot_requests(requests, map.ep_size, placement);
+  CapacityPlan plan = plan_capacity(map.requested, tokens, map.top_k, placement, policy);
   map.accepted = std::move(plan.accepted);
   map.capacity_rows = plan.capacity_rows;
   EXPAR_CHECK(
@@ -180,15 +226,15 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
       "expert-side capacity of {} rows exceeds the int32 row index of the route map: use fewer tokens "
       "per rank or a capacity factor",
       map.capacity_rows);
-  map.expert_owner.resize(static_cast<size_t>(map.num_experts));
-  for (int e = 0; e < map.num_experts; ++e) map.expert_owner[static_cast<size_t>(e)] = placement.owner(e);
+  map.slot_owner.resize(static_cast<size_t>(map.num_slots));
+  for (int s = 0; s < map.num_slots; ++s) map.slot_owner[static_cast<size_t>(s)] = placement.slot_rank(s);
   const std::vector<int64_t> base = row_bases(map, placement);
   map.recv_counts.assign(static_cast<size_t>(map.ep_size), 0);
   map.send_counts.assign(static_cast<size_t>(map.partitions), 0);
   for (int s = 0; s < map.ep_size; ++s)
-    for (int e : placement.local_experts(partition))
-      map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, e);
-  assign_routes(map, topk_idx, base);
+    for (int slot : placement.local_slots(partition))
+      map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, slot);
+  assign_routes(map, topk_idx, base, requests, placement);
   return map;
 }
 

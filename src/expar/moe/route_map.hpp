@@ -10,6 +10,17 @@
 // Everything else here follows from the accepted matrix, which every rank of the EP group knows identically
 // (one all-gather of the [ranks x E] request counts and each source's token count; no per-row host lists).
 //
+// Slots (issue #36 item 1). The router picks LOGICAL experts; the placement holds them in S >= E physical
+// slots (topo/placement.hpp), an expert with several slots having replicas. The map works on slots: every
+// "expert" of the layout above, of requested / accepted and of the expert-side buffers is a slot (without
+// replicas slot id = expert id, so nothing changes). Replica rule: the routes of the whole group to a
+// logical expert e with n_e replicas, taken in (source rank, token, k) order, are dealt round-robin over its
+// slots expert_slots(e): the j-th route of source r to e goes to replica (before_r(e) + j) mod n_e, where
+// before_r(e) = requests to e from sources < r. Each rank computes it from the gathered request matrix it
+// already has, and the routes to e split within 1 over its replicas (a rule by source rank alone, e.g.
+// (j + r) mod n_e, balances each source but can pile the remainders of several sources on one replica).
+// The capacity policy then runs on the slot request matrix (capacity.hpp: a slot is its "expert").
+//
 // Sources and destinations. The M ranks that contribute tokens are the sources (ep_size, ep_rank); the P
 // expert partitions of the placement are the destinations (partitions, partition; dst_rank holds a
 // partition). In the MoE layer both are the EP group (P = M, partition = ep_rank). Inference's agrs path
@@ -29,26 +40,27 @@ namespace expar {
 class Comm;
 
 struct RouteMap {
-  int64_t tokens = 0;  // T of this source rank
-  int top_k = 0;       // K
-  int num_experts = 0;
-  int ep_size = 1;     // M: source ranks
-  int ep_rank = 0;     // this rank as a source
-  int partitions = 1;  // P: destinations (expert partitions of the placement)
-  int partition = 0;   // this rank as a destination
+  int64_t tokens = 0;   // T of this source rank
+  int top_k = 0;        // K
+  int num_experts = 0;  // E: logical experts (what topk_idx names)
+  int num_slots = 0;    // S: physical slots (the axis of requested / accepted; S = E without replicas)
+  int ep_size = 1;      // M: source ranks
+  int ep_rank = 0;      // this rank as a source
+  int partitions = 1;   // P: destinations (expert partitions of the placement)
+  int partition = 0;    // this rank as a destination
 
   Tensor dst_rank;  // [T, K] int32, -1 = dropped or invalid
   Tensor dst_row;   // [T, K] int32, -1 = dropped or invalid
 
   // Identical on every rank of the EP group.
   std::vector<int64_t> tokens_per_source;  // [M]
-  std::vector<int64_t> requested;          // [M x E], source-major
-  std::vector<int64_t> accepted;           // [M x E], source-major
-  std::vector<int> expert_owner;           // [E]: partition that owns each expert (from the placement)
+  std::vector<int64_t> requested;          // [M x S], source-major: routes per slot (after the replica rule)
+  std::vector<int64_t> accepted;           // [M x S], source-major
+  std::vector<int> slot_owner;             // [S]: partition that holds each slot (from the placement)
   int64_t capacity_rows = 0;               // rows of every partition's expert-side buffer
 
   // This rank as the expert rank (of its partition).
-  std::vector<int64_t> expert_offsets;  // [E_L + 1]: local expert l owns rows [offsets[l], offsets[l+1])
+  std::vector<int64_t> expert_offsets;  // [E_L + 1]: local slot l owns rows [offsets[l], offsets[l+1])
   int64_t recv_rows = 0;             // = expert_offsets[E_L]; rows [recv_rows, capacity_rows) stay unwritten
   std::vector<int64_t> recv_counts;  // [M] rows received from each source rank (block path)
   // This rank as the source.
@@ -59,11 +71,11 @@ struct RouteMap {
   int32_t rank_of(int64_t t, int k) const { return dst_rank.data<int32_t>()[t * top_k + k]; }
   int32_t row_of(int64_t t, int k) const { return dst_row.data<int32_t>()[t * top_k + k]; }
   bool valid(int64_t t, int k) const { return row_of(t, k) >= 0; }
-  int64_t accepted_of(int source, int expert) const {
-    return accepted[static_cast<size_t>(source) * num_experts + static_cast<size_t>(expert)];
+  int64_t accepted_of(int source, int slot) const {
+    return accepted[static_cast<size_t>(source) * num_slots + static_cast<size_t>(slot)];
   }
-  int64_t requested_of(int source, int expert) const {
-    return requested[static_cast<size_t>(source) * num_experts + static_cast<size_t>(expert)];
+  int64_t requested_of(int source, int slot) const {
+    return requested[static_cast<size_t>(source) * num_slots + static_cast<size_t>(slot)];
   }
   // Drop rate of source s: dropped / (T_s·K) (0 for a rank without tokens).
   double drop_rate_of(int source) const;
@@ -82,11 +94,18 @@ struct RouteMap {
 // (skipped). Throws for an index out of range or a token that names the same expert twice.
 std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts);
 
+// The replica rule on counts: the group's logical request matrix [M x E] -> the slot request matrix
+// [M x S] (source r's requests to expert e dealt over e's slots from replica before_r(e) mod n_e on).
+// Without replicas it is the same matrix.
+std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int sources,
+                                   const ExpertPlacement& placement);
+
 // The pure builder: this rank's map from its own topk_idx and the group's gathered requests [M x E] and
 // token counts [M] (M = tokens.size() sources; this rank is source `ep_rank`). Every rank calling it with
-// its own topk_idx gets a consistent set of maps. `partition` is this rank's destination among the
-// placement's P partitions; -1 means the sources are the partitions (M = P, partition = ep_rank). P != M
-// needs the dropless policy.
+// its own topk_idx gets a consistent set of maps. `requests` counts LOGICAL experts (count_requests); the
+// map's matrices are per slot (slot_requests). `partition` is this rank's destination among the placement's P
+// partitions; -1 means the sources are the partitions (M = P, partition = ep_rank). P != M needs the dropless
+// policy.
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
                          const CapacityPolicy& policy, int partition = -1);

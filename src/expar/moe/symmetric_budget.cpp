@@ -57,7 +57,7 @@ PackBudget aggregated_pack_budget(int64_t max_tokens_per_rank, int top_k, const 
       break;
     case CapacityRule::Expert:
       b.bound_rows =
-          std::min(b.bound_rows, others * experts_on_node * ceil_rows(cf_rows / placement.num_experts()));
+          std::min(b.bound_rows, others * experts_on_node * ceil_rows(cf_rows / placement.num_slots()));
       break;
     case CapacityRule::Rank:
       b.bound_rows = std::min(b.bound_rows, on_node * std::max<int64_t>(1, ceil_rows(cf_rows)));

@@ -68,7 +68,7 @@ WaveRoutes make_wave_routes(const RouteMap& map, const ExpertPlacement& placemen
       if (l == waves[static_cast<size_t>(w)].end) ++w;
       if (l == waves[static_cast<size_t>(w)].begin)
         wr.bounds[static_cast<size_t>(r * (wr.waves + 1) + w)] = offset;
-      const int e = placement.global_expert(r, l);
+      const int e = placement.slot(r, l);
       for (int s = 0; s < m; ++s) offset += map.accepted_of(s, e);
     }
     wr.bounds[static_cast<size_t>(r * (wr.waves + 1) + wr.waves)] = offset;

@@ -123,15 +123,15 @@ struct MoveFilter {
 
 Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const NodeLayout& nodes,
                  const MoveFilter& filter) {
-  const int m = map.ep_size, me = map.ep_rank, e_count = map.num_experts, e_local = placement.local_count();
+  const int m = map.ep_size, me = map.ep_rank, e_count = map.num_slots, e_local = placement.local_count();
   const int my_node = nodes.node_of[static_cast<size_t>(me)];
-  // offset[r][l]: first row of member r's local expert l; before[s][e]: rows of expert e from sources < s.
+  // offset[r][l]: first row of member r's local slot l; before[s][e]: rows of slot e from sources < s.
   std::vector<std::vector<int64_t>> offset(static_cast<size_t>(m));
   for (int r = 0; r < m; ++r) {
     int64_t at = 0;
     for (int l = 0; l < e_local; ++l) {
       offset[static_cast<size_t>(r)].push_back(at);
-      for (int s = 0; s < m; ++s) at += map.accepted_of(s, placement.global_expert(r, l));
+      for (int s = 0; s < m; ++s) at += map.accepted_of(s, placement.slot(r, l));
     }
   }
   std::vector<int64_t> before(static_cast<size_t>(m) * e_count, 0);
@@ -143,7 +143,7 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
     int64_t rows = 0;
     for (int r : nodes.members[static_cast<size_t>(n)])
       for (int l = filter.experts.begin; l < filter.experts.end; ++l)
-        rows += map.accepted_of(s, placement.global_expert(r, l));
+        rows += map.accepted_of(s, placement.slot(r, l));
     return rows;
   };
 
@@ -161,7 +161,7 @@ Moves make_moves(const RouteMap& map, const ExpertPlacement& placement, const No
         Block held{s, pack_at[static_cast<size_t>(p)], rows, {}, {}};
         for (int r : nodes.members[static_cast<size_t>(n)])
           for (int l = filter.experts.begin; l < filter.experts.end; ++l) {
-            const int e = placement.global_expert(r, l);
+            const int e = placement.slot(r, l);
             const int64_t a = map.accepted_of(s, e);
             if (a > 0)
               held.runs.push_back({r,

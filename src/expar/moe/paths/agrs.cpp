@@ -18,7 +18,8 @@
 // The decode form with the MoE layer's map ("agrs-decode": every rank of the EP group holds the same T tokens
 // and the map counts each as a source): only the rows of its own source are filled, the others are zero (so
 // they add exactly nothing to outputs or weight gradients) at the price of M× expert rows. Inference builds
-// its decode map with the replicated ranks as ONE source instead, so no row is wasted.
+// its decode map with the replicated ranks as ONE source instead, so no row is wasted. With redundant
+// experts (a route map of slots) only such a map works: the MoE layer's decode form is refused (check_map).
 //
 // Results are equal to block/rowwise within rounding, not bit-identical: the K contributions of a token are
 // summed per owning rank and then across ranks in rank order, not in k order (contract 4 holds for the other
@@ -189,6 +190,15 @@ class AgrsPath final : public ExpertPath {
             "agrs-decode: EP rank {} has {} tokens and rank {} has {}: the decode form needs the same "
             "tokens on every rank of the EP group (use 'agrs' for sharded tokens)",
             map.ep_rank, map.tokens, s, map.tokens_per_source[static_cast<size_t>(s)]);
+      // Each rank serves its own source's routes; the replica rule deals a route by its source's place in
+      // the group, so identical sources would send the same route to different replicas (served twice or
+      // not at all).
+      EXPAR_CHECK(
+          map.num_slots == map.num_experts,
+          "agrs-decode with redundant experts ({} slots for {} experts): its ranks hold the same tokens "
+          "as separate sources, which the replica rule deals to different replicas: use 'agrs' with "
+          "sharded tokens, or a decode map with the replicated ranks as one source (the engine's)",
+          map.num_slots, map.num_experts);
       return;
     }
     EXPAR_CHECK(map.ep_size == gathering_sources_,
@@ -337,6 +347,7 @@ class AgrsPath final : public ExpertPath {
     v.tokens = dst_rank.dim(0);
     v.top_k = map.top_k;
     v.num_experts = map.num_experts;
+    v.num_slots = map.num_slots;
     v.capacity_rows = map.capacity_rows;
     v.expert_offsets = map.expert_offsets;
     v.recv_rows = map.recv_rows;

@@ -88,7 +88,7 @@ std::vector<WavePlan> make_plan(const RouteMap& map, const ExpertPlacement& plac
   }
   // Source s's block of a wave holds its routes to this rank sorted by dst_row, i.e. for each local expert
   // of the wave in order its accepted rows, which land after the rows of the sources before s (contract 3).
-  const std::vector<int> local = placement.local_experts(map.ep_rank);
+  const std::vector<int> local = placement.local_slots(map.ep_rank);
   const ExpertWave all[] = {{0, static_cast<int>(local.size())}};
   if (wave_split.empty()) wave_split = all;
   int64_t total = 0;
