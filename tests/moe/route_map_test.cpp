@@ -394,5 +394,51 @@ TEST(RouteMap, WithoutReplicasSlotsAreExperts) {
   EXPECT_EQ(slot_requests(requests, 2, placement), requests);
 }
 
+// Every route of every source lands on a distinct row of a slot that holds its logical expert, and the rows
+// of each destination are covered exactly, both when the sources are the partitions (M = P) and when four
+// sources share two partitions of two ranks each (the agrs path's variable EP, dropless).
+TEST(RouteMap, SlotMapsCoverEveryRowOnceAlsoOverFewerPartitions) {
+  const std::vector<Routes> routes = {
+      {{0, 1}, {0, 2}, {1, 0}}, {}, {{0, 2}, {2, 0}, {0, 1}, {1, 2}, {0, 1}}, {{2, 0}, {0, 1}}};
+  for (const int partitions : {4, 2}) {
+    SCOPED_TRACE("partitions " + std::to_string(partitions));
+    const ExpertPlacement placement = partitions == 4 ? ExpertPlacement::from_slots(3, 4, {0, 1, 2, 0})
+                                                      : ExpertPlacement::from_slots(3, 2, {0, 1, 0, 2, 0, 1});
+    std::vector<int64_t> requests, tokens;
+    std::vector<Tensor> idx;
+    for (const Routes& r : routes) {
+      idx.push_back(make_idx(r, 2));
+      auto c = count_requests(idx.back(), 3);
+      requests.insert(requests.end(), c.begin(), c.end());
+      tokens.push_back(static_cast<int64_t>(r.size()));
+    }
+    std::vector<RouteMap> maps;
+    for (int s = 0; s < 4; ++s)
+      maps.push_back(build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, placement,
+                                     CapacityPolicy::dropless(), partitions == 4 ? -1 : s * partitions / 4));
+    for (int p = 0; p < partitions; ++p) {
+      const RouteMap& holder = maps[static_cast<size_t>(p * 4 / partitions)];  // a rank of partition p
+      ASSERT_EQ(holder.partition, p);
+      std::vector<int> hits(static_cast<size_t>(holder.recv_rows), 0);
+      for (int s = 0; s < 4; ++s)
+        for (int64_t t = 0; t < maps[static_cast<size_t>(s)].tokens; ++t)
+          for (int k = 0; k < 2; ++k) {
+            const RouteMap& m = maps[static_cast<size_t>(s)];
+            ASSERT_TRUE(m.valid(t, k));
+            if (m.rank_of(t, k) != p) continue;
+            const int32_t row = m.row_of(t, k);
+            ASSERT_LT(row, holder.recv_rows);
+            ++hits[static_cast<size_t>(row)];
+            int l = 0;
+            while (holder.expert_offsets[static_cast<size_t>(l + 1)] <= row) ++l;
+            EXPECT_EQ(placement.global_expert(p, l),
+                      routes[static_cast<size_t>(s)][static_cast<size_t>(t)][static_cast<size_t>(k)])
+                << "source " << s << " token " << t << " k " << k;
+          }
+      for (size_t r = 0; r < hits.size(); ++r) EXPECT_EQ(hits[r], 1) << "partition " << p << " row " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace expar
