@@ -2,7 +2,8 @@
 // single-rank reference of the E logical experts, on the threads backend with poisoned buffers, at EP 1, 2
 // and 4 with E not divisible by the EP degree (the slots are). Forward outputs and input gradients, the
 // router gradient summed over the ranks, and the expert gradients summed per logical expert over its
-// replicas (sum_replica_grads) against the reference's.
+// replicas (sum_replica_grads) against the reference's; one case runs the overlapped wave schedule (waves of
+// local slots) on the paths that have one. The layer's decode form (agrs-decode) must refuse replicas.
 //
 // Bits: a row's expert result depends on how many rows share its expert's product (oneDNN picks kernels by
 // m), and a replica computes fewer rows than the reference's one expert. With batch invariance on
@@ -48,12 +49,14 @@ struct SlotCase {
   int experts = 5;
   int redundant = 0;
   bool batch_invariant = false;
+  int waves = 1;  // the overlapped wave schedule on the paths that have one (waves of local slots)
 };
 
 std::string case_name(const ::testing::TestParamInfo<SlotCase>& info) {
   const SlotCase& c = info.param;
-  return fmt::format("EP{}_E{}_R{}{}", c.ranks, c.experts, c.redundant,
-                     c.batch_invariant ? "_invariant" : "");
+  return fmt::format("EP{}_E{}_R{}{}{}", c.ranks, c.experts, c.redundant,
+                     c.batch_invariant ? "_invariant" : "",
+                     c.waves > 1 ? fmt::format("_waves{}", c.waves) : "");
 }
 
 int64_t tokens_of(int rank) {
@@ -195,6 +198,7 @@ std::map<std::string, std::vector<RankResult>> run_paths(const SlotCase& c,
       MoeExecution e;
       e.path = p;
       e.slots = slots_of(c);
+      if (path_traits(p).waves) e.waves = WaveConfig{c.waves, c.waves > 1};
       MoeLayer layer(config_of(c), e, world, "moe");
       init_layer(layer);
       layer.zero_grads();
@@ -283,7 +287,8 @@ TEST_P(ExpertSlotsTest, EveryPathWithReplicasMatchesTheLogicalReference) {
 INSTANTIATE_TEST_SUITE_P(Placements, ExpertSlotsTest,
                          ::testing::Values(SlotCase{1, 5, 2, false}, SlotCase{2, 5, 1, false},
                                            SlotCase{2, 5, 3, true}, SlotCase{4, 6, 2, false},
-                                           SlotCase{4, 6, 2, true}, SlotCase{4, 5, 7, true}),
+                                           SlotCase{4, 6, 2, true}, SlotCase{4, 5, 7, true},
+                                           SlotCase{4, 6, 2, true, 2}),
                          case_name);
 
 // The layer refuses a slot table it cannot place, naming the fix.
