@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "expar/nn/attention.hpp"
+#include "expar/nn/latent_attention.hpp"
 
 namespace expar {
 class Comm;
@@ -35,5 +36,23 @@ Tensor cp_attention_backward(Comm& cp, const AttentionShape& shape, const Rope& 
                              const Tensor& grad_y, AttentionGrads& grads,
                              const AttentionOptions& options = {},
                              AttentionOptionGrads* option_grads = nullptr);
+
+// Multi-head latent attention (latent_attention.hpp) over the same CP group: each rank projects its own rows'
+// queries and latent rows (c_n after kv_a_norm and k_rope after RoPE at the rows' true positions), the
+// LATENT rows are all-gathered (kv_lora + rope floats a token, far fewer than the expanded keys and values),
+// and each rank expands the keys and values of positions [0, (cp.rank() + 1)·S_c) from them through Wkv_b
+// and attends. Backward: the gradients of the gathered latent rows (after the expansion's backward, which
+// adds this rank's share into grads.wkv_b) are reduce-scattered back to their owners, which run the latent
+// norm, RoPE and projection backward on their own rows. y and grad_x are chunk cp.rank()'s rows of the
+// whole sequence's; each weight gradient is this chunk's share, their sum over the group the whole
+// sequence's (the caller reduces them, as for cp_attention_backward). With TP, as latent_attention.hpp
+// says: the local heads' partial sums.
+Tensor cp_latent_attention_forward(Comm& cp, const LatentAttentionShape& shape, const Rope& rope,
+                                   const LatentAttentionWeights& weights, const Tensor& x, int64_t batch,
+                                   int64_t chunk, LatentAttentionSaved* saved);
+
+Tensor cp_latent_attention_backward(Comm& cp, const LatentAttentionShape& shape, const Rope& rope,
+                                    const LatentAttentionWeights& weights, const LatentAttentionSaved& saved,
+                                    const Tensor& grad_y, LatentAttentionGrads& grads);
 
 }  // namespace expar::nn

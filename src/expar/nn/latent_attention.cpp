@@ -11,6 +11,7 @@
 #include "expar/core/weight_matmul.hpp"
 #include "expar/nn/attention_phases.hpp"
 #include "expar/nn/check.hpp"
+#include "expar/nn/latent_attention_phases.hpp"
 
 namespace expar::nn {
 
@@ -45,7 +46,17 @@ phases::AttendHeads heads_of(const LatentAttentionShape& s) {
           phases::HeadWidths{s.qk_head_dim(), s.v_head_dim, static_cast<float>(s.softmax_scale)}};
 }
 
-// The weights against the shape and the Rope (matrices as stored, gains F32); returns the model width d.
+// RoPE (or its inverse) on every head's rope part of q [n, H·(nope+rope)].
+void rotate_query_ropes(const LatentAttentionShape& s, const Rope& rope, float* q, int64_t n,
+                        const int32_t* positions, bool inverse) {
+  for (int64_t h = 0; h < s.n_heads; ++h)
+    rope.apply(q + h * s.qk_head_dim() + s.qk_nope_head_dim, n, 1, s.q_width(), positions, inverse);
+}
+
+}  // namespace
+
+namespace latent_phases {
+
 int64_t check_weights(const LatentAttentionShape& s, const Rope& rope, const LatentAttentionWeights& w,
                       const char* layer) {
   s.validate();
@@ -79,14 +90,44 @@ int64_t check_weights(const LatentAttentionShape& s, const Rope& rope, const Lat
   return d;
 }
 
-// RoPE (or its inverse) on every head's rope part of q [n, H·(nope+rope)].
-void rotate_query_ropes(const LatentAttentionShape& s, const Rope& rope, float* q, int64_t n,
-                        const int32_t* positions, bool inverse) {
-  for (int64_t h = 0; h < s.n_heads; ++h)
-    rope.apply(q + h * s.qk_head_dim() + s.qk_nope_head_dim, n, 1, s.q_width(), positions, inverse);
+void check_backward_call(const LatentAttentionShape& shape, const LatentAttentionWeights& weights,
+                         const LatentAttentionSaved& saved, const Tensor& grad_y,
+                         const LatentAttentionGrads& grads, int64_t d, const char* layer) {
+  // The backward multiplies the weights as f32 matrices, and adds into f32 gradients of their shapes.
+  auto check_f32_weight = [&](const Tensor& wt, const Tensor& g, const char* what, const char* grad_what) {
+    check_f32(wt, layer, what, wt.shape());
+    check_f32(g, layer, grad_what, wt.shape());
+  };
+  const bool low_rank_q = shape.q_lora_rank > 0;
+  if (low_rank_q) {
+    check_f32_weight(weights.wq_a, grads.wq_a, "wq_a", "grads.wq_a");
+    check_f32_weight(weights.q_a_norm, grads.q_a_norm, "q_a_norm", "grads.q_a_norm");
+    check_f32_weight(weights.wq_b, grads.wq_b, "wq_b", "grads.wq_b");
+  } else {
+    check_f32_weight(weights.wq, grads.wq, "wq", "grads.wq");
+  }
+  check_f32_weight(weights.wkv_a, grads.wkv_a, "wkv_a", "grads.wkv_a");
+  check_f32_weight(weights.kv_a_norm, grads.kv_a_norm, "kv_a_norm", "grads.kv_a_norm");
+  check_f32_weight(weights.wkv_b, grads.wkv_b, "wkv_b", "grads.wkv_b");
+  check_f32_weight(weights.wo, grads.wo, "wo", "grads.wo");
+
+  const int64_t batch = saved.batch, seq = saved.seq, n = batch * seq, key_rows = saved.key_rows;
+  EXPAR_CHECK(batch >= 0 && seq >= 0 && saved.past >= 0 && key_rows == saved.past + seq,
+              "{}: saved.batch={} saved.seq={} saved.past={} saved.key_rows={}: pass what the forward saved",
+              layer, batch, seq, saved.past, key_rows);
+  const int64_t qd = shape.q_width(), cd = shape.context_width(), keys = batch * key_rows;
+  check_f32(saved.x, layer, "saved.x", {n, d});
+  check_i32(saved.positions, layer, "saved.positions", n);
+  if (low_rank_q) check_f32(saved.q_a, layer, "saved.q_a", {n, shape.q_lora_rank});
+  check_f32(saved.latent, layer, "saved.latent", {keys, shape.kv_a_width()});
+  check_f32(saved.q, layer, "saved.q", {n, qd});
+  check_f32(saved.k, layer, "saved.k", {keys, qd});
+  check_f32(saved.v, layer, "saved.v", {keys, cd});
+  check_f32(saved.probs, layer, "saved.probs", {batch, shape.n_heads, seq, key_rows});
+  check_f32(saved.context, layer, "saved.context", {n, cd});
+  check_f32(grad_y, layer, "grad_y", {n, d});
 }
 
-// The queries of x [n, d] after RoPE, [n, H·(nope+rope)]; with `saved`, the q_a norm's state and output.
 Tensor project_queries(const LatentAttentionShape& s, const Rope& rope, const LatentAttentionWeights& w,
                        const Tensor& x, const int32_t* positions, LatentAttentionSaved* saved) {
   const int64_t n = x.dim(0);
@@ -104,8 +145,6 @@ Tensor project_queries(const LatentAttentionShape& s, const Rope& rope, const La
   return q;
 }
 
-// The latent rows of x [n, d], [n, kv_lora + rope]: c_n = RMSNorm_{kv_a_norm}(c), then k_rope after RoPE
-// (a cache row's layout); with `norm`, the norm's state.
 Tensor project_latents(const LatentAttentionShape& s, const Rope& rope, const LatentAttentionWeights& w,
                        const Tensor& x, const int32_t* positions, RmsNormSaved* norm) {
   const int64_t n = x.dim(0), r = s.kv_lora_rank, width = s.kv_a_width();
@@ -122,8 +161,6 @@ Tensor project_latents(const LatentAttentionShape& s, const Rope& rope, const La
   return latent;
 }
 
-// From `rows` latent rows (c_n then k_rope, row stride ld): keys k [rows, H·(nope+rope)], head h's
-// [k_nope_h, k_rope], and values v [rows, H·v], through kv = c_n·Wkv_bᵀ.
 void expand_keys_values(const LatentAttentionShape& s, const Tensor& wkv_b, const float* latent, int64_t ld,
                         int64_t rows, float* k, float* v) {
   const int64_t nope = s.qk_nope_head_dim, rope = s.qk_rope_head_dim, vd = s.v_head_dim, qk = s.qk_head_dim(),
@@ -142,38 +179,25 @@ void expand_keys_values(const LatentAttentionShape& s, const Tensor& wkv_b, cons
     }
 }
 
-}  // namespace
-
-Tensor latent_attention_forward(const LatentAttentionShape& shape, const Rope& rope,
-                                const LatentAttentionWeights& weights, const Tensor& x, int64_t batch,
-                                int64_t seq, LatentAttentionSaved* saved) {
-  const char* layer = "latent_attention_forward";
-  const int64_t d = check_weights(shape, rope, weights, layer);
-  EXPAR_CHECK(batch >= 0 && seq >= 0, "{}: batch={} seq={} must not be negative", layer, batch, seq);
-  const int64_t n = batch * seq;
-  check_f32(x, layer, "x (batch·seq rows)", {n, d});
-  EXPAR_CHECK(seq <= rope.max_positions(),
-              "{}: seq={} exceeds the Rope's max_positions={}: build the Rope for the longest sequence",
-              layer, seq, rope.max_positions());
-  Tensor positions = phases::chunk_positions(batch, seq, 0);
-  const int32_t* pos = positions.data<int32_t>();
-  Tensor q = project_queries(shape, rope, weights, x, pos, saved);
-  Tensor latent = project_latents(shape, rope, weights, x, pos, saved ? &saved->kv_norm : nullptr);
-  Tensor k = Tensor::empty({n, shape.q_width()}), v = Tensor::empty({n, shape.context_width()});
-  expand_keys_values(shape, weights.wkv_b, latent.data<float>(), shape.kv_a_width(), n, k.data<float>(),
+Tensor attend_latents(const LatentAttentionShape& s, const LatentAttentionWeights& w, const Tensor& q,
+                      const Tensor& latent, int64_t batch, int64_t seq, int64_t past,
+                      LatentAttentionSaved* saved) {
+  const int64_t key_rows = past + seq, keys = batch * key_rows, d = w.wo.dim(0);
+  Tensor k = Tensor::empty({keys, s.q_width()}), v = Tensor::empty({keys, s.context_width()});
+  expand_keys_values(s, w.wkv_b, latent.data<float>(), s.kv_a_width(), keys, k.data<float>(),
                      v.data<float>());
   Tensor probs;
   Tensor context =
-      phases::attend(heads_of(shape), q, k, v, batch, seq, 0, seq, 0, Tensor{}, saved ? &probs : nullptr);
-  Tensor y = Tensor::empty({n, d});
-  phases::project(context, weights.wo, y.data<float>(), false);
+      phases::attend(heads_of(s), q, k, v, batch, seq, past, key_rows, 0, Tensor{}, saved ? &probs : nullptr);
+  Tensor y = Tensor::empty({batch * seq, d});
+  phases::project(context, w.wo, y.data<float>(), false);
   if (saved) {
     saved->batch = batch;
     saved->seq = seq;
-    saved->x = x;
-    saved->positions = positions;
-    saved->latent = latent;
+    saved->past = past;
+    saved->key_rows = key_rows;
     saved->q = q;
+    saved->latent = latent;
     saved->k = k;
     saved->v = v;
     saved->probs = probs;
@@ -182,62 +206,32 @@ Tensor latent_attention_forward(const LatentAttentionShape& shape, const Rope& r
   return y;
 }
 
-Tensor latent_attention_backward(const LatentAttentionShape& shape, const Rope& rope,
-                                 const LatentAttentionWeights& weights, const LatentAttentionSaved& saved,
-                                 const Tensor& grad_y, LatentAttentionGrads& grads) {
-  const char* layer = "latent_attention_backward";
-  const int64_t d = check_weights(shape, rope, weights, layer);
-  const bool low_rank_q = shape.q_lora_rank > 0;
-  // The backward multiplies the weights as f32 matrices, and adds into f32 gradients of their shapes.
-  auto check_f32_weight = [&](const Tensor& wt, const Tensor& g, const char* what, const char* grad_what) {
-    check_f32(wt, layer, what, wt.shape());
-    check_f32(g, layer, grad_what, wt.shape());
-  };
-  if (low_rank_q) {
-    check_f32_weight(weights.wq_a, grads.wq_a, "wq_a", "grads.wq_a");
-    check_f32_weight(weights.q_a_norm, grads.q_a_norm, "q_a_norm", "grads.q_a_norm");
-    check_f32_weight(weights.wq_b, grads.wq_b, "wq_b", "grads.wq_b");
-  } else {
-    check_f32_weight(weights.wq, grads.wq, "wq", "grads.wq");
-  }
-  check_f32_weight(weights.wkv_a, grads.wkv_a, "wkv_a", "grads.wkv_a");
-  check_f32_weight(weights.kv_a_norm, grads.kv_a_norm, "kv_a_norm", "grads.kv_a_norm");
-  check_f32_weight(weights.wkv_b, grads.wkv_b, "wkv_b", "grads.wkv_b");
-  check_f32_weight(weights.wo, grads.wo, "wo", "grads.wo");
-
-  const int64_t batch = saved.batch, seq = saved.seq, n = batch * seq;
+LatentRowGrads attend_latents_backward(const LatentAttentionShape& shape,
+                                       const LatentAttentionWeights& weights,
+                                       const LatentAttentionSaved& saved, const Tensor& grad_y,
+                                       LatentAttentionGrads& grads) {
+  const int64_t batch = saved.batch, seq = saved.seq, n = batch * seq, keys = batch * saved.key_rows,
+                d = weights.wo.dim(0);
   const int64_t r = shape.kv_lora_rank, width = shape.kv_a_width(), qd = shape.q_width(),
                 cd = shape.context_width(), kvb = shape.kv_b_width(), nope = shape.qk_nope_head_dim,
                 rope_dim = shape.qk_rope_head_dim, vd = shape.v_head_dim, qk = shape.qk_head_dim();
-  EXPAR_CHECK(batch >= 0 && seq >= 0, "{}: saved.batch={} saved.seq={}: pass what the forward saved", layer,
-              batch, seq);
-  check_f32(saved.x, layer, "saved.x", {n, d});
-  check_i32(saved.positions, layer, "saved.positions", n);
-  if (low_rank_q) check_f32(saved.q_a, layer, "saved.q_a", {n, shape.q_lora_rank});
-  check_f32(saved.latent, layer, "saved.latent", {n, width});
-  check_f32(saved.q, layer, "saved.q", {n, qd});
-  check_f32(saved.k, layer, "saved.k", {n, qd});
-  check_f32(saved.v, layer, "saved.v", {n, cd});
-  check_f32(saved.probs, layer, "saved.probs", {batch, shape.n_heads, seq, seq});
-  check_f32(saved.context, layer, "saved.context", {n, cd});
-  check_f32(grad_y, layer, "grad_y", {n, d});
-
   // y = context·Woᵀ
   Tensor grad_context = Tensor::empty({n, cd});
   matmul(grad_y.data<float>(), weights.wo.data<float>(), grad_context.data<float>(), n, cd, d, false, false,
          false);
   matmul(grad_y.data<float>(), saved.context.data<float>(), grads.wo.data<float>(), d, cd, n, true, false,
          true);
-  phases::QkvGrads g = phases::attend_backward(heads_of(shape), saved.probs, saved.q, saved.k, saved.v, batch,
-                                               seq, 0, seq, grad_context, Tensor{}, nullptr);
+  phases::QkvGrads g =
+      phases::attend_backward(heads_of(shape), saved.probs, saved.q, saved.k, saved.v, batch, seq, saved.past,
+                              saved.key_rows, grad_context, Tensor{}, nullptr);
 
-  // The keys and values: k_nope_h and v_h come from kv = c_n·Wkv_bᵀ, k_rope (every head's) from kv_a.
-  const int32_t* pos = saved.positions.data<int32_t>();
-  Tensor grad_kv = Tensor::empty({n, kvb});
-  Tensor grad_latent = Tensor::zeros({n, width});  // d c, then d k_rope (summed over the heads)
+  // The keys and values: k_nope_h and v_h come from kv = c_n·Wkv_bᵀ, k_rope (every head's) from the latent
+  // row's rope part.
+  Tensor grad_kv = Tensor::empty({keys, kvb});
+  Tensor grad_latent = Tensor::zeros({keys, width});  // d c_n, then d k_rope (summed over the heads)
   float* gkv = grad_kv.data<float>();
   float* gl = grad_latent.data<float>();
-  for (int64_t j = 0; j < n; ++j)
+  for (int64_t j = 0; j < keys; ++j)
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const float* gk = g.k.data<float>() + j * qd + h * qk;
       float* dst = gkv + j * kvb + h * (nope + vd);
@@ -245,19 +239,33 @@ Tensor latent_attention_backward(const LatentAttentionShape& shape, const Rope& 
       std::memcpy(dst + nope, g.v.data<float>() + j * cd + h * vd, sizeof(float) * static_cast<size_t>(vd));
       for (int64_t e = 0; e < rope_dim; ++e) gl[j * width + r + e] += gk[nope + e];
     }
-  rope.apply(gl + r, n, 1, width, pos, true);
-  // grads.wkv_b += grad_kvᵀ·c_n, grad c_n = grad_kv·Wkv_b, then the norm's backward.
+  // grads.wkv_b += grad_kvᵀ·c_n, grad c_n = grad_kv·Wkv_b (into the latent rows' first kv_lora columns).
   matmul(MatmulArgs{.a = gkv,
                     .b = saved.latent.data<float>(),
                     .c = grads.wkv_b.data<float>(),
                     .m = kvb,
                     .n = r,
-                    .k = n,
+                    .k = keys,
                     .trans_a = true,
                     .accumulate = true,
                     .ldb = width});
+  matmul(MatmulArgs{
+      .a = gkv, .b = weights.wkv_b.data<float>(), .c = gl, .m = keys, .n = r, .k = kvb, .ldc = width});
+  return {std::move(g.q), std::move(grad_latent)};
+}
+
+Tensor input_backward(const LatentAttentionShape& shape, const Rope& rope,
+                      const LatentAttentionWeights& weights, const LatentAttentionSaved& saved, Tensor grad_q,
+                      Tensor grad_latent, LatentAttentionGrads& grads) {
+  const int64_t n = saved.batch * saved.seq, d = saved.x.dim(1), r = shape.kv_lora_rank,
+                width = shape.kv_a_width(), qd = shape.q_width();
+  const int32_t* pos = saved.positions.data<int32_t>();
+  float* gl = grad_latent.data<float>();
+  // The latent rows: inverse RoPE on k_rope, the kv_a norm's backward on c_n, then x·Wkv_aᵀ's.
+  rope.apply(gl + r, n, 1, width, pos, true);
   Tensor grad_c_n = Tensor::empty({n, r});
-  matmul(gkv, weights.wkv_b.data<float>(), grad_c_n.data<float>(), n, r, kvb, false, false, false);
+  for (int64_t j = 0; j < n; ++j)
+    std::memcpy(grad_c_n.data<float>() + j * r, gl + j * width, sizeof(float) * static_cast<size_t>(r));
   Tensor grad_c = rmsnorm_backward(saved.kv_norm, grad_c_n, weights.kv_a_norm, grads.kv_a_norm);
   for (int64_t j = 0; j < n; ++j)
     std::memcpy(gl + j * width, grad_c.data<float>() + j * r, sizeof(float) * static_cast<size_t>(r));
@@ -268,10 +276,9 @@ Tensor latent_attention_backward(const LatentAttentionShape& shape, const Rope& 
   matmul(gl, px, grads.wkv_a.data<float>(), width, d, n, true, false, true);
 
   // The queries.
-  Tensor grad_q = g.q;
   rotate_query_ropes(shape, rope, grad_q.data<float>(), n, pos, true);
   const float* gq = grad_q.data<float>();
-  if (!low_rank_q) {
+  if (shape.q_lora_rank == 0) {
     matmul(gq, weights.wq.data<float>(), gx, n, d, qd, false, false, true);
     matmul(gq, px, grads.wq.data<float>(), qd, d, n, true, false, true);
   } else {
@@ -284,6 +291,51 @@ Tensor latent_attention_backward(const LatentAttentionShape& shape, const Rope& 
     matmul(grad_q_a.data<float>(), px, grads.wq_a.data<float>(), ql, d, n, true, false, true);
   }
   return grad_x;
+}
+
+}  // namespace latent_phases
+
+using latent_phases::check_weights;
+using latent_phases::expand_keys_values;
+using latent_phases::project_latents;
+using latent_phases::project_queries;
+
+Tensor latent_attention_forward(const LatentAttentionShape& shape, const Rope& rope,
+                                const LatentAttentionWeights& weights, const Tensor& x, int64_t batch,
+                                int64_t seq, LatentAttentionSaved* saved) {
+  const char* layer = "latent_attention_forward";
+  const int64_t d = check_weights(shape, rope, weights, layer);
+  EXPAR_CHECK(batch >= 0 && seq >= 0, "{}: batch={} seq={} must not be negative", layer, batch, seq);
+  check_f32(x, layer, "x (batch·seq rows)", {batch * seq, d});
+  EXPAR_CHECK(seq <= rope.max_positions(),
+              "{}: seq={} exceeds the Rope's max_positions={}: build the Rope for the longest sequence",
+              layer, seq, rope.max_positions());
+  Tensor positions = phases::chunk_positions(batch, seq, 0);
+  const int32_t* pos = positions.data<int32_t>();
+  Tensor q = project_queries(shape, rope, weights, x, pos, saved);
+  Tensor latent = project_latents(shape, rope, weights, x, pos, saved ? &saved->kv_norm : nullptr);
+  Tensor y = latent_phases::attend_latents(shape, weights, q, latent, batch, seq, 0, saved);
+  if (saved) {
+    saved->x = x;
+    saved->positions = positions;
+  }
+  return y;
+}
+
+Tensor latent_attention_backward(const LatentAttentionShape& shape, const Rope& rope,
+                                 const LatentAttentionWeights& weights, const LatentAttentionSaved& saved,
+                                 const Tensor& grad_y, LatentAttentionGrads& grads) {
+  const char* layer = "latent_attention_backward";
+  const int64_t d = check_weights(shape, rope, weights, layer);
+  latent_phases::check_backward_call(shape, weights, saved, grad_y, grads, d, layer);
+  EXPAR_CHECK(saved.past == 0,
+              "{}: saved holds a chunk at position {} (a context-parallel forward's): run "
+              "cp_latent_attention_backward over its CP group",
+              layer, saved.past);
+  latent_phases::LatentRowGrads g =
+      latent_phases::attend_latents_backward(shape, weights, saved, grad_y, grads);
+  return latent_phases::input_backward(shape, rope, weights, saved, std::move(g.q), std::move(g.latent),
+                                       grads);
 }
 
 LatentKvCache LatentKvCache::create(int64_t capacity, const LatentAttentionShape& shape) {

@@ -72,19 +72,23 @@ struct LatentAttentionWeights {
 // F32, shaped like the weights (undefined where the weight is); backward ADDS into them.
 using LatentAttentionGrads = LatentAttentionWeights;
 
+// S: the query rows per sequence held here; K = past + S key rows per sequence (the whole sequence: past 0,
+// K = S; context parallelism, context_parallel_attention.hpp: the chunks up to this rank's).
 struct LatentAttentionSaved {
   int64_t batch = 0, seq = 0;
-  Tensor x;             // input [B·S, d]
-  Tensor positions;     // int32 [B·S]: s for row b·S + s
-  Tensor q_a;           // q_lora_rank > 0: RMSNorm_{q_a_norm}(x·Wq_aᵀ) [B·S, q_lora]
-  RmsNormSaved q_norm;  // q_lora_rank > 0: the norm's input and 1/rms
-  Tensor latent;        // [B·S, kv_lora + rope]: c_n then k_rope after RoPE (a cache row's layout)
-  RmsNormSaved kv_norm;
-  Tensor q;        // after RoPE [B·S, H·(nope+rope)]
-  Tensor k;        // [B·S, H·(nope+rope)]: per head [k_nope_h, k_rope]
-  Tensor v;        // [B·S, H·v]
-  Tensor probs;    // [B, H, S, S], exactly zero above the diagonal
-  Tensor context;  // [B·S, H·v]
+  int64_t past = 0;      // position of each sequence's first query row
+  int64_t key_rows = 0;  // latent (key/value) rows per sequence: past + seq
+  Tensor x;              // input [B·S, d]
+  Tensor positions;      // int32 [B·S]: past + s for row b·S + s
+  Tensor q_a;            // q_lora_rank > 0: RMSNorm_{q_a_norm}(x·Wq_aᵀ) [B·S, q_lora]
+  RmsNormSaved q_norm;   // q_lora_rank > 0: the norm's input and 1/rms
+  Tensor latent;         // [B·K, kv_lora + rope]: c_n then k_rope after RoPE (a cache row's layout)
+  RmsNormSaved kv_norm;  // of this rank's own B·S rows
+  Tensor q;              // after RoPE [B·S, H·(nope+rope)]
+  Tensor k;              // [B·K, H·(nope+rope)]: per head [k_nope_h, k_rope]
+  Tensor v;              // [B·K, H·v]
+  Tensor probs;          // [B, H, S, K], exactly zero where the causal mask hides
+  Tensor context;        // [B·S, H·v]
 };
 
 // Training. x [B·S, d] holds B sequences of S tokens at positions 0..S-1 (sequence b in rows
