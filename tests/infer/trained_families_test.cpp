@@ -487,9 +487,8 @@ INSTANTIATE_TEST_SUITE_P(Infer, TrainedDeepseek, ::testing::ValuesIn(kDeepseek),
                            return std::string(i.param.name);
                          });
 
-// What the training model does not build for DeepSeek is refused by name: context parallelism with latent
-// attention (set_context_parallel over 2 ranks, and so `expar train --cp 2`), the MoE layer of a dense block,
-// and recomputing a dense block's MoE MLP.
+// What the training model does not build for DeepSeek is refused by name: the MoE layer of a dense block and
+// recomputing a dense block's MoE MLP. Context parallelism is built (latent rows gathered).
 TEST(TrainedDeepseek, WhatIsNotBuiltIsRefusedByName) {
   const Architecture a = training_architecture(deepseek_v3_test_model());
   auto error_of = [](const std::function<void()>& f) -> std::string {
@@ -503,10 +502,7 @@ TEST(TrainedDeepseek, WhatIsNotBuiltIsRefusedByName) {
   run_ranks(2, [&](Comm& world) {
     auto ep = world.split(world.rank(), 0, "ep");  // one rank each: the world is the CP group
     MoeTransformer model(a.config, {}, *ep, 0, a.features);
-    EXPECT_NE(error_of([&] { model.set_context_parallel(&world, 2); })
-                  .find("context parallelism over 2 ranks with multi-head latent attention (DeepSeek) is not "
-                        "built"),
-              std::string::npos);
+    EXPECT_NO_THROW(model.set_context_parallel(&world, 2));
     EXPECT_NO_THROW(model.set_context_parallel(ep.get(), 1)) << "a CP group of one rank is whole sequences";
     EXPECT_NE(error_of([&] { model.moe(0); }).find("block 0 is a dense MLP layer"), std::string::npos);
     EXPECT_EQ(&model.first_moe(), &model.moe(1));
@@ -522,28 +518,33 @@ TEST(TrainedDeepseek, WhatIsNotBuiltIsRefusedByName) {
   });
 }
 
-// The losses of a short run (2 ranks, threads transport) with the experts on one EP rank each (EP 1, DP 2)
-// and spread over both (EP 2) agree within the reduction-order tolerance of tests/train/ep_training_test.cpp
-// (1e-4 relative per step).
+// The step records of a 4-step run on 2 ranks (threads transport) with `cp` ranks per CP group and the
+// experts over `ep` ranks, from the weights in `weights`; rank 0's records.
+template <class M>
+std::vector<StepRecord> two_rank_curve(const M& m, const fs::path& weights, int cp, int ep,
+                                       double score_bias_rate) {
+  TrainConfig c = family_run(m, weights, "");
+  c.checkpoint_dir.clear();
+  c.cp = cp;
+  c.ep = ep;
+  c.steps = 4;
+  c.score_bias_rate = score_bias_rate;
+  std::vector<StepRecord> curve;
+  run_ranks(2, [&](Comm& world) {
+    TrainSummary s = train(c, world, family_corpus(m.vocab));
+    if (world.rank() == 0) curve = s.steps;
+  });
+  return curve;
+}
+
+// The losses of a short run with the experts on one EP rank each (EP 1, DP 2) and spread over both (EP 2)
+// agree within the reduction-order tolerance of tests/train/ep_training_test.cpp (1e-4 relative per step).
 template <class M>
 void expect_ep_layouts_train_alike(const M& m, const std::string& tag, double score_bias_rate) {
   const fs::path weights = test::run_temp_dir("train_ep_layouts_" + tag);
   m.write(weights);
-  const TokenCorpus corpus = family_corpus(m.vocab);
   std::vector<std::vector<StepRecord>> curves;
-  for (int ep : {1, 2}) {
-    TrainConfig c = family_run(m, weights, "");
-    c.checkpoint_dir.clear();
-    c.ep = ep;
-    c.steps = 4;
-    c.score_bias_rate = score_bias_rate;
-    std::vector<StepRecord> curve;
-    run_ranks(2, [&](Comm& world) {
-      TrainSummary s = train(c, world, corpus);
-      if (world.rank() == 0) curve = s.steps;
-    });
-    curves.push_back(curve);
-  }
+  for (int ep : {1, 2}) curves.push_back(two_rank_curve(m, weights, 1, ep, score_bias_rate));
   ASSERT_EQ(curves[0].size(), 4u);
   ASSERT_EQ(curves[1].size(), 4u);
   for (size_t i = 0; i < curves[0].size(); ++i)
@@ -556,6 +557,36 @@ TEST(TrainedDeepseek, EpLayoutsTrainToTheSameLosses) {
   expect_ep_layouts_train_alike(deepseek_v3_test_model(), "deepseek_v3", 1e-3);
   expect_ep_layouts_train_alike(deepseek_v2_test_model(), "deepseek_v2", 0.0);
   expect_ep_layouts_train_alike(qwen_dense_test_model(), "qwen_moe_dense", 0.0);
+}
+
+// Context parallelism with latent attention (nn::cp_latent_attention_forward: the chunks' latent rows are
+// gathered): 2 ranks as one CP group of 2 (each holds half of every sequence; EP 2) train to the losses of
+// the same 2 ranks with whole sequences (CP 1, DP 2, EP 2), within the tolerances of
+// tests/train/cp_training_test.cpp: loss, load-balancing and z losses 1e-4 relative per step, the gradient
+// norm 1e-3.
+template <class M>
+void expect_cp_trains_like_whole_sequences(const M& m, const std::string& tag, double score_bias_rate) {
+  const fs::path weights = test::run_temp_dir("train_cp_" + tag);
+  m.write(weights);
+  const std::vector<StepRecord> whole = two_rank_curve(m, weights, 1, 2, score_bias_rate);
+  const std::vector<StepRecord> chunks = two_rank_curve(m, weights, 2, 2, score_bias_rate);
+  ASSERT_EQ(whole.size(), 4u);
+  ASSERT_EQ(chunks.size(), 4u);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const StepRecord &a = chunks[i], &b = whole[i];
+    EXPECT_NEAR(a.loss, b.loss, 1e-4 * b.loss) << tag << " step " << i;
+    EXPECT_NEAR(a.aux_loss, b.aux_loss, 1e-4 * b.aux_loss) << tag << " step " << i;
+    EXPECT_NEAR(a.z_loss, b.z_loss, 1e-4 * b.z_loss) << tag << " step " << i;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-3 * b.grad_norm) << tag << " step " << i;
+  }
+  EXPECT_GT(whole.front().aux_loss, 0.0) << tag;
+  EXPECT_NE(whole.back().loss, whole.front().loss) << "training did not change the loss";
+  fs::remove_all(weights);
+}
+
+TEST(TrainedDeepseek, CpTrainsToTheLossesOfWholeSequences) {
+  expect_cp_trains_like_whole_sequences(deepseek_v3_test_model(), "deepseek_v3", 1e-3);
+  expect_cp_trains_like_whole_sequences(deepseek_v2_test_model(), "deepseek_v2", 0.0);
 }
 
 // Fine-tuning DeepSeek-V3 from its block-scaled FP8 release: the load dequantises the projections with their

@@ -364,10 +364,6 @@ void MoeTransformer::init(uint64_t seed) {
 
 void MoeTransformer::set_context_parallel(Comm* cp, int loss_batches) {
   EXPAR_CHECK(loss_batches >= 1, "context parallelism: loss_batches={} must be at least 1", loss_batches);
-  EXPAR_CHECK(cp == nullptr || cp->size() == 1 || !features_.mla.enabled(),
-              "context parallelism over {} ranks with multi-head latent attention (DeepSeek) is not built: "
-              "latent attention has no context-parallel form; train with --cp 1",
-              cp ? cp->size() : 1);
   cp_group_ = cp;
   loss_batches_ = loss_batches;
 }
@@ -414,8 +410,11 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
     MoeState& moe_state = a ? a->moe : local_state;
     Tensor n1 = nn::rmsnorm_forward(h, b.attn_norm, config_.norm_eps, a ? &a->attn_norm : nullptr);
     nn::AttentionSaved* saved_attn = a ? &a->attn : nullptr;
+    nn::LatentAttentionSaved* saved_mla = a ? &a->mla : nullptr;
     Tensor att =
-        latent ? nn::latent_attention_forward(lshape, rope_, b.mla, n1, batch, seq, a ? &a->mla : nullptr)
+        latent && cp_group_
+            ? nn::cp_latent_attention_forward(*cp_group_, lshape, rope_, b.mla, n1, batch, seq, saved_mla)
+        : latent    ? nn::latent_attention_forward(lshape, rope_, b.mla, n1, batch, seq, saved_mla)
         : cp_group_ ? nn::cp_attention_forward(*cp_group_, shape, rope_, b.attn, n1, batch, seq, saved_attn,
                                                b.attn_options)
                     : nn::attention_forward(shape, rope_, b.attn, n1, batch, seq, saved_attn, b.attn_options);
@@ -526,13 +525,17 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
     add_into(grad_h1, grad);
     // h1 = h + attn(norm(h))
     const nn::AttentionShape shape{config_.heads, config_.kv_heads, config_.head_dim};
+    const bool latent = features_.mla.enabled();
+    const nn::LatentAttentionShape lshape =
+        latent ? latent_shape(config_, features_.mla) : nn::LatentAttentionShape{};
     Tensor grad_n1 =
-        features_.mla.enabled() ? nn::latent_attention_backward(latent_shape(config_, features_.mla), rope_,
-                                                                b.mla, a.mla, grad_h1, b.mla_grad)
-        : cp_group_             ? nn::cp_attention_backward(*cp_group_, shape, rope_, b.attn, a.attn, grad_h1,
-                                                            b.attn_grad, b.attn_options, &b.attn_option_grads)
-                                : nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
-                                                         b.attn_options, &b.attn_option_grads);
+        latent && cp_group_
+            ? nn::cp_latent_attention_backward(*cp_group_, lshape, rope_, b.mla, a.mla, grad_h1, b.mla_grad)
+        : latent    ? nn::latent_attention_backward(lshape, rope_, b.mla, a.mla, grad_h1, b.mla_grad)
+        : cp_group_ ? nn::cp_attention_backward(*cp_group_, shape, rope_, b.attn, a.attn, grad_h1,
+                                                b.attn_grad, b.attn_options, &b.attn_option_grads)
+                    : nn::attention_backward(shape, rope_, b.attn, a.attn, grad_h1, b.attn_grad,
+                                             b.attn_options, &b.attn_option_grads);
     grad = nn::rmsnorm_backward(a.attn_norm, grad_n1, b.attn_norm, b.attn_norm_grad);
     add_into(grad, grad_h1);
   }

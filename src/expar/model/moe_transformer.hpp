@@ -92,7 +92,7 @@ class MoeTransformer {
   // loss_batches = C makes each group the sequences one rank of a C = 1 run on as many ranks routes, so
   // the losses and their gradients are that run's. Forward-only passes (evaluate, logits) have no backward
   // and report each rank's own tokens' losses, with no collective. The group must outlive its use. Latent
-  // attention has no context-parallel form: a group of more than one rank is refused.
+  // attention (DeepSeek) gathers the latent rows instead (nn::cp_latent_attention_forward).
   void set_context_parallel(Comm* cp, int loss_batches = 1);
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the
