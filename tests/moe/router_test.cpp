@@ -117,8 +117,12 @@ TEST(Router, AuxiliaryLossesMatchTheirDefinitions) {
 
 // Central differences of L = Σ g·w + aux_coef·L_aux + z_coef·L_z w.r.t. x and W_r.
 // With a logit bias (gpt-oss's router bias) its gradient is checked too.
-void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed, bool with_logit_bias = false) {
-  const int t_count = 5, d = 4, e_count = c.num_experts, k_count = c.top_k;
+// With `batches` > 1 the losses are over that many loss-scope batches of 3 tokens each (the sequences of the
+// sequence-wise loss).
+void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed, bool with_logit_bias = false,
+                            int batches = 1) {
+  const int t_count = batches == 1 ? 5 : 3 * batches, d = 4, e_count = c.num_experts, k_count = c.top_k;
+  const RouterLossScope scope{nullptr, batches};
   Tensor x = Tensor::empty({t_count, d}), w = Tensor::empty({e_count, d}),
          g = Tensor::empty({t_count, k_count});
   Tensor bias = Tensor::empty({e_count});
@@ -131,13 +135,13 @@ void check_router_gradients(RouterConfig c, bool with_bias, uint64_t seed, bool 
   fill_normal(logit_bias, seed, 5, 0.5f);
   const Tensor* lb = with_logit_bias ? &logit_bias : nullptr;
   RouterState s;
-  auto base = router_forward(c, x, w, b, s, lb);
+  auto base = router_forward(c, x, w, b, s, lb, scope);
   Tensor grad_x = Tensor::zeros({t_count, d}), grad_w = Tensor::zeros({e_count, d}),
          grad_lb = Tensor::zeros({e_count});
   router_backward(c, s, w, g, grad_x, grad_w, with_logit_bias ? &grad_lb : nullptr);
   auto loss = [&]() {
     RouterState s2;
-    auto out = router_forward(c, x, w, b, s2, lb);
+    auto out = router_forward(c, x, w, b, s2, lb, scope);
     for (int64_t i = 0; i < base.topk_idx.numel(); ++i)
       EXPECT_EQ(out.topk_idx.data<int32_t>()[i], base.topk_idx.data<int32_t>()[i]) << "selection changed";
     double l = c.aux_loss_coef * out.aux_loss + c.z_loss_coef * out.z_loss;
@@ -219,6 +223,85 @@ TEST(RouterGradients, SigmoidGroupedBiasedScaled) {
                          true, 16);
   // DeepSeek-V2's greedy router: softmax scores, not renormalised, scaled.
   check_router_gradients({.num_experts = 6, .top_k = 2, .routed_scale = 16.0}, false, 17);
+}
+
+// DeepSeek's sequence-wise load-balancing loss (seq_aux; the V3 paper's eq. 17-20) on a hand-made example:
+// E = 4, K = 2, the logits the tokens themselves (W = I), two sequences of T = 2 tokens as the two batches
+// of the loss scope. f_e = E/(K·T) · count_e = count_e here; P_e the mean over the sequence's tokens of the
+// scores normalised over the experts; L_aux the mean over the sequences of Σ_e f_e·P_e.
+TEST(Router, SequenceWiseAuxLossIsDeepSeeksFormula) {
+  const Tensor x = from({4, 4}, {2, 1, 0, -1,    // sequence 0: experts 0, 1
+                                 0, 3, 1, -2,    //             1, 2
+                                 -1, 0, 2, 1,    // sequence 1: 2, 3
+                                 1, -1, 0, 2});  //             3, 0
+  const std::vector<std::vector<double>> counts{{1, 2, 1, 0}, {1, 0, 1, 2}};
+  for (ScoreFunction fn : {ScoreFunction::Sigmoid, ScoreFunction::Softmax}) {
+    RouterConfig c{.num_experts = 4, .top_k = 2, .score = fn, .aux_loss_kind = AuxLossKind::Sequence};
+    RouterState s;
+    const RouterOutput out = router_forward(c, x, identity(4), nullptr, s, nullptr, {nullptr, 2});
+    EXPECT_EQ(idx_row(out, 1), (std::vector<int>{1, 2}));
+    EXPECT_EQ(idx_row(out, 3), (std::vector<int>{3, 0}));
+    double want = 0.0, unnormalised = 0.0;
+    for (int q = 0; q < 2; ++q) {
+      for (int t = 2 * q; t < 2 * q + 2; ++t) {
+        std::vector<double> score(4);
+        double sum = 0.0, softmax_sum = 0.0;
+        for (int e = 0; e < 4; ++e) softmax_sum += std::exp(double(x.data<float>()[t * 4 + e]));
+        for (int e = 0; e < 4; ++e) {
+          const double l = x.data<float>()[t * 4 + e];
+          score[e] = fn == ScoreFunction::Sigmoid ? 1.0 / (1.0 + std::exp(-l)) : std::exp(l) / softmax_sum;
+          sum += score[e];
+        }
+        // f_e = 4 / (2·2) · count_e; P_e = Σ_t s'_{t,e} / 2; the mean over the 2 sequences.
+        for (int e = 0; e < 4; ++e) {
+          want += counts[q][e] * score[e] / sum / 2 / 2;
+          unnormalised += counts[q][e] * score[e] / 2 / 2;
+        }
+      }
+    }
+    EXPECT_NEAR(out.aux_loss, want, 1e-6) << score_function_name(fn);
+    if (fn == ScoreFunction::Sigmoid) {
+      EXPECT_GT(std::fabs(out.aux_loss - unnormalised), 0.1) << "sigmoid scores must be normalised";
+    }
+    // The same tokens as one batch (one sequence of 4) count differently: the loss is per sequence.
+    const RouterOutput one = router_forward(c, x, identity(4), nullptr, s);
+    EXPECT_GT(std::fabs(one.aux_loss - out.aux_loss), 1e-3) << score_function_name(fn);
+  }
+  // Balanced routing and balanced scores give 1 (the batch form's 1/K): f_e = 1, P_e = 1/E.
+  RouterConfig c{.num_experts = 4, .top_k = 2, .aux_loss_kind = AuxLossKind::Sequence};
+  const Tensor balanced = from({2, 4}, {1, 1, 0, 0, 0, 0, 1, 1});
+  RouterState s;
+  // The scores differ per token, but over the sequence each expert's mean is 1/4 by symmetry.
+  EXPECT_NEAR(router_forward(c, balanced, identity(4), nullptr, s).aux_loss, 1.0, 1e-6);
+}
+
+TEST(RouterGradients, SequenceAuxSigmoidGroupedBiasedScaled) {
+  // DeepSeek-V3's router with its sequence-wise loss over 2 sequences of 3 tokens.
+  check_router_gradients({.num_experts = 8,
+                          .top_k = 3,
+                          .score = ScoreFunction::Sigmoid,
+                          .renormalize = true,
+                          .n_group = 4,
+                          .topk_group = 2,
+                          .routed_scale = 2.5,
+                          .aux_loss_coef = 0.7,
+                          .aux_loss_kind = AuxLossKind::Sequence,
+                          .z_loss_coef = 0.05},
+                         true, 18, false, 2);
+  // DeepSeek-V2's: softmax, not renormalised, over 3 sequences.
+  check_router_gradients({.num_experts = 6,
+                          .top_k = 2,
+                          .routed_scale = 16.0,
+                          .aux_loss_coef = 0.9,
+                          .aux_loss_kind = AuxLossKind::Sequence},
+                         false, 19, false, 3);
+  // Sigmoid without groups, one sequence.
+  check_router_gradients({.num_experts = 6,
+                          .top_k = 2,
+                          .score = ScoreFunction::Sigmoid,
+                          .aux_loss_coef = 1.0,
+                          .aux_loss_kind = AuxLossKind::Sequence},
+                         false, 20);
 }
 
 TEST(Router, RoutedScaleMultipliesTheWeightsLast) {

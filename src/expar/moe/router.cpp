@@ -145,10 +145,18 @@ double score_token(const RouterConfig& config, int64_t t, const float* lrow, con
     srow[e] = config.score == ScoreFunction::Softmax
                   ? static_cast<float>(s.prob[static_cast<size_t>(e)])
                   : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lrow[e]))));
-    score_sum[static_cast<size_t>(e)] += srow[e];
     const float v = config.softmax_over_topk ? lrow[e] : srow[e];
     s.select[static_cast<size_t>(e)] = bias ? v + bias[e] : v;
   }
+  // The sequence-wise loss's P_e is over the scores normalised over every expert.
+  double norm = 1.0;
+  if (config.aux_loss_kind == AuxLossKind::Sequence) {
+    norm = 0.0;
+    for (int e = 0; e < e_count; ++e) norm += srow[e];
+  }
+  for (int e = 0; e < e_count; ++e)
+    score_sum[static_cast<size_t>(e)] +=
+        config.aux_loss_kind == AuxLossKind::Sequence ? srow[e] / norm : srow[e];
   return lse;
 }
 
@@ -247,13 +255,21 @@ void sum_over(Comm& group, std::vector<LossStatistics>& batches) {
   }
 }
 
-// The load-balancing aux loss (E/K · Σ_e f_e · mean score_e) and the z loss (mean squared logsumexp) of one
-// batch; 0 for an empty one.
+// The load-balancing aux loss (E/K · Σ_e f_e · mean score_e, or per sequence Σ_e f_e · P_e) and the z loss
+// (mean squared logsumexp) of one batch; 0 for an empty one.
 std::pair<double, double> balance_losses(const RouterConfig& config, const LossStatistics& s) {
   if (s.tokens == 0) return {0.0, 0.0};
   const int e_count = config.num_experts;
   const int k_count = config.top_k;
+  const auto tokens = static_cast<double>(s.tokens);
   double aux = 0.0;
+  if (config.aux_loss_kind == AuxLossKind::Sequence) {
+    // f_e = E/(K·T) · count_e, P_e = (Σ_t s'_{t,e}) / T.
+    for (int e = 0; e < e_count; ++e)
+      aux += static_cast<double>(e_count) * static_cast<double>(s.counts[static_cast<size_t>(e)]) /
+             (k_count * tokens) * s.score_sum[static_cast<size_t>(e)] / tokens;
+    return {aux, s.z_sum / tokens};
+  }
   for (int e = 0; e < e_count; ++e) {
     const double f =
         static_cast<double>(s.counts[static_cast<size_t>(e)]) / static_cast<double>(s.tokens * k_count);
@@ -364,18 +380,25 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
   Tensor grad_logits = Tensor::empty({t_count, e_count});
   float* gl = grad_logits.data<float>();
 
-  // Per batch of the loss scope (f_e and T those its loss was over, the batches' mean a factor 1/batches):
-  // d L_aux / d s_{t,e} = E/K · f_e / T (f_e is a count, held constant), and the z-loss's 1/T.
+  // Per batch of the loss scope (count_e and T those its loss was over, the batches' mean a factor
+  // 1/batches): d L_aux / d s_{t,e} = factor · count_e (the counts held constant): E/K · f_e / T for the
+  // batch form; for the sequence form the derivative by the normalised score s'_{t,e}, taken to s_{t,e}
+  // below. The z-loss's 1/T likewise.
   const auto batches = static_cast<int64_t>(state.loss_tokens.size());
   const int64_t batch_rows = t_count / batches;
+  const bool sequence_aux = config.aux_loss_kind == AuxLossKind::Sequence;
   std::vector<double> aux_grad(static_cast<size_t>(batches * e_count), 0.0);
   if (config.aux_loss_coef != 0.0)
     for (int64_t b = 0; b < batches; ++b) {
       const auto tokens = static_cast<double>(state.loss_tokens[static_cast<size_t>(b)]);
       for (int64_t e = b * e_count; e < (b + 1) * e_count; ++e)
-        aux_grad[static_cast<size_t>(e)] = config.aux_loss_coef * e_count / k_count *
-                                           static_cast<double>(state.loss_counts[static_cast<size_t>(e)]) /
-                                           (tokens * k_count) / tokens / static_cast<double>(batches);
+        aux_grad[static_cast<size_t>(e)] =
+            sequence_aux ? config.aux_loss_coef * e_count *
+                               static_cast<double>(state.loss_counts[static_cast<size_t>(e)]) /
+                               (k_count * tokens) / tokens / static_cast<double>(batches)
+                         : config.aux_loss_coef * e_count / k_count *
+                               static_cast<double>(state.loss_counts[static_cast<size_t>(e)]) /
+                               (tokens * k_count) / tokens / static_cast<double>(batches);
     }
 
   std::vector<double> gs(static_cast<size_t>(e_count)), prob(static_cast<size_t>(e_count));
@@ -385,6 +408,13 @@ void router_backward(const RouterConfig& config, const RouterState& state, const
     const int64_t b = t / batch_rows;
     for (int e = 0; e < e_count; ++e)
       gs[static_cast<size_t>(e)] = aux_grad[static_cast<size_t>(b * e_count + e)];
+    if (sequence_aux && config.aux_loss_coef != 0.0) {
+      // s'_e = s_e / S (S = Σ_j s_j): dL/ds_e = (g'_e - Σ_i g'_i s'_i) / S.
+      double sum = 0.0, dot = 0.0;
+      for (int e = 0; e < e_count; ++e) sum += srow[e];
+      for (int e = 0; e < e_count; ++e) dot += gs[static_cast<size_t>(e)] * srow[e] / sum;
+      for (int e = 0; e < e_count; ++e) gs[static_cast<size_t>(e)] = (gs[static_cast<size_t>(e)] - dot) / sum;
+    }
     if (config.softmax_over_topk) {
       // Handled on the logits below (the weights are a softmax of the K logits, not of the scores).
     } else if (config.renormalize) {

@@ -19,6 +19,13 @@
 //    softmax; only experts of the topk_group best groups are eligible.
 //  - Load-balancing loss: L_aux = E/K · Σ_e f_e·P_e over this rank's tokens, f_e = (routes choosing e)/(T·K)
 //    (a count: no gradient), P_e = mean over tokens of the (unbiased, unrenormalised) score of e.
+//  - Sequence-wise load-balancing loss (aux_loss_kind Sequence; DeepSeek-V2/V3's seq_aux, the V3 paper's
+//    eq. 17-20), in place of L_aux: each loss-scope batch is one sequence of T tokens, and
+//    L_aux = Σ_e f_e·P_e with f_e = E/(K·T) · (routes choosing e), P_e = mean over its tokens of
+//    s'_{t,e} = s_{t,e} / Σ_j s_{t,j} (every expert's unbiased score normalised over all experts: for sigmoid
+//    scores this matters; for softmax s' = s); the mean over the batches, as ever. The caller makes the
+//    batches the sequences (model/moe_transformer.cpp: one batch per sequence, summed over the CP group).
+//    Note the scale: at uniform routing it is 1 where the batch form's is 1/K.
 //  - Router z-loss: L_z = mean over tokens of logsumexp(logits_t)², whatever the score function.
 //  - The layer's loss gains aux_loss_coef·L_aux + z_loss_coef·L_z; the outputs report L_aux and L_z
 //    unscaled and router_backward adds the scaled gradients. With T = 0 both losses are 0.
@@ -47,6 +54,9 @@ struct RouterLossScope {
 };
 
 enum class ScoreFunction : uint8_t { Softmax, Sigmoid };
+// The load-balancing loss's form (above): over each batch (E/K · Σ f·P, unnormalised scores), or per
+// sequence (DeepSeek's seq_aux: Σ f·P with f = E/(K·T)·count and scores normalised over the experts).
+enum class AuxLossKind : uint8_t { Batch, Sequence };
 ScoreFunction score_function_from_name(const std::string& name);  // "softmax" | "sigmoid"
 std::string score_function_name(ScoreFunction fn);
 // Every score function's name (the choices the command line lists).
@@ -64,6 +74,7 @@ struct RouterConfig {
   // positive; 1 with softmax_over_topk.
   double routed_scale = 1.0;
   double aux_loss_coef = 0.0;
+  AuxLossKind aux_loss_kind = AuxLossKind::Batch;  // Sequence: each loss-scope batch is one sequence
   double z_loss_coef = 0.0;
   // Throws expar::Error naming the value and the fix (K > E, E not divisible by n_group, ...).
   void validate() const;
