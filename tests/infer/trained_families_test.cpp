@@ -26,6 +26,7 @@
 #include "expar/model/hf_config.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/train/checkpoint.hpp"
+#include "expar/train/run_model.hpp"
 #include "expar/train/trainer.hpp"
 #include "hf_test_models.hpp"
 #include "infer_test_util.hpp"
@@ -522,8 +523,9 @@ TEST(TrainedDeepseek, WhatIsNotBuiltIsRefusedByName) {
 // experts over `ep` ranks, from the weights in `weights`; rank 0's records.
 template <class M>
 std::vector<StepRecord> two_rank_curve(const M& m, const fs::path& weights, int cp, int ep,
-                                       double score_bias_rate) {
+                                       double score_bias_rate, double aux_coef = -1.0) {
   TrainConfig c = family_run(m, weights, "");
+  if (aux_coef >= 0.0) c.model.moe.router.aux_loss_coef = aux_coef;  // --aux-coef
   c.checkpoint_dir.clear();
   c.cp = cp;
   c.ep = ep;
@@ -563,13 +565,16 @@ TEST(TrainedDeepseek, EpLayoutsTrainToTheSameLosses) {
 // gathered): 2 ranks as one CP group of 2 (each holds half of every sequence; EP 2) train to the losses of
 // the same 2 ranks with whole sequences (CP 1, DP 2, EP 2), within the tolerances of
 // tests/train/cp_training_test.cpp: loss, load-balancing and z losses 1e-4 relative per step, the gradient
-// norm 1e-3.
+// norm 1e-3. Their config.json trains with DeepSeek's sequence-wise load-balancing loss (seq_aux true,
+// aux_loss_alpha 0.001; moe/router.hpp), over each whole sequence at both; `aux_coef` >= 0 replaces its
+// coefficient (a large one makes its gradient move the curve).
 template <class M>
-void expect_cp_trains_like_whole_sequences(const M& m, const std::string& tag, double score_bias_rate) {
+void expect_cp_trains_like_whole_sequences(const M& m, const std::string& tag, double score_bias_rate,
+                                           double aux_coef = -1.0) {
   const fs::path weights = test::run_temp_dir("train_cp_" + tag);
   m.write(weights);
-  const std::vector<StepRecord> whole = two_rank_curve(m, weights, 1, 2, score_bias_rate);
-  const std::vector<StepRecord> chunks = two_rank_curve(m, weights, 2, 2, score_bias_rate);
+  const std::vector<StepRecord> whole = two_rank_curve(m, weights, 1, 2, score_bias_rate, aux_coef);
+  const std::vector<StepRecord> chunks = two_rank_curve(m, weights, 2, 2, score_bias_rate, aux_coef);
   ASSERT_EQ(whole.size(), 4u);
   ASSERT_EQ(chunks.size(), 4u);
   for (size_t i = 0; i < whole.size(); ++i) {
@@ -580,6 +585,14 @@ void expect_cp_trains_like_whole_sequences(const M& m, const std::string& tag, d
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-3 * b.grad_norm) << tag << " step " << i;
   }
   EXPECT_GT(whole.front().aux_loss, 0.0) << tag;
+  const TrainConfig c = family_run(m, weights, "");
+  EXPECT_EQ(c.model.moe.router.aux_loss_kind, AuxLossKind::Sequence) << tag;
+  EXPECT_EQ(c.model.moe.router.aux_loss_coef, 0.001) << tag;
+  if (aux_coef > 0.0) {
+    // The loss's gradient moves the curve: the same run without it ends elsewhere.
+    const std::vector<StepRecord> without = two_rank_curve(m, weights, 1, 2, score_bias_rate, 0.0);
+    EXPECT_GT(std::fabs(without.back().loss - whole.back().loss), 1e-4 * whole.back().loss) << tag;
+  }
   EXPECT_NE(whole.back().loss, whole.front().loss) << "training did not change the loss";
   fs::remove_all(weights);
 }
@@ -587,6 +600,54 @@ void expect_cp_trains_like_whole_sequences(const M& m, const std::string& tag, d
 TEST(TrainedDeepseek, CpTrainsToTheLossesOfWholeSequences) {
   expect_cp_trains_like_whole_sequences(deepseek_v3_test_model(), "deepseek_v3", 1e-3);
   expect_cp_trains_like_whole_sequences(deepseek_v2_test_model(), "deepseek_v2", 0.0);
+  expect_cp_trains_like_whole_sequences(deepseek_v3_test_model(), "deepseek_v3_strong_aux", 1e-3, 1.0);
+}
+
+// `expar train --model` with a DeepSeek config.json trains with the load-balancing loss it names: seq_aux
+// true (or absent) the sequence-wise loss with coefficient aux_loss_alpha (absent: 0.001), seq_aux false
+// the router's batch form with aux_loss_alpha·K (DeepSeek's batch-wise loss); --aux-coef replaces the
+// coefficient and keeps the form; a negative aux_loss_alpha is refused by name.
+TEST(TrainedDeepseek, ConfigJsonChoosesTheLoadBalancingLoss) {
+  const DeepseekTestModel m = deepseek_v3_test_model();
+  auto router_of = [](const nlohmann::json& j) {
+    return hf_architecture(j, "test config.json").config.moe.router;
+  };
+  nlohmann::json j = m.config();
+  j["aux_loss_alpha"] = 0.02;
+  RouterConfig r = router_of(j);
+  EXPECT_EQ(r.aux_loss_kind, AuxLossKind::Sequence);
+  EXPECT_EQ(r.aux_loss_coef, 0.02);
+  j.erase("aux_loss_alpha");
+  j.erase("seq_aux");
+  r = router_of(j);
+  EXPECT_EQ(r.aux_loss_kind, AuxLossKind::Sequence);
+  EXPECT_EQ(r.aux_loss_coef, 0.001);
+  j["seq_aux"] = false;
+  j["aux_loss_alpha"] = 0.02;
+  r = router_of(j);
+  EXPECT_EQ(r.aux_loss_kind, AuxLossKind::Batch);
+  EXPECT_DOUBLE_EQ(r.aux_loss_coef, 0.02 * m.top_k);
+  j["aux_loss_alpha"] = -1.0;
+  try {
+    router_of(j);
+    ADD_FAILURE() << "a negative aux_loss_alpha was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'aux_loss_alpha' = -1.0: must not be negative"), std::string::npos)
+        << e.what();
+  }
+  // The run's model from the file, then with --aux-coef.
+  const fs::path dir = test::run_temp_dir("train_deepseek_aux_config");
+  std::ofstream(dir / "config.json") << m.config().dump(2);
+  RunModelRequest request;
+  request.model = (dir / "config.json").string();
+  RunModel run = resolve_run_model(request);
+  EXPECT_EQ(run.model.moe.router.aux_loss_kind, AuxLossKind::Sequence);
+  EXPECT_EQ(run.model.moe.router.aux_loss_coef, 0.001);
+  request.aux_loss_coef = 0.05;
+  run = resolve_run_model(request);
+  EXPECT_EQ(run.model.moe.router.aux_loss_kind, AuxLossKind::Sequence);
+  EXPECT_EQ(run.model.moe.router.aux_loss_coef, 0.05);
+  fs::remove_all(dir);
 }
 
 // Fine-tuning DeepSeek-V3 from its block-scaled FP8 release: the load dequantises the projections with their

@@ -225,7 +225,8 @@ TEST(RouterGradients, SigmoidGroupedBiasedScaled) {
   check_router_gradients({.num_experts = 6, .top_k = 2, .routed_scale = 16.0}, false, 17);
 }
 
-// DeepSeek's sequence-wise load-balancing loss (seq_aux; the V3 paper's eq. 17-20) on a hand-made example:
+// DeepSeek's sequence-wise load-balancing loss (seq_aux; the V3 paper's complementary sequence-wise balance
+// loss) on a hand-made example:
 // E = 4, K = 2, the logits the tokens themselves (W = I), two sequences of T = 2 tokens as the two batches
 // of the loss scope. f_e = E/(K·T) · count_e = count_e here; P_e the mean over the sequence's tokens of the
 // scores normalised over the experts; L_aux the mean over the sequences of Σ_e f_e·P_e.

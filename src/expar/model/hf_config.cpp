@@ -400,9 +400,18 @@ void read_deepseek(Reader& r, const json& j, ModelFormat format, ModelConfig& c,
   // The multi-token-prediction layers follow the num_hidden_layers layers in the checkpoint; generation
   // does not use them (transformers skips them alike).
   f.ignored_mtp_layers = static_cast<int>(r.integer("num_nextn_predict_layers", 0, 0));
-  // Training-only (loss coefficients), the authors' parallel layout, and pretraining_tp (which splits the
-  // products into slices with the same result).
-  for (const char* key : {"aux_loss_alpha", "seq_aux", "ep_size", "pretraining_tp"}) r.no_effect(key);
+  // The router's load-balancing loss when training (no effect on the logits): DeepSeek's sequence-wise one
+  // with coefficient aux_loss_alpha (seq_aux true, their configs' default), or its batch-wise one,
+  // α·E·Σ_e f_e·P_e = α·K times the router's batch form E/K·Σ_e f_e·P_e (moe/router.hpp). `expar train
+  // --aux-coef` replaces the coefficient (run_model.cpp).
+  const double alpha = r.number("aux_loss_alpha", 0.001);
+  if (alpha < 0.0) r.bad("aux_loss_alpha", "must not be negative");
+  const bool seq_aux = r.flag("seq_aux", true);
+  router.aux_loss_kind = seq_aux ? AuxLossKind::Sequence : AuxLossKind::Batch;
+  router.aux_loss_coef = seq_aux ? alpha : alpha * static_cast<double>(router.top_k);
+  // The authors' parallel layout, and pretraining_tp (which splits the products into slices with the same
+  // result).
+  for (const char* key : {"ep_size", "pretraining_tp"}) r.no_effect(key);
 }
 
 // Qwen2/Qwen3-MoE: sliding windows are refused (transformers releases disagree on which layers slide);

@@ -1,5 +1,6 @@
 #include "expar/model/moe_transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -388,7 +389,11 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   if (acts) acts->blocks.resize(blocks_.size());
   Tensor h = nn::embedding_forward(embed_, int_tensor(tokens), acts ? &acts->embed : nullptr);
   RouterLossScope loss_scope;  // this rank's tokens, one batch
-  if (acts && cp_group_) {
+  if (config_.moe.router.aux_loss_kind == AuxLossKind::Sequence) {
+    // DeepSeek's sequence-wise loss: one batch per sequence, in a training forward over the whole sequence
+    // (its chunks' statistics summed over the CP group).
+    loss_scope = {acts ? cp_group_ : nullptr, static_cast<int>(std::max<int64_t>(batch, 1))};
+  } else if (acts && cp_group_) {
     EXPAR_CHECK(batch % loss_batches_ == 0,
                 "a training forward of {} sequences cannot form the {} router loss batches of "
                 "set_context_parallel: pass a multiple of {} sequences",

@@ -92,7 +92,9 @@ class MoeTransformer {
   // loss_batches = C makes each group the sequences one rank of a C = 1 run on as many ranks routes, so
   // the losses and their gradients are that run's. Forward-only passes (evaluate, logits) have no backward
   // and report each rank's own tokens' losses, with no collective. The group must outlive its use. Latent
-  // attention (DeepSeek) gathers the latent rows instead (nn::cp_latent_attention_forward).
+  // attention (DeepSeek) gathers the latent rows instead (nn::cp_latent_attention_forward). A router with
+  // the sequence-wise load-balancing loss (RouterConfig::aux_loss_kind Sequence) takes one loss batch per
+  // sequence instead of `loss_batches`, with or without a CP group.
   void set_context_parallel(Comm* cp, int loss_batches = 1);
 
   // Forward and backward of one microbatch: tokens/targets int32 [B*S]. Gradients are ADDED to the

@@ -20,7 +20,8 @@
 //  - Load-balancing loss: L_aux = E/K · Σ_e f_e·P_e over this rank's tokens, f_e = (routes choosing e)/(T·K)
 //    (a count: no gradient), P_e = mean over tokens of the (unbiased, unrenormalised) score of e.
 //  - Sequence-wise load-balancing loss (aux_loss_kind Sequence; DeepSeek-V2/V3's seq_aux, the V3 paper's
-//    eq. 17-20), in place of L_aux: each loss-scope batch is one sequence of T tokens, and
+//    complementary sequence-wise balance loss), in place of L_aux: each loss-scope batch is one sequence of
+//    T tokens, and
 //    L_aux = Σ_e f_e·P_e with f_e = E/(K·T) · (routes choosing e), P_e = mean over its tokens of
 //    s'_{t,e} = s_{t,e} / Σ_j s_{t,j} (every expert's unbiased score normalised over all experts: for sigmoid
 //    scores this matters; for softmax s' = s); the mean over the batches, as ever. The caller makes the

@@ -183,6 +183,13 @@ void check_train_config(const TrainConfig& c) {
     EXPAR_CHECK(v >= 0, "{}={} must not be negative", name, v);
 }
 
+// Whether the run has a load-balancing loss over batches of sequences (not DeepSeek's sequence-wise one,
+// whose batches are the sequences whatever the layout).
+bool batch_aux_loss(const TrainConfig& cfg) {
+  const RouterConfig& r = cfg.model.moe.router;
+  return r.aux_loss_coef != 0.0 && r.aux_loss_kind == AuxLossKind::Batch;
+}
+
 // The trainer's rules over the layout and the split of the batch, as one validation: the training layout
 // with the model's experts, whole sequences per dense-DP rank and microbatch, whole chunks per CP rank and,
 // with the load-balancing loss under CP, whole microbatches of a C = 1 run (router_loss_batches). The
@@ -193,7 +200,7 @@ bool split_accepted(const TrainConfig& cfg, int world, int cp, int batch, int se
   if (training_layout_refusal(lc)) return false;
   const int dp = world / cp;
   if (batch % (dp * cfg.microbatches) != 0 || seq_len % cp != 0) return false;
-  return batch / dp / cfg.microbatches % cp == 0 || cfg.model.moe.router.aux_loss_coef == 0.0;
+  return batch / dp / cfg.microbatches % cp == 0 || !batch_aux_loss(cfg);
 }
 
 // The smallest global batch the split accepts; the accepted ones are its multiples. W*microbatches is
@@ -248,7 +255,7 @@ int router_loss_batches(const TrainConfig& cfg, const TrainingLayout& layout) {
   const int mb_seqs = cfg.global_batch / layout.dp / cfg.microbatches;
   if (mb_seqs % layout.cp == 0) return layout.cp;
   EXPAR_CHECK(
-      cfg.model.moe.router.aux_loss_coef == 0.0,
+      !batch_aux_loss(cfg),
       "global batch {} is not divisible by ranks {} x microbatches {}: with --cp {} the load-balancing "
       "loss (--aux-coef {}) is over the sequences one rank of a --cp 1 run on the same ranks routes per "
       "microbatch, which must be whole; choose --batch a multiple of {}, or --aux-coef 0",
