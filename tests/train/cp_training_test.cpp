@@ -9,7 +9,8 @@
 // Both router losses are on (the tiny preset's coefficients) and the aux-loss curve is compared too: the
 // load-balancing loss is a product of statistics over the sequences of one rank's microbatch, so C = 1 is
 // the run on as many ranks (its D = C times the CP run's), and the CP routers sum the statistics of each
-// C = 1 microbatch over the CP group (MoeTransformer::set_context_parallel's loss batches).
+// C = 1 microbatch over the CP group (MoeTransformer::set_context_parallel's loss batches). DeepSeek's
+// sequence-wise form sums each sequence's statistics over the CP group and needs no such batches.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -81,6 +82,25 @@ TEST(CpTraining, TheLoadBalancingLossSeesWholeSequences) {
     return run_training(4, c);
   }();
   expect_same_curve(run_training(4, accumulated).steps, base_accumulated.steps, "W=4 D2 C2 2 mb aux 1");
+}
+
+// DeepSeek's sequence-wise load-balancing loss (RouterConfig::aux_loss_kind Sequence), strong as above: each
+// sequence's statistics are summed over the CP group, so C = 2 gives the curve of whole sequences; and a
+// batch that is not whole C = 1 microbatches (3 sequences on W = 2) trains, since the loss is per sequence.
+TEST(CpTraining, TheSequenceWiseLoadBalancingLossSeesWholeSequences) {
+  const int steps = 6;
+  auto strong = [&](int cp) {
+    TrainConfig c = config(cp, 2, "rowwise", steps);
+    c.model.moe.router.aux_loss_coef = 1.0;
+    c.model.moe.router.aux_loss_kind = AuxLossKind::Sequence;
+    return c;
+  };
+  const TrainingRun base = run_training(2, strong(1));
+  expect_same_curve(run_training(2, strong(2)).steps, base.steps, "W=2 C=2 sequence-wise aux 1");
+  TrainConfig odd = strong(2);
+  odd.global_batch = 3;
+  odd.steps = 1;
+  EXPECT_EQ(run_training(2, odd).steps.size(), 1u);
 }
 
 TEST(CpTraining, EpFoldedOverDTimesCOnEveryPathGivesTheSameCurve) {
