@@ -193,7 +193,26 @@ std::vector<KeyCase> key_cases() {
       {GO, "sliding_window", with("sliding_window", 2), Effect::Changes},
       {GO, "layer_types", with("layer_types", {"full_attention", "sliding_attention"}), Effect::Changes},
       {GO, "layer_types", with("layer_types", {"full_attention"}), Effect::Refused},  // wrong length
-      {Q2, "use_sliding_window", with("use_sliding_window", true), Effect::Refused},
+      {Q2, "use_sliding_window",
+       [](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 2;
+       },
+       Effect::Changes},  // layer 0 (even, below max_window_layers 28) slides
+      {Q2, "max_window_layers",
+       [](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 2;
+         j["max_window_layers"] = 0;
+       },
+       Effect::Same},  // no layer below 0: none slides
+      {Q2, "layer_types",
+       [](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 2;
+         j["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       Effect::Changes},
       {Q3, "use_sliding_window", with("use_sliding_window", true), Effect::Refused},
       {Q3, "layer_types", with("layer_types", {"sliding_attention", "full_attention"}), Effect::Refused},
       {Q3, "layer_types", with("layer_types", {"full_attention", "full_attention"}), Effect::Same},

@@ -191,6 +191,33 @@ TEST(HfModels, QwenMoeDenseLayersMatchTheDenseImplementation) {
   }
 }
 
+// Qwen-MoE's sliding windows (use_sliding_window): Qwen2MoeConfig's layer_types, sliding on the even layers
+// below max_window_layers; the window matters on a prompt longer than it.
+TEST(HfModels, QwenMoeSlidingWindowsMatchTheDenseImplementation) {
+  HfTestModel m = qwen_test_model();
+  m.qwen_sliding = true;
+  const fs::path dir = test::run_temp_dir("qwen_sliding");
+  m.write(dir);
+  const ModelSpec spec = open_model_spec(dir);
+  EXPECT_EQ(spec.features.window, (std::vector<int64_t>{3, 0}));
+  const std::vector<int32_t> prompt = vocab_tokens(6, 9, m.vocab);
+  const Tensor dense = m.dense_logits(prompt);
+  HfTestModel full = m;
+  full.qwen_sliding = false;
+  EXPECT_FALSE(close(full.dense_logits(prompt), dense, 1e-3));
+  for (int tp : {1, 2}) {
+    const InferenceLayout layout =
+        make_layout(tp, 1, false, std::nullopt, spec.config.moe.router.num_experts);
+    run_ranks(tp, [&](Comm& world) {
+      auto store = open_store(spec);
+      Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+      const int id = engine.add_sequence(16);
+      EXPECT_TRUE(close(engine.prefill(std::vector<int>{id}, {prompt}), dense, 1e-4)) << "TP " << tp;
+    });
+  }
+  fs::remove_all(dir);
+}
+
 TEST(HfModels, GptOssSingleRankEngineMatchesADenseDoubleImplementation) {
   const Reference& r = reference(ModelFormat::GptOss);
   EXPECT_EQ(r.spec.format, ModelFormat::GptOss);
@@ -420,8 +447,8 @@ TEST(HfModels, AFormatThatContradictsTheFilesIsRefusedNamingBoth) {
   expect_error([&] { open_model_spec(dir); }, {"mlp_only_layers", "[0, 2)"});
   rewrite("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}});
   expect_error([&] { open_model_spec(dir); }, {"rope_scaling", "dynamic", "yarn"});
-  rewrite("use_sliding_window", true);
-  expect_error([&] { open_model_spec(dir); }, {"use_sliding_window"});
+  rewrite("layer_types", {"sliding_attention", "full_attention"});  // without use_sliding_window
+  expect_error([&] { open_model_spec(dir); }, {"layer_types", "use_sliding_window"});
   fs::remove_all(dir);
 }
 

@@ -24,6 +24,9 @@ struct HfTestModel {
   bool norm_topk_prob = false;  // Qwen
   int64_t window = 3;           // gpt-oss sliding_attention layers (layer 0 of 2)
   int64_t mixtral_window = 0;   // Mixtral sliding_window on every layer; 0: null (full attention)
+  // Qwen-MoE use_sliding_window: sliding_window on the even layers below max_window_layers (Qwen2MoeConfig)
+  bool qwen_sliding = false;
+  int64_t qwen_window = 3, max_window_layers = 28;
   double rope_theta = 1e6;
   float eps = 1e-6f;
   bool attention_bias = false;  // Qwen3-MoE / OLMoE: q/k/v/o biases
@@ -105,7 +108,11 @@ struct HfTestModel {
       j["norm_topk_prob"] = norm_topk_prob;
       j["decoder_sparse_step"] = sparse_step;
       j["mlp_only_layers"] = mlp_only_layers;
-      j["use_sliding_window"] = false;
+      j["use_sliding_window"] = qwen_sliding;
+      if (qwen_sliding) {
+        j["sliding_window"] = qwen_window;
+        j["max_window_layers"] = max_window_layers;
+      }
     } else if (format == ModelFormat::Mixtral) {
       j["model_type"] = "mixtral";
       j["head_dim"] = head_dim;
@@ -280,7 +287,12 @@ struct HfTestModel {
     }
     apply_rope(q, heads);
     apply_rope(k, kv_heads);
-    const int64_t win = gpt ? (l % 2 == 0 ? window : 0) : format == ModelFormat::Mixtral ? mixtral_window : 0;
+    const bool qwen_slides =
+        format == ModelFormat::QwenMoe && qwen_sliding && l % 2 == 0 && l < max_window_layers;
+    const int64_t win = gpt                              ? (l % 2 == 0 ? window : 0)
+                        : format == ModelFormat::Mixtral ? mixtral_window
+                        : qwen_slides                    ? qwen_window
+                                                         : 0;
     std::vector<double> ctx(static_cast<size_t>(n * qd), 0.0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv_heads);

@@ -414,19 +414,39 @@ void read_deepseek(Reader& r, const json& j, ModelFormat format, ModelConfig& c,
   for (const char* key : {"ep_size", "pretraining_tp"}) r.no_effect(key);
 }
 
-// Qwen2/Qwen3-MoE: sliding windows are refused (transformers releases disagree on which layers slide);
-// dense MLP layers where mlp_only_layers lists them or (l + 1) % decoder_sparse_step != 0
-// (Qwen2MoeDecoderLayer).
-void read_qwen_common(Reader& r, int layers, ModelFeatures& f, int64_t default_intermediate) {
-  if (r.flag("use_sliding_window", false))
+void read_qwen_dense_layers(Reader& r, int layers, ModelFeatures& f, int64_t default_intermediate);
+
+// Qwen2/Qwen3-MoE attention windows and dense layers. Qwen2-MoE's sliding windows follow Qwen2MoeConfig
+// today; Qwen3-MoE's are refused (its config does not say which layers slide).
+void read_qwen_common(Reader& r, int layers, ModelFeatures& f, int64_t default_intermediate, bool qwen2) {
+  const bool sliding = r.flag("use_sliding_window", false);
+  if (sliding && !qwen2)
     r.bad("use_sliding_window",
-          "expar runs Qwen MoE models with full attention only (which layers slide differs between "
-          "transformers releases); set it false");
-  r.no_effect("sliding_window");     // unused while use_sliding_window is false
-  r.no_effect("max_window_layers");  // likewise
-  for (const std::string& t : read_layer_types(r, layers))
-    if (t != "full_attention")
-      r.bad("layer_types", "sliding_attention layers are not run for Qwen MoE models: use full_attention");
+          "expar runs Qwen3-MoE with full attention only (its config says no layer's window); set it false");
+  std::vector<std::string> types = read_layer_types(r, layers);
+  if (!sliding) {
+    r.no_effect("sliding_window");     // unused while use_sliding_window is false
+    r.no_effect("max_window_layers");  // likewise
+    for (const std::string& t : types)
+      if (t != "full_attention")
+        r.bad("layer_types",
+              "a sliding_attention layer needs use_sliding_window true (else its window is 0)");
+    read_qwen_dense_layers(r, layers, f, default_intermediate);
+    return;
+  }
+  // Qwen2-MoE with sliding windows, as Qwen2MoeConfig lays them out today: layer_types when given, else
+  // sliding on the even layers below max_window_layers (transformers releases before it differed).
+  const int64_t window = r.integer("sliding_window", 4096);
+  const int64_t below = r.integer("max_window_layers", 28, 0);
+  if (types.empty())
+    for (int l = 0; l < layers; ++l)
+      types.push_back((l + 1) % 2 != 0 && l < below ? "sliding_attention" : "full_attention");
+  for (const std::string& t : types) f.window.push_back(t == "sliding_attention" ? window : 0);
+  read_qwen_dense_layers(r, layers, f, default_intermediate);
+}
+
+// Qwen2/Qwen3-MoE dense MLP layers: those mlp_only_layers lists and (l + 1) % decoder_sparse_step != 0.
+void read_qwen_dense_layers(Reader& r, int layers, ModelFeatures& f, int64_t default_intermediate) {
   const int64_t step = r.integer("decoder_sparse_step", 1);
   std::vector<uint8_t> dense(static_cast<size_t>(layers), 0);
   if (const json* only = r.raw("mlp_only_layers")) {
@@ -577,7 +597,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       c.shared_expert_hidden = r.integer("shared_expert_intermediate_size", 5632, 0);
       f.shared_expert_gate = c.shared_expert_hidden > 0;
       f.qkv_bias = r.flag("qkv_bias", true);  // v5's key; v4's Qwen2-MoE always has q/k/v biases
-      read_qwen_common(r, c.layers, f, 5632);
+      read_qwen_common(r, c.layers, f, 5632, true);
       break;
     case ModelFormat::Qwen3Moe: {
       check_activation(r);
@@ -585,7 +605,7 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
       const bool bias = r.flag("attention_bias", false);
       f.qkv_bias = f.o_bias = bias;
       f.qk_norm = QkNorm::PerHead;
-      read_qwen_common(r, c.layers, f, 6144);
+      read_qwen_common(r, c.layers, f, 6144, false);
       break;
     }
     case ModelFormat::Olmoe: {
