@@ -2,6 +2,7 @@
 // Every matrix product in expar goes through here (f32, row-major): oneDNN's sgemm, except one row against a
 // transposed matrix (decode's products), which core/matvec reads closer to memory bandwidth.
 #include <cstdint>
+#include <string>
 
 namespace expar {
 
@@ -39,6 +40,46 @@ inline void matmul(const float* a, const float* b, float* c, int64_t m, int64_t 
   args.accumulate = accumulate;
   matmul(args);
 }
+
+// Mixed precision: C (+)= op(A)·op(B) with A and B BF16 (uint16 storage, the upper half of an f32, as
+// DType::BF16 tensors hold them) and C f32, every product and sum in f32 (oneDNN's matmul primitive with
+// bf16 inputs and an f32 output). The same transposes, leading dimensions, accumulate semantics and edge
+// cases (m or n = 0: no-op; k = 0: clears C unless accumulating) as matmul(). oneDNN creates its primitives
+// per layout, not per shape: every size and leading dimension is a runtime argument (DNNL_RUNTIME_DIM_VAL),
+// so the grouped expert GEMMs' changing row counts reuse one primitive per (transposes, accumulate, compute
+// threads), cached per thread. (Measured on this VM, a Xeon with AMX: creating one costs 0.03-0.05 ms, and
+// the runtime-size primitive ran at 1.1-1.7 TFLOP/s on 2 threads at m = 128-2048, within the spread of the
+// fixed-shape brgemm one's 1.2-1.7; /tmp probe, not kept.)
+// Not under batch invariance (matmul_min_rows() > 0): its row quantum is a rule of the f32 kernels; refused.
+// Where oneDNN has no BF16 matmul at all (CPUs below AVX-512) it throws expar::Error saying so; on AVX-512
+// CPUs without BF16 dot products oneDNN converts to f32 (correct, slower than sgemm): callers that promise
+// speed ask bf16_native() first.
+struct MatmulBf16Args {
+  const uint16_t* a = nullptr;  // op(A) is [m, k]
+  const uint16_t* b = nullptr;  // op(B) is [k, n]
+  float* c = nullptr;           // C is [m, n]
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  bool accumulate = false;
+  int64_t lda = -1, ldb = -1, ldc = -1;
+};
+void matmul_bf16(const MatmulBf16Args& args);
+
+// Whether oneDNN multiplies BF16 on this CPU's BF16 dot-product instructions (AVX512_BF16, or AMX-BF16):
+// its effective ISA (DNNL_MAX_CPU_ISA included) has avx512_core_bf16. Without them, `--precision bf16` is
+// refused by name (check_bf16_native), never silently run another way.
+bool bf16_native();
+// The CPU ISA oneDNN runs on, by oneDNN's name ("avx512_core_amx", "avx512_core_bf16", "avx2", ...).
+std::string dnnl_isa_name();
+// Throws expar::Error "<what> needs a CPU with BF16 dot products (...): oneDNN runs <isa> here" unless
+// bf16_native().
+void check_bf16_native(const std::string& what);
+
+// dst[r·ld_dst + c] = f32_to_bf16(src[r·ld_src + c]) (core/convert.hpp: nearest, ties to even; NaN stays
+// NaN) for r < rows, c < cols: the activations a BF16 product reads.
+void round_rows_to_bf16(const float* src, int64_t ld_src, uint16_t* dst, int64_t ld_dst, int64_t rows,
+                        int64_t cols);
 
 // Batch invariance (expar serve): oneDNN's sgemm picks its kernels and blocking by the row count m, so row i
 // of a product can depend on how many other rows share the call and on where in the call it sits. Measured
