@@ -40,6 +40,11 @@ ExpertWeights ExpertWeights::experts(int64_t begin, int64_t end) const {
   auto rows = [&](const Tensor& t) { return t.defined() && t.numel() > 0 ? t.rows(begin, end) : Tensor(); };
   ExpertWeights s{rows(w1), rows(w3), rows(w2), rows(b1), rows(b3), rows(b2)};
   s.activation = activation;
+  if (bf16_products()) {
+    s.w1_bf16 = w1_bf16.rows(begin, end);
+    s.w3_bf16 = w3_bf16.rows(begin, end);
+    s.w2_bf16 = w2_bf16.rows(begin, end);
+  }
   if (mxfp4)
     s.mxfp4 = std::make_shared<const Mxfp4Experts>(
         Mxfp4Experts{rows(mxfp4->gate_up_blocks), rows(mxfp4->gate_up_scales), rows(mxfp4->down_blocks),
@@ -73,6 +78,8 @@ WeightView ExpertWeights::matrix(ExpertMatrix which, int64_t l) const {
 int64_t ExpertWeights::bytes() const {
   int64_t total = 0;
   for (const Tensor* t : {&w1, &w3, &w2, &b1, &b3, &b2}) total += weight_bytes(*t);
+  if (bf16_products())
+    for (const Tensor* t : {&w1_bf16, &w3_bf16, &w2_bf16}) total += weight_bytes(*t);
   if (mxfp4)
     for (const Tensor* t :
          {&mxfp4->gate_up_blocks, &mxfp4->gate_up_scales, &mxfp4->down_blocks, &mxfp4->down_scales})
@@ -102,6 +109,16 @@ void ExpertWeights::validate() const {
   } else {
     validate_matrices();
   }
+  if (bf16_products())
+    EXPAR_CHECK(w1.dtype() == DType::F32 && w1_bf16.dtype() == DType::BF16 &&
+                    w3_bf16.dtype() == DType::BF16 && w2_bf16.dtype() == DType::BF16 &&
+                    w1_bf16.shape() == w1.shape() && w3_bf16.shape() == w3.shape() &&
+                    w2_bf16.shape() == w2.shape(),
+                "expert BF16 copies must be BF16 copies of f32 masters of the same shapes: masters w1 {} {}, "
+                "copies w1 {} {}, w3 {} {}, w2 {} {} (make them with refresh_bf16_copies)",
+                dtype_name(w1.dtype()), shape_string(w1.shape()), dtype_name(w1_bf16.dtype()),
+                shape_string(w1_bf16.shape()), dtype_name(w3_bf16.dtype()), shape_string(w3_bf16.shape()),
+                dtype_name(w2_bf16.dtype()), shape_string(w2_bf16.shape()));
   auto check_bias = [&](const Tensor& b, int64_t cols, const char* what) {
     if (b.defined() && b.numel() > 0)
       EXPAR_CHECK(b.dtype() == DType::F32 && b.ndim() == 2 && b.dim(0) == local_count() && b.dim(1) == cols,
@@ -326,6 +343,19 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
 
 }  // namespace
 
+void refresh_bf16_copies(ExpertWeights& w) {
+  EXPAR_CHECK(w.f32(), "BF16 copies are made from f32 expert weights, got {}",
+              w.mxfp4 ? "mxfp4" : dtype_name(w.w1.dtype()));
+  for (auto [master, copy] :
+       {std::pair{&w.w1, &w.w1_bf16}, std::pair{&w.w3, &w.w3_bf16}, std::pair{&w.w2, &w.w2_bf16}}) {
+    if (!(copy->defined() && copy->dtype() == DType::BF16 && copy->shape() == master->shape()))
+      *copy = Tensor::empty(master->shape(), DType::BF16, MemCategory::ExpertWeights);
+    const int64_t cols = master->numel() > 0 ? master->dim(2) : 0;
+    const int64_t rows = cols > 0 ? master->numel() / cols : 0;
+    round_rows_to_bf16(master->data<float>(), cols, static_cast<uint16_t*>(copy->raw()), cols, rows, cols);
+  }
+}
+
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
                         const ExpertWeights& weights, Tensor& out, ExpertMlpState* state) {
   weights.validate();
@@ -346,7 +376,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int workers = task_threads(tasks);
   // Decided here, on the calling thread: the batch-invariance setting is per thread. Weights held in a narrow
   // format run in the row form, whose products read them as stored (core/weight_matmul.hpp).
-  const bool column_form_allowed = column_form_allowed_here() && weights.f32();
+  const bool column_form_allowed = column_form_allowed_here() && weights.f32() && !weights.bf16_products();
   auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
   auto rows_of = [&](int64_t l) {
     return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
@@ -363,7 +393,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     state->gate_pre = Tensor::empty({recv, ldp});
     state->up_pre = Tensor::empty({recv, ldp});
   }
-  if (h > 0 && max_rows == 1 && matmul_runs_matvec(1, false, true)) {
+  const bool bf16 = weights.bf16_products();
+  if (h > 0 && max_rows == 1 && matmul_runs_matvec(1, false, true) && !bf16) {
     forward_one_row_experts(decoded, offsets, order, weights, out, state);
     return;
   }
@@ -373,6 +404,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int64_t max_columns = padded_columns(max_rows);
   Tensor act = Tensor::empty({workers, max_columns, h});
   Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_columns, h + 2 * d});
+  // BF16 products: per worker the expert's input rows [rows, d] and its activation [rows, ldp] in BF16.
+  Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, d + ldp}, DType::BF16);
   const float* x = decoded.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
@@ -414,6 +447,21 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       activate(weights.activation, In{at, cols}, In{bt, cols}, Out{m, cols}, h, cols);
       matmul(w2, m, yt, d, cols, h, false, false, false);
       transpose(yt, d, n, cols, yl, d);
+    } else if (bf16) {
+      uint16_t* xb = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (d + ldp);
+      uint16_t* mb = xb + max_rows * d;
+      const uint16_t* w1 = static_cast<const uint16_t*>(weights.w1_bf16.raw()) + l * h * d;
+      const uint16_t* w3 = static_cast<const uint16_t*>(weights.w3_bf16.raw()) + l * h * d;
+      const uint16_t* w2 = static_cast<const uint16_t*>(weights.w2_bf16.raw()) + l * d * h;
+      // a [n, h] = x·w1ᵀ, b = x·w3ᵀ, y [n, d] = m·w2ᵀ: x and m rounded to BF16, a, b, m and y f32.
+      round_rows_to_bf16(x + begin * d, d, xb, d, n, d);
+      matmul_bf16({.a = xb, .b = w1, .c = al, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
+      matmul_bf16({.a = xb, .b = w3, .c = bl, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
+      if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
+      if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
+      activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
+      round_rows_to_bf16(m, h, mb, ldp, n, h);
+      matmul_bf16({.a = mb, .b = w2, .c = yl, .m = n, .n = d, .k = h, .trans_b = true, .lda = ldp});
     } else {
       const WeightProduct gate{
           .x = x + begin * d, .m = n, .w = weights.matrix(ExpertMatrix::Gate, l), .y = al, .ldy = ldp};
@@ -464,6 +512,10 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   const int workers = task_threads(tasks);
   const int64_t ldp = padded_stride(h);
   Tensor scratch = Tensor::empty({workers, 2, max_rows, ldp});
+  // BF16 products: per worker the expert's input rows and output gradient [rows, d] and two [rows, ldp]
+  // (the activation, then the gate pre-activation's gradient; the up pre-activation's gradient) in BF16.
+  const bool bf16 = weights.bf16_products();
+  Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, 2 * d + 2 * ldp}, DType::BF16);
   // The Wgrad input: the saved payload, decoded again if it was kept encoded.
   const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
   const float* x = decoded.data<float>();
@@ -488,6 +540,53 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
       return;
     }
     const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
+    if (bf16) {
+      uint16_t* xb = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (2 * d + 2 * ldp);
+      uint16_t* gyb = xb + max_rows * d;
+      uint16_t* mb = gyb + max_rows * d;  // m, then grad_a
+      uint16_t* gbb = mb + max_rows * ldp;
+      const uint16_t* w1b = static_cast<const uint16_t*>(weights.w1_bf16.raw()) + l * h * d;
+      const uint16_t* w3b = static_cast<const uint16_t*>(weights.w3_bf16.raw()) + l * h * d;
+      const uint16_t* w2b = static_cast<const uint16_t*>(weights.w2_bf16.raw()) + l * d * h;
+      // The f32 backward's products below, each on BF16 operands with an f32 result.
+      round_rows_to_bf16(gy + begin * d, d, gyb, d, n, d);
+      activate(weights.activation, al, bl, Out{m, h}, n, h);
+      round_rows_to_bf16(m, h, mb, ldp, n, h);
+      matmul_bf16({.a = gyb,
+                   .b = mb,
+                   .c = grads.w2.data<float>() + l * d * h,
+                   .m = d,
+                   .n = h,
+                   .k = n,
+                   .trans_a = true,
+                   .accumulate = add_weight_grads,
+                   .lda = d,
+                   .ldb = ldp});
+      matmul_bf16({.a = gyb, .b = w2b, .c = gm, .m = n, .n = h, .k = d, .ldc = ldp});
+      float* ga = m;
+      float* gb = gm;
+      activate_grad(weights.activation, al, bl, In{gm, ldp}, Out{ga, ldp}, Out{gb, ldp}, n, h);
+      if (has(grads.b1)) add_column_sums(In{ga, ldp}, n, h, grads.b1.data<float>() + l * h);
+      if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
+      round_rows_to_bf16(ga, ldp, mb, ldp, n, h);
+      round_rows_to_bf16(gb, ldp, gbb, ldp, n, h);
+      round_rows_to_bf16(x + begin * d, d, xb, d, n, d);
+      for (auto [g, grad_w] : {std::pair{mb, grads.w1.data<float>()}, std::pair{gbb, grads.w3.data<float>()}})
+        matmul_bf16({.a = g,
+                     .b = xb,
+                     .c = grad_w + l * h * d,
+                     .m = h,
+                     .n = d,
+                     .k = n,
+                     .trans_a = true,
+                     .accumulate = add_weight_grads,
+                     .lda = ldp,
+                     .ldb = d});
+      float* gxl = gx + begin * d;
+      matmul_bf16({.a = mb, .b = w1b, .c = gxl, .m = n, .n = d, .k = h, .lda = ldp});
+      matmul_bf16({.a = gbb, .b = w3b, .c = gxl, .m = n, .n = d, .k = h, .accumulate = true, .lda = ldp});
+      return;
+    }
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
     activate(weights.activation, al, bl, Out{m, h}, n, h);
     matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, add_weight_grads);

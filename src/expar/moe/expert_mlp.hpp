@@ -83,6 +83,17 @@ struct ExpertWeights {
   Tensor b1{}, b3{}, b2{};
   ExpertMlpActivation activation = ExpertMlpActivation::Swiglu;
   std::shared_ptr<const Mxfp4Experts> mxfp4{};
+  // Mixed precision (issue #35): BF16 copies of the f32 masters w1, w3, w2 (the same shapes, DType::BF16),
+  // made and refreshed by refresh_bf16_copies (a trainer: once per step, after the optimizer). When held,
+  // every product of the forward and backward is a BF16 product with f32 accumulation (core/matmul.hpp's
+  // matmul_bf16): the weights are these copies, and each activation is rounded to BF16 where it enters a
+  // product (the input rows and the SwiGLU output forward; the output gradient, the pre-activation gradients
+  // and the input rows for the backward). Everything else stays f32: the pre-activations (saved in f32), the
+  // activation and its gradient, the biases, the outputs, the input gradient, and the weight gradients
+  // (produced and accumulated in f32 into the f32 gradients, as without copies). Every expert then runs in
+  // the row form (the column form is an f32 sgemm layout) and the one-row decode form is not used.
+  Tensor w1_bf16{}, w3_bf16{}, w2_bf16{};
+  bool bf16_products() const { return w1_bf16.defined() && w1_bf16.ndim() == 3; }
   int64_t local_count() const { return mxfp4 ? mxfp4->gate_up_blocks.dim(0) : w1.dim(0); }
   int64_t hidden() const { return mxfp4 ? mxfp4->i1 - mxfp4->i0 : w1.dim(1); }
   int64_t model() const { return mxfp4 ? mxfp4->down_blocks.dim(1) : w1.dim(2); }
@@ -101,6 +112,11 @@ struct ExpertWeights {
  private:
   void validate_matrices() const;
 };
+
+// Makes (the first time) or refreshes w's BF16 copies from its f32 matrices, each value rounded to the
+// nearest BF16 (ties to even); the copies are charged to MemCategory::ExpertWeights. Refreshed in place when
+// they are already held, so views of them (ExpertWeights::experts) see the new values. Needs f32 weights.
+void refresh_bf16_copies(ExpertWeights& w);
 
 // The fewest rows an expert computes in the column form with (above).
 inline constexpr int64_t kExpertColumnFormMinRows = 8;
