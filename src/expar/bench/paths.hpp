@@ -34,6 +34,10 @@ struct PathsBenchOptions : LayerBenchSetup {
   // Payload format of each row movement; a reduced one runs the paths that encode rows only (the memory
   // table's no-EP column stays f32: the local path encodes nothing).
   PayloadPrecision precision;
+  // --precision bf16: the grouped GEMM's products in BF16 with f32 accumulation (the experts' BF16 copies of
+  // their f32 masters, moe/expert_mlp.hpp), and the matmul limit the same BF16 product (core/matmul.hpp's
+  // matmul_bf16) at the same shapes. Refused by name on CPUs without BF16 dot products (validate).
+  bool bf16_products = false;
 };
 
 // Throws expar::Error for a bad shape, an unknown path, emulated nodes under MPI, or ranks x threads above
@@ -67,7 +71,8 @@ struct PathResult {
   double gemm_flops_forward = 0.0;  // max over ranks
   double gemm_flops_backward = 0.0;
   // The grouped GEMM's limit: FLOP/s of one oneDNN matmul [matmul_rows, d]·[d, h] (this path's expert rows,
-  // max over ranks; every rank at once), timed after each of this path's repeats, median.
+  // max over ranks; every rank at once), timed after each of this path's repeats, median; with
+  // bf16_products the BF16 product the grouped GEMM runs (matmul_bf16), else the f32 one (matmul).
   double matmul_flops = 0.0;
   int64_t matmul_rows = 0;
   // Messages and bytes of one step (forward + backward), summed over all ranks, within and across nodes:

@@ -20,6 +20,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/core/tensor_convert.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/moe/moe_layer.hpp"
 #include "expar/moe/paths/path.hpp"
@@ -130,7 +131,14 @@ std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool f
   return bytes;
 }
 
-// The limit's matmul, in the expert MLP's orientation: x [rows, d] times w1ᵀ ([h, d] stored).
+// The experts of a benchmark's layer multiply as o asks: with --precision bf16, from BF16 copies of their f32
+// masters (made once: the weights do not change between repeats).
+void set_products(MoeLayer& layer, const PathsBenchOptions& o) {
+  if (o.bf16_products) refresh_bf16_copies(layer.params().experts);
+}
+
+// The limit's matmul, in the expert MLP's orientation: x [rows, d] times w1ᵀ ([h, d] stored); with
+// --precision bf16 the BF16 product (BF16 copies of the same values) the grouped GEMM runs.
 class LimitMatmul {
  public:
   LimitMatmul(const PathsBenchOptions& o, int64_t rows)
@@ -141,6 +149,10 @@ class LimitMatmul {
         c_(Tensor::empty({rows, o.hidden_dim}, DType::F32, MemCategory::Other)) {
     fill_normal(a_, o.seed, 9001, 1.0f);
     fill_normal(w_, o.seed, 9002, 1.0f);
+    if (o.bf16_products) {
+      a_ = to_bf16(a_, MemCategory::Other);
+      w_ = to_bf16(w_, MemCategory::Other);
+    }
   }
   // Seconds of the slowest rank for one product: the faster of two back to back. Timed once after each step,
   // the local path's limit read well below the EP paths' in the same runs (docs/performance.md, "How `bench
@@ -149,8 +161,17 @@ class LimitMatmul {
   double seconds(Comm& world) {
     auto once = [&] {
       return timed_max(world, [&] {
-        matmul(a_.data<float>(), w_.data<float>(), c_.data<float>(), rows_, o_.hidden_dim, o_.model_dim,
-               false, true, false);
+        if (o_.bf16_products)
+          matmul_bf16({.a = static_cast<const uint16_t*>(a_.raw()),
+                       .b = static_cast<const uint16_t*>(w_.raw()),
+                       .c = c_.data<float>(),
+                       .m = rows_,
+                       .n = o_.hidden_dim,
+                       .k = o_.model_dim,
+                       .trans_b = true});
+        else
+          matmul(a_.data<float>(), w_.data<float>(), c_.data<float>(), rows_, o_.hidden_dim, o_.model_dim,
+                 false, true, false);
       });
     };
     const double first = once();
@@ -189,6 +210,7 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   MoeLayer layer(config_of(o), execution_of(o, path), group, "bench",
                  MoeSharedResources{heap.get(), nullptr, -1});
   layer.init_params(o.seed);
+  set_products(layer, o);
   const auto& order = phase_order();
   const size_t p = order.size();
   // Per repeat: [forward total, backward total, forward phases..., backward phases...], max over ranks.
@@ -391,6 +413,7 @@ double limit_fraction(const PathsReport& report, const PathResult& r, const std:
 
 void validate(const PathsBenchOptions& o, int local_ranks) {
   validate_setup(o);
+  if (o.bf16_products) check_bf16_native("expar bench paths --precision bf16");
   EXPAR_CHECK(o.transport == "threads" || o.transport == "mpi",
               "--transport '{}' is unknown: use threads (default) or mpi (under mpirun)", o.transport);
   check_emulated_nodes(o.ranks_per_node, o.ranks, o.transport);
@@ -502,6 +525,7 @@ std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o) {
       TrackerBinding binding(tracker);
       MoeLayer layer(config_of(o), execution_of(o, path), *group, "bench");
       layer.init_params(o.seed);
+      set_products(layer, o);
       const Tensor x = input_of(o, rank, 1);
       const Tensor grad_y = input_of(o, rank, 2);
       MoeState state;

@@ -48,17 +48,18 @@ std::string format_paths_table(const PathsReport& report) {
   std::string s;
   s += fmt::format(
       "expar bench paths: {} ranks{} (EP {}) x {} compute thread(s); T={} tokens/rank, d={}, h={}, E={}, "
-      "top-{}; payload {}; "
+      "top-{}; payload {}; products {}; "
       "median of {} repeats after {} warm-up, max over ranks{}\n",
       o.ranks, o.transport == "mpi" ? " as MPI processes" : "", o.ep, o.threads, o.tokens, o.model_dim,
-      o.hidden_dim, o.experts, o.top_k, o.precision.describe(), o.repeats, o.warmup,
+      o.hidden_dim, o.experts, o.top_k, o.precision.describe(),
+      o.bf16_products ? "bf16 (f32 accumulation)" : "f32", o.repeats, o.warmup,
       o.sync_comm ? "; --sync-comm: a barrier before each communication phase, booked as 'wait for peers'"
                   : "");
   s += fmt::format(
-      "limits (same run, every rank at once): oneDNN matmul [{} x {}]·[{} x {}] {:.1f} GFLOP/s per rank; "
+      "limits (same run, every rank at once): oneDNN {}matmul [{} x {}]·[{} x {}] {:.1f} GFLOP/s per rank; "
       "memcpy {} {:.2f} GB/s per rank (bytes read + written)\n",
-      l.matmul_rows, o.model_dim, o.model_dim, o.hidden_dim, l.matmul_flops / 1e9,
-      format_bytes(l.memcpy_bytes), l.memcpy_bandwidth / 1e9);
+      o.bf16_products ? "BF16 " : "", l.matmul_rows, o.model_dim, o.model_dim, o.hidden_dim,
+      l.matmul_flops / 1e9, format_bytes(l.memcpy_bytes), l.memcpy_bandwidth / 1e9);
   s += "grouped GEMM limit: the same matmul at each path's expert rows, timed between that path's repeats:";
   for (const auto& r : report.results)
     s += fmt::format(" {} [{} rows] {:.1f}", r.path, r.matmul_rows, gemm_limit(report, r) / 1e9);
@@ -195,6 +196,7 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
                                {"combine", payload_format_name(o.precision.combine)},
                                {"combine_grad", payload_format_name(o.precision.combine_grad)},
                                {"dispatch_grad", payload_format_name(o.precision.dispatch_grad)}};
+  j["options"]["products"] = o.bf16_products ? "bf16" : "f32";
   j["limits"] = {{"matmul_flops_per_s", report.limits.matmul_flops},
                  {"matmul_rows", report.limits.matmul_rows},
                  {"memcpy_bytes_per_s", report.limits.memcpy_bandwidth},

@@ -52,10 +52,19 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
                 "barrier before each communication phase, shown as 'wait for peers' (phases then measure "
                 "moving rows, not the slowest peer)");
   add_precision_flags(cmd, *precision);
+  auto products = std::make_shared<std::string>("f32");
+  cmd->add_option(
+         "--precision", *products,
+         "the grouped GEMM's products: f32 | bf16 (BF16 operands, f32 accumulation, from BF16 copies "
+         "of the f32 weights; the matmul limit is then the same BF16 product; refused on CPUs "
+         "without BF16 dot products)")
+      ->capture_default_str()
+      ->check(one_of({"f32", "bf16"}));
   add_json_option(cmd, *json, "the figures");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
-  table[cmd] = [o, json, svg_path, no_memory, precision, paths, ranks] {
+  table[cmd] = [o, json, svg_path, no_memory, precision, paths, ranks, products] {
     o->precision = precision->parse();
+    o->bf16_products = *products == "bf16";
     if (paths->count() == 0) o->paths = benchmarked_paths(o->precision);
     EXPAR_CHECK(
         o->transport == "threads" || ranks->count() == 0,
