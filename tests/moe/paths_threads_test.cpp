@@ -26,6 +26,7 @@
 #include "common/close.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
+#include "expar/core/matmul.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/lease_pool.hpp"
@@ -82,14 +83,17 @@ struct Case {
   Precision precision = kPrecisions[0];
   int ranks_per_node = 0;  // emulated nodes (0: one node): rows across nodes become put/get, not loads
   bool gpt_oss = false;    // router bias + softmax over the top K, biased clamped-SwiGLU experts
+  // The experts' products in BF16 from BF16 copies of their f32 masters (moe/expert_mlp.hpp), the reference's
+  // too: the paths that move the same rows stay bit-identical, the reference within BF16's resolution.
+  bool bf16_products = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("W{}_EP{}_{}_{}_{}{}{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
+  return fmt::format("W{}_EP{}_{}_{}_{}{}{}{}", c.ranks, c.ep, c.capacity ? "capacity" : "dropless",
                      score_function_name(c.score), c.precision.name,
                      c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "",
-                     c.gpt_oss ? "_gpt_oss" : "");
+                     c.gpt_oss ? "_gpt_oss" : "", c.bf16_products ? "_bf16_products" : "");
 }
 
 std::vector<Case> all_cases() {
@@ -115,6 +119,15 @@ std::vector<Case> all_cases() {
         Case{4, 2, true, ScoreFunction::Softmax, mixed}, Case{4, 4, false, ScoreFunction::Softmax, f32, 2}}) {
     cases.push_back(c);
     cases.back().gpt_oss = true;
+  }
+  // BF16 products: one rank; EP 2 and 4 with drops and f32 or BF16 rows; gpt-oss's biased experts over EP 2.
+  const Precision& bf16 = kPrecisions[1];
+  for (Case c :
+       {Case{1, 1, false, ScoreFunction::Softmax, f32}, Case{2, 2, false, ScoreFunction::Softmax, f32},
+        Case{4, 2, true, ScoreFunction::Sigmoid, bf16}, Case{4, 4, true, ScoreFunction::Softmax, f32},
+        Case{4, 2, true, ScoreFunction::Softmax, f32, 0, true}}) {
+    c.bf16_products = true;
+    cases.push_back(c);
   }
   return cases;
 }
@@ -152,7 +165,7 @@ MoeExecution execution_of(const Case& c, const std::string& path) {
 // stream, so the same whatever the layout) and gate/up weights scaled so that both clamps bite. Then push
 // the experts of the last EP rank of a group out of every top-K (a rank whose experts receive nothing): a
 // large negative weight on the constant channel.
-void init_layer(MoeLayer& layer, int ep) {
+void init_layer(MoeLayer& layer, int ep, bool bf16_products = false) {
   layer.init_params(kSeed);
   if (layer.config().expert_biases) {
     MoeParams& p = layer.params();
@@ -168,6 +181,7 @@ void init_layer(MoeLayer& layer, int ep) {
     for (Tensor* w : {&p.experts.w1, &p.experts.w3})
       for (float& v : w->span<float>()) v *= 4.0f;
   }
+  if (bf16_products) refresh_bf16_copies(layer.params().experts);
   if (ep < 2) return;
   const ExpertPlacement placement(kExperts, ep);
   for (int e : placement.local_experts(ep - 1)) layer.params().w_router.data<float>()[e * kD] = -50.0f;
@@ -258,7 +272,9 @@ double resolution_of(const PayloadPrecision& legs) {
 // gradient element is a sum of terms of the tensor's magnitude that cancel, and its rounding error scales
 // with those terms; across layouts it stays under a tenth of this).
 double loose_of(const Case& c) {
-  return std::max(resolution_of(c.precision.legs), c.gpt_oss ? 1e-5 : 0.0);
+  // BF16 products: an f32 rounding difference can move an activation across a BF16 rounding boundary.
+  return std::max(
+      {resolution_of(c.precision.legs), c.gpt_oss ? 1e-5 : 0.0, c.bf16_products ? 1.0 / 64 : 0.0});
 }
 
 RankResult run_step_twice(MoeLayer& layer, Comm& ep_group, const Tensor& x, const Tensor& grad_y) {
@@ -374,7 +390,7 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   const PayloadPrecision legs = c.precision.legs;
   MoeExecution local;  // dropless, f32 rows
   MoeLayer layer(cfg, local, solo, "moe");
-  init_layer(layer, c.ep);
+  init_layer(layer, c.ep, c.bf16_products);
   RouterState rs;
   const bool router_bias = layer.params().router_bias.defined();
   RouterOutput routed = router_forward(cfg.router, x, layer.params().w_router, nullptr, rs,
@@ -495,7 +511,7 @@ PathResults run_every_path(const Case& c, const TrainingLayout& layout, const Pa
     const Tensor grad_y = input_of(c.ranks, rank, 2);
     for (const auto& p : u.paths) {
       MoeLayer layer(config_of(c), execution_of(c, p), *ep_group);
-      init_layer(layer, c.ep);
+      init_layer(layer, c.ep, c.bf16_products);
       RankResult r = run_step_twice(layer, *ep_group, x, grad_y);
       std::lock_guard lock(mutex);
       results[p][static_cast<size_t>(rank)] = exported(r, host);
@@ -508,7 +524,7 @@ PathResults run_every_path(const Case& c, const TrainingLayout& layout, const Pa
         gys.push_back(input_of(c.ranks, member, 2));
       }
       MoeLayer layer(config_of(c), execution_of(c, u.decode_path), *ep_group);
-      init_layer(layer, c.ep);
+      init_layer(layer, c.ep, c.bf16_products);
       RankResult r = run_step_twice(layer, *ep_group, concat_rows(xs, kD), concat_rows(gys, kD));
       std::lock_guard lock(mutex);
       results[u.decode_path][static_cast<size_t>(rank)] = exported(r, host);
@@ -658,6 +674,8 @@ class PathsTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PathsTest, EveryPathMatchesTheLocalReference) {
   const Case c = GetParam();
+  if (c.bf16_products && dnnl_isa_name().rfind("avx512_core", 0) != 0)
+    GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
   const TrainingLayout layout(c.ranks, c.ep);
   const PathsUnderTest u = paths_under_test(c);
   ASSERT_EQ(u.paths.front(), "block");
