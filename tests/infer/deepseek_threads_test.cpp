@@ -199,6 +199,62 @@ TEST(Deepseek, EveryLayoutGivesTheSingleRankLogits) {
   }
 }
 
+// Redundant experts (issue #36): a layout whose EP partitions hold slots, some experts in two of them, gives
+// the single rank's logits (within 1e-5: a replica's rows share other products than on one rank), and both
+// replicas of a replicated expert compute rows.
+TEST(Deepseek, RedundantExpertSlotsGiveTheSingleRankLogits) {
+  const auto prompts = prompts_of(v3().model);
+  const EngineRun want = run_engine(v3().spec, single(v3().spec), prompts);
+  struct SlotCase {
+    int tp;
+    std::vector<int> slots;
+  };
+  for (const SlotCase& c : std::vector<SlotCase>{{2, {0, 1, 2, 3, 4, 5, 6, 7, 0, 1}},
+                                                 {4, {0, 1, 2, 3, 4, 5, 6, 7, 2, 5, 0, 3}}}) {
+    GenerateOptions o;
+    o.tp = c.tp;
+    o.enable_expert_parallel = true;
+    o.expert_slots = c.slots;
+    const InferenceLayout layout = inference_layout(o, v3().spec.config);
+    EXPECT_EQ(layout.placement().num_slots(), static_cast<int>(c.slots.size()));
+    const EngineRun got = run_engine(v3().spec, layout, prompts);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      EXPECT_TRUE(close(got.prefill[p], want.prefill[p])) << "TP " << c.tp << ", prompt " << p;
+      EXPECT_EQ(got.greedy[p], want.greedy[p]) << "TP " << c.tp;
+      for (int i = 0; i < kDecodeSteps; ++i)
+        EXPECT_TRUE(close(got.decode[p][i], want.decode[p][i])) << "TP " << c.tp << ", step " << i;
+    }
+  }
+  // Both replicas of experts 0 and 1 (slots 0, 1 on rank 0 and 8, 9 on rank 1) compute rows: the rows of each
+  // replicated expert split within 1 between them, layer by layer (so within 2 over the 2 MoE layers).
+  GenerateOptions o;
+  o.tp = 2;
+  o.enable_expert_parallel = true;
+  o.expert_slots = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1};
+  const InferenceLayout layout = inference_layout(o, v3().spec.config);
+  std::vector<std::vector<int64_t>> rows(2);
+  run_ranks(2, [&](Comm& world) {
+    auto store = open_store(v3().spec);
+    Engine engine(layout, world, load_rank_weights(*store, v3().spec, layout, world.rank()));
+    std::vector<int> ids;
+    for (size_t p = 0; p < prompts.size(); ++p) ids.push_back(engine.add_sequence(16));
+    engine.prefill(ids, prompts);
+    rows[static_cast<size_t>(world.rank())] = engine.stats().expert_tokens;
+  });
+  int64_t replicated_rows = 0;
+  for (int e : {0, 1}) {
+    replicated_rows += rows[0][e] + rows[1][e];
+    EXPECT_LE(std::abs(rows[0][e] - rows[1][e]), 2) << "expert " << e;
+  }
+  EXPECT_GE(replicated_rows, 4);  // the check above is not vacuous
+  // Slots that do not divide over the partitions are refused naming them.
+  GenerateOptions bad;
+  bad.tp = 4;
+  bad.enable_expert_parallel = true;
+  bad.expert_slots = {0, 1, 2, 3, 4, 5, 6, 7, 0};
+  expect_error([&] { inference_layout(bad, v3().spec.config); }, {"9 expert slots", "ep_degree=4"});
+}
+
 // DeepSeek-V3 as the Hub ships it: block-scaled FP8 projections (the latent attention's, experts, shared
 // experts, dense MLP) with F32 scales; held as stored, they give the logits of the values they encode.
 TEST(Deepseek, Fp8WeightsHeldAsStoredGiveTheLogitsOfTheirValues) {

@@ -38,7 +38,8 @@ InferenceRule broken_rule(const InferenceConfig& c) {
     const int ep = c.ep_degree.value_or(world);
     if (c.dp > 1 && ep != world) return InferenceRule::CrossDpSpansAll;
     if (world % ep != 0) return InferenceRule::WorldDivisible;
-    if (c.num_experts % ep != 0) return InferenceRule::ExpertsDivisible;
+    const int slots = c.expert_slots.empty() ? c.num_experts : static_cast<int>(c.expert_slots.size());
+    if (slots % ep != 0) return InferenceRule::ExpertsDivisible;
   }
   // Without EP the EP_TP group is the TP group.
   const int ep_tp = c.enable_expert_parallel ? world / c.ep_degree.value_or(world) : c.tp;
@@ -115,7 +116,14 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
           fmt::format("world_size={} (TP*DP={}*{}) is not divisible by ep_degree={}", world, c.tp, c.dp, ep);
       break;
     case InferenceRule::ExpertsDivisible:
-      r.rule = fmt::format("num_experts={} is not divisible by ep_degree={}{}", c.num_experts, ep, given);
+      r.rule =
+          c.expert_slots.empty()
+              ? fmt::format("num_experts={} is not divisible by ep_degree={}{}", c.num_experts, ep, given)
+              : fmt::format(
+                    "the {} expert slots (num_experts={} and {} redundant) are not divisible by "
+                    "ep_degree={}{}",
+                    c.expert_slots.size(), c.num_experts,
+                    static_cast<int>(c.expert_slots.size()) - c.num_experts, ep, given);
       break;
     default: {
       const int ep_tp = c.enable_expert_parallel ? world / ep : c.tp;
@@ -183,7 +191,9 @@ InferenceLayout::InferenceLayout(const InferenceConfig& config)
       dp_(config.dp),
       ep_enabled_(config.enable_expert_parallel),
       ep_degree_(validated_ep_degree(config)),
-      placement_(config.num_experts, ep_degree_, config.placement),
+      placement_(config.expert_slots.empty()
+                     ? ExpertPlacement(config.num_experts, ep_degree_, config.placement)
+                     : ExpertPlacement::from_slots(config.num_experts, ep_degree_, config.expert_slots)),
       config_(config) {}
 
 int InferenceLayout::ep_tp_size() const {

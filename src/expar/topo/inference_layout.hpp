@@ -40,6 +40,10 @@ struct InferenceParallelism {
   bool enable_expert_parallel = false;
   std::optional<int> ep_degree;  // unset: TP * DP with EP, 1 without
   PlacementKind placement = PlacementKind::Contiguous;
+  // Redundant experts (issue #36): slot s of the ep_degree partitions' slots holds logical expert
+  // expert_slots[s] (ExpertPlacement::from_slots: slots per partition equal, every expert in one or more);
+  // empty: one slot per expert, laid out by `placement`.
+  std::vector<int> expert_slots;
 };
 
 // The layout's input: the run's parallelism and the model's sizes its rules check.
