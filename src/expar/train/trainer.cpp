@@ -20,7 +20,8 @@ namespace expar {
 
 namespace {
 
-std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement& placement) {
+// `latent`: the model's attention is latent (its CP groups gather the compressed latent rows).
+std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement& placement, bool latent) {
   std::string out =
       fmt::format("layout: W={} ranks, D={} dense-DP, C={} CP, M_E={} (EP_MP), D_E={} (EP_DP)\n",
                   layout.world, layout.dp, layout.cp, layout.ep_mp, layout.ep_dp);
@@ -32,7 +33,8 @@ std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement&
   out += "  EP_MP groups (exchange token rows): " + list(layout.groups(TrainingGroup::EpMp)) + "\n";
   out += "  EP_DP groups (reduce expert gradients): " + list(layout.groups(TrainingGroup::EpDp)) + "\n";
   if (layout.cp > 1) {
-    out += "  CP groups (chunks of the same sequences; gather keys and values): " +
+    out += fmt::format("  CP groups (chunks of the same sequences; gather {}): ",
+                       latent ? "the latent rows" : "keys and values") +
            list(layout.groups(TrainingGroup::Cp)) + "\n";
     out += "  dense DP groups (read the same chunk of different sequences): " +
            list(layout.groups(TrainingGroup::Dp)) + "\n";
@@ -416,7 +418,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   if (model.lease_pool() != nullptr)
     memory += lease_pool_sizing(cfg, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
   if (observer && observer->on_start && world.rank() == 0)
-    observer->on_start(describe_layout(layout, model.first_moe().placement()) + memory);
+    observer->on_start(
+        describe_layout(layout, model.first_moe().placement(), model.features().mla.enabled()) + memory);
 
   bool saved = false;
   auto save = [&](int steps_done) {
