@@ -114,14 +114,7 @@ Tensor attention_forward_cached(const AttentionShape& shape, const Rope& rope,
     const int64_t capacity = c->capacity();
     check_f32(c->k, layer, "cache.k", {shape.n_kv_heads, capacity, hd});
     check_f32(c->v, layer, "cache.v", {shape.n_kv_heads, capacity, hd});
-    EXPAR_CHECK(
-        c->length >= 0 && c->length + new_tokens[i] <= capacity,
-        "{}: sequence {} holds {} cached tokens and adds {}, beyond the cache capacity {}: create the "
-        "cache with a larger capacity",
-        layer, i, c->length, new_tokens[i], capacity);
-    EXPAR_CHECK(c->length + new_tokens[i] <= rope.max_positions(),
-                "{}: sequence {} would reach position {}, beyond the Rope's max_positions={}", layer, i,
-                c->length + new_tokens[i] - 1, rope.max_positions());
+    phases::check_cache_room(layer, i, c->length, new_tokens[i], capacity, rope);
     total += new_tokens[i];
     // A one-token step's probabilities are the group's rows at once (attend_group_one_token).
     longest = std::max(longest, (new_tokens[i] == 1 ? group : new_tokens[i]) * (c->length + new_tokens[i]));

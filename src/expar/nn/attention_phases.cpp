@@ -217,6 +217,17 @@ void attend_group_one_token(const float* q, int64_t group, const float* k, int64
                     .ldc = widths.v});
 }
 
+void check_cache_room(const char* layer, size_t i, int64_t length, int64_t adds, int64_t capacity,
+                      const Rope& rope) {
+  EXPAR_CHECK(length >= 0 && length + adds <= capacity,
+              "{}: sequence {} holds {} cached tokens and adds {}, beyond the cache capacity {}: create the "
+              "cache with a larger capacity",
+              layer, i, length, adds, capacity);
+  EXPAR_CHECK(length + adds <= rope.max_positions(),
+              "{}: sequence {} would reach position {}, beyond the Rope's max_positions={}", layer, i,
+              length + adds - 1, rope.max_positions());
+}
+
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
                          const AttentionOptions& options, const char* layer) {
   const Dims dims = check_weights(shape, rope, weights, layer);

@@ -87,6 +87,11 @@ struct AttendHeads {
 
 // The argument checks every training call makes (weights against the shape and Rope, options without
 // inference-only parts); returns the widths.
+// A cached step's room for sequence i (attention and latent attention alike): its cache holds `length` of
+// `capacity` positions and adds `adds`, all within the Rope's positions; throws expar::Error naming them.
+void check_cache_room(const char* layer, size_t i, int64_t length, int64_t adds, int64_t capacity,
+                      const Rope& rope);
+
 Dims check_training_call(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
                          const AttentionOptions& options, const char* layer);
 

@@ -421,14 +421,7 @@ Tensor latent_attention_forward_cached(const LatentAttentionShape& shape, const 
                 layer, i, shape_string(c->latent.shape()));
     const int64_t capacity = c->capacity();
     check_f32(c->latent, layer, "cache.latent", {capacity, width});
-    EXPAR_CHECK(
-        c->length >= 0 && c->length + new_tokens[i] <= capacity,
-        "{}: sequence {} holds {} cached tokens and adds {}, beyond the cache capacity {}: create the "
-        "cache with a larger capacity",
-        layer, i, c->length, new_tokens[i], capacity);
-    EXPAR_CHECK(c->length + new_tokens[i] <= rope.max_positions(),
-                "{}: sequence {} would reach position {}, beyond the Rope's max_positions={}", layer, i,
-                c->length + new_tokens[i] - 1, rope.max_positions());
+    phases::check_cache_room(layer, i, c->length, new_tokens[i], capacity, rope);
     total += new_tokens[i];
     // A one-token absorbed step's probabilities are all the heads' rows at once.
     const int64_t rows = absorbed && new_tokens[i] == 1 ? H : new_tokens[i];
