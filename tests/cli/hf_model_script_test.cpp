@@ -293,7 +293,7 @@ TEST(HfModelScript, ContradictionsAreRefusedWithTheFix) {
 }
 
 TEST(HfModelScript, AnFp8CheckpointEvaluatesAlikeOnEveryLayout) {
-  // The engine holds the script's FP8 weights as stored (infer/fp8_store.hpp): one rank, TP 2 (gate/up shards
+  // The engine holds the script's FP8 weights as stored (model/fp8_store.hpp): one rank, TP 2 (gate/up shards
   // of 64 rows widened with their down shards) and TP 2 with EP (whole experts in FP8) give the same loss.
   test::TempDir dir("hf_model_script_fp8");
   const fs::path out = dir.path() / "qwen3";

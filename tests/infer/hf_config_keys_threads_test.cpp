@@ -236,7 +236,7 @@ std::vector<KeyCase> key_cases() {
       {Q2, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}), Effect::Refused},
       {GO, "quantization_config", with("quantization_config", {{"quant_method", "mxfp4"}}),
        Effect::Same},  // MXFP4 experts are dequantised at load; these experts are stored unquantised
-      // Block-scaled FP8 (infer/fp8_store.hpp): the tensors that are F8_E4M3 carry their scales; these are
+      // Block-scaled FP8 (model/fp8_store.hpp): the tensors that are F8_E4M3 carry their scales; these are
       // not.
       {GO, "quantization_config", with("quantization_config", {{"quant_method", "fp8"}}), Effect::Same},
       {Q2, "quantization_config",

@@ -10,8 +10,8 @@
 #include "expar/infer/engine.hpp"
 #include "expar/infer/generate.hpp"
 #include "expar/infer/hf_config.hpp"
-#include "expar/infer/hf_experts.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
+#include "expar/model/hf_experts.hpp"
 #include "infer_test_util.hpp"
 
 namespace expar::infer {

@@ -2,13 +2,13 @@
 // _scales (with quantization_config mxfp4) runs like the dense double reference over the weights the blocks
 // encode (decoded here with a table of its own), on one rank and on EP / TP layouts: held as MXFP4 and
 // multiplied as stored where a rank's shard covers whole blocks, dequantised at load
-// (infer/mxfp4_store.hpp) where it does not.
+// (model/mxfp4_store.hpp) where it does not.
 #include <gtest/gtest.h>
 
 #include "core/expect_error.hpp"
 #include "expar/core/convert.hpp"
 #include "expar/infer/engine.hpp"
-#include "expar/infer/mxfp4_store.hpp"
+#include "expar/model/mxfp4_store.hpp"
 #include "hf_test_models.hpp"
 
 namespace expar::infer {

@@ -241,7 +241,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     infer::Engine engine(
         layout, world,
         [&] {
-          std::unique_ptr<infer::TensorStore> store = infer::open_store(spec);
+          std::unique_ptr<TensorStore> store = infer::open_store(spec);
           return infer::load_rank_weights(*store, spec, layout, world.rank(), o.engine.weight_dtype);
         }(),
         infer::EngineOptions{o.engine.decode_moe, {}});

@@ -2,9 +2,9 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
-#include "expar/infer/tensor_store.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/strict_json.hpp"
+#include "expar/model/checkpoint_manifest.hpp"
 
 namespace expar::infer {
 
@@ -22,21 +22,7 @@ std::string model_type_in(const fs::path& dir) {
 // A save of expar train holds manifest.json and, for a Hugging Face family, config.json and that family's
 // tensor names too: the manifest's "architecture" says which (absent or "ours": our own, nullopt).
 std::optional<ModelFormat> family_in_manifest(const fs::path& dir) {
-  const nlohmann::json j = read_manifest_json(dir);
-  if (!j.contains("architecture")) return std::nullopt;
-  const std::string label = (dir / "manifest.json").string();
-  const nlohmann::json& arch = j.at("architecture");
-  EXPAR_CHECK(
-      arch.is_string(),
-      "{}: \"architecture\" must be a string naming the model family, got {}: the manifest is damaged; "
-      "use another step directory",
-      label, json_excerpt(arch));
-  ModelFormat format{};
-  try {
-    format = model_format_from_name(arch.get<std::string>());
-  } catch (const Error& e) {
-    fail("{}: \"architecture\": {}", label, e.what());
-  }
+  const ModelFormat format = read_checkpoint_manifest(dir).format;
   return format == ModelFormat::Expar ? std::nullopt : std::optional(format);
 }
 
@@ -110,7 +96,7 @@ ModelSpec open_model_spec(const fs::path& given, std::optional<ModelFormat> form
     s.format = ModelFormat::Expar;
     s.dir = dir;
     s.tensor_path = dir;
-    s.config = model_config_from_manifest(dir);
+    s.config = read_checkpoint_manifest(dir).model;
     s.features.rope.theta = s.config.rope_theta;
     return s;
   }

@@ -17,7 +17,7 @@
 #include "expar/core/weight_view.hpp"
 #include "expar/infer/generate.hpp"
 #include "expar/infer/hf_config.hpp"
-#include "expar/infer/tensor_store.hpp"
+#include "expar/model/tensor_store.hpp"
 #include "expar/topo/inference_layout.hpp"
 
 namespace expar::infer {

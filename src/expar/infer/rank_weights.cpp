@@ -10,11 +10,9 @@
 #include "expar/core/error.hpp"
 #include "expar/core/tensor_convert.hpp"
 #include "expar/core/weight_view.hpp"
-#include "expar/infer/fp8_store.hpp"
-#include "expar/infer/hf_experts.hpp"
 #include "expar/infer/load_progress.hpp"
-#include "expar/infer/mxfp4_store.hpp"
-#include "expar/infer/weight_loader.hpp"
+#include "expar/model/hf_experts.hpp"
+#include "expar/model/weight_loader.hpp"
 
 namespace expar::infer {
 
@@ -389,11 +387,7 @@ RankWeights load_rank_weights(const TensorStore& store, const ModelSpec& spec, c
 
 std::unique_ptr<TensorStore> open_store(const ModelSpec& spec) {
   if (spec.format == ModelFormat::Expar) return ExparCheckpointStore::open(spec.dir);
-  // gpt-oss's MXFP4 experts (NAME_blocks / NAME_scales) read as the F32 tensors they encode.
-  if (spec.format == ModelFormat::GptOss)
-    return std::make_unique<Mxfp4Store>(ShardedStore::open(spec.tensor_path));
-  // FP8 weights come with their block scales (the other formats' tensors pass through).
-  return std::make_unique<Fp8Store>(ShardedStore::open(spec.tensor_path));
+  return open_hf_store(spec.tensor_path, spec.format);
 }
 
 }  // namespace expar::infer

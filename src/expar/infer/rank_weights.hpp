@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "expar/infer/hf_config.hpp"
-#include "expar/infer/tensor_store.hpp"
 #include "expar/model/model_config.hpp"
+#include "expar/model/tensor_store.hpp"
 #include "expar/model/weight_names.hpp"
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/nn/attention.hpp"

@@ -3,8 +3,8 @@
 // reads it): a stacked matrix NAME, [E, in, out] once decoded, is stored as
 //   NAME_blocks  U8 [E, out, in/32, 16]: two FP4 (e2m1) codes per byte, low nibble first, 32 per block
 //   NAME_scales  U8 [E, out, in/32]:     one E8M0 exponent per block (value = code · 2^(scale - 127))
-// One decoder for every reader: the inference store (infer/mxfp4_store.hpp) and the trainer's fine-tuning
-// load (train/checkpoint.hpp's load_hf_weights).
+// One decoder for every reader: the tensor store (model/mxfp4_store.hpp) through which the engine and the
+// trainer's fine-tuning load (train/checkpoint.hpp's load_hf_weights) read.
 #include <cstdint>
 
 namespace expar {

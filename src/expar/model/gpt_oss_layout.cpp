@@ -57,26 +57,4 @@ void gpt_oss_expert_to_hf(const ExpertWeights& w, int64_t l,
   for (int64_t c = 0; c < d; ++c) out[kDownBias][c] = b2[c];
 }
 
-void gpt_oss_expert_from_hf(const std::array<const float*, kGptOssExpertTensors>& in, ExpertWeights& w,
-                            int64_t l) {
-  check_biased(w);
-  const int64_t h = w.hidden(), d = w.model();
-  float* w1 = w.w1.data<float>() + l * h * d;
-  float* w3 = w.w3.data<float>() + l * h * d;
-  float* w2 = w.w2.data<float>() + l * d * h;
-  float* b1 = w.b1.data<float>() + l * h;
-  float* b3 = w.b3.data<float>() + l * h;
-  float* b2 = w.b2.data<float>() + l * d;
-  for (int64_t i = 0; i < h; ++i) {
-    for (int64_t c = 0; c < d; ++c) {
-      w1[i * d + c] = in[kGateUp][c * 2 * h + 2 * i];
-      w3[i * d + c] = in[kGateUp][c * 2 * h + 2 * i + 1];
-      w2[c * h + i] = in[kDown][i * d + c];
-    }
-    b1[i] = in[kGateUpBias][2 * i];
-    b3[i] = in[kGateUpBias][2 * i + 1];
-  }
-  for (int64_t c = 0; c < d; ++c) b2[c] = in[kDownBias][c];
-}
-
 }  // namespace expar

@@ -4,9 +4,9 @@
 //   model.layers.L.mlp.experts.gate_up_proj_bias  [E, 2h]     gate bias even, up bias odd
 //   model.layers.L.mlp.experts.down_proj          [E, h, d]   [in, out]
 //   model.layers.L.mlp.experts.down_proj_bias     [E, d]
-// and the conversion of one expert between it and expar's ExpertWeights (w1/w3 [h, d], w2 [d, h], b1/b3
-// [h], b2 [d]) for training's saves and loads. (The inference loader slices these tensors for expert TP
-// through its strided loaders, infer/hf_experts.hpp.)
+// and the conversion of one expert from expar's ExpertWeights (w1/w3 [h, d], w2 [d, h], b1/b3 [h], b2 [d])
+// into it, for training's saves. Every reader (the engine, training's loads) reads it through
+// model/hf_experts.hpp's load_gpt_oss_experts, which slices these tensors for expert TP.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -25,10 +25,8 @@ std::array<std::string, kGptOssExpertTensors> gpt_oss_expert_names(int layer);
 Shape gpt_oss_expert_shape(GptOssExpertTensor which, int64_t d, int64_t h);
 
 // Local expert `l` of `w` (with its biases) written as one expert of each stacked tensor (f32, the shapes
-// above), and back.
+// above).
 void gpt_oss_expert_to_hf(const ExpertWeights& w, int64_t l,
                           const std::array<float*, kGptOssExpertTensors>& out);
-void gpt_oss_expert_from_hf(const std::array<const float*, kGptOssExpertTensors>& in, ExpertWeights& w,
-                            int64_t l);
 
 }  // namespace expar

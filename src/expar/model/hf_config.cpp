@@ -513,14 +513,14 @@ Architecture hf_architecture(const json& j, const std::string& label, std::optio
   const Family fam = family_of(format);
   Reader r(j, "'" + label + "'");
   if (const json* q = r.raw("quantization_config")) {
-    // gpt-oss's MXFP4 experts are dequantised at load (infer/mxfp4_store.hpp); nothing else is quantised.
+    // gpt-oss's MXFP4 experts are dequantised at load (model/mxfp4_store.hpp); nothing else is quantised.
     bool mxfp4 = format == ModelFormat::GptOss && q->is_object() && q->contains("quant_method") &&
                  q->at("quant_method") == "mxfp4";
     if (mxfp4)
       for (const auto& [key, value] : q->items())
         mxfp4 = mxfp4 && (key == "quant_method" || key == "modules_to_not_convert");
     // Block-scaled FP8 as DeepSeek-V3 and Qwen3's FP8 releases store it (F8_E4M3 weights and F32
-    // weight_scale_inv per 128 × 128 block; infer/fp8_store.hpp), activations quantised dynamically by
+    // weight_scale_inv per 128 × 128 block; model/fp8_store.hpp), activations quantised dynamically by
     // their kernels (expar keeps them f32, which only makes the products more exact).
     auto is = [&](const char* key, const json& want, bool optional) {
       return q->contains(key) ? q->at(key) == want : optional;

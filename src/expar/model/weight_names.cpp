@@ -2,6 +2,11 @@
 
 namespace expar {
 
+std::string expert_tensor_name(const std::string& experts_parameter, int expert) {
+  const size_t dot = experts_parameter.rfind('.');
+  return experts_parameter.substr(0, dot) + "." + std::to_string(expert) + experts_parameter.substr(dot);
+}
+
 WeightNames expar_weight_names() {
   WeightNames n;
   n.embed = "embed";
@@ -14,7 +19,7 @@ WeightNames expar_weight_names() {
     return p + ".attn." + key;
   };
   n.expert = [](int l, int e, const std::string& key) {
-    return "layers." + std::to_string(l) + ".moe.experts." + std::to_string(e) + "." + key;
+    return expert_tensor_name("layers." + std::to_string(l) + ".moe.experts." + key, e);
   };
   n.shared = [](int l, const std::string& key) { return "layers." + std::to_string(l) + ".shared." + key; };
   n.dense = [](int l, const std::string& key) { return "layers." + std::to_string(l) + ".mlp." + key; };

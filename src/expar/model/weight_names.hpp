@@ -23,7 +23,10 @@ struct WeightNames {
   std::function<std::string(int, const std::string&)> shared;
   std::function<std::string(int, const std::string&)> dense;
 };
-WeightNames expar_weight_names();      // train/checkpoint.hpp's names
+WeightNames expar_weight_names();  // train/checkpoint.hpp's names
+// Our name of one expert's tensor, from the name of the parameter that stacks every local expert:
+// "layers.3.moe.experts.w1" and expert 5 -> "layers.3.moe.experts.5.w1" (expar_weight_names().expert).
+std::string expert_tensor_name(const std::string& experts_parameter, int expert);
 WeightNames mixtral_weight_names();    // model.layers.L.block_sparse_moe.experts.J.w1.weight, ...
 WeightNames qwen_moe_weight_names();   // model.layers.L.mlp.experts.J.gate_proj.weight, mlp.shared_expert.*
 WeightNames qwen3_moe_weight_names();  // Qwen3-MoE and OLMoE: qwen_moe's names without the shared expert

@@ -67,7 +67,7 @@ ServingModel open_serving_model(const RuntimeOptions& options, const Comm* mpi_w
 void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, Comm& world,
                       StepChannel& channel) {
   const InferenceLayout& layout = model.layout;
-  std::unique_ptr<infer::TensorStore> store = infer::open_store(model.spec);
+  std::unique_ptr<TensorStore> store = infer::open_store(model.spec);
   infer::RankWeights weights =
       infer::load_rank_weights(*store, model.spec, layout, world.rank(), options.model.weight_dtype);
   store.reset();

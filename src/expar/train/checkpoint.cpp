@@ -1,9 +1,7 @@
 #include "expar/train/checkpoint.hpp"
 
-#include <climits>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -12,13 +10,13 @@
 #include "expar/core/tensor_convert.hpp"
 #include "expar/io/checkpoint_dir.hpp"
 #include "expar/io/durable_file.hpp"
-#include "expar/io/mxfp4.hpp"
-#include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
-#include "expar/io/strict_json.hpp"
+#include "expar/model/checkpoint_manifest.hpp"
 #include "expar/model/gpt_oss_layout.hpp"
+#include "expar/model/hf_experts.hpp"
 #include "expar/model/model_config_json.hpp"
+#include "expar/model/tensor_store.hpp"
 #include "expar/model/weight_names.hpp"
 
 namespace expar {
@@ -28,23 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "expar-checkpoint-2";
-constexpr const char* kFormatWithoutIds = "expar-checkpoint-1";  // read: files checked by step only
-constexpr int kManifestMaxDepth = 8;
-constexpr int64_t kMaxRanks = 1 << 20;
-
 bool is_expert_shard(const Parameter& p) {
   return p.kind == ParamKind::Expert;
-}
-
-// "layers.3.moe.experts.w1" + global expert 5 -> "layers.3.moe.experts.5.w1"
-std::string expert_name(const std::string& shard_name, int expert) {
-  auto dot = shard_name.rfind('.');
-  return shard_name.substr(0, dot) + "." + std::to_string(expert) + shard_name.substr(dot);
-}
-
-std::string model_hash(const ModelConfig& model) {
-  return stable_hash(model_config_to_json(model).dump());
 }
 
 // Full Adam moment of parameter i (gathers an EP_DP-sharded slice), or an empty tensor.
@@ -109,12 +92,10 @@ std::map<std::string, Tensor> gather_gpt_oss_experts(MoeLayer& layer, int l, Com
   return stacked;
 }
 
-// expert_rows(name, e, shape): expert e of the stacked tensor `name` as f32 values, after checking that the
-// stored tensor has `shape` [E, ...].
-using StackedExpertRows = std::function<Tensor(const std::string&, int, const Shape&)>;
-
-// Every MoE layer's local experts (weights and biases) from gpt-oss's stacked tensors.
-void load_gpt_oss_experts(MoeTransformer& model, const StackedExpertRows& expert_rows) {
+// Every MoE layer's local experts (weights and biases) from gpt-oss's stacked tensors in `store`, read whole
+// (intermediate [0, h)) by the engine's loader of that layout (model/hf_experts.hpp); `used` gets the names.
+void load_gpt_oss_expert_params(const TensorStore& store, MoeTransformer& model,
+                                std::set<std::string>& used) {
   for (int l = 0; l < model.config().layers; ++l) {
     if (!model.has_moe(l)) continue;  // a dense MLP layer
     MoeLayer& layer = model.moe(l);
@@ -122,18 +103,29 @@ void load_gpt_oss_experts(MoeTransformer& model, const StackedExpertRows& expert
     const int my_ep = placement.ep_size() == 1 ? 0 : layer.ep_rank();
     ExpertWeights& w = layer.params().experts;
     const auto names = gpt_oss_expert_names(l);
-    for (int i = 0; i < placement.local_count(); ++i) {
-      const int e = placement.global_expert(my_ep, i);
-      std::array<Tensor, kGptOssExpertTensors> rows;
-      std::array<const float*, kGptOssExpertTensors> in{};
-      for (int k = 0; k < kGptOssExpertTensors; ++k) {
-        Shape full{placement.num_experts()};
-        const Shape one = gpt_oss_expert_shape(static_cast<GptOssExpertTensor>(k), w.model(), w.hidden());
-        full.insert(full.end(), one.begin(), one.end());
-        rows[k] = expert_rows(names[k], e, full);
-        in[k] = rows[k].data<float>();
-      }
-      gpt_oss_expert_from_hf(in, w, i);
+    for (int k = 0; k < kGptOssExpertTensors; ++k) {
+      Shape full{placement.num_experts()};
+      const Shape one = gpt_oss_expert_shape(static_cast<GptOssExpertTensor>(k), w.model(), w.hidden());
+      full.insert(full.end(), one.begin(), one.end());
+      EXPAR_CHECK(store.contains(names[k]),
+                  "checkpoint '{}': tensor '{}' is missing: the weights do not hold the gpt-oss model its "
+                  "config describes",
+                  store.label(), names[k]);
+      const TensorInfo& info = store.info(names[k]);
+      EXPAR_CHECK(info.shape == full, "checkpoint '{}': tensor '{}' is {} {} but the model needs {}",
+                  store.label(), names[k], dtype_name(info.dtype), shape_string(info.shape),
+                  shape_string(full));
+      used.insert(names[k]);
+    }
+    const std::vector<int> local = placement.local_experts(my_ep);
+    const GptOssExperts g = load_gpt_oss_experts(store, l, local, 0, w.hidden(), true);
+    for (auto [dst, src] :
+         {std::pair{&w.w1, &g.weights.w1}, std::pair{&w.w3, &g.weights.w3}, std::pair{&w.w2, &g.weights.w2},
+          std::pair{&w.b1, &g.b1}, std::pair{&w.b3, &g.b3}, std::pair{&w.b2, &g.b2}}) {
+      const Tensor f32 = to_f32(*src, MemCategory::Other);
+      EXPAR_ASSERT(f32.numel() == dst->numel(), "gpt-oss experts of layer {}: {} values for {}", l,
+                   f32.numel(), dst->numel());
+      std::memcpy(dst->raw(), f32.raw(), dst->nbytes());
     }
   }
 }
@@ -147,145 +139,6 @@ std::string config_json_of_save(const std::string& text) {
   j.erase("quantization_config");
   return j.dump(2) + "\n";
 }
-
-// A manifest, read and checked: every value in range, every file name inside the step directory.
-// Our parameter names -> the names a save of `format` stores them under (identity for ours).
-class CheckpointNames {
- public:
-  CheckpointNames(ModelFormat format, const ModelConfig& config) : hf_(format != ModelFormat::Expar) {
-    if (hf_) names_ = translate_weight_names(expar_weight_names(), weight_names(format), config);
-  }
-  bool hf() const { return hf_; }
-  const std::string& weight(const std::string& ours) const {
-    if (!hf_) return ours;
-    auto it = names_.find(ours);
-    EXPAR_ASSERT(it != names_.end(), "parameter '{}' has no Hugging Face name", ours);
-    return it->second;
-  }
-  // The file holding the optimizer moments of the weights in `file`.
-  std::string optimizer_file(const std::string& file) const { return hf_ ? "optimizer-" + file : file; }
-
- private:
-  bool hf_;
-  std::map<std::string, std::string> names_;
-};
-
-struct Manifest {
-  fs::path dir;       // the step directory
-  std::string label;  // its manifest.json, for messages
-  CheckpointInfo info;
-  CheckpointIdentity identity;
-  std::string dense_file;
-  std::map<int, std::string> file_of_expert;
-};
-
-Manifest read_manifest(const std::string& dir) {
-  Manifest m;
-  m.dir = resolve_checkpoint_dir(dir);
-  const fs::path path = m.dir / "manifest.json";
-  m.label = path.string();
-  const json j = parse_strict_json(read_text_file(path), m.label, kManifestMaxDepth);
-  EXPAR_CHECK(j.is_object(), "{}: a checkpoint manifest must be a JSON object, got {}", m.label,
-              json_excerpt(j));
-  auto field = [&](const char* key) -> const json& {
-    EXPAR_CHECK(j.contains(key), "{}: \"{}\" is missing: the manifest is damaged; use another step directory",
-                m.label, key);
-    return j.at(key);
-  };
-  auto integer = [&](const char* key, int64_t lo, int64_t hi) {
-    const json& v = field(key);
-    EXPAR_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
-                "{}: \"{}\" is {}, not an integer in [{}, {}]: the manifest is damaged; use another step "
-                "directory",
-                m.label, key, json_excerpt(v), lo, hi);
-    return v.get<int64_t>();
-  };
-  auto name = [&](const json& v, const char* what) {
-    EXPAR_CHECK(v.is_string() && is_name_inside_directory(v.get<std::string>()),
-                "{}: {} {} is not a file name inside the checkpoint directory: file names must be relative "
-                "paths without '..'",
-                m.label, what, json_excerpt(v));
-    return v.get<std::string>();
-  };
-  const json& format = field("format");
-  EXPAR_CHECK(format == kFormat || format == kFormatWithoutIds,
-              "{}: \"format\" is {}, not {} or {}: not a checkpoint this expar reads", m.label,
-              json_excerpt(format), kFormat, kFormatWithoutIds);
-  m.info.step = integer("step", 0, INT_MAX);
-  const json& seed = field("seed");
-  EXPAR_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
-              "{}: \"seed\" is {}, not a non-negative integer", m.label, json_excerpt(seed));
-  m.info.seed = seed.get<uint64_t>();
-  m.info.world = static_cast<int>(integer("world", 1, kMaxRanks));
-  m.info.ep = static_cast<int>(integer("ep", 1, kMaxRanks));
-  try {
-    m.info.model = model_config_from_json(field("model"));
-    m.info.model.validate();
-  } catch (const Error& e) {
-    fail("{}: \"model\": {}", m.label, e.what());
-  }
-  m.identity.step = m.info.step;
-  if (format == kFormat) {
-    for (const char* key : {"save_id", "model_hash"})
-      EXPAR_CHECK(field(key).is_string(), "{}: \"{}\" must be a string, got {}", m.label, key,
-                  json_excerpt(field(key)));
-    m.identity.save_id = field("save_id").get<std::string>();
-    m.identity.model_hash = field("model_hash").get<std::string>();
-    EXPAR_CHECK(m.identity.model_hash == model_hash(m.info.model),
-                "{}: \"model_hash\" {} does not match its \"model\" (hash {}): the model config was edited; "
-                "restore the manifest written with the checkpoint",
-                m.label, m.identity.model_hash, model_hash(m.info.model));
-  }
-  if (j.contains("architecture")) {
-    const json& arch = j.at("architecture");
-    EXPAR_CHECK(arch.is_string(), "{}: \"architecture\" must be a string, got {}", m.label,
-                json_excerpt(arch));
-    try {
-      m.info.format = model_format_from_name(arch.get<std::string>());
-    } catch (const Error& e) {
-      fail("{}: \"architecture\": {}", m.label, e.what());
-    }
-  }
-  m.dense_file = name(field("dense_file"), "\"dense_file\"");
-  const json& experts = field("expert_files");
-  EXPAR_CHECK(experts.is_object(),
-              "{}: \"expert_files\" must be an object of file name -> expert ids, got {}", m.label,
-              json_excerpt(experts));
-  const int num_experts = m.info.model.moe.router.num_experts;
-  for (const auto& [file, ids] : experts.items()) {
-    name(json(file), "\"expert_files\" key");
-    EXPAR_CHECK(ids.is_array(), "{}: \"expert_files\".\"{}\" must be an array of expert ids, got {}", m.label,
-                text_excerpt(file), json_excerpt(ids));
-    for (const json& e : ids) {
-      EXPAR_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < num_experts,
-                  "{}: \"expert_files\".\"{}\" lists expert {}, outside [0, {}) of the model's experts",
-                  m.label, text_excerpt(file), json_excerpt(e), num_experts);
-      EXPAR_CHECK(m.file_of_expert.emplace(e.get<int>(), file).second,
-                  "{}: expert {} is listed in two expert files: the manifest is damaged", m.label,
-                  e.get<int>());
-    }
-  }
-  return m;
-}
-
-// The files of one loaded checkpoint, each opened once and checked to belong to the manifest's save.
-class CheckpointFiles {
- public:
-  explicit CheckpointFiles(const Manifest& m) : m_(m) {}
-  const SafetensorsFile& open(const std::string& name) {
-    auto it = files_.find(name);
-    if (it == files_.end()) {
-      SafetensorsFile f = SafetensorsFile::open(m_.dir / name);
-      check_checkpoint_file_identity(f.metadata(), f.label(), m_.identity, m_.label);
-      it = files_.emplace(name, std::move(f)).first;
-    }
-    return it->second;
-  }
-
- private:
-  const Manifest& m_;
-  std::map<std::string, SafetensorsFile> files_;
-};
 
 }  // namespace
 
@@ -346,10 +199,10 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
         Shape s(t.shape().begin() + 1, t.shape().end());
         return t.rows(l, l + 1).reshape(s);
       };
-      if (!stacked_experts) experts[names.weight(expert_name(p.name, e))] = slice(p.value);
+      if (!stacked_experts) experts[names.weight(expert_tensor_name(p.name, e))] = slice(p.value);
       if (optimizer) {
-        expert_opt["optimizer.m." + expert_name(p.name, e)] = slice(m);
-        expert_opt["optimizer.v." + expert_name(p.name, e)] = slice(v);
+        expert_opt["optimizer.m." + expert_tensor_name(p.name, e)] = slice(m);
+        expert_opt["optimizer.v." + expert_tensor_name(p.name, e)] = slice(v);
       }
     }
   }
@@ -365,7 +218,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       std::map<std::string, Tensor> layer = gather_gpt_oss_experts(model.moe(l), l, ep_mp);
       if (world.rank() == 0) dense.merge(layer);
     }
-  const std::string hash = model_hash(info.model);
+  const std::string hash = checkpoint_model_hash(info.model);
   std::map<std::string, std::string> meta{
       {"format", "expar"}, {"step", std::to_string(info.step)}, {"save_id", save_id}, {"model_hash", hash}};
   const std::string expert_file = "experts-" + std::to_string(my_ep) + ".safetensors";
@@ -392,7 +245,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       const size_t per_expert = p.value.nbytes() / static_cast<size_t>(placement.local_count());
       for (int m = 0; m < placement.ep_size(); ++m)
         for (int e : placement.local_experts(m)) {
-          weight_map[names.weight(expert_name(p.name, e))] = "experts-" + std::to_string(m) + ".safetensors";
+          weight_map[names.weight(expert_tensor_name(p.name, e))] =
+              "experts-" + std::to_string(m) + ".safetensors";
           total += per_expert;
         }
     }
@@ -405,7 +259,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     json files = json::object();
     for (int m = 0; m < placement.ep_size(); ++m)
       files["experts-" + std::to_string(m) + ".safetensors"] = placement.local_experts(m);
-    json manifest{{"format", kFormat},
+    json manifest{{"format", kCheckpointFormat},
                   {"step", info.step},
                   {"seed", info.seed},
                   {"world", info.world},
@@ -424,41 +278,39 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  return read_manifest(dir).info;
+  const CheckpointManifest m = read_checkpoint_manifest(dir);
+  CheckpointInfo info;
+  info.step = m.step;
+  info.seed = m.seed;
+  info.model = m.model;
+  info.ep = m.ep;
+  info.world = m.world;
+  info.format = m.format;
+  return info;
 }
 
 void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optimizer) {
-  const Manifest manifest = read_manifest(dir);
-  const std::string label = manifest.dir.string();
-  const CheckpointNames names(manifest.info.format, model.config());
-  CheckpointFiles files(manifest);
-  const SafetensorsFile& dense = files.open(manifest.dense_file);
-  const SafetensorsFile* dense_moments_file = nullptr;
-  auto dense_moments = [&]() -> const SafetensorsFile& {
-    if (!dense_moments_file) dense_moments_file = &files.open(names.optimizer_file(manifest.dense_file));
-    return *dense_moments_file;
-  };
-  std::set<std::string> dense_used;
-  const bool stacked_experts = manifest.info.format == ModelFormat::GptOss;  // in the dense file
-  auto expert_file_name = [&](int e) -> const std::string& {
-    auto it = manifest.file_of_expert.find(e);
-    EXPAR_CHECK(it != manifest.file_of_expert.end(),
+  const std::unique_ptr<ExparCheckpointStore> store = ExparCheckpointStore::open(dir);
+  const CheckpointManifest& manifest = store->manifest();
+  const std::string label = store->label();
+  const CheckpointNames names(manifest.format, model.config());
+  std::set<std::string> used;
+  const bool stacked_experts = manifest.format == ModelFormat::GptOss;  // in the dense file
+  auto check_expert_file = [&](int e) {
+    EXPAR_CHECK(manifest.file_of_expert.contains(e),
                 "checkpoint '{}' holds no file for expert {}: the model has more experts than the checkpoint",
                 label, e);
-    return it->second;
   };
-  auto source = [&](const SafetensorsFile& file, const std::string& name, int64_t numel) {
-    EXPAR_CHECK(file.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label, name,
-                file.label());
-    Tensor src = file.view(name);
+  auto source = [&](const std::string& name, int64_t numel) {
+    Tensor src = store->view(name);
     EXPAR_CHECK(src.numel() == numel && src.dtype() == DType::F32,
-                "checkpoint '{}': tensor '{}' in {} has shape {} {} but the model needs {} F32 values", label,
-                name, file.label(), shape_string(src.shape()), dtype_name(src.dtype()), numel);
-    if (&file == &dense || &file == dense_moments_file) dense_used.insert(name);
+                "checkpoint '{}': tensor '{}' has shape {} {} but the model needs {} F32 values", label, name,
+                shape_string(src.shape()), dtype_name(src.dtype()), numel);
+    used.insert(name);
     return src;
   };
-  auto copy_into = [&](Tensor dst, const SafetensorsFile& file, const std::string& name) {
-    Tensor src = source(file, name, dst.numel());
+  auto copy_into = [&](Tensor dst, const std::string& name) {
+    Tensor src = source(name, dst.numel());
     std::memcpy(dst.raw(), src.raw(), dst.nbytes());
   };
   const ExpertPlacement& placement = model.first_moe().placement();
@@ -468,29 +320,28 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     Parameter& p = params[i];
     AdamW::State* st = optimizer ? &optimizer->state()[i] : nullptr;
     if (!is_expert_shard(p)) {
-      copy_into(p.value, dense, names.weight(p.name));
+      copy_into(p.value, names.weight(p.name));
       if (st) {
-        copy_into(st->m, names.hf() ? dense_moments() : dense, "optimizer.m." + p.name);
-        copy_into(st->v, names.hf() ? dense_moments() : dense, "optimizer.v." + p.name);
+        copy_into(st->m, "optimizer.m." + p.name);
+        copy_into(st->v, "optimizer.v." + p.name);
       }
       continue;
     }
     const int64_t per_expert = p.value.numel() / placement.local_count();
     for (int l = 0; l < placement.local_count(); ++l) {
       const int e = placement.global_expert(my_ep, l);
-      const std::string name = expert_name(p.name, e);
-      if (!stacked_experts)
-        copy_into(p.value.rows(l, l + 1), files.open(expert_file_name(e)), names.weight(name));
+      const std::string name = expert_tensor_name(p.name, e);
+      check_expert_file(e);
+      if (!stacked_experts) copy_into(p.value.rows(l, l + 1), names.weight(name));
       if (!st) continue;
-      const SafetensorsFile& moments = files.open(names.optimizer_file(expert_file_name(e)));
       // The state may cover only a slice [begin, end) of the flattened local shard (EP_DP sharding).
       for (const char* which : {"m", "v"}) {
         const std::string key = std::string("optimizer.") + which + "." + name;
-        EXPAR_CHECK(moments.contains(key),
+        EXPAR_CHECK(store->contains(key),
                     "checkpoint '{}' has no optimizer state '{}': resume needs a checkpoint written with its "
                     "optimizer",
                     label, key);
-        Tensor src = source(moments, key, per_expert);
+        Tensor src = source(key, per_expert);
         Tensor& dst = which[0] == 'm' ? st->m : st->v;
         const int64_t lo = std::max<int64_t>(st->begin, l * per_expert);
         const int64_t hi = std::min<int64_t>(st->end, (l + 1) * per_expert);
@@ -505,65 +356,43 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
     Tensor& bias = model.moe(l).params().score_bias;
     const std::string name = names.weight("layers." + std::to_string(l) + ".moe.score_bias");
     if (!bias.defined() || bias.numel() == 0) continue;
-    EXPAR_CHECK(dense.contains(name),
+    EXPAR_CHECK(store->contains(name),
                 "checkpoint '{}': tensor '{}' (the score bias its model config names) is missing from {}",
-                label, name, dense.label());
-    copy_into(bias, dense, name);
+                label, name, manifest.dense_file);
+    copy_into(bias, name);
   }
-  if (stacked_experts)
-    load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {
-      EXPAR_CHECK(dense.contains(name), "checkpoint '{}': tensor '{}' is missing from {}", label, name,
-                  dense.label());
-      const Tensor src = dense.view(name);
-      EXPAR_CHECK(src.shape() == shape && src.dtype() == DType::F32,
-                  "checkpoint '{}': tensor '{}' in {} is {} {} but the model needs F32 {}", label, name,
-                  dense.label(), dtype_name(src.dtype()), shape_string(src.shape()), shape_string(shape));
-      dense_used.insert(name);
-      return src.rows(e, e + 1);
-    });
+  if (stacked_experts) load_gpt_oss_expert_params(*store, model, used);
   // A tensor nobody loaded means the manifest's model config does not describe the files (e.g. "layers": 1
   // for a 2-layer checkpoint).
-  std::vector<const SafetensorsFile*> dense_files{&dense};
-  if (dense_moments_file) dense_files.push_back(dense_moments_file);
-  for (const SafetensorsFile* file : dense_files)
-    for (const std::string& name : file->names()) {
+  std::vector<std::string> dense_files{manifest.dense_file};
+  if (optimizer && names.hf()) dense_files.push_back(names.optimizer_file(manifest.dense_file));
+  for (const std::string& file : dense_files)
+    for (const std::string& name : store->tensor_names_in(file)) {
       const bool optimizer_state = name.starts_with("optimizer.");
-      if (dense_used.contains(name) || (optimizer_state && !optimizer)) continue;
+      if (used.contains(name) || (optimizer_state && !optimizer)) continue;
       fail(
           "checkpoint '{}': {} holds tensor '{}', which the model of {} does not have: the manifest's model "
           "config does not describe these files; restore the manifest written with them",
-          label, file->label(), name, manifest.label);
+          label, (manifest.dir / file).string(), name, manifest.label);
     }
-  if (optimizer) optimizer->set_steps_taken(manifest.info.step);
+  if (optimizer) optimizer->set_steps_taken(manifest.step);
 }
 
 void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& model) {
   EXPAR_CHECK(format != ModelFormat::Expar, "load_hf_weights: '{}' names our format; use load_checkpoint",
               dir.string());
-  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open_directory(dir);
+  const std::unique_ptr<TensorStore> store = open_hf_store(dir, format);
   const CheckpointNames names(format, model.config());
   auto copy = [&](Tensor dst, const std::string& name) {
     EXPAR_CHECK(
-        checkpoint.contains(name),
+        store->contains(name),
         "'{}': tensor '{}' is missing: the weights do not hold the {} model its config.json describes",
         dir.string(), name, model_format_name(format));
-    Tensor src = checkpoint.view(name);
+    // FP8 weights come with their block multipliers (Fp8Store), so a fine-tuning run trains (and saves) the
+    // values the release encodes.
+    const Tensor src = store->view(name);
     EXPAR_CHECK(src.numel() == dst.numel(), "'{}': tensor '{}' has shape {} but the model needs {} values",
                 dir.string(), name, shape_string(src.shape()), dst.numel());
-    if (src.dtype() == DType::F8E4M3) {
-      // Block-scaled FP8 (DeepSeek-V3's and Qwen3's FP8 releases): NAME_scale_inv multiplies each 128 x 128
-      // block; dequantised here, so a fine-tuning run trains (and saves) the values the release encodes.
-      const std::string scale = name + "_scale_inv";
-      const Shape grid = src.ndim() == 2 ? Shape{(src.dim(0) + kFp8Block - 1) / kFp8Block,
-                                                 (src.dim(1) + kFp8Block - 1) / kFp8Block}
-                                         : Shape{};
-      EXPAR_CHECK(src.ndim() == 2 && checkpoint.contains(scale) &&
-                      checkpoint.info(scale).dtype == DType::F32 && checkpoint.info(scale).shape == grid,
-                  "'{}': tensor '{}' is F8_E4M3 {} without its block multipliers '{}' (F32 [ceil(out/128), "
-                  "ceil(in/128)]): expar loads block-scaled FP8 only; dequantise the checkpoint to BF16",
-                  dir.string(), name, shape_string(src.shape()), scale);
-      src = src.with_block_scales(checkpoint.view(scale));
-    }
     const Tensor f32 = to_f32(src, MemCategory::Other);
     std::memcpy(dst.raw(), f32.raw(), dst.nbytes());
   };
@@ -577,7 +406,8 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
     }
     if (stacked_experts) continue;  // below
     for (int l = 0; l < placement.local_count(); ++l)
-      copy(p.value.rows(l, l + 1), names.weight(expert_name(p.name, placement.global_expert(my_ep, l))));
+      copy(p.value.rows(l, l + 1),
+           names.weight(expert_tensor_name(p.name, placement.global_expert(my_ep, l))));
   }
   // The score bias of a family that has one (DeepSeek-V3's e_score_correction_bias) starts from its weights.
   for (int l = 0; l < model.config().layers; ++l) {
@@ -586,36 +416,9 @@ void load_hf_weights(const fs::path& dir, ModelFormat format, MoeTransformer& mo
     if (bias.defined() && bias.numel() > 0)
       copy(bias, names.weight("layers." + std::to_string(l) + ".moe.score_bias"));
   }
-  if (!stacked_experts) return;
-  load_gpt_oss_experts(model, [&](const std::string& name, int e, const Shape& shape) {
-    const std::string blocks = name + "_blocks", scales = name + "_scales";
-    if (!checkpoint.contains(name) && checkpoint.contains(blocks) && checkpoint.contains(scales)) {
-      // gpt-oss's released MXFP4 experts: this rank's experts dequantised at load (io/mxfp4.hpp).
-      const int64_t in = shape[1], out = shape.back();
-      const Shape want_blocks{shape[0], out, in / 32, 16}, want_scales{shape[0], out, in / 32};
-      EXPAR_CHECK(
-          shape.size() == 3 && in % 32 == 0 && checkpoint.info(blocks).dtype == DType::U8 &&
-              checkpoint.info(blocks).shape == want_blocks && checkpoint.info(scales).dtype == DType::U8 &&
-              checkpoint.info(scales).shape == want_scales,
-          "'{}': MXFP4 tensors '{}' {} and '{}' {} do not encode the model's {} (blocks U8 {}, scales "
-          "U8 {})",
-          dir.string(), blocks, shape_string(checkpoint.info(blocks).shape), scales,
-          shape_string(checkpoint.info(scales).shape), shape_string(shape), shape_string(want_blocks),
-          shape_string(want_scales));
-      Tensor values = Tensor::empty({1, in, out}, DType::F32, MemCategory::Other);
-      dequantize_mxfp4(static_cast<const uint8_t*>(checkpoint.view_rows(blocks, e, e + 1).raw()),
-                       static_cast<const uint8_t*>(checkpoint.view_rows(scales, e, e + 1).raw()), 1, in, out,
-                       values.data<float>());
-      return values;
-    }
-    EXPAR_CHECK(
-        checkpoint.contains(name),
-        "'{}': tensor '{}' is missing: the weights do not hold the {} model its config.json describes",
-        dir.string(), name, model_format_name(format));
-    EXPAR_CHECK(checkpoint.info(name).shape == shape, "'{}': tensor '{}' has shape {} but the model needs {}",
-                dir.string(), name, shape_string(checkpoint.info(name).shape), shape_string(shape));
-    return to_f32(checkpoint.view_rows(name, e, e + 1), MemCategory::Other);
-  });
+  // gpt-oss's stacked experts; its released MXFP4 ones are dequantised by the store (Mxfp4Store).
+  std::set<std::string> used;
+  if (stacked_experts) load_gpt_oss_expert_params(*store, model, used);
 }
 
 void check_checkpoint_target(const std::string& dir, const ModelConfig& model, bool overwrite) {

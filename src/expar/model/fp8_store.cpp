@@ -1,8 +1,8 @@
-#include "expar/infer/fp8_store.hpp"
+#include "expar/model/fp8_store.hpp"
 
 #include "expar/core/error.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 Fp8Store::Fp8Store(std::unique_ptr<TensorStore> base) : base_(std::move(base)) {}
 
@@ -47,4 +47,4 @@ void Fp8Store::release_rows(const std::string& name, int64_t begin, int64_t end)
   base_->release_rows(name, begin, end);
 }
 
-}  // namespace expar::infer
+}  // namespace expar

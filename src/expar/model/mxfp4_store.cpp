@@ -1,8 +1,8 @@
-#include "expar/infer/mxfp4_store.hpp"
+#include "expar/model/mxfp4_store.hpp"
 
 #include "expar/core/error.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 Mxfp4Store::Mxfp4Store(std::unique_ptr<TensorStore> base) : base_(std::move(base)) {}
 
@@ -65,4 +65,4 @@ Tensor Mxfp4Store::view_rows(const std::string& name, int64_t begin, int64_t end
   return t;
 }
 
-}  // namespace expar::infer
+}  // namespace expar

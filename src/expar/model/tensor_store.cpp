@@ -1,4 +1,4 @@
-#include "expar/infer/tensor_store.hpp"
+#include "expar/model/tensor_store.hpp"
 
 #include <cstring>
 #include <fstream>
@@ -13,10 +13,11 @@
 #include "expar/io/durable_file.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/sharded_checkpoint.hpp"
-#include "expar/io/strict_json.hpp"
-#include "expar/model/model_config_json.hpp"
+#include "expar/model/fp8_store.hpp"
+#include "expar/model/mxfp4_store.hpp"
+#include "expar/model/weight_names.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -28,33 +29,12 @@ Tensor TensorStore::view(const std::string& name) const {
   return view_rows(name, 0, rows);
 }
 
-json read_manifest_json(const fs::path& dir) {
-  const fs::path path = dir / "manifest.json";
-  EXPAR_CHECK(fs::exists(path),
-              "checkpoint '{}' has no manifest.json: pass a directory written by expar train", dir.string());
-  json j = parse_strict_json(read_text_file(path), path.string(), 8);
-  for (const char* key : {"model", "step", "dense_file", "expert_files"})
-    EXPAR_CHECK(j.is_object() && j.contains(key),
-                "{}: \"{}\" is missing: not a complete expar checkpoint manifest", path.string(), key);
-  return j;
-}
-
-ModelConfig model_config_from_manifest(const fs::path& dir) {
-  const json j = read_manifest_json(dir);
-  try {
-    return model_config_from_json(j.at("model"));
-  } catch (const Error& e) {
-    fail("{}: \"model\": {}", (dir / "manifest.json").string(), e.what());
-  }
-}
-
 // ---- ExparCheckpointStore ----
 
 struct ExparCheckpointStore::State {
-  fs::path dir;
-  std::string dense_file;
-  std::map<std::string, std::string> file_of_tensor;  // expert tensors only; the rest live in dense
-  CheckpointIdentity identity;                        // every file must belong to the manifest's save
+  CheckpointManifest manifest;
+  std::map<std::string, std::string> file_of_tensor;  // expert weights and moments; the rest: dense
+  std::string dense_optimizer_file;                   // the other moments
   mutable std::mutex mutex;
   mutable std::map<std::string, SafetensorsFile> files;
 
@@ -62,44 +42,53 @@ struct ExparCheckpointStore::State {
     std::lock_guard lock(mutex);
     auto it = files.find(name);
     if (it == files.end()) {
-      SafetensorsFile f = SafetensorsFile::open(dir / name);
-      check_checkpoint_file_identity(f.metadata(), f.label(), identity, (dir / "manifest.json").string());
+      SafetensorsFile f = SafetensorsFile::open(manifest.dir / name);
+      check_checkpoint_file_identity(f.metadata(), f.label(), manifest.identity, manifest.label);
       it = files.emplace(name, std::move(f)).first;
     }
     return it->second;
   }
-  // "layers.L.moe.experts.E.w1" -> the expert file of E; anything else -> dense.
   const SafetensorsFile& file_for(const std::string& tensor) const {
     auto it = file_of_tensor.find(tensor);
-    return file(it == file_of_tensor.end() ? dense_file : it->second);
+    if (it != file_of_tensor.end()) return file(it->second);
+    return file(tensor.starts_with("optimizer.") ? dense_optimizer_file : manifest.dense_file);
   }
 };
 
 std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path& dir) {
-  ModelConfig model = model_config_from_manifest(dir);
-  const json j = read_manifest_json(dir);
   auto state = std::make_unique<State>();
-  state->dir = dir;
-  state->dense_file = j.at("dense_file").get<std::string>();
-  state->identity.step = j.at("step").get<int64_t>();
-  if (j.contains("save_id")) state->identity.save_id = j.at("save_id").get<std::string>();
-  if (j.contains("model_hash")) state->identity.model_hash = j.at("model_hash").get<std::string>();
+  state->manifest = read_checkpoint_manifest(dir);
+  const CheckpointManifest& m = state->manifest;
+  const CheckpointNames names(m.format, m.model);
+  state->dense_optimizer_file = names.optimizer_file(m.dense_file);
   // Expert tensor names are known from the config, so the map is built without opening any expert file.
-  for (auto& [file, ids] : j.at("expert_files").items())
-    for (int e : ids)
-      for (int l = 0; l < model.layers; ++l)
-        for (const char* w : {"w1", "w2", "w3"})
-          state->file_of_tensor["layers." + std::to_string(l) + ".moe.experts." + std::to_string(e) + "." +
-                                w] = file;
-  return std::unique_ptr<ExparCheckpointStore>(new ExparCheckpointStore(std::move(state), std::move(model)));
+  // gpt-oss's experts are stacked tensors in the dense file (train/checkpoint.hpp); their moments are not.
+  const bool stacked_experts = m.format == ModelFormat::GptOss;
+  const WeightNames ours = expar_weight_names();
+  for (const auto& [e, file] : m.file_of_expert)
+    for (int l = 0; l < m.model.layers; ++l)
+      for (const char* key : {"w1", "w2", "w3", "b1", "b2", "b3"}) {  // b*: gpt-oss's expert biases
+        const std::string name = ours.expert(l, e, key);
+        if (!stacked_experts && key[0] == 'w') state->file_of_tensor[names.weight(name)] = file;
+        for (const char* moment : {"optimizer.m.", "optimizer.v."})
+          state->file_of_tensor[moment + name] = names.optimizer_file(file);
+      }
+  return std::unique_ptr<ExparCheckpointStore>(new ExparCheckpointStore(std::move(state)));
 }
 
-ExparCheckpointStore::ExparCheckpointStore(std::unique_ptr<State> state, ModelConfig model)
-    : state_(std::move(state)), model_(std::move(model)) {}
+ExparCheckpointStore::ExparCheckpointStore(std::unique_ptr<State> state) : state_(std::move(state)) {}
 ExparCheckpointStore::~ExparCheckpointStore() = default;
 
+const CheckpointManifest& ExparCheckpointStore::manifest() const {
+  return state_->manifest;
+}
+
+std::vector<std::string> ExparCheckpointStore::tensor_names_in(const std::string& file) const {
+  return state_->file(file).names();
+}
+
 std::string ExparCheckpointStore::label() const {
-  return state_->dir.string();
+  return state_->manifest.dir.string();
 }
 
 bool ExparCheckpointStore::contains(const std::string& name) const {
@@ -189,8 +178,15 @@ void ShardedStore::release_rows(const std::string& name, int64_t begin, int64_t 
     state_->single->release_rows(name, begin, end);
 }
 
+std::unique_ptr<TensorStore> open_hf_store(const fs::path& path, ModelFormat format) {
+  // gpt-oss's MXFP4 experts (NAME_blocks / NAME_scales) read as the F32 tensors they encode.
+  if (format == ModelFormat::GptOss) return std::make_unique<Mxfp4Store>(ShardedStore::open(path));
+  // FP8 weights come with their block scales (the other formats' tensors pass through).
+  return std::make_unique<Fp8Store>(ShardedStore::open(path));
+}
+
 size_t ShardedStore::shards_opened() const {
   return state_->checkpoint ? state_->checkpoint->shards_opened() : 1;
 }
 
-}  // namespace expar::infer
+}  // namespace expar

@@ -8,10 +8,10 @@
 #include <memory>
 #include <mutex>
 
-#include "expar/infer/tensor_store.hpp"
 #include "expar/io/mxfp4.hpp"
+#include "expar/model/tensor_store.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 class Mxfp4Store final : public TensorStore {
  public:
@@ -31,4 +31,4 @@ class Mxfp4Store final : public TensorStore {
   mutable std::map<std::string, TensorInfo> infos_;  // the dequantised tensors' shapes, by name
 };
 
-}  // namespace expar::infer
+}  // namespace expar

@@ -2,7 +2,9 @@
 // Expert-weight loaders for Hugging Face MoE layouts, each the expert-parallel wrapper around a TP-sharding
 // base loader (seed 002, "Weight Loading"): only this rank's experts, and of each only the intermediate
 // shard [i0, i1) of its EP_TP rank (gate/up rows, down columns). Weights come out in expar's orientation:
-// w1 (gate) [E_L, n, H], w3 (up) [E_L, n, H], w2 (down) [E_L, H, n] with n = i1 - i0.
+// w1 (gate) [E_L, n, H], w3 (up) [E_L, n, H], w2 (down) [E_L, H, n] with n = i1 - i0. The names are
+// model/weight_names.hpp's, gpt-oss's stacked layout model/gpt_oss_layout.hpp's; training's loads read
+// through these loaders too (train/checkpoint.cpp).
 //
 //  Mixtral   model.layers.L.block_sparse_moe.experts.J.{w1,w3,w2}.weight     ([I, H], [I, H], [H, I])
 //  Qwen-MoE  model.layers.L.mlp.experts.J.{gate,up,down}_proj.weight         ([I, H], [I, H], [H, I])
@@ -14,10 +16,10 @@
 #include <cstdint>
 #include <span>
 
-#include "expar/infer/tensor_store.hpp"
+#include "expar/model/tensor_store.hpp"
 #include "expar/moe/expert_mlp.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 ExpertWeights load_mixtral_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1);
@@ -49,4 +51,4 @@ GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer
 
 // gpt-oss's clamped SwiGLU is moe/expert_mlp.hpp's gpt_oss_swiglu (the experts run there).
 
-}  // namespace expar::infer
+}  // namespace expar

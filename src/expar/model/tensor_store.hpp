@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -13,9 +12,10 @@
 #include "expar/core/tensor.hpp"
 #include "expar/core/tensor_convert.hpp"
 #include "expar/io/safetensors_format.hpp"
+#include "expar/model/checkpoint_manifest.hpp"
 #include "expar/model/model_config.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 class TensorStore {
  public:
@@ -36,8 +36,12 @@ class TensorStore {
   virtual void release_rows(const std::string& name, int64_t begin, int64_t end) const = 0;
 };
 
-// Our checkpoint directory (train/checkpoint.hpp's format): manifest.json names the dense file and which
-// expert file holds which global expert.
+// A save of `expar train` (train/checkpoint.hpp's format; a run directory is read through `latest`): its
+// manifest (model/checkpoint_manifest.hpp) names the dense file and which expert file holds which global
+// expert. Besides the weights (under the save family's names) it holds the optimizer moments
+// "optimizer.m.NAME" / "optimizer.v.NAME" under our parameter names, in the weights' files (ours) or in their
+// optimizer-*.safetensors (a Hugging Face family's save). Every file is checked to belong to the manifest's
+// save when it is first mapped.
 class ExparCheckpointStore final : public TensorStore {
  public:
   static std::unique_ptr<ExparCheckpointStore> open(const std::filesystem::path& dir);
@@ -49,15 +53,17 @@ class ExparCheckpointStore final : public TensorStore {
   bool mapped(const std::string& name) const override;
   void release_rows(const std::string& name, int64_t begin, int64_t end) const override;
 
-  const ModelConfig& model() const { return model_; }
+  const ModelConfig& model() const { return manifest().model; }
+  const CheckpointManifest& manifest() const;
+  // The names of every tensor in `file` of the save (what a reader checks it has used).
+  std::vector<std::string> tensor_names_in(const std::string& file) const;
   // How many files have been mapped so far (tests check that a rank maps only its experts' files).
   size_t files_opened() const;
 
  private:
   struct State;
-  ExparCheckpointStore(std::unique_ptr<State> state, ModelConfig model);
+  explicit ExparCheckpointStore(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
-  ModelConfig model_;
 };
 
 // A Hugging Face checkpoint: a directory (its model.safetensors.index.json and shards, or one
@@ -80,12 +86,9 @@ class ShardedStore final : public TensorStore {
   std::unique_ptr<State> state_;
 };
 
-// dir/manifest.json parsed strictly, with the keys every save has; errors name the file and the key.
-nlohmann::json read_manifest_json(const std::filesystem::path& dir);
+// The store of a Hugging Face checkpoint of `format` at `path` (ShardedStore::open's paths): gpt-oss's MXFP4
+// experts read as the F32 tensors they encode (Mxfp4Store), FP8 weights with their block scales attached
+// (Fp8Store).
+std::unique_ptr<TensorStore> open_hf_store(const std::filesystem::path& path, ModelFormat format);
 
-// Parses the "model" object of our manifest.json (the inverse of the trainer's writer).
-ModelConfig model_config_from_manifest(const std::filesystem::path& dir);
-
-using expar::to_f32;  // core/tensor_convert.hpp
-
-}  // namespace expar::infer
+}  // namespace expar

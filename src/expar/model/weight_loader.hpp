@@ -11,9 +11,9 @@
 
 #include "expar/core/memory.hpp"
 #include "expar/core/tensor.hpp"
-#include "expar/infer/tensor_store.hpp"
+#include "expar/model/tensor_store.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 // A zero-copy 2-D view of global expert e's matrix, in the file's dtype.
 using ExpertView = std::function<Tensor(int expert)>;
@@ -63,4 +63,4 @@ Tensor map_rows_as_stored(const TensorStore& store, const std::string& name, int
 // alive), so only the rows the tokens touch become resident; anything else is load_rows's copy.
 Tensor map_rows(const TensorStore& store, const std::string& name, int64_t begin, int64_t end);
 
-}  // namespace expar::infer
+}  // namespace expar

@@ -1,31 +1,30 @@
-#include "expar/infer/hf_experts.hpp"
+#include "expar/model/hf_experts.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 
-#include "expar/infer/weight_loader.hpp"
+#include "expar/model/gpt_oss_layout.hpp"
+#include "expar/model/weight_loader.hpp"
+#include "expar/model/weight_names.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 namespace {
 
-std::string layer_prefix(int layer) {
-  return "model.layers." + std::to_string(layer);
-}
-
-// Per-expert tensors name(e, key) in PyTorch [out, in] orientation, as Mixtral and Qwen-MoE store them.
-template <typename Name>
-ExpertWeights load_per_expert(const TensorStore& store, std::span<const int> local, int64_t i0, int64_t i1,
-                              Name name, const char* gate, const char* up, const char* down) {
+// Per-expert tensors (names.expert(layer, e, w1|w3|w2)) in PyTorch [out, in] orientation, as Mixtral and
+// Qwen-MoE store them.
+ExpertWeights load_per_expert(const TensorStore& store, const WeightNames& names, int layer,
+                              std::span<const int> local, int64_t i0, int64_t i1) {
   auto view = [&](const char* key) {
-    return per_expert_view(store, [name, k = std::string(key)](int e) { return name(e, k); });
+    return per_expert_view(store,
+                           [names, layer, k = std::string(key)](int e) { return names.expert(layer, e, k); });
   };
   ExpertWeights w;
-  w.w1 = expert_parallel_weight_loader(local, rows_loader(view(gate), i0, i1));
-  w.w3 = expert_parallel_weight_loader(local, rows_loader(view(up), i0, i1));
-  w.w2 = expert_parallel_weight_loader(local, columns_loader(view(down), i0, i1));
+  w.w1 = expert_parallel_weight_loader(local, rows_loader(view("w1"), i0, i1));
+  w.w3 = expert_parallel_weight_loader(local, rows_loader(view("w3"), i0, i1));
+  w.w2 = expert_parallel_weight_loader(local, columns_loader(view("w2"), i0, i1));
   w.validate();
   return w;
 }
@@ -34,44 +33,37 @@ ExpertWeights load_per_expert(const TensorStore& store, std::span<const int> loc
 
 ExpertWeights load_mixtral_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1) {
-  const std::string p = layer_prefix(layer) + ".block_sparse_moe.experts.";
-  return load_per_expert(
-      store, local_experts, i0, i1,
-      [p](int e, const std::string& k) { return p + std::to_string(e) + "." + k + ".weight"; }, "w1", "w3",
-      "w2");
+  return load_per_expert(store, mixtral_weight_names(), layer, local_experts, i0, i1);
 }
 
 ExpertWeights load_qwen_moe_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                     int64_t i0, int64_t i1) {
-  const std::string p = layer_prefix(layer) + ".mlp.experts.";
-  return load_per_expert(
-      store, local_experts, i0, i1,
-      [p](int e, const std::string& k) { return p + std::to_string(e) + "." + k + ".weight"; }, "gate_proj",
-      "up_proj", "down_proj");
+  return load_per_expert(store, qwen_moe_weight_names(), layer, local_experts, i0, i1);
 }
 
 QwenSharedExpert load_qwen_shared_expert(const TensorStore& store, int layer, int64_t s0, int64_t s1) {
-  const std::string p = layer_prefix(layer) + ".mlp.shared_expert";
+  const WeightNames names = qwen_moe_weight_names();
   QwenSharedExpert s;
-  s.w1 = load_rows(store, p + ".gate_proj.weight", s0, s1);
-  s.w3 = load_rows(store, p + ".up_proj.weight", s0, s1);
-  s.w2 = load_columns(store, p + ".down_proj.weight", s0, s1);
-  s.gate = load_dense(store, p + "_gate.weight");
+  s.w1 = load_rows(store, names.shared(layer, "w1"), s0, s1);
+  s.w3 = load_rows(store, names.shared(layer, "w3"), s0, s1);
+  s.w2 = load_columns(store, names.shared(layer, "w2"), s0, s1);
+  s.gate = load_dense(store, names.shared(layer, "gate"));
   return s;
 }
 
 namespace {
 
 // The gate/up biases of the shard and (owns_down_bias) the down bias.
-void load_gpt_oss_biases(const TensorStore& store, const std::string& p, std::span<const int> local_experts,
-                         int64_t i0, int64_t i1, bool owns_down_bias, GptOssExperts& g) {
-  const ExpertView gate_up_bias = stacked_expert_view(store, p + "gate_up_proj_bias");
+void load_gpt_oss_biases(const TensorStore& store, int layer, std::span<const int> local_experts, int64_t i0,
+                         int64_t i1, bool owns_down_bias, GptOssExperts& g) {
+  const auto names = gpt_oss_expert_names(layer);
+  const ExpertView gate_up_bias = stacked_expert_view(store, names[kGateUpBias]);
   auto squeeze = [](Tensor t) { return t.reshape({t.dim(0), t.dim(2)}); };  // [E_L, 1, n] -> [E_L, n]
   g.b1 = squeeze(expert_parallel_weight_loader(local_experts, columns_loader(gate_up_bias, i0, i1, 2, 0)));
   g.b3 = squeeze(expert_parallel_weight_loader(local_experts, columns_loader(gate_up_bias, i0, i1, 2, 1)));
   if (owns_down_bias)
     g.b2 = squeeze(expert_parallel_weight_loader(
-        local_experts, identity_loader(stacked_expert_view(store, p + "down_proj_bias"))));
+        local_experts, identity_loader(stacked_expert_view(store, names[kDownBias]))));
 }
 
 // The local experts of a stacked tensor [E, a, b, ...] as they are stored, of each only [b0, b1) along its
@@ -103,25 +95,25 @@ Tensor stack_local_experts(const TensorStore& store, const std::string& name, st
 
 GptOssExperts load_gpt_oss_experts(const TensorStore& store, int layer, std::span<const int> local_experts,
                                    int64_t i0, int64_t i1, bool owns_down_bias) {
-  const std::string p = layer_prefix(layer) + ".mlp.experts.";
+  const auto names = gpt_oss_expert_names(layer);
   GptOssExperts g;
   // gate_up_proj [H, 2I] per expert is [in, out]: take the shard's even (gate) / odd (up) columns,
   // transposed to [n, H]; down_proj [I, H] is [in, out]: its shard rows, transposed to [H, n].
-  const ExpertView gate_up = stacked_expert_view(store, p + "gate_up_proj");
+  const ExpertView gate_up = stacked_expert_view(store, names[kGateUp]);
   g.weights.w1 = expert_parallel_weight_loader(local_experts, columns_loader(gate_up, i0, i1, 2, 0, true));
   g.weights.w3 = expert_parallel_weight_loader(local_experts, columns_loader(gate_up, i0, i1, 2, 1, true));
   g.weights.w2 = expert_parallel_weight_loader(
-      local_experts, rows_loader(stacked_expert_view(store, p + "down_proj"), i0, i1, true));
+      local_experts, rows_loader(stacked_expert_view(store, names[kDown]), i0, i1, true));
   g.weights.validate();
-  load_gpt_oss_biases(store, p, local_experts, i0, i1, owns_down_bias, g);
+  load_gpt_oss_biases(store, layer, local_experts, i0, i1, owns_down_bias, g);
   return g;
 }
 
 GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer,
                                              std::span<const int> local_experts, int64_t i0, int64_t i1,
                                              bool owns_down_bias) {
-  const std::string p = layer_prefix(layer) + ".mlp.experts.";
-  const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
+  const auto names = gpt_oss_expert_names(layer);
+  const std::string &gu = names[kGateUp], &dn = names[kDown];
   const bool quantised = store.contains(gu + "_blocks") && store.contains(dn + "_blocks");
   if (!quantised || i0 % kMxfp4Block != 0 ||
       (i1 % kMxfp4Block != 0 && i1 != store.info(dn + "_blocks").shape[2] * kMxfp4Block))
@@ -136,8 +128,8 @@ GptOssExperts load_gpt_oss_experts_as_stored(const TensorStore& store, int layer
                    stack_local_experts(store, dn + "_blocks", local_experts, 2, g0, g1),
                    stack_local_experts(store, dn + "_scales", local_experts, 2, g0, g1), 0, i1 - i0});
   g.weights.validate();
-  load_gpt_oss_biases(store, p, local_experts, i0, i1, owns_down_bias, g);
+  load_gpt_oss_biases(store, layer, local_experts, i0, i1, owns_down_bias, g);
   return g;
 }
 
-}  // namespace expar::infer
+}  // namespace expar

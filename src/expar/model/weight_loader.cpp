@@ -1,4 +1,4 @@
-#include "expar/infer/weight_loader.hpp"
+#include "expar/model/weight_loader.hpp"
 
 #include <cstring>
 
@@ -6,7 +6,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/weight_view.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 namespace {
 
@@ -256,4 +256,4 @@ Tensor load_columns(const TensorStore& store, const std::string& name, int64_t b
   return out;
 }
 
-}  // namespace expar::infer
+}  // namespace expar

@@ -6,9 +6,9 @@
 // (core/weight_view.hpp); the scale tensors themselves are not separate weights.
 #include <memory>
 
-#include "expar/infer/tensor_store.hpp"
+#include "expar/model/tensor_store.hpp"
 
-namespace expar::infer {
+namespace expar {
 
 class Fp8Store final : public TensorStore {
  public:
@@ -26,4 +26,4 @@ class Fp8Store final : public TensorStore {
   std::unique_ptr<TensorStore> base_;
 };
 
-}  // namespace expar::infer
+}  // namespace expar
