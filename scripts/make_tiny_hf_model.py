@@ -153,8 +153,11 @@ def config(family, dtype="f32"):
                                                                  "model.embed_tokens", "lm_head"]})
     else:
         raise SystemExit(f"--family {family}: unknown; use one of {', '.join(FAMILIES)}")
+    # The dtype the weights are stored in, as every config.json on the Hub says it (what `expar plan` assumes
+    # when it plans from the config alone).
+    c["torch_dtype"] = "float32" if dtype == "f32" else "bfloat16"
     if dtype == "fp8":  # as Qwen/Qwen3-30B-A3B-FP8's and deepseek-ai/DeepSeek-V3's config.json
-        c.update(torch_dtype="bfloat16", quantization_config=dict(FP8_QUANTIZATION))
+        c.update(quantization_config=dict(FP8_QUANTIZATION))
     return c
 
 

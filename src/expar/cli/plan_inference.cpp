@@ -7,6 +7,8 @@
 #include "expar/cli/layout_options.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/rank_memory_plan.hpp"
+#include "expar/model/config_tensor_store.hpp"
+#include "expar/model/hf_config.hpp"
 
 namespace expar::cli {
 
@@ -19,6 +21,11 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
   const InferenceLayout layout = infer::inference_layout(a.options, spec.config);
   const std::vector<infer::RankMemoryPlan> plans =
       infer::plan_inference_memory(spec, layout, a.kv_tokens, a.options.weight_dtype);
+  // A config.json without weights: the plan assumes the storage the config says.
+  std::string assumed;
+  if (infer::planned_from_config(spec))
+    assumed = stored_weights_of_config(read_hf_config_json(spec.dir), (spec.dir / "config.json").string())
+                  .description;
   int64_t process = infer::kInferenceReserveBytes;
   for (const infer::RankMemoryPlan& p : plans) process += p.heap_bytes();
   const int64_t available =
@@ -40,6 +47,9 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
     fmt::print("inference plan: '{}' ({}) on TP {} x DP {}, EP {}, KV cache of {} positions per rank\n",
                spec.dir.string(), infer::model_format_name(spec.format), layout.tp(), layout.dp(),
                ep_label(layout.ep_degree(), layout.tp()), a.kv_tokens);
+    if (!assumed.empty())
+      fmt::print("planned from config.json alone (no weights in the directory), stored as it says: {}\n",
+                 assumed);
     fmt::print("{:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "rank", "experts",
                "f32", "bf16", "f16", "fp8", "mxfp4", "mapped", "KV cache", "heap");
     for (const infer::RankMemoryPlan& p : plans) {
@@ -83,6 +93,8 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
                      {"available_bytes", available},
                      {"fits", fit_error.empty()}};
     if (!fit_error.empty()) j["refusal"] = fit_error;
+    j["planned_from"] = assumed.empty() ? "weights" : "config";
+    if (!assumed.empty()) j["assumed_storage"] = assumed;
     json.write(j.dump(2));
   }
   return 0;

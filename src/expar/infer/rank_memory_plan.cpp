@@ -8,8 +8,14 @@
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/infer/rank_weights.hpp"
+#include "expar/io/sharded_checkpoint.hpp"
+#include "expar/model/config_tensor_store.hpp"
+#include "expar/model/gpt_oss_layout.hpp"
+#include "expar/model/hf_config.hpp"
 
 namespace expar::infer {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -209,8 +215,8 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
     if (config.moe.use_score_bias) t.dense(name("score_bias"));
     if (features.router == RouterKind::BiasedTopkSoftmax) t.dense(name("router_bias"));
     if (features.fused_experts) {
-      const std::string p = names.expert(l, 0, "");
-      const std::string gu = p + "gate_up_proj", dn = p + "down_proj";
+      const auto stacked = gpt_oss_expert_names(l);
+      const std::string &gu = stacked[kGateUp], &dn = stacked[kDown];
       const bool quantised = store.contains(gu + "_blocks") && store.contains(dn + "_blocks");
       // load_gpt_oss_experts_as_stored's rule: MXFP4 where the shard covers whole blocks.
       if (quantised && i0 % kMxfp4Block == 0 &&
@@ -252,9 +258,23 @@ RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
   return plan;
 }
 
+bool planned_from_config(const ModelSpec& spec) {
+  const fs::path& p = spec.tensor_path;
+  return spec.format != ModelFormat::Expar && fs::is_directory(p) &&
+         !fs::exists(p / std::string(kShardedIndexName)) && !fs::exists(p / "model.safetensors");
+}
+
+std::unique_ptr<TensorStore> open_planning_store(const ModelSpec& spec) {
+  if (!planned_from_config(spec)) return open_store(spec);
+  const fs::path config = spec.dir / "config.json";
+  return std::make_unique<ConfigTensorStore>(
+      config.string(), spec.format, spec.config, spec.features,
+      stored_weights_of_config(read_hf_config_json(spec.dir), config.string()));
+}
+
 std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
                                                   int64_t kv_tokens, std::optional<DType> weight_dtype) {
-  const std::unique_ptr<TensorStore> store = open_store(spec);
+  const std::unique_ptr<TensorStore> store = open_planning_store(spec);
   std::vector<RankMemoryPlan> plans;
   for (int r = 0; r < layout.world(); ++r)
     plans.push_back(plan_rank_memory(*store, spec, layout, r, kv_tokens, weight_dtype));
@@ -342,7 +362,7 @@ void check_fits_before_loading(const FitRequest& r) {
   EXPAR_ASSERT(r.spec != nullptr, "check_fits_before_loading needs the model spec");
   const int64_t limit = process_limit(r);
   if (limit <= 0) return;  // nothing to compare with (no /proc/meminfo)
-  const std::unique_ptr<TensorStore> store = open_store(*r.spec);
+  const std::unique_ptr<TensorStore> store = open_planning_store(*r.spec);
   const std::optional<ProcessNeed> need = need_of(*store, r, r.options, r.kv_tokens);
   if (!need || need->total() <= limit) return;  // a refused layout is reported by the loader's own checks
 

@@ -45,7 +45,12 @@ struct RankMemoryPlan {
 RankMemoryPlan plan_rank_memory(const TensorStore& store, const ModelSpec& spec,
                                 const InferenceLayout& layout, int rank, int64_t kv_tokens,
                                 std::optional<DType> weight_dtype = std::nullopt);
-// Every rank's, opening the checkpoint's store once.
+// Whether `spec` is a Hugging Face config without weights (its directory holds no model.safetensors or
+// index): its plan assumes the storage the config says (model/config_tensor_store.hpp's StoredWeights).
+bool planned_from_config(const ModelSpec& spec);
+// The store a plan reads its headers from: the checkpoint's (open_store), or one made from its config.
+std::unique_ptr<TensorStore> open_planning_store(const ModelSpec& spec);
+// Every rank's, opening the planning store once.
 std::vector<RankMemoryPlan> plan_inference_memory(const ModelSpec& spec, const InferenceLayout& layout,
                                                   int64_t kv_tokens,
                                                   std::optional<DType> weight_dtype = std::nullopt);
