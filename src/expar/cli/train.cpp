@@ -45,6 +45,7 @@ struct TrainArgs {
   std::string data = "data/kjv.txt";
   std::string log = "runs/train.jsonl";
   std::string capacity_policy = "source";
+  std::string save_dtype = "f32";
   double capacity_factor = 0.0;
   std::string score = "softmax";
   double aux_coef = 0, z_coef = 0;  // used when given (cmd.count)
@@ -113,6 +114,7 @@ std::string configure_run(TrainArgs& a, const CLI::App& cmd) {
     moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
   moe.precision = a.precision.parse();
   moe.waves = a.waves;
+  cfg.save_dtype = save_dtype_from_name(a.save_dtype);
   // The preset's whole context; a Hugging Face model's contexts run to 4096 tokens and more: 256 unless said.
   if (cmd.count("--seq-len") == 0)
     cfg.seq_len = a.model_dir.empty() ? static_cast<int>(cfg.model.max_seq)
@@ -383,6 +385,11 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--keep-last", c.keep_last, "Step directories kept in --checkpoint (0: all)")
       ->capture_default_str()
       ->check(integer_in(0, 1'000'000));
+  cmd->add_option("--save-dtype", a->save_dtype,
+                  "Dtype of the weights each save holds: " + choices(save_dtype_names()) +
+                      " (the optimizer state and the f32 master weights that resume reads stay f32)")
+      ->capture_default_str()
+      ->check(one_of(save_dtype_names()));
   cmd->add_flag("--overwrite", c.overwrite_checkpoint,
                 "Replace a checkpoint of another model in --checkpoint (else that is an error)");
   cmd->add_option("--resume", c.resume_from,

@@ -34,7 +34,7 @@ Tensor TensorStore::view(const std::string& name) const {
 struct ExparCheckpointStore::State {
   CheckpointManifest manifest;
   std::map<std::string, std::string> file_of_tensor;  // expert weights and moments; the rest: dense
-  std::string dense_optimizer_file;                   // the other moments
+  std::string dense_optimizer_file;                   // the other moments and f32 masters
   mutable std::mutex mutex;
   mutable std::map<std::string, SafetensorsFile> files;
 
@@ -51,7 +51,8 @@ struct ExparCheckpointStore::State {
   const SafetensorsFile& file_for(const std::string& tensor) const {
     auto it = file_of_tensor.find(tensor);
     if (it != file_of_tensor.end()) return file(it->second);
-    return file(tensor.starts_with("optimizer.") ? dense_optimizer_file : manifest.dense_file);
+    const bool beside_moments = tensor.starts_with("optimizer.") || tensor.starts_with("master.");
+    return file(beside_moments ? dense_optimizer_file : manifest.dense_file);
   }
 };
 
@@ -70,8 +71,8 @@ std::unique_ptr<ExparCheckpointStore> ExparCheckpointStore::open(const fs::path&
       for (const char* key : {"w1", "w2", "w3", "b1", "b2", "b3"}) {  // b*: gpt-oss's expert biases
         const std::string name = ours.expert(l, e, key);
         if (!stacked_experts && key[0] == 'w') state->file_of_tensor[names.weight(name)] = file;
-        for (const char* moment : {"optimizer.m.", "optimizer.v."})
-          state->file_of_tensor[moment + name] = names.optimizer_file(file);
+        for (const char* beside : {"optimizer.m.", "optimizer.v.", "master."})
+          state->file_of_tensor[beside + name] = names.optimizer_file(file);
       }
   return std::unique_ptr<ExparCheckpointStore>(new ExparCheckpointStore(std::move(state)));
 }

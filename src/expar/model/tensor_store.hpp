@@ -39,8 +39,9 @@ class TensorStore {
 // A save of `expar train` (train/checkpoint.hpp's format; a run directory is read through `latest`): its
 // manifest (model/checkpoint_manifest.hpp) names the dense file and which expert file holds which global
 // expert. Besides the weights (under the save family's names) it holds the optimizer moments
-// "optimizer.m.NAME" / "optimizer.v.NAME" under our parameter names, in the weights' files (ours) or in their
-// optimizer-*.safetensors (a Hugging Face family's save). Every file is checked to belong to the manifest's
+// "optimizer.m.NAME" / "optimizer.v.NAME" and, where the weights are saved narrower than f32, the f32 masters
+// "master.NAME", under our parameter names, in the weights' files (ours) or in their optimizer-*.safetensors
+// (a Hugging Face family's save). Every file is checked to belong to the manifest's
 // save when it is first mapped.
 class ExparCheckpointStore final : public TensorStore {
  public:

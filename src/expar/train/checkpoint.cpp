@@ -1,5 +1,7 @@
 #include "expar/train/checkpoint.hpp"
 
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -130,17 +132,34 @@ void load_gpt_oss_expert_params(const TensorStore& store, MoeTransformer& model,
   }
 }
 
-// The config.json a save holds: the run's, verbatim, except that a quantization_config goes (gpt-oss's MXFP4
-// experts are dequantised at load and every save holds them in F32; readers such as transformers would
-// otherwise look for quantised blocks).
-std::string config_json_of_save(const std::string& text) {
+// The config.json a save holds: the run's, except that a quantization_config goes (gpt-oss's MXFP4 experts
+// and FP8 weights are dequantised at load and every save holds them in the save's dtype; readers such as
+// transformers would otherwise look for quantised blocks) and that its dtype key (v5's "dtype", else
+// "torch_dtype") names the dtype the weights are saved in.
+std::string config_json_of_save(const std::string& text, DType saved) {
   json j = json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("quantization_config")) return text;
+  if (!j.is_object()) return text;
   j.erase("quantization_config");
+  j[j.contains("dtype") ? "dtype" : "torch_dtype"] = saved == DType::BF16 ? "bfloat16" : "float32";
   return j.dump(2) + "\n";
 }
 
+// The prefix of a parameter's f32 master weights in a save whose weights are narrower (--save-dtype bf16):
+// stored beside its optimizer moments, so that resuming starts from the exact f32 values.
+constexpr const char* kMaster = "master.";
+
 }  // namespace
+
+std::vector<std::string> save_dtype_names() {
+  return {"f32", "bf16"};
+}
+
+DType save_dtype_from_name(const std::string& name) {
+  if (name == "f32") return DType::F32;
+  EXPAR_CHECK(name == "bf16", "--save-dtype {} is not a dtype a checkpoint is saved in: use f32 or bf16",
+              name);
+  return DType::BF16;
+}
 
 std::string model_config_difference(const ModelConfig& ours, const ModelConfig& theirs) {
   const json a = model_config_to_json(ours), b = model_config_to_json(theirs);
@@ -174,6 +193,11 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   // who writes.
   const CheckpointNames names(info.format, model.config());
   const bool stacked_experts = info.format == ModelFormat::GptOss;  // see gather_gpt_oss_experts
+  EXPAR_CHECK(info.save_dtype == DType::F32 || info.save_dtype == DType::BF16,
+              "a checkpoint's weights are saved as F32 or BF16, not {}: pass --save-dtype {}",
+              dtype_name(info.save_dtype), fmt::format("{}", fmt::join(save_dtype_names(), " or ")));
+  const bool narrow = info.save_dtype != DType::F32;  // then each weight's f32 master is saved too
+  auto as_saved = [&](const Tensor& t) { return narrow ? to_bf16(t, MemCategory::CommScratch) : t; };
   // Weights under the format's names; the moments under ours, beside them (ours) or in their own files.
   std::map<std::string, Tensor> dense, experts, dense_moments, expert_moments;
   std::map<std::string, Tensor>& dense_opt = names.hf() ? dense_moments : dense;
@@ -186,7 +210,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       v = full_moment(*optimizer, i, true, ep_dp);
     }
     if (!is_expert_shard(p)) {
-      dense[names.weight(p.name)] = p.value;
+      dense[names.weight(p.name)] = as_saved(p.value);
+      if (narrow) dense_opt[kMaster + p.name] = p.value;
       if (optimizer) {
         dense_opt["optimizer.m." + p.name] = m;
         dense_opt["optimizer.v." + p.name] = v;
@@ -199,7 +224,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
         Shape s(t.shape().begin() + 1, t.shape().end());
         return t.rows(l, l + 1).reshape(s);
       };
-      if (!stacked_experts) experts[names.weight(expert_tensor_name(p.name, e))] = slice(p.value);
+      if (!stacked_experts) experts[names.weight(expert_tensor_name(p.name, e))] = as_saved(slice(p.value));
+      if (narrow) expert_opt[kMaster + expert_tensor_name(p.name, e)] = slice(p.value);
       if (optimizer) {
         expert_opt["optimizer.m." + expert_tensor_name(p.name, e)] = slice(m);
         expert_opt["optimizer.v." + expert_tensor_name(p.name, e)] = slice(v);
@@ -216,7 +242,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     for (int l = 0; l < model.config().layers; ++l) {
       if (!model.has_moe(l)) continue;
       std::map<std::string, Tensor> layer = gather_gpt_oss_experts(model.moe(l), l, ep_mp);
-      if (world.rank() == 0) dense.merge(layer);
+      if (world.rank() == 0)
+        for (const auto& [name, t] : layer) dense[name] = as_saved(t);
     }
   const std::string hash = checkpoint_model_hash(info.model);
   std::map<std::string, std::string> meta{
@@ -242,7 +269,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     }
     for (const Parameter& p : params) {
       if (!is_expert_shard(p) || stacked_experts) continue;  // gpt-oss's are in the dense file
-      const size_t per_expert = p.value.nbytes() / static_cast<size_t>(placement.local_count());
+      const size_t per_expert =
+          static_cast<size_t>(p.value.numel() / placement.local_count()) * dtype_size(info.save_dtype);
       for (int m = 0; m < placement.ep_size(); ++m)
         for (int e : placement.local_experts(m)) {
           weight_map[names.weight(expert_tensor_name(p.name, e))] =
@@ -252,7 +280,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
     }
     const json index{{"metadata", {{"total_size", total}, {"format", "pt"}}}, {"weight_map", weight_map}};
     write_file_atomically(staging / std::string(kShardedIndexName), index.dump(2) + "\n");
-    write_file_atomically(staging / "config.json", config_json_of_save(info.hf_config_json));
+    write_file_atomically(staging / "config.json", config_json_of_save(info.hf_config_json, info.save_dtype));
   }
   world.barrier();  // every file of the save is written and synced
   if (world.rank() == 0) {
@@ -316,11 +344,19 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
   const ExpertPlacement& placement = model.first_moe().placement();
   const int my_ep = placement.ep_size() == 1 ? 0 : model.first_moe().ep_rank();
   auto& params = model.parameters();
+  // A save with narrower weights (--save-dtype bf16) holds every parameter's f32 master: the parameters
+  // start from those (exactly the values saved), and the weights count as read. Else the weights are F32.
+  const bool masters = store->contains(kMaster + params.front().name);
+  auto load_weight = [&](Tensor dst, const std::string& ours, const std::string& weight) {
+    if (!masters) return copy_into(dst, weight);
+    copy_into(dst, kMaster + ours);
+    used.insert(weight);
+  };
   for (size_t i = 0; i < params.size(); ++i) {
     Parameter& p = params[i];
     AdamW::State* st = optimizer ? &optimizer->state()[i] : nullptr;
     if (!is_expert_shard(p)) {
-      copy_into(p.value, names.weight(p.name));
+      load_weight(p.value, p.name, names.weight(p.name));
       if (st) {
         copy_into(st->m, "optimizer.m." + p.name);
         copy_into(st->v, "optimizer.v." + p.name);
@@ -332,7 +368,10 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
       const int e = placement.global_expert(my_ep, l);
       const std::string name = expert_tensor_name(p.name, e);
       check_expert_file(e);
-      if (!stacked_experts) copy_into(p.value.rows(l, l + 1), names.weight(name));
+      if (!stacked_experts)
+        load_weight(p.value.rows(l, l + 1), name, names.weight(name));
+      else if (masters)
+        copy_into(p.value.rows(l, l + 1), kMaster + name);
       if (!st) continue;
       // The state may cover only a slice [begin, end) of the flattened local shard (EP_DP sharding).
       for (const char* which : {"m", "v"}) {
@@ -361,7 +400,13 @@ void load_checkpoint(const std::string& dir, MoeTransformer& model, AdamW* optim
                 label, name, manifest.dense_file);
     copy_into(bias, name);
   }
-  if (stacked_experts) load_gpt_oss_expert_params(*store, model, used);
+  if (stacked_experts && masters) {
+    for (int l = 0; l < model.config().layers; ++l)
+      if (model.has_moe(l))
+        for (const std::string& name : gpt_oss_expert_names(l)) used.insert(name);
+  } else if (stacked_experts) {
+    load_gpt_oss_expert_params(*store, model, used);
+  }
   // A tensor nobody loaded means the manifest's model config does not describe the files (e.g. "layers": 1
   // for a 2-layer checkpoint).
   std::vector<std::string> dense_files{manifest.dense_file};

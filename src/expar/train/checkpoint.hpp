@@ -12,12 +12,17 @@
 // optimizer-dense.safetensors and optimizer-experts-<m>.safetensors, and config.json plus
 // model.safetensors.index.json make the step directory a Hugging Face checkpoint that transformers and
 // `expar generate|eval|serve` read (the manifest names the family under "architecture").
+// The weights are saved in CheckpointInfo::save_dtype (`expar train --save-dtype`): F32, or BF16 (each value
+// rounded to nearest even), which halves what the engine reads and holds (it keeps BF16 as stored). The
+// training state stays f32 whatever it is: a BF16 save also holds each parameter's f32 master
+// ("master.NAME", beside its optimizer moments), from which resume starts, so resuming is bit-identical.
 // Every safetensors file's metadata carry the step, the save's id and the model config's hash, and a load
 // refuses a file whose identity differs from the manifest's (a torn set), naming it.
 // Every tensor is stored under its global name, so loading reshards to any layout: a rank reads the dense
 // file and, from the expert files, only the rows of its own experts (zero-copy through mmap).
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "expar/comm/comm.hpp"
 #include "expar/model/moe_transformer.hpp"
@@ -33,7 +38,12 @@ struct CheckpointInfo {
   int world = 1;
   ModelFormat format = ModelFormat::Expar;  // a Hugging Face family: saved in its layout too
   std::string hf_config_json;               // with a family: the config.json written into each save
+  DType save_dtype = DType::F32;            // the weights' dtype in the save: F32 or BF16
 };
+
+// The names --save-dtype takes ("f32", "bf16") and the dtype a name means (expar::Error naming the choices).
+std::vector<std::string> save_dtype_names();
+DType save_dtype_from_name(const std::string& name);
 
 struct CheckpointSaveOptions {
   int keep_last = 0;           // keep at most this many step directories (0: all)

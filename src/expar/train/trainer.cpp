@@ -423,8 +423,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
 
   bool saved = false;
   auto save = [&](int steps_done) {
-    CheckpointInfo info{steps_done,   cfg.seed,   cfg.model,         cfg.ep,
-                        world.size(), cfg.format, cfg.hf_config_json};
+    CheckpointInfo info{steps_done,   cfg.seed,   cfg.model,          cfg.ep,
+                        world.size(), cfg.format, cfg.hf_config_json, cfg.save_dtype};
     // With --overwrite, the first save of this run replaces every step directory already there.
     CheckpointSaveOptions options{cfg.keep_last, cfg.overwrite_checkpoint && !saved};
     save_checkpoint(cfg.checkpoint_dir, info, model, &optimizer, world, *g.ep_mp, *g.ep_dp, options);

@@ -68,6 +68,9 @@ struct TrainConfig {
   int checkpoint_every = 0;           // 0: only at the end (when checkpoint_dir is set)
   int keep_last = 2;                  // step directories kept in checkpoint_dir (0: all)
   bool overwrite_checkpoint = false;  // replace a checkpoint of another model in checkpoint_dir
+  // The dtype the saves hold the weights in (F32 or BF16); the training state saved for resume stays f32
+  // (train/checkpoint.hpp).
+  DType save_dtype = DType::F32;
   // A checkpoint (run directory or step directory) to resume from; its model config must equal `model`.
   std::string resume_from;
   int stop_after = -1;  // stop (as if interrupted) after this step; -1: run to `steps`
