@@ -38,21 +38,26 @@ constexpr int64_t kRows = 4;
 // one). 32 KiB chunks measured no different in decode (docs/performance_history.md, "Reads in runs").
 constexpr int64_t kChunkBytes = int64_t{128} << 10;
 
-// The first bytes of each of the next block's rows, asked for before the current block is read: every row
-// is a stream of its own that the hardware prefetcher must find again from its start (a row of 1024 floats is
-// one 4 KiB page), and its first lines otherwise arrive at memory latency. In a probe against a streaming
-// read in the same rounds, fetching the first lines of each next row at the block's start brought the loop up
-// to the streaming read; fewer or more lines did about as well, a line one block ahead at every step or
-// 1 KiB ahead in the same row worse (docs/performance_history.md, "Reads in runs", row starts prefetched).
-// A prefetch changes no result.
-constexpr int64_t kPrefetchBytes = 512;
+// The byte of a row that column i (a multiple of 16) starts at, in format F.
+template <WeightFormat F>
+constexpr int64_t column_byte(int64_t i) {
+  if constexpr (F == WeightFormat::F32) return i * 4;
+  if constexpr (F == WeightFormat::BF16 || F == WeightFormat::F16) return i * 2;
+  if constexpr (F == WeightFormat::FP8) return i;
+  return i / 2;  // MXFP4: two values a byte
+}
 
-void prefetch_row_starts(const WeightView& w, int64_t first, int64_t count) {
-  const int64_t bytes = std::min<int64_t>(static_cast<int64_t>(w.row_bytes()), kPrefetchBytes);
-  for (int64_t r = 0; r < count; ++r) {
-    const char* row = static_cast<const char*>(row_pointers(w, first + r).values);
-    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(row + i);
-  }
+// While a block reads columns [i, i + 16) of its rows, the same columns of the next block's rows are asked
+// for (once per 64-byte line): each row is a short stream of its own that the hardware prefetcher finds
+// again from its start, so without this the block's reads wait on memory latency row by row. A prefetch
+// never faults (past the product's last row it reads nothing useful and changes nothing) and changes no
+// result.
+template <WeightFormat F, int64_t R>
+inline void prefetch_next_block(const RowPointers (&row)[R], int64_t i, int64_t ahead_bytes) {
+  const int64_t byte = column_byte<F>(i);
+  if (byte % 64 != 0) return;
+  for (int64_t r = 0; r < R; ++r)
+    __builtin_prefetch(static_cast<const char*>(row[r].values) + byte + ahead_bytes);
 }
 
 template <WeightFormat F, int64_t R>
@@ -60,6 +65,7 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
   const int64_t k = w.cols, col0 = w.block_col0;
   RowPointers row[R];
   for (int64_t r = 0; r < R; ++r) row[r] = row_pointers(w, first + r);
+  const int64_t ahead_bytes = R * column_byte<F>(w.ld);  // the next block's rows: R row strides on
   Lanes sum[R];
   for (int64_t r = 0; r < R; ++r) sum[r] = Lanes{};
   int64_t i = 0;
@@ -67,6 +73,7 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
   if constexpr (F == WeightFormat::MXFP4) {
     // A block of 32 at a time (k is whole blocks): the same sums in the same order as the loop below.
     for (; i < k; i += kMxfp4Block) {
+      prefetch_next_block<F, R>(row, i, ahead_bytes);
       Lanes x0, x1;
       std::memcpy(&x0, a + i, sizeof x0);
       std::memcpy(&x1, a + i + kLanes, sizeof x1);
@@ -87,7 +94,26 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
         Lanes scale[R];
         for (int64_t r = 0; r < R; ++r)
           scale[r] = Lanes{} + static_cast<const float*>(row[r].scales)[i / kFp8Block] * 256.0f;
+#if defined(__AVX512BW__)
+        // Two lanes' worth of codes at a time; each lane's sum still takes its columns in order.
+        for (int64_t b = 0; b < kFp8Block; b += 2 * kLanes) {
+          prefetch_next_block<F, R>(row, i + b, ahead_bytes);
+          Lanes x0, x1;
+          std::memcpy(&x0, a + i + b, sizeof x0);
+          std::memcpy(&x1, a + i + b + kLanes, sizeof x1);
+          for (int64_t r = 0; r < R; ++r) {
+            __m512 v0, v1;
+            widen_e4m3_pair_over_256(static_cast<const uint8_t*>(row[r].values) + i + b, v0, v1);
+            Lanes w0, w1;
+            copy_bits(v0, w0);
+            copy_bits(v1, w1);
+            sum[r] += x0 * (w0 * scale[r]);
+            sum[r] += x1 * (w1 * scale[r]);
+          }
+        }
+#else
         for (int64_t b = 0; b < kFp8Block; b += kLanes) {
+          prefetch_next_block<F, R>(row, i + b, ahead_bytes);
           Lanes x;
           std::memcpy(&x, a + i + b, sizeof x);
           for (int64_t r = 0; r < R; ++r) {
@@ -99,11 +125,13 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
             sum[r] += x * w;
           }
         }
+#endif
       }
     }
   }
 #endif
   for (; i + kLanes <= k; i += kLanes) {
+    prefetch_next_block<F, R>(row, i, ahead_bytes);
     Lanes x;
     std::memcpy(&x, a + i, sizeof x);
     for (int64_t r = 0; r < R; ++r) {
@@ -125,15 +153,8 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
 // Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
 template <WeightFormat F>
 void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
-  const int64_t n = p.b.rows;
   int64_t j = begin;
-  for (; j + kRows <= end; j += kRows) {
-    // The next block's rows, as far as the product has them (the chunk after this one is usually the same
-    // thread's next).
-    const int64_t next = std::min(kRows, n - j - kRows);
-    if (next > 0) prefetch_row_starts(p.b, j + kRows, next);
-    rows_dot<F, kRows>(p.a, p.b, j, p.c + j, p.accumulate);
-  }
+  for (; j + kRows <= end; j += kRows) rows_dot<F, kRows>(p.a, p.b, j, p.c + j, p.accumulate);
   for (; j < end; ++j) rows_dot<F, 1>(p.a, p.b, j, p.c + j, p.accumulate);
 }
 

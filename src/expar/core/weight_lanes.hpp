@@ -37,12 +37,19 @@ inline void copy_bits(const From& from, To& to) {
   std::memcpy(&to, &from, sizeof to);
 }
 
-// BF16 is the upper half of an f32.
+// BF16 is the upper half of an f32. Under AVX-512 one widening instruction: GCC lowers the generic
+// conversion below as two half-width widenings joined by two more shuffles, all on the one shuffle port.
 inline void widen_bf16(const uint16_t* p, Lanes& w) {
+#if defined(__AVX512F__)
+  const __m512i bits = _mm512_maskz_slli_epi32(
+      kAll, _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  copy_bits(bits, w);
+#else
   Halves h;
   std::memcpy(&h, p, sizeof h);
   const Ints bits = __builtin_convertvector(h, Ints) << 16;
   copy_bits(bits, w);
+#endif
 }
 
 inline void widen_f16(const uint16_t* p, Lanes& w) {
@@ -109,6 +116,24 @@ inline void widen_e4m3_over_256(const uint8_t* p, __m512& w) {
   const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, nan_bits), nan_bits);
   h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
   w = _mm512_maskz_cvtph_ps(kAll, h);
+}
+#endif
+
+#if defined(__AVX512BW__)
+// The same for 32 codes at a time (w0: the first 16): one widening of the bytes, the moves into place and the
+// NaN codes on 32 halves in one register each, then two conversions. Fewer instructions per code than two
+// widen_e4m3_over_256 calls, which is what an FP8 product is bound by.
+inline void widen_e4m3_pair_over_256(const uint8_t* p, __m512& w0, __m512& w1) {
+  constexpr __mmask32 all32 = 0xFFFFFFFFu;
+  const __m512i b =
+      _mm512_maskz_cvtepi8_epi16(all32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  __m512i h = _mm512_maskz_and_epi32(kAll, _mm512_maskz_slli_epi16(all32, b, 7),
+                                     _mm512_set1_epi16(static_cast<int16_t>(0xbf80)));
+  const __m512i nan_bits = _mm512_set1_epi16(0x3f80);
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_maskz_and_epi32(kAll, h, nan_bits), nan_bits);
+  h = _mm512_mask_mov_epi16(h, nan, _mm512_maskz_or_epi32(kAll, h, _mm512_set1_epi16(0x7c00)));
+  w0 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 0));
+  w1 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 1));
 }
 #endif
 
