@@ -17,6 +17,10 @@ struct Parameter {
   Tensor grad;
   ParamKind kind = ParamKind::Dense;
   bool weight_decay = true;  // norms' gains and biases are usually exempt
+  // Per entry of the first dimension: whether its gradient counts in the global gradient norm. Empty: every
+  // entry. An expert tensor with redundant slots counts each logical expert's first slot only, since its
+  // replicas hold the same summed gradient.
+  std::vector<bool> norm_rows;
 };
 
 // Allocates value (category by kind) and a zeroed gradient of the same shape.

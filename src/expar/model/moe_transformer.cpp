@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "expar/comm/comm.hpp"
+#include "expar/moe/expert_slots.hpp"
 #include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/context_parallel_attention.hpp"
 #include "expar/nn/cross_entropy.hpp"
@@ -159,8 +160,8 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
   if (path_traits(execution_.moe.path).shared_heap && max_microbatch_tokens > 0) {
     // Slots hold the most rows any rank can receive under the capacity policy (dropless: the bound
     // M_E * T * min(K, E_L)), so with a capacity factor resident symmetric memory stays ~cf*T*K per rank.
-    const ExpertPlacement placement(config_.moe.router.num_experts, ep_group.size(),
-                                    execution_.moe.placement);
+    const ExpertPlacement placement =
+        execution_.moe.expert_placement(config_.moe.router.num_experts, ep_group.size());
     const int64_t rows = max_capacity_rows(max_microbatch_tokens, config_.moe.router.top_k, placement,
                                            execution_.moe.capacity);
     heap_ = ep_group.make_heap();
@@ -250,24 +251,38 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
     b->moe = std::make_unique<MoeLayer>(config_.moe, execution_.moe, ep_group, p + ".moe",
                                         MoeSharedResources{heap_.get(), lease_pool_.get(), l});
     b->moe->set_recompute(execution_.recomputes_moe(l));
+    // The MoE layer's own tensors (router, experts), viewed as parameters.
+    auto add_moe_param = [&](std::string name, Tensor value, Tensor grad, ParamKind kind, bool decay) {
+      Parameter par;
+      par.name = std::move(name);
+      par.value = std::move(value);
+      par.grad = std::move(grad);
+      par.kind = kind;
+      par.weight_decay = decay;
+      params_.push_back(std::move(par));
+    };
     MoeParams& mp = b->moe->params();
     MoeGrads& mg = b->moe->grads();
-    params_.push_back(Parameter{p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false});
+    add_moe_param(p + ".moe.router", mp.w_router, mg.w_router, ParamKind::Dense, false);
     if (mp.router_bias.defined())
-      params_.push_back(
-          Parameter{p + ".moe.router_bias", mp.router_bias, mg.router_bias, ParamKind::Dense, false});
-    params_.push_back(
-        Parameter{p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true});
-    params_.push_back(
-        Parameter{p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true});
-    params_.push_back(
-        Parameter{p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true});
+      add_moe_param(p + ".moe.router_bias", mp.router_bias, mg.router_bias, ParamKind::Dense, false);
+    add_moe_param(p + ".moe.experts.w1", mp.experts.w1, mg.experts.w1, ParamKind::Expert, true);
+    add_moe_param(p + ".moe.experts.w3", mp.experts.w3, mg.experts.w3, ParamKind::Expert, true);
+    add_moe_param(p + ".moe.experts.w2", mp.experts.w2, mg.experts.w2, ParamKind::Expert, true);
     if (mp.experts.has_biases())  // gate, up and down biases: no weight decay
       for (auto [key, value, grad] :
            {std::tuple{".b1", mp.experts.b1, mg.experts.b1}, std::tuple{".b3", mp.experts.b3, mg.experts.b3},
             std::tuple{".b2", mp.experts.b2, mg.experts.b2}})
-        params_.push_back(Parameter{p + ".moe.experts" + key, value, grad, ParamKind::Expert, false});
+        add_moe_param(p + ".moe.experts" + key, value, grad, ParamKind::Expert, false);
     blocks_.push_back(std::move(b));
+  }
+  // Redundant expert slots: a replicated expert's slots hold the same summed gradient in training
+  // (train/expert_replicas.hpp), so only its first slot counts in the gradient norm.
+  const ExpertPlacement& placement = first_moe().placement();
+  if (placement.has_replicas()) {
+    const std::vector<bool> first = first_replica_slots(placement, first_moe().ep_rank());
+    for (Parameter& p : params_)
+      if (p.kind == ParamKind::Expert) p.norm_rows = first;
   }
   auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
   final_norm_ = fn.value;

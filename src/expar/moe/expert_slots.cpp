@@ -98,4 +98,19 @@ ExpertWeights sum_replica_grads(const ExpertPlacement& placement, std::span<cons
   return out;
 }
 
+std::vector<bool> first_replica_slots(const ExpertPlacement& placement, int ep_rank) {
+  std::vector<bool> first;
+  for (int slot : placement.local_slots(ep_rank))
+    first.push_back(placement.expert_slots(placement.slot_expert(slot)).front() == slot);
+  return first;
+}
+
+std::vector<int> first_replica_experts(const ExpertPlacement& placement, int ep_rank) {
+  const std::vector<bool> first = first_replica_slots(placement, ep_rank);
+  std::vector<int> experts;
+  for (int l = 0; l < placement.local_count(); ++l)
+    if (first[static_cast<size_t>(l)]) experts.push_back(placement.global_expert(ep_rank, l));
+  return experts;
+}
+
 }  // namespace expar

@@ -5,6 +5,7 @@
 // hold every expert) and sum slot gradients back per logical expert (what training replicas rely on: the
 // gradient of a replicated expert is the sum of its replicas').
 #include <span>
+#include <vector>
 
 #include "expar/core/memory.hpp"
 #include "expar/core/tensor.hpp"
@@ -28,5 +29,13 @@ Tensor sum_replicas(const ExpertPlacement& placement, std::span<const Tensor> ra
 
 // sum_replicas of every gradient tensor (w1, w3, w2 and the biases that are defined).
 ExpertWeights sum_replica_grads(const ExpertPlacement& placement, std::span<const ExpertWeights> rank_grads);
+
+// Per local slot of `ep_rank`: whether it is its logical expert's first (lowest) slot. Where a replicated
+// expert must count once (the gradient norm, a checkpoint's experts), only its first slot does.
+std::vector<bool> first_replica_slots(const ExpertPlacement& placement, int ep_rank);
+
+// The logical experts whose first slot is on `ep_rank`, in local slot order: every expert on exactly one
+// rank of the group.
+std::vector<int> first_replica_experts(const ExpertPlacement& placement, int ep_rank);
 
 }  // namespace expar

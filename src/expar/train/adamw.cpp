@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "expar/core/error.hpp"
+
 namespace expar {
 
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig config, Comm& ep_mp, Comm& ep_dp)
@@ -27,8 +29,15 @@ double AdamW::global_grad_norm() {
   double dense_sq = 0.0, expert_sq = 0.0;
   for (Parameter* p : params_) {
     const float* g = p->grad.data<float>();
+    const int64_t n = p->grad.numel();
+    const auto rows = static_cast<int64_t>(p->norm_rows.size());
+    EXPAR_CHECK(rows == 0 || (p->grad.ndim() >= 1 && p->grad.dim(0) == rows),
+                "parameter '{}': {} norm rows for a gradient of shape {}", p->name, rows,
+                shape_string(p->grad.shape()));
+    const int64_t per_row = rows == 0 ? n : n / rows;
     double sq = 0.0;
-    for (int64_t i = 0; i < p->grad.numel(); ++i) sq += static_cast<double>(g[i]) * g[i];
+    for (int64_t i = 0; i < n; ++i)
+      if (rows == 0 || p->norm_rows[static_cast<size_t>(i / per_row)]) sq += static_cast<double>(g[i]) * g[i];
     (p->kind == ParamKind::Dense ? dense_sq : expert_sq) += sq;
   }
   ep_mp_.all_reduce(&expert_sq, 1, DType::F64, ReduceOp::Sum);

@@ -4,7 +4,8 @@
 //
 // Global norm: every replica is counted once. Dense gradients are identical on all ranks after reduction,
 // so their squared norm is taken locally; each EP_MP rank holds a different expert shard, so the expert
-// squared norms are summed over EP_MP. Sums are in f64 in a fixed order.
+// squared norms are summed over EP_MP. Redundant expert slots hold their expert's summed gradient, so only
+// the entries a parameter's norm_rows mark count. Sums are in f64 in a fixed order.
 //
 // Sharding (ZeRO-1 style, over EP_DP): member j of an EP_DP group of size D_E keeps Adam state for, and
 // updates, only the j-th contiguous 1/D_E of each expert tensor, then the updated slices are all-gathered
