@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the training tests: a small corpus of repeated text, a small config, and a threads-backend run
-// of train() that returns rank 0's step records and the layout text it printed at start.
+// of train() (optionally on emulated nodes) that returns rank 0's step records and the layout text it
+// printed at start.
 #include <mutex>
 #include <string>
 #include <vector>
@@ -42,13 +43,15 @@ struct TrainingRun {
   std::string layout;             // TrainObserver::on_start's text
 };
 
-inline TrainingRun run_training(int ranks, const TrainConfig& cfg) {
+// ranks_per_node > 0: emulated nodes of that many ranks (rows between them are counted messages).
+inline TrainingRun run_training(int ranks, const TrainConfig& cfg, int ranks_per_node = 0) {
   TrainingRun out;
   std::mutex m;
   TrainObserver observer;
   observer.on_start = [&](const std::string& text) { out.layout = text; };
   LaunchOptions o;
   o.ranks = ranks;
+  o.ranks_per_node = ranks_per_node;
   run_ranks(o, [&](Comm& world) {
     TrainSummary s = train(cfg, world, repeated_text_corpus(), &observer);
     std::lock_guard lock(m);

@@ -304,6 +304,11 @@ void add_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--ep", c.ep, "EP_MP degree M_E (divides the ranks)")
       ->capture_default_str()
       ->check(integer_in(1, 1024));
+  cmd->add_option("--redundant-experts", c.redundant_experts,
+                  "R extra expert slots (S = experts + R, a multiple of --ep): replicas of the first R "
+                  "experts, each replicated expert's gradient summed over its replicas (same training)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 20));
   cmd->add_option("--cp", c.cp,
                   "Context-parallel degree C: each sequence split over C ranks (divides the ranks and "
                   "--seq-len; EP folds over D*C)")

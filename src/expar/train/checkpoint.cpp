@@ -20,6 +20,7 @@
 #include "expar/model/model_config_json.hpp"
 #include "expar/model/tensor_store.hpp"
 #include "expar/model/weight_names.hpp"
+#include "expar/moe/expert_slots.hpp"
 
 namespace expar {
 
@@ -76,13 +77,13 @@ std::map<std::string, Tensor> gather_gpt_oss_experts(MoeLayer& layer, int l, Com
     std::vector<size_t> counts;
     for (int m = 0; m < placement.ep_size(); ++m)
       counts.push_back(placement.local_experts(m).size() * static_cast<size_t>(per));
-    Tensor gathered = Tensor::empty({placement.num_experts() * per}, DType::F32, MemCategory::CommScratch);
+    Tensor gathered = Tensor::empty({placement.num_slots() * per}, DType::F32, MemCategory::CommScratch);
     ep_mp.all_gather_v(local[k].raw(), static_cast<size_t>(local[k].numel()), gathered.raw(), counts,
                        DType::F32);
     Shape full{placement.num_experts()};
     full.insert(full.end(), shapes[k].begin(), shapes[k].end());
     Tensor t = Tensor::empty(full, DType::F32, MemCategory::CommScratch);
-    // Rank-ordered blocks of each rank's local experts -> global expert order.
+    // Rank-ordered blocks of each rank's local experts -> global expert order (replicas: the same values).
     const float* src = gathered.data<float>();
     for (int m = 0; m < placement.ep_size(); ++m)
       for (int e : placement.local_experts(m)) {
@@ -188,6 +189,8 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   const fs::path staging = checkpoint_staging_dir(dir, info.step);
   const ExpertPlacement& placement = model.first_moe().placement();
   const int my_ep = ep_mp.rank();
+  // Logical experts only, so the save loads under any placement: each from its first slot.
+  const std::vector<bool> first_slots = first_replica_slots(placement, my_ep);
   auto& params = model.parameters();
   // Moments of sharded expert state must be gathered by every EP_DP member (collective), before deciding
   // who writes.
@@ -219,6 +222,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       continue;
     }
     for (int l = 0; l < placement.local_count(); ++l) {
+      if (!first_slots[static_cast<size_t>(l)]) continue;  // a replica: saved from its expert's first slot
       const int e = placement.global_expert(my_ep, l);
       auto slice = [&](const Tensor& t) {
         Shape s(t.shape().begin() + 1, t.shape().end());
@@ -272,7 +276,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
       const size_t per_expert =
           static_cast<size_t>(p.value.numel() / placement.local_count()) * dtype_size(info.save_dtype);
       for (int m = 0; m < placement.ep_size(); ++m)
-        for (int e : placement.local_experts(m)) {
+        for (int e : first_replica_experts(placement, m)) {
           weight_map[names.weight(expert_tensor_name(p.name, e))] =
               "experts-" + std::to_string(m) + ".safetensors";
           total += per_expert;
@@ -286,7 +290,7 @@ void save_checkpoint(const std::string& dir, const CheckpointInfo& info, MoeTran
   if (world.rank() == 0) {
     json files = json::object();
     for (int m = 0; m < placement.ep_size(); ++m)
-      files["experts-" + std::to_string(m) + ".safetensors"] = placement.local_experts(m);
+      files["experts-" + std::to_string(m) + ".safetensors"] = first_replica_experts(placement, m);
     json manifest{{"format", kCheckpointFormat},
                   {"step", info.step},
                   {"seed", info.seed},

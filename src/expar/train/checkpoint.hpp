@@ -4,7 +4,9 @@
 //   dense.safetensors            every dense parameter (and its Adam moments), written once by world rank 0
 //   experts-<m>.safetensors      the routed experts owned by EP_MP rank m, one tensor per global expert
 //                                ("layers.L.moe.experts.<e>.w1" [h, d], ...), written once per EP_DP group
-//                                (by its member with ep_dp coordinate 0)
+//                                (by its member with ep_dp coordinate 0); a replicated expert (redundant
+//                                slots) only by the rank of its first slot, so every save holds logical
+//                                experts and loads under any placement
 //   manifest.json                model config, layout, step, seed, which file holds which expert; written
 //                                last
 // A model of a Hugging Face family (CheckpointInfo::format) is saved in that family's layout as well: the

@@ -13,6 +13,7 @@
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/adamw.hpp"
 #include "expar/train/checkpoint.hpp"
+#include "expar/train/expert_replicas.hpp"
 #include "expar/train/grad_reducer.hpp"
 #include "expar/train/lr_schedule.hpp"
 
@@ -42,6 +43,14 @@ std::string describe_layout(const TrainingLayout& layout, const ExpertPlacement&
            list(layout.groups(TrainingGroup::DenseGrad)) + "\n";
   } else {
     out += "  dense DP group (reduce dense gradients): " + list(layout.groups(TrainingGroup::Dp)) + "\n";
+  }
+  if (placement.has_replicas()) {
+    std::vector<std::string> replicated;
+    for (int e = 0; e < placement.num_experts(); ++e)
+      if (placement.replica_count(e) > 1)
+        replicated.push_back(fmt::format("{} (slots {})", e, fmt::join(placement.expert_slots(e), ",")));
+    out += fmt::format("  {} expert slots for {} experts, replicated: {}\n", placement.num_slots(),
+                       placement.num_experts(), fmt::join(replicated, ", "));
   }
   for (int r = 0; r < layout.world; ++r) {
     const TrainingCoords c = layout.coords(r);
@@ -89,7 +98,7 @@ std::string memory_table(Comm& world) {
 std::string lease_pool_sizing(const TrainConfig& cfg, const TrainingLayout& layout, int64_t rows,
                               int64_t tokens, size_t slot_bytes) {
   const int64_t m = layout.ep_mp, k = cfg.model.moe.router.top_k,
-                e_local = cfg.model.moe.router.num_experts / layout.ep_mp;
+                e_local = (cfg.model.moe.router.num_experts + cfg.redundant_experts) / layout.ep_mp;
   const CapacityPolicy& p = cfg.execution.moe.capacity;
   const std::string rule =
       p.rule == CapacityRule::Dropless
@@ -114,7 +123,7 @@ RunGroups make_groups(const TrainConfig& cfg, Comm& world) {
   // With the model's expert count, so that a refused M_E or C is answered with values that the placement
   // accepts too (the MoE layers' own check knows no D*C).
   TrainingLayoutConfig lc{world.size(), cfg.ep, cfg.cp};
-  lc.num_experts = cfg.model.moe.router.num_experts;
+  lc.num_experts = cfg.model.moe.router.num_experts + cfg.redundant_experts;  // slots: M_E divides them
   const TrainingLayout layout(lc);
   RunGroups g{layout,
               world.subgroup(layout.groups(TrainingGroup::Dp), "dp"),
@@ -378,6 +387,8 @@ LeasePoolSummary lease_summary(const MoeTransformer& model, int64_t pool_rows) {
 TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpus,
                    const TrainObserver* observer) {
   check_train_config(cfg);
+  check_redundant_experts(cfg.model.moe.router.num_experts, cfg.redundant_experts, cfg.ep, world.size(),
+                          cfg.cp);
   const RunGroups g = make_groups(cfg, world);
   const TrainingLayout& layout = g.layout;
   check_layout_split(cfg, layout);
@@ -395,7 +406,16 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   const int eval_seqs = std::max(1, cfg.eval_sequences / layout.dp);
   const int64_t max_forward_tokens =
       static_cast<int64_t>(std::max(mb_seqs, eval_seqs)) * (cfg.seq_len / cfg.cp);
-  MoeTransformer model(mc, cfg.execution, *g.ep_mp, max_forward_tokens, cfg.features);
+  ModelExecution execution = cfg.execution;
+  if (cfg.redundant_experts > 0) {
+    EXPAR_CHECK(execution.moe.slots.empty(),
+                "--redundant-experts {} and an explicit slot table (MoeExecution::slots) both place the "
+                "experts: give one",
+                cfg.redundant_experts);
+    execution.moe.slots =
+        training_expert_slots(mc.moe.router.num_experts, cfg.redundant_experts, layout.ep_mp);
+  }
+  MoeTransformer model(mc, execution, *g.ep_mp, max_forward_tokens, cfg.features);
   if (layout.cp > 1) model.set_context_parallel(g.cp.get(), loss_batches);
   // The slot rows the pool is sized by, stated in the start-up table (dropless: the bound).
   const int64_t pool_rows = max_capacity_rows(max_forward_tokens, mc.moe.router.top_k,
@@ -440,6 +460,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
     // The first step is the dry run that sizes the shared lease pool; after it the pool is frozen.
     if (step == start) model.freeze_leases();
     reducer.reduce();
+    sum_replica_gradients(params, model.first_moe().placement(), *g.ep_mp);
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
     if (cfg.score_bias_rate > 0) update_score_biases(model, expert_counts, cfg.score_bias_rate, world);

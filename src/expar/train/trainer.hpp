@@ -44,6 +44,9 @@ struct TrainConfig {
   // seeded random initialisation.
   std::string init_from;
   int ep = 1;  // M_E
+  // Redundant expert slots (train/expert_replicas.hpp): S = E + R slots over the M_E ranks, M_E dividing S;
+  // a replicated expert's gradient is summed over its replicas, so the run trains the same E experts.
+  int redundant_experts = 0;
   int cp = 1;  // C: context-parallel degree; divides the ranks and seq_len
   int steps = 300;
   int global_batch = 16;  // sequences per optimizer step, over all dense-DP ranks
