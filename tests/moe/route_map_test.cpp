@@ -394,6 +394,14 @@ TEST(RouteMap, WithoutReplicasSlotsAreExperts) {
   EXPECT_EQ(slot_requests(requests, 2, placement), requests);
 }
 
+// An explicit table without replicas may permute the experts (EPLB's R = 0 placement): slot s takes the
+// requests of its expert. By hand: 4 experts in slots {2, 0, 3, 1} over 2 ranks, 2 sources.
+TEST(RouteMap, APermutingTableWithoutReplicasMapsRequestsThroughIt) {
+  const ExpertPlacement placement = ExpertPlacement::from_slots(4, 2, {2, 0, 3, 1});
+  const std::vector<int64_t> requests{1, 2, 3, 4, 5, 6, 7, 8};  // [source][expert]
+  EXPECT_EQ(slot_requests(requests, 2, placement), (std::vector<int64_t>{3, 1, 4, 2, 7, 5, 8, 6}));
+}
+
 // Every route of every source lands on a distinct row of a slot that holds its logical expert, and the rows
 // of each destination are covered exactly, both when the sources are the partitions (M = P) and when four
 // sources share two partitions of two ranks each (the agrs path's variable EP, dropless).

@@ -183,7 +183,8 @@ std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int source
   EXPAR_ASSERT(requests.size() == static_cast<size_t>(sources) * e_count,
                "slot requests: request matrix has {} entries, expected {} x {}", requests.size(), sources,
                e_count);
-  if (!placement.has_replicas()) return {requests.begin(), requests.end()};  // slot id = expert id
+  // Slot id = expert id, unless an explicit table (EPLB's, R = 0 included) permutes them.
+  if (!placement.has_replicas() && !placement.explicit_slots()) return {requests.begin(), requests.end()};
   std::vector<int64_t> out(static_cast<size_t>(sources) * s_count, 0);
   for (int e = 0; e < e_count; ++e) {
     const std::vector<int>& replicas = placement.expert_slots(e);
