@@ -6,6 +6,8 @@
 //    state sharded over EP_DP;
 //  - checkpoints hold logical experts: a save with replicas loads without them and the reverse, with the
 //    same logits, and a run resumes with another R;
+//  - --eplb-interval re-places the experts from the window's routes, moving weights and Adam moments, and
+//    keeps the curve of the run without replicas (with a sharded optimizer it is refused by name);
 //  - an R that M_E does not divide into slots is refused naming the values that are accepted.
 #include <gtest/gtest.h>
 
@@ -211,15 +213,70 @@ TEST(ReplicaTraining, ResumeWithAnotherNumberOfReplicas) {
   }
 }
 
-TEST(ReplicaTraining, SlotsThatTheEpDegreeDoesNotDivideAreRefusedNamingTheFix) {
-  TrainConfig c = small_config(4, "rowwise", 1);  // 8 experts
-  c.redundant_experts = 3;                        // 11 slots over M_E = 4
-  std::string message;
+TEST(ReplicaTraining, EplbReplacementKeepsTheCurve) {
+  const int steps = 10;
+  struct Case {
+    const char* path;
+    int ep, redundant, ranks_per_node;
+  };
+  for (const Case c : {Case{"rowwise", 2, 2, 0}, Case{"block", 4, 4, 0}, Case{"aggregated", 4, 0, 2}}) {
+    TrainConfig plain = small_config(c.ep, c.path, steps);
+    plain.eval_every = 5;
+    TrainConfig moving = plain;
+    moving.redundant_experts = c.redundant;
+    moving.eplb_interval = 3;
+    const auto base = run_training(4, plain, c.ranks_per_node).steps;
+    const auto curve = run_training(4, moving, c.ranks_per_node).steps;
+    SCOPED_TRACE(fmt::format("{} M_E={} R={}", c.path, c.ep, c.redundant));
+    ASSERT_EQ(curve.size(), base.size());
+    int windows = 0, changed = 0;
+    for (size_t i = 0; i < curve.size(); ++i) {
+      const StepRecord& r = curve[i];
+      const bool window_end = (i + 1) % 3 == 0 && i + 1 < curve.size();
+      EXPECT_EQ(r.eplb_slots_changed >= 0, window_end) << "step " << i;
+      if (!window_end) continue;
+      ++windows;
+      changed += r.eplb_slots_changed;
+      EXPECT_EQ(r.eplb_slots_changed > 0, r.eplb_bytes_moved > 0) << "step " << i;
+      EXPECT_LE(r.eplb_imbalance_after, r.eplb_imbalance_before + 1e-12) << "step " << i;
+    }
+    EXPECT_EQ(windows, 3);
+    EXPECT_GT(changed, 0) << "no window moved an expert: the case tests nothing";
+    const CurveGap gap = curve_gap(curve, base);
+    EXPECT_LE(gap.loss, kCurveTolerance);
+    EXPECT_LE(gap.grad_norm, kGradNormTolerance);
+    EXPECT_NEAR(curve.back().val_loss, base.back().val_loss, kCurveTolerance * base.back().val_loss);
+    fmt::print(
+        "EPLB {} M_E={} R={}: {} slots changed over {} windows; largest relative gap, loss {:.3g}, "
+        "gradient norm {:.3g}\n",
+        c.path, c.ep, c.redundant, changed, windows, gap.loss, gap.grad_norm);
+  }
+}
+
+// The error a 4-rank run of `c` stops with ("" when it runs).
+std::string refusal_of(const TrainConfig& c) {
   try {
     run_training(4, c);
   } catch (const Error& e) {
-    message = e.what();
+    return e.what();
   }
+  return "";
+}
+
+TEST(ReplicaTraining, EplbWithAShardedOptimizerIsRefusedByName) {
+  TrainConfig c = small_config(2, "rowwise", 2);
+  c.eplb_interval = 1;
+  c.shard_optimizer = true;
+  const std::string message = refusal_of(c);
+  EXPECT_NE(message.find("drop --shard-optimizer or --eplb-interval"), std::string::npos) << message;
+  c.shard_optimizer = false;
+  EXPECT_EQ(run_training(4, c).steps.size(), 2u);
+}
+
+TEST(ReplicaTraining, SlotsThatTheEpDegreeDoesNotDivideAreRefusedNamingTheFix) {
+  TrainConfig c = small_config(4, "rowwise", 1);  // 8 experts
+  c.redundant_experts = 3;                        // 11 slots over M_E = 4
+  const std::string message = refusal_of(c);
   EXPECT_NE(message.find("--redundant-experts 3"), std::string::npos) << message;
   std::smatch match;
   ASSERT_TRUE(std::regex_search(message, match, std::regex(R"(pass --redundant-experts (\d+) or (\d+))")))

@@ -65,6 +65,13 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
                    {"lr", r.lr},
                    {"tokens_per_second", r.tokens_per_second}};
   if (r.val_loss >= 0) j["val_loss"] = r.val_loss;
+  if (r.eplb_slots_changed >= 0) {
+    j["eplb_slots_changed"] = r.eplb_slots_changed;
+    j["eplb_bytes_moved"] = r.eplb_bytes_moved;
+    j["eplb_imbalance_before"] = r.eplb_imbalance_before;
+    j["eplb_imbalance_after"] = r.eplb_imbalance_after;
+    j["eplb_seconds"] = r.eplb_seconds;
+  }
   log << j.dump() << "\n";
   log.flush();
   const bool tty = isatty(fileno(stdout));
@@ -76,9 +83,15 @@ void print_step(const StepRecord& r, const TrainConfig& cfg, std::ofstream& log)
       "step {:>4}/{} [{}] loss {:.4f} aux {:.3f} z {:.3f} drop {:.2f}% util {:.2f} {:.0f} tok/s", r.step + 1,
       cfg.steps, bar, r.loss, r.aux_loss, r.z_loss, 100 * r.drop_rate, r.utilisation, r.tokens_per_second);
   if (r.val_loss >= 0) line += fmt::format(" | val {:.4f}", r.val_loss);
+  if (r.eplb_slots_changed >= 0)
+    line += fmt::format(
+        " | experts re-placed: {} slots changed, {} moved in {:.1f} ms, imbalance {:.3f} -> {:.3f}",
+        r.eplb_slots_changed, format_bytes(r.eplb_bytes_moved), 1e3 * r.eplb_seconds, r.eplb_imbalance_before,
+        r.eplb_imbalance_after);
   // On a terminal the line is redrawn in place and kept every 10 steps; in a log (not a terminal) every
   // 10th step is printed, and every step of a short run.
-  const bool periodic = (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps || r.val_loss >= 0;
+  const bool periodic =
+      (r.step + 1) % 10 == 0 || r.step + 1 == cfg.steps || r.val_loss >= 0 || r.eplb_slots_changed >= 0;
   if (tty) {
     fmt::print("\r{}{}", line, periodic ? "\n" : "");
   } else if (periodic || cfg.steps <= 50) {
@@ -309,6 +322,11 @@ void add_train(CLI::App& app, CommandTable& table) {
                   "experts, each replicated expert's gradient summed over its replicas (same training)")
       ->capture_default_str()
       ->check(integer_in(0, 1 << 20));
+  cmd->add_option("--eplb-interval", c.eplb_interval,
+                  "Every N steps re-place the experts by EPLB from the routes since the last (moving weights "
+                  "and Adam moments; the same training; 0: never)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1'000'000'000));
   cmd->add_option("--cp", c.cp,
                   "Context-parallel degree C: each sequence split over C ranks (divides the ranks and "
                   "--seq-len; EP folds over D*C)")

@@ -276,14 +276,7 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
         add_moe_param(p + ".moe.experts" + key, value, grad, ParamKind::Expert, false);
     blocks_.push_back(std::move(b));
   }
-  // Redundant expert slots: a replicated expert's slots hold the same summed gradient in training
-  // (train/expert_replicas.hpp), so only its first slot counts in the gradient norm.
-  const ExpertPlacement& placement = first_moe().placement();
-  if (placement.has_replicas()) {
-    const std::vector<bool> first = first_replica_slots(placement, first_moe().ep_rank());
-    for (Parameter& p : params_)
-      if (p.kind == ParamKind::Expert) p.norm_rows = first;
-  }
+  mark_replica_norm_rows();
   auto& fn = add_param("final_norm", {d}, ParamKind::Dense, false);
   final_norm_ = fn.value;
   final_norm_grad_ = fn.grad;
@@ -300,6 +293,22 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
 }
 
 MoeTransformer::~MoeTransformer() = default;
+
+void MoeTransformer::mark_replica_norm_rows() {
+  // Redundant expert slots: a replicated expert's slots hold the same summed gradient in training
+  // (train/expert_replicas.hpp), so only its first slot counts in the gradient norm.
+  const ExpertPlacement& placement = first_moe().placement();
+  const std::vector<bool> first =
+      placement.has_replicas() ? first_replica_slots(placement, first_moe().ep_rank()) : std::vector<bool>{};
+  for (Parameter& p : params_)
+    if (p.kind == ParamKind::Expert) p.norm_rows = first;
+}
+
+void MoeTransformer::set_expert_placement(const ExpertPlacement& next) {
+  for (auto& b : blocks_)
+    if (b->moe) b->moe->set_placement(next);
+  mark_replica_norm_rows();
+}
 
 void MoeTransformer::freeze_leases() {
   if (lease_pool_) lease_pool_->freeze();

@@ -78,6 +78,9 @@ class MoeTransformer {
   // dense block refuses true).
   bool recomputes_moe(int layer) const;
   void set_recompute_moe(int layer, bool recompute);
+  // Every MoE block's expert placement (MoeLayer::set_placement), and which expert slots count in the
+  // gradient norm; between steps only, the slots' weights moved by the caller (train/expert_rebalance).
+  void set_expert_placement(const ExpertPlacement& next);
   // After a dry-run step: the shared lease pool may not grow any more (no-op without a shared pool).
   void freeze_leases();
   // The microbatch index of the forwards that follow (-1: none), for the MoE blocks' lease tags.
@@ -135,6 +138,8 @@ class MoeTransformer {
   Tensor forward(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq, Activations* acts,
                  StepMetrics& metrics);
   Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);
+  // The expert tensors' norm rows for the current placement: with replicas, each expert's first slot.
+  void mark_replica_norm_rows();
 
   ModelConfig config_;
   ModelExecution execution_;

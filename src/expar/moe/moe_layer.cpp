@@ -247,4 +247,16 @@ void MoeLayer::set_waves(WaveConfig waves) {
   execution_.waves = waves;
 }
 
+void MoeLayer::set_placement(const ExpertPlacement& next) {
+  EXPAR_CHECK(next.ep_size() == placement_.ep_size() && next.num_experts() == placement_.num_experts() &&
+                  next.num_slots() == placement_.num_slots(),
+              "{}: a new placement must keep {} experts in {} slots over {} ranks, got {} in {} over {}",
+              name_, placement_.num_experts(), placement_.num_slots(), placement_.ep_size(),
+              next.num_experts(), next.num_slots(), next.ep_size());
+  std::vector<int> slots;
+  for (int s = 0; s < next.num_slots(); ++s) slots.push_back(next.slot_expert(s));
+  placement_ = next;  // the path reads it through its pointer at every step
+  execution_.slots = std::move(slots);
+}
+
 }  // namespace expar

@@ -110,6 +110,9 @@ class MoeLayer {
   // The expert schedule of the following forwards (and of their backwards, which follow their forward's);
   // validated like MoeExecution::waves. Results are the same bits whatever it is.
   void set_waves(WaveConfig waves);
+  // Another table of the same E experts in the same S slots over the same ranks (EPLB), for the forwards
+  // that follow; between steps only. The slots' weights are the caller's to move (train/expert_rebalance).
+  void set_placement(const ExpertPlacement& next);
 
   // x [T, d] -> y [T, d]; fills state (saved for backward) and state.metrics. Collective over the EP group.
   Tensor forward(const Tensor& x, MoeState& state);

@@ -13,6 +13,7 @@
 #include "expar/topo/training_layout.hpp"
 #include "expar/train/adamw.hpp"
 #include "expar/train/checkpoint.hpp"
+#include "expar/train/expert_rebalance.hpp"
 #include "expar/train/expert_replicas.hpp"
 #include "expar/train/grad_reducer.hpp"
 #include "expar/train/lr_schedule.hpp"
@@ -355,6 +356,30 @@ void update_score_biases(MoeTransformer& model, std::vector<int64_t>& counts, do
           static_cast<float>(rate));
 }
 
+// --eplb-interval, at the end of a window: the window's routes per expert, summed over every rank and MoE
+// block (the same on every rank), give EPLB's placement, which the experts move to when it differs.
+void rebalance_experts(MoeTransformer& model, AdamW& optimizer, std::vector<int64_t>& window, Comm& ep_mp,
+                       Comm& world, StepRecord& rec) {
+  world.all_reduce(window.data(), window.size(), DType::I64, ReduceOp::Sum);
+  const int e = model.config().moe.router.num_experts;
+  std::vector<double> loads(static_cast<size_t>(e), 0.0);
+  for (size_t i = 0; i < window.size(); ++i)
+    loads[i % static_cast<size_t>(e)] += static_cast<double>(window[i]);
+  window.assign(window.size(), 0);
+  const ExpertPlacement current = model.first_moe().placement();
+  const ExpertPlacement next = balanced_placement(current, loads);
+  rec.eplb_imbalance_before = placement_imbalance(current, loads);
+  rec.eplb_imbalance_after = placement_imbalance(next, loads);
+  rec.eplb_slots_changed = 0;
+  bool same = true;
+  for (int s = 0; s < current.num_slots(); ++s) same = same && current.slot_expert(s) == next.slot_expert(s);
+  if (same) return;
+  const ExpertMove move = move_experts(model, optimizer, next, ep_mp);
+  rec.eplb_slots_changed = move.slots_changed;
+  rec.eplb_bytes_moved = move.bytes_sent;
+  ep_mp.all_reduce(&rec.eplb_bytes_moved, 1, DType::I64, ReduceOp::Sum);
+}
+
 // The step's losses as means over every rank (each holds as many tokens), the utilisation as the maximum.
 void average_over_ranks(StepRecord& rec, Comm& world) {
   double sums[4] = {rec.loss, rec.aux_loss, rec.z_loss, rec.drop_rate};
@@ -389,6 +414,13 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   check_train_config(cfg);
   check_redundant_experts(cfg.model.moe.router.num_experts, cfg.redundant_experts, cfg.ep, world.size(),
                           cfg.cp);
+  EXPAR_CHECK(cfg.eplb_interval >= 0, "--eplb-interval {} must not be negative (0: never re-place)",
+              cfg.eplb_interval);
+  EXPAR_CHECK(
+      cfg.eplb_interval == 0 || !cfg.shard_optimizer,
+      "--eplb-interval {} moves each expert's Adam moments whole, which --shard-optimizer splits over "
+      "EP_DP: drop --shard-optimizer or --eplb-interval",
+      cfg.eplb_interval);
   const RunGroups g = make_groups(cfg, world);
   const TrainingLayout& layout = g.layout;
   check_layout_split(cfg, layout);
@@ -452,6 +484,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   };
 
   TrainSummary summary;
+  std::vector<int64_t>
+      eplb_window;  // --eplb-interval: this rank's routes per block and expert since the last
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();
@@ -463,7 +497,16 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
     sum_replica_gradients(params, model.first_moe().placement(), *g.ep_mp);
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
+    if (cfg.eplb_interval > 0) {  // this rank's routes, before the score bias sums them over the ranks
+      if (eplb_window.empty()) eplb_window.assign(expert_counts.size(), 0);
+      for (size_t i = 0; i < expert_counts.size(); ++i) eplb_window[i] += expert_counts[i];
+    }
     if (cfg.score_bias_rate > 0) update_score_biases(model, expert_counts, cfg.score_bias_rate, world);
+    if (cfg.eplb_interval > 0 && (step + 1) % cfg.eplb_interval == 0 && step + 1 < last) {
+      Timer eplb_timer;
+      rebalance_experts(model, optimizer, eplb_window, *g.ep_mp, world, rec);
+      rec.eplb_seconds = eplb_timer.seconds();
+    }
     average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;

@@ -47,6 +47,9 @@ struct TrainConfig {
   // Redundant expert slots (train/expert_replicas.hpp): S = E + R slots over the M_E ranks, M_E dividing S;
   // a replicated expert's gradient is summed over its replicas, so the run trains the same E experts.
   int redundant_experts = 0;
+  // Every this many steps (0: never), re-place the experts by EPLB from the routes of the steps since the
+  // last (train/expert_rebalance.hpp), moving weights and Adam moments: the same model, a new placement.
+  int eplb_interval = 0;
   int cp = 1;  // C: context-parallel degree; divides the ranks and seq_len
   int steps = 300;
   int global_batch = 16;  // sequences per optimizer step, over all dense-DP ranks
@@ -84,6 +87,12 @@ struct StepRecord {
   double loss = 0, aux_loss = 0, z_loss = 0, drop_rate = 0, utilisation = 0, grad_norm = 0, lr = 0;
   double tokens_per_second = 0;
   double val_loss = -1;  // -1 when not evaluated at this step
+  // --eplb-interval, at a step that ended a window: the slots whose expert changed (0: EPLB kept the
+  // placement; -1: no window ended), the bytes the EP_MP group moved, the ranks' load imbalance
+  // (max - mean) / mean over the window under the old and the new placement, and the seconds it took.
+  int eplb_slots_changed = -1;
+  int64_t eplb_bytes_moved = 0;
+  double eplb_imbalance_before = 0, eplb_imbalance_after = 0, eplb_seconds = 0;
 };
 
 // The rowwise path's shared lease pool after training (all zero without one): sized by the dry-run step,

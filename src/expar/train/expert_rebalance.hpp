@@ -1,0 +1,41 @@
+#pragma once
+// Re-placing the experts while training (`expar train --eplb-interval M`, issue #36 item 4): every M steps
+// the trainer sums the routes per expert over the window (every rank, every MoE block), asks DeepSeek's
+// EPLB policy (topo/expert_balance.hpp) for a placement of the same E experts in the same S slots, and, when
+// it differs, moves to it between steps. One placement serves every MoE block (the blocks share one slot
+// table), from the loads summed over the blocks.
+//
+// The move keeps the model: a rank's new slot takes its expert's master weights and Adam moments from the
+// rank's own old slot of that expert when it had one, else from the expert's first old slot, whose rank
+// sends them (one all-to-all over EP_MP carrying only the slots that change rank). Replicas hold the same
+// values, so every copy is the expert's; the logical model and its optimizer state are unchanged, and the
+// loss curve moves only by the reduction order of the new routes.
+#include <cstdint>
+#include <vector>
+
+#include "expar/comm/comm.hpp"
+#include "expar/model/moe_transformer.hpp"
+#include "expar/topo/placement.hpp"
+#include "expar/train/adamw.hpp"
+
+namespace expar {
+
+struct ExpertMove {
+  int slots_changed = 0;     // slots of the group whose expert differs
+  int64_t bytes_sent = 0;    // this rank's bytes sent (weights and moments)
+  double imbalance = 0;      // (max - mean) / mean of the ranks' loads under the old placement
+  double new_imbalance = 0;  // and under the new one
+};
+
+// The placement of `current`'s experts and slots that EPLB chooses for `loads` (per logical expert).
+ExpertPlacement balanced_placement(const ExpertPlacement& current, const std::vector<double>& loads);
+
+// (max - mean) / mean of the ranks' loads under `placement`, a replica carrying L_e / replicas of e.
+double placement_imbalance(const ExpertPlacement& placement, const std::vector<double>& loads);
+
+// Moves the model's expert weights and `optimizer`'s moments to `next` and sets it on every MoE block
+// (collective over ep_mp, between steps). The optimizer's expert state must be whole (not sharded over
+// EP_DP). Returns slots_changed and bytes_sent.
+ExpertMove move_experts(MoeTransformer& model, AdamW& optimizer, const ExpertPlacement& next, Comm& ep_mp);
+
+}  // namespace expar
