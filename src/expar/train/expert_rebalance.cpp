@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "expar/core/error.hpp"
+#include "expar/core/timer.hpp"
 #include "expar/topo/expert_balance.hpp"
 
 namespace expar {
@@ -128,6 +129,36 @@ ExpertMove move_experts(MoeTransformer& model, AdamW& optimizer, const ExpertPla
     recv_at[static_cast<size_t>(src.rank)] += static_cast<size_t>(width);
   }
   model.set_expert_placement(next);
+  return move;
+}
+
+void ExpertRebalancer::count(const std::vector<int64_t>& routes) {
+  if (interval_ == 0) return;
+  if (window_.empty()) window_.assign(routes.size(), 0);
+  EXPAR_CHECK(window_.size() == routes.size(), "EPLB window: {} route counts after {}", routes.size(),
+              window_.size());
+  for (size_t i = 0; i < routes.size(); ++i) window_[i] += routes[i];
+}
+
+ExpertMove ExpertRebalancer::rebalance(MoeTransformer& model, AdamW& optimizer, Comm& ep_mp, Comm& world) {
+  Timer timer;
+  world.all_reduce(window_.data(), window_.size(), DType::I64, ReduceOp::Sum);
+  const auto e = static_cast<size_t>(model.config().moe.router.num_experts);
+  std::vector<double> loads(e, 0.0);
+  for (size_t i = 0; i < window_.size(); ++i) loads[i % e] += static_cast<double>(window_[i]);
+  window_.assign(window_.size(), 0);
+  const ExpertPlacement current = model.first_moe().placement();
+  const ExpertPlacement next = balanced_placement(current, loads);
+  ExpertMove move;
+  bool same = true;
+  for (int s = 0; s < current.num_slots(); ++s) same = same && current.slot_expert(s) == next.slot_expert(s);
+  if (!same) {
+    move = move_experts(model, optimizer, next, ep_mp);
+    ep_mp.all_reduce(&move.bytes_sent, 1, DType::I64, ReduceOp::Sum);
+  }
+  move.imbalance_before = placement_imbalance(current, loads);
+  move.imbalance_after = placement_imbalance(next, loads);
+  move.seconds = timer.seconds();
   return move;
 }
 

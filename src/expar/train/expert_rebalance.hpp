@@ -1,5 +1,5 @@
 #pragma once
-// Re-placing the experts while training (`expar train --eplb-interval M`, issue #36 item 4): every M steps
+// Re-placing the experts while training (`expar train --eplb-interval N`, issue #36 item 4): every N steps
 // the trainer sums the routes per expert over the window (every rank, every MoE block), asks DeepSeek's
 // EPLB policy (topo/expert_balance.hpp) for a placement of the same E experts in the same S slots, and, when
 // it differs, moves to it between steps. One placement serves every MoE block (the blocks share one slot
@@ -21,10 +21,30 @@
 namespace expar {
 
 struct ExpertMove {
-  int slots_changed = 0;     // slots of the group whose expert differs
-  int64_t bytes_sent = 0;    // this rank's bytes sent (weights and moments)
-  double imbalance = 0;      // (max - mean) / mean of the ranks' loads under the old placement
-  double new_imbalance = 0;  // and under the new one
+  int slots_changed = 0;   // slots of the group whose expert differs (0: EPLB kept the placement)
+  int64_t bytes_sent = 0;  // weights and moments sent (move_experts: this rank's; rebalance: the group's)
+  double imbalance_before = 0;  // (max - mean) / mean of the ranks' loads under the old placement
+  double imbalance_after = 0;   // and under the new one
+  double seconds = 0;           // rebalance: the whole re-placement, counts included
+};
+
+// `--eplb-interval N`: the routes of a window of N steps, and the re-placement at its end.
+class ExpertRebalancer {
+ public:
+  explicit ExpertRebalancer(int interval) : interval_(interval) {}
+  // Adds this rank's routes of a step ([layers x E], before any sum over the ranks); nothing when off.
+  void count(const std::vector<int64_t>& routes);
+  // Whether a window ends after step `step` (0-based) of a run whose steps end before `last`.
+  bool window_ends(int step, int last) const {
+    return interval_ > 0 && (step + 1) % interval_ == 0 && step + 1 < last;
+  }
+  // The window's routes summed over every rank of `world` and every MoE block give EPLB's placement,
+  // which the model moves to when it differs (move_experts over ep_mp); the window starts again.
+  ExpertMove rebalance(MoeTransformer& model, AdamW& optimizer, Comm& ep_mp, Comm& world);
+
+ private:
+  int interval_;
+  std::vector<int64_t> window_;
 };
 
 // The placement of `current`'s experts and slots that EPLB chooses for `loads` (per logical expert).

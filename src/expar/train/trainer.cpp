@@ -356,30 +356,6 @@ void update_score_biases(MoeTransformer& model, std::vector<int64_t>& counts, do
           static_cast<float>(rate));
 }
 
-// --eplb-interval, at the end of a window: the window's routes per expert, summed over every rank and MoE
-// block (the same on every rank), give EPLB's placement, which the experts move to when it differs.
-void rebalance_experts(MoeTransformer& model, AdamW& optimizer, std::vector<int64_t>& window, Comm& ep_mp,
-                       Comm& world, StepRecord& rec) {
-  world.all_reduce(window.data(), window.size(), DType::I64, ReduceOp::Sum);
-  const int e = model.config().moe.router.num_experts;
-  std::vector<double> loads(static_cast<size_t>(e), 0.0);
-  for (size_t i = 0; i < window.size(); ++i)
-    loads[i % static_cast<size_t>(e)] += static_cast<double>(window[i]);
-  window.assign(window.size(), 0);
-  const ExpertPlacement current = model.first_moe().placement();
-  const ExpertPlacement next = balanced_placement(current, loads);
-  rec.eplb_imbalance_before = placement_imbalance(current, loads);
-  rec.eplb_imbalance_after = placement_imbalance(next, loads);
-  rec.eplb_slots_changed = 0;
-  bool same = true;
-  for (int s = 0; s < current.num_slots(); ++s) same = same && current.slot_expert(s) == next.slot_expert(s);
-  if (same) return;
-  const ExpertMove move = move_experts(model, optimizer, next, ep_mp);
-  rec.eplb_slots_changed = move.slots_changed;
-  rec.eplb_bytes_moved = move.bytes_sent;
-  ep_mp.all_reduce(&rec.eplb_bytes_moved, 1, DType::I64, ReduceOp::Sum);
-}
-
 // The step's losses as means over every rank (each holds as many tokens), the utilisation as the maximum.
 void average_over_ranks(StepRecord& rec, Comm& world) {
   double sums[4] = {rec.loss, rec.aux_loss, rec.z_loss, rec.drop_rate};
@@ -484,8 +460,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   };
 
   TrainSummary summary;
-  std::vector<int64_t>
-      eplb_window;  // --eplb-interval: this rank's routes per block and expert since the last
+  ExpertRebalancer rebalancer(cfg.eplb_interval);
   for (int step = start; step < last; ++step) {
     Timer timer;
     model.zero_grads();
@@ -497,15 +472,15 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
     sum_replica_gradients(params, model.first_moe().placement(), *g.ep_mp);
     rec.lr = schedule.at(step);
     rec.grad_norm = optimizer.step(rec.lr);
-    if (cfg.eplb_interval > 0) {  // this rank's routes, before the score bias sums them over the ranks
-      if (eplb_window.empty()) eplb_window.assign(expert_counts.size(), 0);
-      for (size_t i = 0; i < expert_counts.size(); ++i) eplb_window[i] += expert_counts[i];
-    }
+    rebalancer.count(expert_counts);  // before the score bias sums them over the ranks
     if (cfg.score_bias_rate > 0) update_score_biases(model, expert_counts, cfg.score_bias_rate, world);
-    if (cfg.eplb_interval > 0 && (step + 1) % cfg.eplb_interval == 0 && step + 1 < last) {
-      Timer eplb_timer;
-      rebalance_experts(model, optimizer, eplb_window, *g.ep_mp, world, rec);
-      rec.eplb_seconds = eplb_timer.seconds();
+    if (rebalancer.window_ends(step, last)) {
+      const ExpertMove move = rebalancer.rebalance(model, optimizer, *g.ep_mp, world);
+      rec.eplb_slots_changed = move.slots_changed;
+      rec.eplb_bytes_moved = move.bytes_sent;
+      rec.eplb_imbalance_before = move.imbalance_before;
+      rec.eplb_imbalance_after = move.imbalance_after;
+      rec.eplb_seconds = move.seconds;
     }
     average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
