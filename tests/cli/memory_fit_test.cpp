@@ -78,6 +78,16 @@ TEST_F(MemoryFit, ThePlanShowsEachRanksFormatsAndTheRefusalNamesAFixThatRuns) {
   }
   for (const auto& rank : sharded.at("ranks"))
     EXPECT_EQ(rank.at("held_bytes").at("mxfp4"), 0) << sharded.dump();
+  // Two redundant experts: 10 slots, 5 per rank, each replica's weights counted like its expert's.
+  const nlohmann::json replicas = plan({"--tp", "2", "--enable-expert-parallel", "--redundant-experts", "2"});
+  for (size_t r = 0; r < 2; ++r) {
+    const auto& with = replicas.at("ranks").at(r);
+    const auto& without = ep.at("ranks").at(r);
+    EXPECT_EQ(with.at("local_experts"), 5) << replicas.dump();
+    EXPECT_EQ(with.at("expert_bytes").get<int64_t>() * 4, without.at("expert_bytes").get<int64_t>() * 5)
+        << replicas.dump();
+    EXPECT_EQ(with.at("dense_bytes"), without.at("dense_bytes")) << replicas.dump();
+  }
   const int64_t need_sharded = sharded.at("process_bytes"), need_ep = ep.at("process_bytes");
   ASSERT_LT(need_ep, need_sharded);
 

@@ -1,6 +1,7 @@
 // The inference engine against the single-rank reference (MoeTransformer::logits with path "local"):
 // every layout of TP 1..4 x {no EP, full EP, variable EP} x DP {1, 2}, contiguous and round-robin placement,
-// gives the reference's prefill and decode logits within 1e-5 relative and the same greedy tokens; a DP
+// gives the reference's prefill and decode logits within 1e-5 relative and the same greedy tokens, also with
+// redundant experts (issue #36: replicas on full, variable and cross-DP EP, rowwise decode); a DP
 // replica with no tokens runs the dummy step while its peer decodes; the collective pattern of each phase
 // is the one seed 002 lists; a saved score bias routes as in training.
 #include <gtest/gtest.h>
@@ -82,17 +83,21 @@ struct LayoutCase {
   bool ep;
   std::optional<int> ep_degree;
   PlacementKind placement = PlacementKind::Contiguous;
+  int redundant = 0;  // --redundant-experts
+  DecodeMoe decode = DecodeMoe::AllReduce;
 };
 
 std::string case_name(const ::testing::TestParamInfo<LayoutCase>& info) {
   const LayoutCase& c = info.param;
   std::string mode = !c.ep ? "noEP" : c.ep_degree ? "EP" + std::to_string(*c.ep_degree) : "fullEP";
   return "TP" + std::to_string(c.tp) + "_DP" + std::to_string(c.dp) + "_" + mode +
-         (c.placement == PlacementKind::RoundRobin ? "_rr" : "");
+         (c.placement == PlacementKind::RoundRobin ? "_rr" : "") +
+         (c.redundant > 0 ? "_R" + std::to_string(c.redundant) : "") +
+         (c.decode == DecodeMoe::Rowwise ? "_rowwise" : "");
 }
 
 InferenceLayout make_layout(const LayoutCase& c, int num_experts) {
-  return testing::make_layout(c.tp, c.dp, c.ep, c.ep_degree, num_experts, c.placement);
+  return testing::make_layout(c.tp, c.dp, c.ep, c.ep_degree, num_experts, c.placement, c.redundant);
 }
 
 class EngineLayouts : public ::testing::TestWithParam<LayoutCase> {};
@@ -103,7 +108,8 @@ TEST_P(EngineLayouts, PrefillAndDecodeMatchTheSingleRankReference) {
   run_ranks(layout.world(), [&](Comm& world) {
     auto store = ExparCheckpointStore::open(ref.dir);
     Engine engine(layout, world,
-                  load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+                  load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()),
+                  EngineOptions{GetParam().decode, {}});
     // A rank maps only the expert files holding its experts (4 files of 6 experts each).
     std::set<int> files;
     for (int e : engine.weights().local_experts) files.insert(e / 6);
@@ -146,6 +152,14 @@ std::vector<LayoutCase> all_layouts() {
   v.push_back({4, 1, true, std::nullopt, PlacementKind::RoundRobin});
   v.push_back({4, 1, true, 2, PlacementKind::RoundRobin});
   v.push_back({2, 2, true, std::nullopt, PlacementKind::RoundRobin});
+  // Redundant experts (24 experts): replicas of the EPLB placement for a uniform load, whose routes the
+  // replica rule deals over them.
+  v.push_back({2, 1, true, std::nullopt, PlacementKind::Contiguous, 2});  // full EP, 13 slots per rank
+  v.push_back({4, 1, true, std::nullopt, PlacementKind::Contiguous, 8});  // full EP, 8 per rank
+  v.push_back({4, 1, true, 2, PlacementKind::Contiguous, 6});             // variable EP
+  v.push_back({2, 2, true, std::nullopt, PlacementKind::Contiguous, 4});  // cross-DP EP
+  v.push_back({4, 1, true, std::nullopt, PlacementKind::Contiguous, 4, DecodeMoe::Rowwise});
+  v.push_back({2, 2, true, std::nullopt, PlacementKind::Contiguous, 4, DecodeMoe::Rowwise});
   return v;
 }
 
@@ -313,6 +327,8 @@ TEST(Engine, GenerateLoadsTheCheckpointAndMatchesTheReference) {
   EXPECT_EQ(r.tokens, ref.greedy[0][1]);
   EXPECT_GT(r.prefill_tokens_per_s, 0.0);
   EXPECT_GT(r.decode_tokens_per_s, 0.0);
+  o.redundant_experts = 4;  // 28 slots, 7 per rank: what `expar generate --redundant-experts 4` runs
+  EXPECT_EQ(generate(o, ref.dir.string(), ref.prompts[0][1], kDecodeSteps + 1).tokens, ref.greedy[0][1]);
 }
 
 // Auxiliary-loss-free balancing's selection bias (train --score-bias-rate): the engine routes with the saved

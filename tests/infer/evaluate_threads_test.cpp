@@ -35,9 +35,7 @@ struct Fixture {
   HfTestModel model = qwen3_moe_test_model();
   fs::path dir = test::run_temp_dir("eval_qwen3");
   std::vector<int32_t> tokens = vocab_tokens(77, 70, 64);
-  Fixture() {
-    model.write(dir);
-  }
+  Fixture() { model.write(dir); }
 };
 
 const Fixture& fixture() {
@@ -67,6 +65,22 @@ TEST(Evaluate, EveryLayoutMatchesTheSingleRankAndTheDenseReference) {
             << "TP " << tp << " DP " << dp << (ep ? " full EP" : " no EP");
         EXPECT_EQ(r.predicted, one.predicted);
       }
+  // Redundant experts (`expar eval --redundant-experts R`): full, variable and cross-DP EP.
+  struct Replicas {
+    int tp, dp, ep, redundant;
+  };
+  for (const Replicas& c : {Replicas{2, 1, 0, 2}, Replicas{4, 1, 2, 2}, Replicas{2, 2, 0, 4}}) {
+    EvaluateOptions o;
+    o.engine.tp = c.tp;
+    o.engine.dp = c.dp;
+    o.engine.enable_expert_parallel = true;
+    if (c.ep > 0) o.engine.ep_degree = c.ep;
+    o.engine.redundant_experts = c.redundant;
+    const EvaluateResult r = evaluate(o, f.dir.string(), f.tokens);
+    EXPECT_NEAR(r.mean_loss, one.mean_loss, 1e-5 * one.mean_loss)
+        << "TP " << c.tp << " DP " << c.dp << " EP " << c.ep << " R " << c.redundant;
+    EXPECT_EQ(r.predicted, one.predicted);
+  }
 }
 
 TEST(Evaluate, WindowsAndTruncation) {

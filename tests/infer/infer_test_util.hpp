@@ -30,13 +30,15 @@ namespace fs = std::filesystem;
 
 // A layout of the inference engine (seed 002) from its knobs.
 inline InferenceLayout make_layout(int tp, int dp, bool ep, std::optional<int> ep_degree, int num_experts,
-                                   PlacementKind placement = PlacementKind::Contiguous) {
+                                   PlacementKind placement = PlacementKind::Contiguous,
+                                   int redundant_experts = 0) {
   GenerateOptions o;
   o.tp = tp;
   o.dp = dp;
   o.enable_expert_parallel = ep;
   o.ep_degree = ep_degree;
   o.placement = placement;
+  o.redundant_experts = redundant_experts;
   ModelConfig c;
   c.moe.router.num_experts = num_experts;
   return inference_layout(o, c);

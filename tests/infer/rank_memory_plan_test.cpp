@@ -1,7 +1,8 @@
 // The memory plan of an inference rank (infer/rank_memory_plan.hpp) against what loading really allocates:
 // for every family's storage (ours F32 with the embedding mapped in place, Mixtral and tied Qwen3-MoE in
 // BF16, Qwen-MoE in F32 with a gated shared expert, gpt-oss with MXFP4 experts held as stored or widened) on
-// TP, full, variable and cross-DP EP layouts, each rank's planned dense, expert and mapped bytes equal its
+// TP, full, variable and cross-DP EP layouts (and full and cross-DP EP with redundant experts), each rank's
+// planned dense, expert and mapped bytes equal its
 // tracker's after load_rank_weights, and its KV bytes a sequence's cache. Then the refusal before loading:
 // its message names the bytes and a fix that the same check then accepts.
 #include "expar/infer/rank_memory_plan.hpp"
@@ -24,21 +25,24 @@ struct Layout {
   int tp, dp;
   bool ep;
   std::optional<int> ep_degree;
+  int redundant = 0;  // --redundant-experts: replicas' weights are counted like any slot's
 };
 
 void expect_plan_matches_load(const fs::path& dir, const std::string& family,
                               std::optional<DType> weight_dtype = std::nullopt) {
   const ModelSpec spec = open_model_spec(dir);
-  for (const Layout& l : {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}},
-                          Layout{4, 1, true, 2}, Layout{2, 2, true, {}}}) {
+  for (const Layout& l :
+       {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}}, Layout{4, 1, true, 2},
+        Layout{2, 2, true, {}}, Layout{2, 1, true, {}, 4}, Layout{2, 2, true, {}, 4}}) {
     const InferenceLayout layout =
-        make_layout(l.tp, l.dp, l.ep, l.ep_degree, spec.config.moe.router.num_experts);
+        make_layout(l.tp, l.dp, l.ep, l.ep_degree, spec.config.moe.router.num_experts,
+                    PlacementKind::Contiguous, l.redundant);
     const std::vector<RankMemoryPlan> plans = plan_inference_memory(spec, layout, 9, weight_dtype);
     ASSERT_EQ(plans.size(), static_cast<size_t>(layout.world()));
     run_ranks(layout.world(), [&](Comm& world) {
       const RankMemoryPlan& plan = plans[static_cast<size_t>(world.rank())];
-      const std::string what =
-          fmt::format("{} TP {} DP {} EP {} rank {}", family, l.tp, l.dp, layout.ep_degree(), world.rank());
+      const std::string what = fmt::format("{} TP {} DP {} EP {} R {} rank {}", family, l.tp, l.dp,
+                                           layout.ep_degree(), l.redundant, world.rank());
       auto store = open_store(spec);
       RankWeights w = load_rank_weights(*store, spec, layout, world.rank(), weight_dtype);
       store.reset();

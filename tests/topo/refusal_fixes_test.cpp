@@ -34,6 +34,10 @@ InferenceConfig set(InferenceConfig c, const std::string& name, int value) {
     c.enable_expert_parallel = value != 0;
   } else if (name == "tensor_parallel_size") {
     c.tp = value;
+  } else if (name == "redundant_experts") {
+    c.redundant_experts = value;
+  } else if (name == "placement") {
+    c.placement = value == 0 ? PlacementKind::Contiguous : PlacementKind::RoundRobin;
   } else {
     ADD_FAILURE() << "an inference fix names '" << name << "'";
   }
@@ -72,9 +76,10 @@ Config apply(Config c, const LayoutFix& fix, int value) {
 }
 
 std::string describe(const InferenceConfig& c) {
-  return fmt::format("tp={} dp={} ep_flag={} ep={} experts={} intermediate={}", c.tp, c.dp,
-                     c.enable_expert_parallel, c.ep_degree ? std::to_string(*c.ep_degree) : "unset",
-                     c.num_experts, c.intermediate);
+  return fmt::format("tp={} dp={} ep_flag={} ep={} experts={} intermediate={} redundant={} placement={}",
+                     c.tp, c.dp, c.enable_expert_parallel,
+                     c.ep_degree ? std::to_string(*c.ep_degree) : "unset", c.num_experts, c.intermediate,
+                     c.redundant_experts, placement_name(c.placement));
 }
 
 std::string describe(const TrainingLayoutConfig& c) {
@@ -123,7 +128,13 @@ void check_refusal(const Config& c, const LayoutRefusal& r, int limit, int* sugg
       ++*suggestions;
     }
     if (!fix.with.empty()) continue;
-    const int last = fix.setting == "enable_expert_parallel" ? 1 : limit;  // a flag: 0 or 1
+    // A flag or the placement: 0 or 1. Redundant experts: the fix lists every accepted R up to
+    // num_experts + ep_degree - 1 (any R making the slots a multiple of ep_degree is accepted).
+    int last = fix.setting == "enable_expert_parallel" || fix.setting == "placement" ? 1 : limit;
+    if constexpr (std::is_same_v<Config, InferenceConfig>)
+      if (fix.setting == "redundant_experts")
+        last =
+            c.num_experts + std::max(1, c.ep_degree.value_or(c.enable_expert_parallel ? c.tp * c.dp : 1)) - 1;
     for (int v = 0; v <= last; ++v) {
       if (std::find(fix.values.begin(), fix.values.end(), v) != fix.values.end()) continue;
       EXPECT_FALSE(accepted(apply(c, fix, v))) << fix.setting << "=" << v << " is accepted but not suggested";
@@ -155,6 +166,41 @@ TEST(RefusalFixes, EveryInferenceSuggestionIsAccepted) {
               check_refusal(c, *r, 64, &suggestions);
             }
   EXPECT_GT(refused, 2000);
+  EXPECT_GT(suggestions, refused);
+}
+
+// Redundant experts (issue #36): the slots must divide over ep_degree, EP must be on, R >= 0, and the EPLB
+// placement replaces round-robin; each refusal suggests values that are accepted.
+TEST(RefusalFixes, EveryRedundantExpertSuggestionIsAccepted) {
+  int refused = 0, suggestions = 0, accepted_with_replicas = 0;
+  for (int tp = 1; tp <= 4; ++tp)
+    for (int dp = 1; dp <= 2; ++dp)
+      for (bool flag : {false, true})
+        for (int ep : {-1, 1, 2, 4})
+          for (int experts : {3, 4, 6, 8})
+            for (int redundant : {-1, 1, 2, 3, 5})
+              for (PlacementKind placement : {PlacementKind::Contiguous, PlacementKind::RoundRobin}) {
+                InferenceConfig c;
+                c.tp = tp;
+                c.dp = dp;
+                c.enable_expert_parallel = flag;
+                if (ep >= 0) c.ep_degree = ep;
+                c.num_experts = experts;
+                c.redundant_experts = redundant;
+                c.placement = placement;
+                const std::optional<LayoutRefusal> r = inference_refusal(c);
+                if (!r) {
+                  EXPECT_TRUE(accepted(c)) << describe(c);
+                  const InferenceLayout layout(c);
+                  EXPECT_EQ(layout.placement().num_slots(), experts + redundant) << describe(c);
+                  ++accepted_with_replicas;
+                  continue;
+                }
+                ++refused;
+                check_refusal(c, *r, 64, &suggestions);
+              }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(accepted_with_replicas, 50);
   EXPECT_GT(suggestions, refused);
 }
 

@@ -129,6 +129,11 @@ int run_generate(const GenerateArgs& a) {
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
       "runs the training model: drop --decode-moe",
       lay.decode_moe, a.temperature);
+  EXPAR_CHECK(lay.redundant_experts == 0,
+              "--redundant-experts {} applies to greedy decoding on the inference engine; sampling "
+              "(--temperature {}) runs the training model, which holds one slot per expert: drop "
+              "--redundant-experts",
+              lay.redundant_experts, a.temperature);
   // infer/'s sampler, the one expar serve draws with: the token at step i is a pure function of the logits,
   // the parameters, --seed and i.
   infer::SamplingParams sampling;

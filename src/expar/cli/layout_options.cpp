@@ -27,6 +27,11 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
   cmd->add_option("--placement", a.placement, "Expert placement: " + choices(placement_names()))
       ->capture_default_str()
       ->check(one_of(placement_names()));
+  cmd->add_option("--redundant-experts", a.redundant_experts,
+                  "R extra expert slots (S = experts + R, a multiple of the EP degree) holding replicas of "
+                  "experts, placed by DeepSeek's EPLB policy (needs --enable-expert-parallel)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 20));
   if (with_decode_moe)
     cmd->add_option("--decode-moe", a.decode_moe,
                     "Decode MoE pattern: " + choices(infer::decode_moe_names()) +
@@ -56,6 +61,7 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   o.enable_expert_parallel = a.enable_expert_parallel;
   if (a.ep > 0) o.ep_degree = a.ep;
   o.placement = placement_from_name(a.placement);
+  o.redundant_experts = a.redundant_experts;
   o.decode_moe = infer::decode_moe_from_name(a.decode_moe);
   o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
   o.memory_limit_bytes = std::llround(a.memory_limit_gib * 0x1p30);

@@ -1,7 +1,7 @@
 #pragma once
-// The inference layout flags (--tp, --dp, --enable-expert-parallel, --ep, --placement, --decode-moe,
-// --threads, --oversubscribe, --memory-limit-gib, --weight-dtype), defined once for `expar generate`, `expar
-// eval`, `expar bench generate`, `expar serve` and `expar bench serve`.
+// The inference layout flags (--tp, --dp, --enable-expert-parallel, --ep, --placement,
+// --redundant-experts, --decode-moe, --threads, --oversubscribe, --memory-limit-gib, --weight-dtype), defined
+// once for `expar generate`, `expar eval`, `expar bench generate`, `expar serve` and `expar bench serve`.
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -16,6 +16,7 @@ struct LayoutArgs {
   bool enable_expert_parallel = false;
   int ep = 0;  // 0: unset (TP*DP with EP, 1 without); > 1 needs enable_expert_parallel
   std::string placement = "contiguous";
+  int redundant_experts = 0;             // R extra expert slots over the EP group (issue #36); needs EP
   std::string decode_moe = "allreduce";  // allreduce | rowwise
   int threads = 0;                       // compute threads per rank; 0: cores / ranks
   bool oversubscribe = false;

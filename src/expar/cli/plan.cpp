@@ -163,6 +163,7 @@ const std::vector<std::string> kInferencePlanFlags = {"--model",
                                                       "--tp",
                                                       "--ep",
                                                       "--placement",
+                                                      "--redundant-experts",
                                                       "--kv-tokens",
                                                       "--dp",
                                                       "--enable-expert-parallel",
@@ -181,6 +182,7 @@ int run_plan_for_inference(const PlanOptions& o, const CLI::App& cmd) {
   a.options.enable_expert_parallel = o.enable_expert_parallel;
   if (cmd.count("--ep") > 0) a.options.ep_degree = o.ep;
   a.options.placement = placement_from_name(o.placement);
+  a.options.redundant_experts = o.redundant_experts;
   a.options.memory_limit_bytes = std::llround(o.memory_limit_gib * 0x1p30);
   if (!o.weight_dtype.empty()) a.options.weight_dtype = infer::weight_dtype_from_name(o.weight_dtype);
   return run_inference_plan(a, o.json);
@@ -232,9 +234,11 @@ ModelShape build_model(const PlanOptions& o) {
 int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   if (cmd.count("--kv-tokens") > 0) return run_plan_for_inference(o, cmd);
   const bool placement = cmd.count("--expert-load") > 0;
-  EXPAR_CHECK(placement || cmd.count("--redundant-experts") + cmd.count("--expert-groups") == 0,
-              "--redundant-experts and --expert-groups shape the expert placement, which --expert-load asks "
-              "for: add --expert-load L0,L1,... (one load per expert), or drop them");
+  EXPAR_CHECK(
+      placement || cmd.count("--redundant-experts") + cmd.count("--expert-groups") == 0,
+      "--redundant-experts and --expert-groups shape the expert placement, which --expert-load asks "
+      "for: add --expert-load L0,L1,... (one load per expert), or (--redundant-experts) --kv-tokens N "
+      "for the inference plan, or drop them");
   if (placement && !model_given(o)) return run_placement_only(o, cmd);
   EXPAR_CHECK(
       cmd.count("--dp") + cmd.count("--enable-expert-parallel") + cmd.count("--memory-limit-gib") +
@@ -434,7 +438,8 @@ void add_plan(CLI::App& app, CommandTable& table) {
                   "comma-separated; shows the redundant-expert placement of DeepSeek's EPLB over --ep ranks "
                   "(without a model: the placement alone)");
   cmd->add_option("--redundant-experts", opts->redundant_experts,
-                  "expert placement: R extra expert slots (S = experts + R, a multiple of --ep)")
+                  "expert placement, or the inference plan with --enable-expert-parallel: R extra expert "
+                  "slots (S = experts + R, a multiple of --ep) holding replicas")
       ->capture_default_str()
       ->check(integer_in(0, 1 << 20));
   cmd->add_option("--expert-groups", opts->expert_groups,

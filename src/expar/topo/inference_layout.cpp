@@ -1,9 +1,12 @@
 #include "expar/topo/inference_layout.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/topo/expert_balance.hpp"
 
 namespace expar {
 
@@ -16,7 +19,10 @@ enum class InferenceRule : uint8_t {
   DpPositive,
   ExpertsPositive,
   EpPositive,
+  RedundantNegative,
   EpWithoutFlag,
+  RedundantWithoutEp,
+  RedundantRoundRobin,
   CrossDpSpansAll,
   WorldDivisible,
   ExpertsDivisible,
@@ -24,22 +30,31 @@ enum class InferenceRule : uint8_t {
   IntermediateDivisible
 };
 
+// The physical expert slots: the explicit table's, else one per expert and the redundant ones.
+int slot_count(const InferenceConfig& c) {
+  return c.expert_slots.empty() ? c.num_experts + c.redundant_experts
+                                : static_cast<int>(c.expert_slots.size());
+}
+
 // The whole validation, without messages (cheap: find_layout_fixes runs it over many candidates).
 InferenceRule broken_rule(const InferenceConfig& c) {
   if (c.tp < 1) return InferenceRule::TpPositive;
   if (c.dp < 1) return InferenceRule::DpPositive;
   if (c.num_experts < 1) return InferenceRule::ExpertsPositive;
   if (c.ep_degree && *c.ep_degree < 1) return InferenceRule::EpPositive;
+  if (c.redundant_experts < 0) return InferenceRule::RedundantNegative;
   if (c.intermediate < 0) return InferenceRule::IntermediatePositive;
   const int world = c.tp * c.dp;
   if (!c.enable_expert_parallel) {
     if (c.ep_degree.value_or(1) != 1) return InferenceRule::EpWithoutFlag;
+    if (c.redundant_experts > 0 || !c.expert_slots.empty()) return InferenceRule::RedundantWithoutEp;
   } else {
     const int ep = c.ep_degree.value_or(world);
     if (c.dp > 1 && ep != world) return InferenceRule::CrossDpSpansAll;
     if (world % ep != 0) return InferenceRule::WorldDivisible;
-    const int slots = c.expert_slots.empty() ? c.num_experts : static_cast<int>(c.expert_slots.size());
-    if (slots % ep != 0) return InferenceRule::ExpertsDivisible;
+    if (slot_count(c) % ep != 0) return InferenceRule::ExpertsDivisible;
+    if (slot_count(c) > c.num_experts && c.placement != PlacementKind::Contiguous)
+      return InferenceRule::RedundantRoundRobin;
   }
   // Without EP the EP_TP group is the TP group.
   const int ep_tp = c.enable_expert_parallel ? world / c.ep_degree.value_or(world) : c.tp;
@@ -55,6 +70,8 @@ int setting_of(const InferenceConfig& c, const std::string& name) {
   if (name == "ep_degree") return effective_ep_degree(c);
   if (name == "data_parallel_size") return c.dp;
   if (name == "tensor_parallel_size") return c.tp;
+  if (name == "redundant_experts") return c.redundant_experts;
+  if (name == "placement") return c.placement == PlacementKind::Contiguous ? 0 : 1;
   EXPAR_ASSERT(name == "enable_expert_parallel", "unknown inference setting '{}'", name);
   return c.enable_expert_parallel ? 1 : 0;
 }
@@ -66,6 +83,10 @@ InferenceConfig with_setting(InferenceConfig c, const std::string& name, int val
     c.dp = value;
   } else if (name == "tensor_parallel_size") {
     c.tp = value;
+  } else if (name == "redundant_experts") {
+    c.redundant_experts = value;
+  } else if (name == "placement") {
+    c.placement = value == 0 ? PlacementKind::Contiguous : PlacementKind::RoundRobin;
   } else {
     EXPAR_ASSERT(name == "enable_expert_parallel", "unknown inference setting '{}'", name);
     c.enable_expert_parallel = value != 0;
@@ -105,6 +126,22 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
     case InferenceRule::EpWithoutFlag:
       r.rule = fmt::format("ep_degree={} requires expert parallelism", ep);
       break;
+    case InferenceRule::RedundantNegative:
+      r.rule = fmt::format("redundant_experts={} must be at least 0", c.redundant_experts);
+      break;
+    case InferenceRule::RedundantRoundRobin:
+      r.rule = fmt::format(
+          "placement {} lays out one slot per expert, but redundant_experts={} places the slots by "
+          "DeepSeek's "
+          "EPLB policy",
+          placement_name(c.placement), slot_count(c) - c.num_experts);
+      break;
+    case InferenceRule::RedundantWithoutEp:
+      r.rule = fmt::format(
+          "redundant_experts={} requires expert parallelism: without it every rank holds every expert "
+          "(sharded over TP), so there is nothing to replicate",
+          slot_count(c) - c.num_experts);
+      break;
     case InferenceRule::CrossDpSpansAll:
       r.rule = fmt::format(
           "ep_degree={} with data_parallel_size={}: cross-DP EP must span all ranks, ep_degree must equal "
@@ -117,13 +154,12 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
       break;
     case InferenceRule::ExpertsDivisible:
       r.rule =
-          c.expert_slots.empty()
+          slot_count(c) == c.num_experts
               ? fmt::format("num_experts={} is not divisible by ep_degree={}{}", c.num_experts, ep, given)
               : fmt::format(
-                    "the {} expert slots (num_experts={} and {} redundant) are not divisible by "
+                    "the {} expert slots (num_experts={} and redundant_experts={}) are not divisible by "
                     "ep_degree={}{}",
-                    c.expert_slots.size(), c.num_experts,
-                    static_cast<int>(c.expert_slots.size()) - c.num_experts, ep, given);
+                    slot_count(c), c.num_experts, slot_count(c) - c.num_experts, ep, given);
       break;
     default: {
       const int ep_tp = c.enable_expert_parallel ? world / ep : c.tp;
@@ -138,15 +174,21 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
   }
   // The settings a fix may change: TP also has to divide the model's heads, which this layout does not
   // know, so a fix changes it only when nothing else is accepted. Every range holds all values the rules
-  // can accept: ep_degree divides the world (at most TP*DP, and DP is at most num_experts when DP > 1 with
-  // EP), DP > 1 with EP needs TP*DP dividing num_experts.
-  const int max_dp = std::max(c.dp, c.num_experts);
+  // can accept: ep_degree divides the world (at most TP*DP, and DP is at most the expert slots when DP > 1
+  // with EP), DP > 1 with EP needs TP*DP dividing num_experts.
+  const int max_dp = std::max(c.dp, slot_count(c));
   std::vector<SettingRange> order = {{"ep_degree", 1, c.tp * max_dp}, {"data_parallel_size", 1, max_dp}};
   // The flag's other value: first when the flag is what is missing, last when it changes the EP_TP group.
   const int flag = c.enable_expert_parallel ? 0 : 1;
-  if (rule == InferenceRule::EpWithoutFlag)
+  if (rule == InferenceRule::EpWithoutFlag || rule == InferenceRule::RedundantWithoutEp)
     order.insert(order.begin(), {"enable_expert_parallel", flag, flag});
   if (rule == InferenceRule::IntermediateDivisible) order.push_back({"enable_expert_parallel", flag, flag});
+  // Redundant experts: any R with (E + R) % ep_degree == 0 is accepted, so the candidates stop at
+  // num_experts + ep_degree - 1, which always holds one; round-robin places no replicas.
+  if (c.expert_slots.empty() && c.redundant_experts != 0) {
+    order.push_back({"redundant_experts", 0, c.num_experts + std::max(1, ep) - 1});
+    if (c.placement != PlacementKind::Contiguous) order.push_back({"placement", 0, 1});
+  }
   auto accepted = [](const InferenceConfig& x) { return broken_rule(x) == InferenceRule::Ok; };
   r.fixes = find_layout_fixes(c, order, setting_of, with_setting, accepted);
   if (r.fixes.empty()) {
@@ -163,8 +205,10 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
   if (!ep_alone && c.enable_expert_parallel && c.dp > 1)
     r.note = fmt::format(
                  "no ep_degree alone is accepted: with data_parallel_size={} cross-DP EP needs "
-                 "ep_degree=TP*DP={}, which does not divide num_experts={}",
-                 c.dp, world, c.num_experts) +
+                 "ep_degree=TP*DP={}, which does not divide {}",
+                 c.dp, world,
+                 slot_count(c) == c.num_experts ? fmt::format("num_experts={}", c.num_experts)
+                                                : fmt::format("the {} expert slots", slot_count(c))) +
              (r.note.empty() ? "" : "; " + r.note);
   for (LayoutFix& f : r.fixes) {
     if (!f.with.empty()) continue;
@@ -173,6 +217,13 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
                                   : "drop --enable-expert-parallel (enable_expert_parallel)";
     else if (f.setting == "ep_degree" && !c.enable_expert_parallel && f.values == std::vector<int>{1})
       f.phrase = "drop --ep (ep_degree=1: no expert parallelism)";
+    else if (f.setting == "redundant_experts")
+      f.phrase = f.values == std::vector<int>{0}
+                     ? "drop --redundant-experts"
+                     : fmt::format("choose --redundant-experts in {{{}}}{}", fmt::join(f.values, ","),
+                                   f.values.front() == 0 ? " (0: none)" : "");
+    else if (f.setting == "placement" && f.values == std::vector<int>{0})
+      f.phrase = "drop --placement (contiguous)";
   }
   return r;
 }
@@ -184,6 +235,23 @@ int validated_ep_degree(const InferenceConfig& c) {
   return effective_ep_degree(c);
 }
 
+// The explicit table, else R = 0's contiguous or round-robin placement, else (R > 0) DeepSeek's EPLB
+// policy for a uniform load: a deterministic start that the first measured window then replaces.
+ExpertPlacement initial_placement(const InferenceConfig& c, int ep_degree) {
+  EXPAR_CHECK(c.expert_slots.empty() || c.redundant_experts == 0 ||
+                  static_cast<int>(c.expert_slots.size()) == c.num_experts + c.redundant_experts,
+              "the slot table has {} slots but num_experts={} and redundant_experts={} make {}: give one of "
+              "them",
+              c.expert_slots.size(), c.num_experts, c.redundant_experts, c.num_experts + c.redundant_experts);
+  if (!c.expert_slots.empty()) return ExpertPlacement::from_slots(c.num_experts, ep_degree, c.expert_slots);
+  if (c.redundant_experts == 0) return ExpertPlacement(c.num_experts, ep_degree, c.placement);
+  ExpertBalanceInput in;
+  in.loads.assign(static_cast<size_t>(c.num_experts), 1.0);
+  in.redundant = c.redundant_experts;
+  in.ep_size = ep_degree;
+  return ExpertPlacement::from_balance(balance_experts(in));
+}
+
 }  // namespace
 
 InferenceLayout::InferenceLayout(const InferenceConfig& config)
@@ -191,10 +259,15 @@ InferenceLayout::InferenceLayout(const InferenceConfig& config)
       dp_(config.dp),
       ep_enabled_(config.enable_expert_parallel),
       ep_degree_(validated_ep_degree(config)),
-      placement_(config.expert_slots.empty()
-                     ? ExpertPlacement(config.num_experts, ep_degree_, config.placement)
-                     : ExpertPlacement::from_slots(config.num_experts, ep_degree_, config.expert_slots)),
+      placement_(initial_placement(config, ep_degree_)),
       config_(config) {}
+
+InferenceLayout InferenceLayout::with_expert_slots(std::vector<int> slot_experts) const {
+  InferenceConfig c = config_;
+  c.expert_slots = std::move(slot_experts);
+  c.redundant_experts = 0;
+  return InferenceLayout(c);
+}
 
 int InferenceLayout::ep_tp_size() const {
   return ep_enabled_ ? world() / ep_degree_ : tp_;

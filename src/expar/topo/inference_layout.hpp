@@ -17,10 +17,11 @@
 //   cross-DP EP    DP > 1 with EP: ep_degree must equal TP * DP (seed 002 limitation 2).
 // Validation follows seed 002: ep_degree > 1 needs enable_expert_parallel; with DP > 1 ep_degree must be
 // TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0; ep_tp divides the experts' intermediate
-// size. Unlike seed 002 (limitation 4) round-robin placement is supported. A refusal (inference_refusal)
-// suggests ep_degree, data_parallel_size or enable_expert_parallel values that the whole validation
-// accepts; another TP only when nothing else is, since TP must also divide the model's attention heads (a
-// rule of the weights, not of this layout).
+// size. With redundant experts (issue #36) the slots, not the experts, must divide over ep_degree, and
+// redundant_experts > 0 needs enable_expert_parallel. Unlike seed 002 (limitation 4) round-robin placement is
+// supported. A refusal (inference_refusal) suggests ep_degree, data_parallel_size or enable_expert_parallel
+// values that the whole validation accepts; another TP only when nothing else is, since TP must also divide
+// the model's attention heads (a rule of the weights, not of this layout).
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -42,8 +43,12 @@ struct InferenceParallelism {
   PlacementKind placement = PlacementKind::Contiguous;
   // Redundant experts (issue #36): slot s of the ep_degree partitions' slots holds logical expert
   // expert_slots[s] (ExpertPlacement::from_slots: slots per partition equal, every expert in one or more);
-  // empty: one slot per expert, laid out by `placement`.
+  // empty: one slot per expert, laid out by `placement`, or redundant_experts > 0's table.
   std::vector<int> expert_slots;
+  // --redundant-experts R (expert_slots empty): S = E + R slots over the ep_degree partitions, placed by
+  // DeepSeek's EPLB policy (topo/expert_balance.hpp) for a uniform load, so every run starts from the same
+  // table; `expar serve` then moves them by measured load (docs/serving.md). Needs expert parallelism.
+  int redundant_experts = 0;
 };
 
 // The layout's input: the run's parallelism and the model's sizes its rules check.
@@ -87,6 +92,10 @@ class InferenceLayout {
   int ep_degree() const { return ep_degree_; }
   int ep_tp_size() const;  // ranks sharing one expert partition (intermediate shards)
   const ExpertPlacement& placement() const { return placement_; }
+  // The same layout with its experts in the slot table `slot_experts` (ExpertPlacement::from_slots over the
+  // same ep_degree): what a rebalance moves the weights to. Throws expar::Error naming the rule when the
+  // table does not fit the layout.
+  InferenceLayout with_expert_slots(std::vector<int> slot_experts) const;
 
   std::vector<std::vector<int>> groups(InferenceGroup kind) const;  // partition of [0, world), sorted
   std::vector<int> group_of(int rank, InferenceGroup kind) const;
