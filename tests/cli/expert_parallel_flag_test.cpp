@@ -173,6 +173,25 @@ TEST_F(ExpertParallelFlag, RedundantExpertsNeedTheFlagAndSlotsThatDivide) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(generated_text(r.output), generated_text(plain.output)) << r.output;
   }
+  // Rebalancing while serving moves experts between EP ranks: refused without EP, naming the flag.
+  for (std::vector<std::string> argv :
+       {std::vector<std::string>{"serve", "--checkpoint", ckpt, "--port", "0"},
+        std::vector<std::string>{"bench", "serve", "--checkpoint", ckpt}}) {
+    argv.insert(argv.begin(), EXPAR_BINARY);
+    std::vector<std::string> no_ep = argv, window = argv;
+    for (const char* flag : {"--tp", "2", "--eplb-interval", "4"}) no_ep.emplace_back(flag);
+    const ProcessResult r = run_process(no_ep, {}, 120);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output,
+                         "error: --eplb-interval 4 moves experts between the ranks of an EP group, but "
+                         "this layout has no expert parallelism: pass --enable-expert-parallel"))
+        << r.output;
+    for (const char* flag : {"--tp", "2", "--enable-expert-parallel", "--eplb-window", "0"})
+      window.emplace_back(flag);
+    const ProcessResult w = run_process(window, {}, 120);
+    EXPECT_EQ(w.exit_code, 1) << w.output;
+    EXPECT_TRUE(contains(w.output, "error: --eplb-window 0 must be in [1, 2^30] engine steps")) << w.output;
+  }
   // Sampling runs the training model, which has no replicas.
   const ProcessResult sampled =
       generate({"--tp", "2", "--enable-expert-parallel", "--redundant-experts", "2", "--temperature", "0.5"});

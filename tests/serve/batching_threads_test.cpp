@@ -3,6 +3,8 @@
 // layout (TP, cross-DP EP, no EP, variable EP), with f32 weights and with BF16, block-scaled FP8 and MXFP4
 // weights held as stored;
 // chunked prefill mixes with decode under the token budget; every request gets exactly max_tokens tokens.
+// With redundant experts and rebalancing every few steps (issue #36), the experts move between the ranks
+// while the requests run, and every request's tokens are those of the server without replicas.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -20,6 +22,8 @@ struct LayoutCase {
   bool ep;
   int ep_degree;                // 0: TP*DP
   std::string weights = "f32";  // our f32 checkpoint, or a Hugging Face one in bf16, fp8 or mxfp4
+  int redundant = 0;            // --redundant-experts
+  int64_t eplb_interval = 0;    // --eplb-interval (--eplb-window the same)
 };
 
 RuntimeOptions options_for(const LayoutCase& l) {
@@ -33,6 +37,8 @@ RuntimeOptions options_for(const LayoutCase& l) {
   o.model.dp = l.dp;
   o.model.enable_expert_parallel = l.ep;
   if (l.ep_degree > 0) o.model.ep_degree = l.ep_degree;
+  o.model.redundant_experts = l.redundant;
+  if (l.eplb_interval > 0) o.eplb = {l.eplb_interval, l.eplb_interval};
   o.kv_cache_mb = 4;
   o.scheduler.prefill_chunk = 8;      // prompts longer than 8 run in several steps
   o.scheduler.max_batch_tokens = 20;  // so prompt chunks wait behind decodes now and then
@@ -70,19 +76,22 @@ std::vector<int32_t> run_to_end(const std::shared_ptr<RequestState>& s) {
   }
 }
 
-class Batching : public ::testing::TestWithParam<LayoutCase> {};
+// The greedy and the sampled request alone, then among 14 others: some before them, some after, some joining
+// mid-generation; every request runs to its end.
+struct BatchRun {
+  std::vector<int32_t> greedy_alone, sampled_alone, greedy, sampled;
+  std::vector<uint64_t> greedy_alone_hashes, sampled_alone_hashes, greedy_hashes, sampled_hashes;
+};
 
-TEST_P(Batching, TokensDoNotDependOnOtherRequests) {
-  Runtime runtime(options_for(GetParam()));
+BatchRun run_batch(Runtime& runtime) {
+  BatchRun out;
   Scheduler& sched = runtime.scheduler();
   auto greedy_solo = sched.submit(greedy_request());
-  const std::vector<int32_t> greedy_alone = run_to_end(greedy_solo);
+  out.greedy_alone = run_to_end(greedy_solo);
   auto sampled_solo = sched.submit(sampled_request());
-  const std::vector<int32_t> sampled_alone = run_to_end(sampled_solo);
-  ASSERT_EQ(greedy_alone.size(), 12u);
-  ASSERT_EQ(sampled_alone.size(), 12u);
-
-  // The same two requests among 14 others: some before them, some after, some joining mid-generation.
+  out.sampled_alone = run_to_end(sampled_solo);
+  EXPECT_EQ(out.greedy_alone.size(), 12u);
+  EXPECT_EQ(out.sampled_alone.size(), 12u);
   std::vector<std::shared_ptr<RequestState>> others;
   std::vector<int64_t> other_max;
   auto add_other = [&](int i) {
@@ -100,17 +109,31 @@ TEST_P(Batching, TokensDoNotDependOnOtherRequests) {
   auto sampled = sched.submit(sampled_request());
   greedy->wait_tokens(2);  // let the batch run, then more requests join
   for (int i = 9; i < 14; ++i) add_other(i);
-  EXPECT_EQ(run_to_end(greedy), greedy_alone);
-  EXPECT_EQ(run_to_end(sampled), sampled_alone);
-  // Not only the tokens: the logits behind every token are the same bits.
-  EXPECT_EQ(greedy->logits_hashes(), greedy_solo->logits_hashes());
-  EXPECT_EQ(sampled->logits_hashes(), sampled_solo->logits_hashes());
-  EXPECT_EQ(greedy->logits_hashes().size(), 12u);
+  out.greedy = run_to_end(greedy);
+  out.sampled = run_to_end(sampled);
+  out.greedy_alone_hashes = greedy_solo->logits_hashes();
+  out.sampled_alone_hashes = sampled_solo->logits_hashes();
+  out.greedy_hashes = greedy->logits_hashes();
+  out.sampled_hashes = sampled->logits_hashes();
   for (size_t i = 0; i < others.size(); ++i) {
     EXPECT_EQ(run_to_end(others[i]).size(), static_cast<size_t>(other_max[i])) << "request " << i;
     EXPECT_EQ(others[i]->finish_reason(), FinishReason::Length);
   }
   EXPECT_TRUE(runtime.failure().empty()) << runtime.failure();
+  return out;
+}
+
+class Batching : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(Batching, TokensDoNotDependOnOtherRequests) {
+  Runtime runtime(options_for(GetParam()));
+  const BatchRun r = run_batch(runtime);
+  EXPECT_EQ(r.greedy, r.greedy_alone);
+  EXPECT_EQ(r.sampled, r.sampled_alone);
+  // Not only the tokens: the logits behind every token are the same bits.
+  EXPECT_EQ(r.greedy_hashes, r.greedy_alone_hashes);
+  EXPECT_EQ(r.sampled_hashes, r.sampled_alone_hashes);
+  EXPECT_EQ(r.greedy_hashes.size(), 12u);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -127,6 +150,54 @@ INSTANTIATE_TEST_SUITE_P(
       return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) +
              (l.ep ? "_ep" + std::to_string(l.ep_degree ? l.ep_degree : l.tp * l.dp) : std::string("_noep")) +
              (l.weights == "f32" ? std::string() : "_" + l.weights);
+    });
+
+// Redundant experts rebalanced every 2 engine steps from the last 2 steps' loads (issue #36): the experts
+// move between the ranks while the requests run (through Comm, as held: f32, BF16, FP8 with its scales,
+// MXFP4 blocks), and every request's tokens, alone and batched, are those of the same layout without
+// replicas. The logits are the same within the engine's reduction order, not bit for bit: the all-gather /
+// reduce-scatter sums a token's expert outputs per rank, so where a replica sits changes that sum's order
+// (docs/serving.md).
+class Rebalancing : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(Rebalancing, EveryRequestKeepsItsTokensWhileTheExpertsMove) {
+  LayoutCase plain = GetParam();
+  plain.redundant = 0;
+  plain.eplb_interval = 0;
+  BatchRun want;
+  {
+    Runtime runtime(options_for(plain));
+    want = run_batch(runtime);
+  }
+  Runtime runtime(options_for(GetParam()));
+  const BatchRun got = run_batch(runtime);
+  EXPECT_EQ(got.greedy_alone, want.greedy_alone);
+  EXPECT_EQ(got.sampled_alone, want.sampled_alone);
+  EXPECT_EQ(got.greedy, want.greedy);
+  EXPECT_EQ(got.sampled, want.sampled);
+  const std::string metrics = runtime.metrics().render();
+  auto value = [&](const std::string& name) {
+    const size_t at = metrics.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name << " missing:\n" << metrics;
+    return at == std::string::npos ? 0.0 : std::stod(metrics.substr(at + name.size() + 2));
+  };
+  EXPECT_GE(value("expar_eplb_rebalances_total"), 2) << metrics;
+  EXPECT_GT(value("expar_eplb_moved_bytes_total"), 0) << metrics;
+  EXPECT_EQ(value("expar_eplb_move_seconds_count"), value("expar_eplb_rebalances_total")) << metrics;
+  EXPECT_NE(metrics.find("expar_expert_imbalance{layer=\"0\"}"), std::string::npos) << metrics;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Rebalancing,
+    ::testing::Values(LayoutCase{2, 1, true, 0, "f32", 2, 2}, LayoutCase{2, 2, true, 0, "f32", 4, 2},
+                      LayoutCase{4, 1, true, 2, "f32", 2, 2}, LayoutCase{2, 1, true, 0, "f32", 0, 2},
+                      LayoutCase{2, 2, true, 0, "bf16", 4, 2}, LayoutCase{2, 2, true, 0, "fp8", 4, 2},
+                      LayoutCase{2, 2, true, 0, "mxfp4", 4, 2}),
+    [](const auto& info) {
+      const LayoutCase& l = info.param;
+      return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) + "_ep" +
+             std::to_string(l.ep_degree ? l.ep_degree : l.tp * l.dp) + "_" + l.weights + "_R" +
+             std::to_string(l.redundant);
     });
 
 // /metrics' tokens per expert per rank add up: every forwarded token (prompt, and each generated token but

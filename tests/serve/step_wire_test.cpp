@@ -67,6 +67,10 @@ TEST(StepWire, PlanRoundTrips) {
     EXPECT_EQ(y.trace_logits, x.trace_logits);
   }
   EXPECT_EQ(encode_plan(q), encode_plan(p));
+  StepPlan moving = p;  // a plan that moves the experts first (serve's rebalancing)
+  moving.expert_slots = {3, 0, 1, 3, 2, 0};
+  EXPECT_EQ(decode_plan(encode_plan(moving)).expert_slots, moving.expert_slots);
+  EXPECT_TRUE(q.expert_slots.empty());
 }
 
 TEST(StepWire, ResultRoundTrips) {
@@ -76,6 +80,9 @@ TEST(StepWire, ResultRoundTrips) {
   r.tokens.tokens = {7, 0, 255};
   r.tokens.logits_hashes = {std::numeric_limits<uint64_t>::max(), 1};
   r.expert_tokens = {0, 12, 5, 0};
+  r.layer_rows = {17, 0, 4};
+  r.moved_bytes = 123456789;
+  r.move_seconds = 0.125;
   const std::vector<int64_t> wire = encode_result(r);
   const RankResult s = decode_result(wire.data(), wire.size());
   EXPECT_EQ(s.dp_rank, 3);
@@ -83,6 +90,9 @@ TEST(StepWire, ResultRoundTrips) {
   EXPECT_EQ(s.tokens.tokens, r.tokens.tokens);
   EXPECT_EQ(s.tokens.logits_hashes, r.tokens.logits_hashes);
   EXPECT_EQ(s.expert_tokens, r.expert_tokens);
+  EXPECT_EQ(s.layer_rows, r.layer_rows);
+  EXPECT_EQ(s.moved_bytes, r.moved_bytes);
+  EXPECT_EQ(s.move_seconds, r.move_seconds);
 }
 
 TEST(StepWire, TruncatedOrLongMessagesAreRefused) {

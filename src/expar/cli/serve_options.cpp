@@ -19,6 +19,13 @@ void add_runtime_options(CLI::App* cmd, RuntimeArgs& a) {
       ->capture_default_str();
   cmd->add_option("--max-waiting", a.scheduler.max_waiting, "Queued requests before 503")
       ->capture_default_str();
+  cmd->add_option("--eplb-window", a.eplb.window,
+                  "Engine steps whose expert loads a rebalance (and /metrics' imbalance) is computed from")
+      ->capture_default_str();
+  cmd->add_option("--eplb-interval", a.eplb.interval,
+                  "Engine steps between rebalances of the experts over the EP ranks (DeepSeek's EPLB policy, "
+                  "weights moved between steps; 0: never; needs --enable-expert-parallel)")
+      ->capture_default_str();
 }
 
 serve::RuntimeOptions runtime_options(const RuntimeArgs& a) {
@@ -30,6 +37,7 @@ serve::RuntimeOptions runtime_options(const RuntimeArgs& a) {
   o.batch_invariant = !a.no_batch_invariant;
   o.kv_cache_mb = a.kv_cache_mb;
   o.scheduler = a.scheduler;
+  o.eplb = a.eplb;
   return o;
 }
 

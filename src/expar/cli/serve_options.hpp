@@ -16,6 +16,7 @@ struct RuntimeArgs {
   bool no_batch_invariant = false;
   int64_t kv_cache_mb = 256;
   serve::SchedulerOptions scheduler;
+  serve::EplbOptions eplb;  // --eplb-window, --eplb-interval
 };
 
 void add_runtime_options(CLI::App* cmd, RuntimeArgs& a);

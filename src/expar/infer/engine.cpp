@@ -10,6 +10,7 @@
 #include "expar/core/timer.hpp"
 #include "expar/core/weight_matmul.hpp"
 #include "expar/moe/expert_mlp.hpp"
+#include "expar/moe/expert_moves.hpp"
 #include "expar/moe/moe_forward.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/route_map.hpp"
@@ -171,6 +172,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
   }
   stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.router.num_experts), 0);
   stats_.expert_weight_reads.assign(static_cast<size_t>(weights_.config.layers), 0);
+  stats_.layer_rows.assign(static_cast<size_t>(weights_.config.layers), 0);
   // The route map places rows by layout_.placement(), so this rank's weights must hold its partition's
   // experts in the placement's local order.
   EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(partition_),
@@ -179,7 +181,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
               rank_, placement_name(layout_.placement().kind()), partition_);
   // With cross-DP EP (ep_tp_size 1) and for rowwise decode the layout's EP group is the whole world, in world
   // rank order, and a rank's partition is its world rank.
-  if (layout_.cross_dp_ep() || options_.decode_moe == DecodeMoe::Rowwise)
+  if (layout_.expert_parallel() || options_.decode_moe == DecodeMoe::Rowwise)
     ep_ = world.subgroup(layout.groups(InferenceGroup::Ep), "ep");
   PathOptions po;
   po.model_dim = weights_.config.model_dim;
@@ -413,8 +415,26 @@ Tensor Engine::moe_forward_counted(int layer, const Tensor& x, const MoeForwardO
   for (size_t l = 0; l + 1 < offsets.size(); ++l) {
     stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
     stats_.expert_weight_reads[static_cast<size_t>(layer)] += offsets[l + 1] > offsets[l] ? 1 : 0;
+    stats_.layer_rows[static_cast<size_t>(layer)] += offsets[l + 1] - offsets[l];
   }
   return y;
+}
+
+int64_t Engine::move_experts(std::vector<int> slot_experts) {
+  EXPAR_CHECK(
+      layout_.expert_parallel() && ep_,
+      "moving experts needs expert parallelism (whole experts on ranks): pass --enable-expert-parallel");
+  // Validated before any weight moves (every rank refuses alike), on the same EP degree.
+  InferenceLayout next = layout_.with_expert_slots(std::move(slot_experts));
+  ExpertMoveStats moved;
+  for (LayerWeights& lw : weights_.layers) {
+    if (!present(lw.experts.w1) && !lw.experts.mxfp4) continue;  // a dense layer
+    lw.experts = move_expert_slots(layout_.placement(), next.placement(), lw.experts, *ep_, &moved);
+  }
+  // The paths hold &layout_.placement(): assigning keeps that address and gives it the new table.
+  layout_ = std::move(next);
+  weights_.local_experts = layout_.placement().local_experts(partition_);
+  return moved.bytes_received;
 }
 
 Tensor Engine::moe_agrs(int layer, const Tensor& x, bool prefill) {

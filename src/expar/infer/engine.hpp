@@ -84,6 +84,9 @@ struct EngineStats {
   // many experts' weights this rank read. A benchmark's bandwidth limit for the routes a run actually took
   // uses it per layer, because the ranks wait for each other at every MoE layer's collective.
   std::vector<int64_t> expert_weight_reads;
+  // [layers] token rows this rank's experts computed per layer, over the steps: the layer's load on this
+  // rank (a server's imbalance per layer compares it across ranks).
+  std::vector<int64_t> layer_rows;
 };
 
 class Engine {
@@ -111,6 +114,13 @@ class Engine {
                  PrefillLogits which = PrefillLogits::AllRows);
   // One new token per sequence; returns logits [ids.size(), V]. Collective over the world.
   Tensor decode(std::span<const int> ids, std::span<const int32_t> tokens);
+
+  // Moves the experts to the slot table `slot_experts` (the layout's with_expert_slots): every MoE layer's
+  // expert weights go, as held, to the ranks of the new placement over the EP group (moe/expert_moves.hpp),
+  // then the route map places rows by it. Collective over the world, between steps (no step in flight);
+  // needs expert parallelism. Returns the weight bytes this rank received.
+  int64_t move_experts(std::vector<int> slot_experts);
+  const InferenceLayout& layout() const { return layout_; }
 
   const EngineStats& stats() const { return stats_; }
   // The collective groups (tests count calls on them).
@@ -147,7 +157,9 @@ class Engine {
   EngineOptions options_;
   RankWeights weights_;
   std::shared_ptr<Comm> tp_, dp_;
-  std::shared_ptr<Comm> ep_;  // cross-DP EP or decode_moe Rowwise: the whole world as the EP group
+  // The layout's EP group (with cross-DP EP or decode_moe Rowwise: the whole world): rowwise decode and
+  // cross-DP prefill route over it, move_experts moves weights over it.
+  std::shared_ptr<Comm> ep_;
   std::unique_ptr<ExpertPath> prefill_path_, decode_path_;  // agrs over TP (and DP), see moe_agrs
   std::unique_ptr<ExpertPath> rowwise_;                     // decode_moe Rowwise: the rowwise path over ep_
   int rank_, tp_rank_, dp_rank_;

@@ -31,7 +31,7 @@ std::vector<double> latency_bounds() {
 }
 }  // namespace
 
-Metrics::Metrics() : ttft_(latency_bounds()), tpot_(latency_bounds()) {}
+Metrics::Metrics() : ttft_(latency_bounds()), tpot_(latency_bounds()), move_seconds_(latency_bounds()) {}
 
 void Metrics::request_finished(int http_status) {
   std::lock_guard lock(mutex_);
@@ -70,6 +70,17 @@ void Metrics::expert_tokens(int rank, const std::vector<int64_t>& per_expert) {
   for (size_t e = 0; e < per_expert.size(); ++e) v[e] += per_expert[e];
 }
 
+void Metrics::expert_imbalance(std::vector<double> per_layer) {
+  std::lock_guard lock(mutex_);
+  expert_imbalance_ = std::move(per_layer);
+}
+void Metrics::experts_moved(int64_t bytes, double seconds) {
+  std::lock_guard lock(mutex_);
+  ++rebalances_;
+  moved_bytes_ += static_cast<uint64_t>(bytes);
+  move_seconds_.observe(seconds);
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(mutex_);
   std::string out;
@@ -103,6 +114,20 @@ std::string Metrics::render() const {
     for (size_t e = 0; e < v.size(); ++e)
       if (v[e] > 0)
         out += fmt::format("expar_expert_tokens_total{{rank=\"{}\",expert=\"{}\"}} {}\n", rank, e, v[e]);
+  out +=
+      "# HELP expar_expert_imbalance (max - mean) / mean over the ranks of the rows their experts computed "
+      "in "
+      "the layer, over the last --eplb-window engine steps.\n# TYPE expar_expert_imbalance gauge\n";
+  for (size_t l = 0; l < expert_imbalance_.size(); ++l)
+    out += fmt::format("expar_expert_imbalance{{layer=\"{}\"}} {}\n", l, expert_imbalance_[l]);
+  out += fmt::format(
+      "# HELP expar_eplb_rebalances_total Expert placements changed while serving.\n"
+      "# TYPE expar_eplb_rebalances_total counter\nexpar_eplb_rebalances_total {}\n"
+      "# HELP expar_eplb_moved_bytes_total Expert weight bytes moved between ranks by rebalancing.\n"
+      "# TYPE expar_eplb_moved_bytes_total counter\nexpar_eplb_moved_bytes_total {}\n",
+      rebalances_, moved_bytes_);
+  move_seconds_.render("expar_eplb_move_seconds", "Time a rebalance's weight move took (the slowest rank).",
+                       out);
   return out;
 }
 

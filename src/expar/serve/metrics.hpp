@@ -37,6 +37,10 @@ class Metrics {
   void set_queue(int64_t running, int64_t waiting, double kv_usage);
   // Routed tokens per expert on one world rank (its local experts, global ids), added per step.
   void expert_tokens(int rank, const std::vector<int64_t>& per_expert);
+  // Per MoE layer, (max - mean) / mean of the rows each rank's experts computed over the EPLB window.
+  void expert_imbalance(std::vector<double> per_layer);
+  // A rebalance moved `bytes` of expert weights (all ranks) in `seconds` (the slowest rank).
+  void experts_moved(int64_t bytes, double seconds);
   std::string render() const;
 
  private:
@@ -47,6 +51,9 @@ class Metrics {
   int64_t running_ = 0, waiting_ = 0;
   double kv_usage_ = 0.0;
   std::map<int, std::vector<int64_t>> expert_tokens_;
+  std::vector<double> expert_imbalance_;
+  uint64_t rebalances_ = 0, moved_bytes_ = 0;
+  Histogram move_seconds_;
 };
 
 }  // namespace expar::serve

@@ -5,6 +5,7 @@
 
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/timer.hpp"
 #include "expar/infer/rank_memory_plan.hpp"
 #include "expar/infer/sampling.hpp"
 #include "expar/serve/runtime.hpp"
@@ -49,6 +50,13 @@ ServingModel open_serving_model(const RuntimeOptions& options, const Comm* mpi_w
   infer::ModelSpec spec = infer::open_model_spec(options.path, options.model.format);
   InferenceLayout layout = infer::inference_layout(options.model, spec.config);
   infer::check_decode_moe(layout, options.model.decode_moe);
+  options.eplb.validate();
+  EXPAR_CHECK(
+      !options.eplb.rebalances() || layout.expert_parallel(),
+      "--eplb-interval {} moves experts between the ranks of an EP group, but this layout has no expert "
+      "parallelism: pass --enable-expert-parallel (with --redundant-experts R for replicas of hot "
+      "experts), or drop --eplb-interval",
+      options.eplb.interval);
   infer::FitRequest fit;
   fit.spec = &spec;
   fit.options = options.model;
@@ -81,14 +89,22 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
 
   std::unordered_map<int64_t, int> engine_id;  // scheduler slot -> this engine's sequence id
   std::vector<int64_t> expert_tokens_reported = engine.stats().expert_tokens;
+  std::vector<int64_t> layer_rows_reported = engine.stats().layer_rows;
   while (const StepPlan* plan = channel.next()) {
+    RankResult result;
+    if (!plan->expert_slots.empty()) {
+      // Between steps: no sequence is in flight inside the engine, and the KV caches do not depend on
+      // where the experts are.
+      Timer timer;
+      result.moved_bytes = engine.move_experts(plan->expert_slots);
+      result.move_seconds = timer.seconds();
+    }
     const ReplicaStep& mine = plan->replicas[static_cast<size_t>(dp_rank)];
     for (int64_t slot : mine.remove) {
       engine.remove_sequence(engine_id.at(slot));
       engine_id.erase(slot);
     }
     for (const auto& [slot, capacity] : mine.add) engine_id[slot] = engine.add_sequence(capacity);
-    RankResult result;
     result.dp_rank = dp_rank;
     result.samples = samples;
     if (plan->runs_engine) {
@@ -123,6 +139,9 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
       for (size_t e = 0; e < result.expert_tokens.size(); ++e)
         result.expert_tokens[e] -= expert_tokens_reported[e];
       expert_tokens_reported = engine.stats().expert_tokens;
+      result.layer_rows = engine.stats().layer_rows;
+      for (size_t l = 0; l < result.layer_rows.size(); ++l) result.layer_rows[l] -= layer_rows_reported[l];
+      layer_rows_reported = engine.stats().layer_rows;
     }
     channel.finished(std::move(result));
   }

@@ -83,6 +83,8 @@ Runtime::Runtime(RuntimeOptions options, Comm* mpi_world)
                 options_.kv_cache_mb, kv_bytes);
     scheduler_ = std::make_unique<Scheduler>(options_.scheduler, model_.layout.dp(), kv_tokens,
                                              model_.spec.config.max_seq, metrics_);
+    if (model_.layout.expert_parallel())
+      rebalancer_ = std::make_unique<ExpertRebalancer>(options_.eplb, model_.layout.placement());
   } catch (...) {
     shutdown(true);  // the ranks are loaded and waiting: end them before the error leaves
     throw;
@@ -107,11 +109,18 @@ std::string Runtime::failure() const {
 
 void Runtime::step_loop() {
   while (std::optional<StepPlan> plan = scheduler_->next_step()) {
+    if (rebalancer_ && plan->runs_engine) plan->expert_slots = rebalancer_->before_step();
     StepTokens tokens;
-    if (!board_->run(*plan, tokens)) {
+    StepLoad load;
+    if (!board_->run(*plan, tokens, load)) {
       scheduler_->fail(board_->failure());
       return;
     }
+    if (rebalancer_ && plan->runs_engine) {
+      rebalancer_->after_step(load);
+      metrics_.expert_imbalance(rebalancer_->layer_imbalance());
+    }
+    if (!plan->expert_slots.empty()) metrics_.experts_moved(load.moved_bytes, load.move_seconds);
     scheduler_->complete_step(*plan, tokens);
   }
 }

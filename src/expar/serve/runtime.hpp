@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "expar/infer/generate.hpp"
+#include "expar/serve/expert_rebalancer.hpp"
 #include "expar/serve/metrics.hpp"
 #include "expar/serve/rank_loop.hpp"
 #include "expar/serve/scheduler.hpp"
@@ -25,6 +26,9 @@ struct RuntimeOptions {
   bool batch_invariant = true;   // batch-independent matmuls (core/matmul.hpp); costs speed at small batches
   int64_t kv_cache_mb = 256;     // KV cache per rank
   SchedulerOptions scheduler;
+  // With EP: the window of the imbalance on /metrics and, with an interval, rebalancing while running
+  // (serve/expert_rebalancer.hpp).
+  EplbOptions eplb;
 };
 
 class Runtime {
@@ -58,6 +62,7 @@ class Runtime {
   Metrics metrics_;
   std::unique_ptr<StepBoard> board_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ExpertRebalancer> rebalancer_;  // EP layouts
   std::thread ranks_, stepper_;
 };
 

@@ -52,6 +52,9 @@ struct StepPlan {
   bool prefill = false;               // engine phase for every replica
   bool runs_engine = false;           // false: only adds/removes (no replica has tokens)
   std::vector<ReplicaStep> replicas;  // index = DP rank
+  // Non-empty: before this step every rank moves its experts to this slot table (serve/expert_rebalancer.hpp,
+  // infer::Engine::move_experts).
+  std::vector<int> expert_slots;
 };
 
 // Per replica, the sampled tokens of its `sample` sequences, in plan order (and, for sequences that trace

@@ -30,8 +30,16 @@ StepBoard::Next StepBoard::wait_next(uint64_t& seen, const StepPlan*& plan,
 
 void StepBoard::deliver(int rank, RankResult result, Metrics& metrics) {
   if (!result.expert_tokens.empty()) metrics.expert_tokens(rank, result.expert_tokens);
-  if (!result.samples) return;
   std::lock_guard lock(mutex_);
+  if (load_.expert_tokens.size() < result.expert_tokens.size())
+    load_.expert_tokens.resize(result.expert_tokens.size(), 0);
+  for (size_t e = 0; e < result.expert_tokens.size(); ++e) load_.expert_tokens[e] += result.expert_tokens[e];
+  if (load_.layer_rows.size() <= static_cast<size_t>(rank))
+    load_.layer_rows.resize(static_cast<size_t>(rank) + 1);
+  load_.layer_rows[static_cast<size_t>(rank)] = std::move(result.layer_rows);
+  load_.moved_bytes += result.moved_bytes;
+  load_.move_seconds = std::max(load_.move_seconds, result.move_seconds);
+  if (!result.samples) return;
   tokens_.at(static_cast<size_t>(result.dp_rank)) = std::move(result.tokens);
 }
 
@@ -62,11 +70,12 @@ int64_t StepBoard::kv_bytes_per_token() const {
   return kv_bytes_per_token_;
 }
 
-bool StepBoard::run(const StepPlan& plan, StepTokens& tokens) {
+bool StepBoard::run(const StepPlan& plan, StepTokens& tokens, StepLoad& load) {
   {
     std::lock_guard lock(mutex_);
     plan_ = &plan;
     tokens_.assign(static_cast<size_t>(replicas_), {});
+    load_ = {};
     arrived_ = 0;
     ++generation_;
   }
@@ -75,6 +84,7 @@ bool StepBoard::run(const StepPlan& plan, StepTokens& tokens) {
   changed_.wait(lock, [&] { return arrived_ == local_ranks_ || !failure_.empty(); });
   if (!failure_.empty()) return false;
   tokens = std::move(tokens_);
+  load = std::move(load_);
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "expar/serve/expert_rebalancer.hpp"
 #include "expar/serve/metrics.hpp"
 #include "expar/serve/scheduler.hpp"
 #include "expar/serve/step_wire.hpp"
@@ -27,8 +28,8 @@ class StepBoard {
   // was called, Idle when `idle_after` passed without either.
   Next wait_next(uint64_t& seen, const StepPlan*& plan,
                  std::optional<std::chrono::duration<double>> idle_after = std::nullopt);
-  // What world rank `rank` produced: its routing load goes to /metrics, and a replica's sampled tokens
-  // (from its TP rank 0) to the step loop.
+  // What world rank `rank` produced: its routing load goes to /metrics and into the step's StepLoad, and a
+  // replica's sampled tokens (from its TP rank 0) to the step loop.
   void deliver(int rank, RankResult result, Metrics& metrics);
   // This rank ran the current plan.
   void arrive();
@@ -38,8 +39,9 @@ class StepBoard {
   // Step-loop side. wait_loaded: false when a rank failed first.
   bool wait_loaded();
   int64_t kv_bytes_per_token() const;
-  // Publishes `plan` and waits for every local rank; false when a rank failed (see failure()).
-  bool run(const StepPlan& plan, StepTokens& tokens);
+  // Publishes `plan` and waits for every local rank; false when a rank failed (see failure()). `load`: what
+  // the ranks counted in the step.
+  bool run(const StepPlan& plan, StepTokens& tokens, StepLoad& load);
   // No more steps: the ranks' wait_next returns Done.
   void finish();
   std::string failure() const;
@@ -53,6 +55,7 @@ class StepBoard {
   uint64_t generation_ = 0;         // one per published step
   const StepPlan* plan_ = nullptr;
   StepTokens tokens_;
+  StepLoad load_;
   bool done_ = false;
   std::string failure_;
 };

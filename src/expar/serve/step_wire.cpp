@@ -56,6 +56,8 @@ std::vector<int64_t> encode_plan(const StepPlan& plan) {
       w.push_back(s.trace_logits);
     }
   }
+  w.push_back(static_cast<int64_t>(plan.expert_slots.size()));
+  w.insert(w.end(), plan.expert_slots.begin(), plan.expert_slots.end());
   return w;
 }
 
@@ -87,6 +89,8 @@ StepPlan decode_plan(const std::vector<int64_t>& wire) {
       s.trace_logits = in.next() != 0;
     }
   }
+  plan.expert_slots.resize(in.count());
+  for (int& e : plan.expert_slots) e = static_cast<int>(in.next());
   in.finish();
   return plan;
 }
@@ -98,6 +102,10 @@ std::vector<int64_t> encode_result(const RankResult& r) {
   for (uint64_t h : r.tokens.logits_hashes) w.push_back(static_cast<int64_t>(h));
   w.push_back(static_cast<int64_t>(r.expert_tokens.size()));
   w.insert(w.end(), r.expert_tokens.begin(), r.expert_tokens.end());
+  w.push_back(static_cast<int64_t>(r.layer_rows.size()));
+  w.insert(w.end(), r.layer_rows.begin(), r.layer_rows.end());
+  w.push_back(r.moved_bytes);
+  put_real(w, r.move_seconds);
   return w;
 }
 
@@ -112,6 +120,10 @@ RankResult decode_result(const int64_t* wire, size_t size) {
   for (uint64_t& h : r.tokens.logits_hashes) h = static_cast<uint64_t>(in.next());
   r.expert_tokens.resize(in.count());
   for (int64_t& e : r.expert_tokens) e = in.next();
+  r.layer_rows.resize(in.count());
+  for (int64_t& n : r.layer_rows) n = in.next();
+  r.moved_bytes = in.next();
+  r.move_seconds = in.real();
   in.finish();
   return r;
 }

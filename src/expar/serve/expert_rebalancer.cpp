@@ -1,0 +1,69 @@
+#include "expar/serve/expert_rebalancer.hpp"
+
+#include <algorithm>
+
+#include "expar/core/error.hpp"
+#include "expar/topo/expert_balance.hpp"
+
+namespace expar::serve {
+
+void EplbOptions::validate() const {
+  EXPAR_CHECK(
+      window >= 1 && window <= (int64_t{1} << 30),
+      "--eplb-window {} must be in [1, 2^30] engine steps (the expert loads a placement is computed from)",
+      window);
+  EXPAR_CHECK(interval >= 0 && interval <= (int64_t{1} << 30),
+              "--eplb-interval {} must be in [0, 2^30] engine steps (0: never rebalance)", interval);
+}
+
+ExpertRebalancer::ExpertRebalancer(EplbOptions options, const ExpertPlacement& initial)
+    : options_(options),
+      num_experts_(initial.num_experts()),
+      redundant_(initial.redundant()),
+      ep_size_(initial.ep_size()) {
+  options_.validate();
+  for (int s = 0; s < initial.num_slots(); ++s) slot_experts_.push_back(initial.slot_expert(s));
+}
+
+std::vector<int> ExpertRebalancer::before_step() {
+  if (!options_.rebalances() || steps_since_ < options_.interval) return {};
+  steps_since_ = 0;
+  std::vector<double> loads(static_cast<size_t>(num_experts_), 0.0);
+  for (const StepLoad& step : window_)
+    for (size_t e = 0; e < step.expert_tokens.size() && e < loads.size(); ++e)
+      loads[e] += static_cast<double>(step.expert_tokens[e]);
+  if (std::all_of(loads.begin(), loads.end(), [](double x) { return x == 0; })) return {};
+  ExpertBalanceInput in;
+  in.loads = std::move(loads);
+  in.redundant = redundant_;
+  in.ep_size = ep_size_;
+  const ExpertBalance balance = balance_experts(in);
+  std::vector<int> table;
+  for (const PhysicalSlot& s : balance.slots) table.push_back(s.expert);
+  if (table == slot_experts_) return {};
+  slot_experts_ = table;
+  ++rebalances_;
+  return table;
+}
+
+void ExpertRebalancer::after_step(const StepLoad& load) {
+  window_.push_back(load);
+  while (static_cast<int64_t>(window_.size()) > options_.window) window_.pop_front();
+  ++steps_since_;
+}
+
+std::vector<double> ExpertRebalancer::layer_imbalance() const {
+  std::vector<std::vector<double>> per_layer;  // [layer][rank]
+  for (const StepLoad& step : window_)
+    for (size_t r = 0; r < step.layer_rows.size(); ++r)
+      for (size_t l = 0; l < step.layer_rows[r].size(); ++l) {
+        if (per_layer.size() <= l) per_layer.resize(l + 1);
+        if (per_layer[l].size() <= r) per_layer[l].resize(r + 1, 0.0);
+        per_layer[l][r] += static_cast<double>(step.layer_rows[r][l]);
+      }
+  std::vector<double> out;
+  for (const std::vector<double>& ranks : per_layer) out.push_back(load_imbalance(ranks));
+  return out;
+}
+
+}  // namespace expar::serve
