@@ -12,14 +12,14 @@
 //
 // Slots (issue #36 item 1). The router picks LOGICAL experts; the placement holds them in S >= E physical
 // slots (topo/placement.hpp), an expert with several slots having replicas. The map works on slots: every
-// "expert" of the layout above, of requested / accepted and of the expert-side buffers is a slot (without
-// replicas slot id = expert id, so nothing changes). Replica rule: the routes of the whole group to a
-// logical expert e with n_e replicas, taken in (source rank, token, k) order, are dealt round-robin over its
-// slots expert_slots(e): the j-th route of source r to e goes to replica (before_r(e) + j) mod n_e, where
-// before_r(e) = requests to e from sources < r. Each rank computes it from the gathered request matrix it
-// already has, and the routes to e split within 1 over its replicas (a rule by source rank alone, e.g.
-// (j + r) mod n_e, balances each source but can pile the remainders of several sources on one replica).
-// The capacity policy then runs on the slot request matrix (capacity.hpp: a slot is its "expert").
+// "expert" of the layout above, of requested / accepted and of the expert-side buffers is a slot (in the
+// contiguous and round-robin placements slot id = expert id, so nothing changes). Replica rule: the routes of
+// the whole group to a logical expert e with n_e replicas, taken in (source rank, token, k) order, are dealt
+// round-robin over its slots expert_slots(e): the j-th route of source r to e goes to replica (before_r(e) +
+// j) mod n_e, where before_r(e) = requests to e from sources < r. Each rank computes it from the gathered
+// request matrix it already has, and the routes to e split within 1 over its replicas (a rule by source rank
+// alone, e.g. (j + r) mod n_e, balances each source but can pile the remainders of several sources on one
+// replica). The capacity policy then runs on the slot request matrix (capacity.hpp: a slot is its "expert").
 //
 // Sources and destinations. The M ranks that contribute tokens are the sources (ep_size, ep_rank); the P
 // expert partitions of the placement are the destinations (partitions, partition; dst_rank holds a

@@ -11,8 +11,10 @@
 //  - An explicit slot table (from_slots, from_balance; R = S - E >= 0): slot s holds expert slot_experts[s],
 //    on rank s / (S/M) as local slot s % (S/M), the layout of topo/expert_balance.hpp. E need not divide M;
 //    S must.
-// Without replicas slot id = expert id in every form, so owner / local_index / global_to_local keep their
-// seed-002 meaning; with replicas they refuse an expert that has several slots (ask expert_slots).
+// Without replicas slot id = expert id in the contiguous and round-robin forms (an explicit table may hold the
+// experts in another order: a repacked placement with R = 0); owner / local_index / global_to_local keep
+// their seed-002 meaning without replicas; with replicas they refuse an expert that has several slots (ask
+// expert_slots).
 #include <cstdint>
 #include <string>
 #include <vector>
