@@ -6,6 +6,7 @@
 
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 #include "expar/core/weight_view.hpp"
 
 namespace expar {
@@ -50,6 +51,15 @@ Tensor to_bf16(const Tensor& t, MemCategory category) {
   auto* o = static_cast<uint16_t*>(out.raw());
   for (int64_t i = 0; i < t.numel(); ++i) o[i] = f32_to_bf16(p[i]);
   return out;
+}
+
+void refresh_bf16_copy(const Tensor& master, Tensor& copy, MemCategory category) {
+  EXPAR_CHECK(master.dtype() == DType::F32, "BF16 copies are made from F32 weights, not {} {}",
+              dtype_name(master.dtype()), shape_string(master.shape()));
+  if (!(copy.defined() && copy.dtype() == DType::BF16 && copy.shape() == master.shape()))
+    copy = Tensor::empty(master.shape(), DType::BF16, category);
+  round_rows_to_bf16(master.data<float>(), master.numel(), static_cast<uint16_t*>(copy.raw()), master.numel(),
+                     1, master.numel());
 }
 
 Tensor to_fp8_blocks(const Tensor& t, MemCategory category) {

@@ -10,6 +10,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/matvec.hpp"
 #include "expar/core/parallel_tasks.hpp"
+#include "expar/core/tensor_convert.hpp"
 #include "expar/core/transpose.hpp"
 #include "expar/core/weight_matmul.hpp"
 #include "expar/moe/payload_precision.hpp"
@@ -343,17 +344,12 @@ void forward_one_row_experts(const Tensor& decoded, std::span<const int64_t> off
 
 }  // namespace
 
-void refresh_bf16_copies(ExpertWeights& w) {
+void refresh_bf16_copies(ExpertWeights& w, MemCategory category) {
   EXPAR_CHECK(w.f32(), "BF16 copies are made from f32 expert weights, got {}",
               w.mxfp4 ? "mxfp4" : dtype_name(w.w1.dtype()));
-  for (auto [master, copy] :
-       {std::pair{&w.w1, &w.w1_bf16}, std::pair{&w.w3, &w.w3_bf16}, std::pair{&w.w2, &w.w2_bf16}}) {
-    if (!(copy->defined() && copy->dtype() == DType::BF16 && copy->shape() == master->shape()))
-      *copy = Tensor::empty(master->shape(), DType::BF16, MemCategory::ExpertWeights);
-    const int64_t cols = master->numel() > 0 ? master->dim(2) : 0;
-    const int64_t rows = cols > 0 ? master->numel() / cols : 0;
-    round_rows_to_bf16(master->data<float>(), cols, static_cast<uint16_t*>(copy->raw()), cols, rows, cols);
-  }
+  refresh_bf16_copy(w.w1, w.w1_bf16, category);
+  refresh_bf16_copy(w.w3, w.w3_bf16, category);
+  refresh_bf16_copy(w.w2, w.w2_bf16, category);
 }
 
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,

@@ -114,9 +114,10 @@ struct ExpertWeights {
 };
 
 // Makes (the first time) or refreshes w's BF16 copies from its f32 matrices, each value rounded to the
-// nearest BF16 (ties to even); the copies are charged to MemCategory::ExpertWeights. Refreshed in place when
-// they are already held, so views of them (ExpertWeights::experts) see the new values. Needs f32 weights.
-void refresh_bf16_copies(ExpertWeights& w);
+// nearest BF16 (ties to even); the copies are charged to `category` (a shared expert's or a dense MLP's:
+// DenseWeights). Refreshed in place when they are already held, so views of them (ExpertWeights::experts)
+// see the new values. Needs f32 weights.
+void refresh_bf16_copies(ExpertWeights& w, MemCategory category = MemCategory::ExpertWeights);
 
 // The fewest rows an expert computes in the column form with (above).
 inline constexpr int64_t kExpertColumnFormMinRows = 8;

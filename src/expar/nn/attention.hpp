@@ -38,9 +38,13 @@ struct AttentionWeights {  // handles: they share storage with the model's param
   Tensor wk;               // [n_kv_heads·head_dim, d]
   Tensor wv;               // [n_kv_heads·head_dim, d]
   Tensor wo;               // [d, n_heads·head_dim]
+  // Mixed-precision training (issue #35): BF16 copies of the four f32 matrices (refreshed by the model once
+  // per step). When held, the projections' products, forward and backward, are BF16 products with f32
+  // accumulation (nn/linear_products.hpp); undefined: f32. Training only (all four or none).
+  Tensor wq_bf16{}, wk_bf16{}, wv_bf16{}, wo_bf16{};
 };
 
-using AttentionGrads = AttentionWeights;  // same shapes; backward accumulates into them
+using AttentionGrads = AttentionWeights;  // same shapes (no copies); backward accumulates into them
 
 // RMSNorm of q and k after their projections (and biases), before RoPE.
 enum class QkNorm : uint8_t {

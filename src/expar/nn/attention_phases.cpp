@@ -8,6 +8,7 @@
 #include "expar/core/parallel_tasks.hpp"
 #include "expar/core/weight_matmul.hpp"
 #include "expar/nn/check.hpp"
+#include "expar/nn/linear_products.hpp"
 
 namespace expar::nn::phases {
 
@@ -251,9 +252,9 @@ Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWe
                 AttentionSaved* saved) {
   const int64_t n = x.dim(0), hd = shape.head_dim;
   Qkv out{Tensor::empty({n, dims.qd}), Tensor::empty({n, dims.kd}), Tensor::empty({n, dims.kd})};
-  project(x, weights.wq, out.q.data<float>(), false);
-  project(x, weights.wk, out.k.data<float>(), false);
-  project(x, weights.wv, out.v.data<float>(), false);
+  linear_product(x.data<float>(), n, weights.wq, weights.wq_bf16, out.q.data<float>(), false);
+  linear_product(x.data<float>(), n, weights.wk, weights.wk_bf16, out.k.data<float>(), false);
+  linear_product(x.data<float>(), n, weights.wv, weights.wv_bf16, out.v.data<float>(), false);
   add_bias(out.q.data<float>(), n, dims.qd, options.bq);
   add_bias(out.k.data<float>(), n, dims.kd, options.bk);
   add_bias(out.v.data<float>(), n, dims.kd, options.bv);
@@ -304,7 +305,7 @@ Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const T
                       const AttentionOptions& options) {
   const int64_t n = context.dim(0);
   Tensor y = Tensor::empty({n, dims.d});
-  project(context, weights.wo, y.data<float>(), false);
+  linear_product(context.data<float>(), n, weights.wo, weights.wo_bf16, y.data<float>(), false);
   add_bias(y.data<float>(), n, dims.d, options.bo);
   return y;
 }
@@ -355,10 +356,9 @@ Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const 
   const int64_t n = grad_y.dim(0);
   if (has(options.bo)) add_column_sums(grad_y, option_grads->bo);
   Tensor grad_context = Tensor::empty({n, dims.qd});
-  matmul(grad_y.data<float>(), weights.wo.data<float>(), grad_context.data<float>(), n, dims.qd, dims.d,
-         false, false, false);
-  matmul(grad_y.data<float>(), saved.context.data<float>(), grads.wo.data<float>(), dims.d, dims.qd, n, true,
-         false, true);
+  linear_input_grad(grad_y.data<float>(), n, weights.wo, weights.wo_bf16, grad_context.data<float>(), false);
+  linear_weight_grad(grad_y.data<float>(), saved.context.data<float>(), n, bf16_products(weights.wo_bf16),
+                     grads.wo);
   return grad_context;
 }
 
@@ -454,13 +454,13 @@ Tensor input_backward(const AttentionShape& shape, const Rope& rope, const Atten
 
   Tensor grad_x = Tensor::empty({n, dims.d});
   float* gx = grad_x.data<float>();
-  matmul(grad_q.data<float>(), weights.wq.data<float>(), gx, n, dims.d, dims.qd, false, false, false);
-  matmul(grad_k.data<float>(), weights.wk.data<float>(), gx, n, dims.d, dims.kd, false, false, true);
-  matmul(grad_v.data<float>(), weights.wv.data<float>(), gx, n, dims.d, dims.kd, false, false, true);
+  linear_input_grad(grad_q.data<float>(), n, weights.wq, weights.wq_bf16, gx, false);
+  linear_input_grad(grad_k.data<float>(), n, weights.wk, weights.wk_bf16, gx, true);
+  linear_input_grad(grad_v.data<float>(), n, weights.wv, weights.wv_bf16, gx, true);
   const float* px = saved.x.data<float>();
-  matmul(grad_q.data<float>(), px, grads.wq.data<float>(), dims.qd, dims.d, n, true, false, true);
-  matmul(grad_k.data<float>(), px, grads.wk.data<float>(), dims.kd, dims.d, n, true, false, true);
-  matmul(grad_v.data<float>(), px, grads.wv.data<float>(), dims.kd, dims.d, n, true, false, true);
+  linear_weight_grad(grad_q.data<float>(), px, n, bf16_products(weights.wq_bf16), grads.wq);
+  linear_weight_grad(grad_k.data<float>(), px, n, bf16_products(weights.wk_bf16), grads.wk);
+  linear_weight_grad(grad_v.data<float>(), px, n, bf16_products(weights.wv_bf16), grads.wv);
   return grad_x;
 }
 

@@ -1,18 +1,19 @@
 #include "expar/nn/linear.hpp"
 
-#include "expar/core/matmul.hpp"
 #include "expar/nn/check.hpp"
+#include "expar/nn/linear_products.hpp"
 
 namespace expar::nn {
 
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, LinearSaved* saved) {
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, LinearSaved* saved,
+                      const Tensor& weight_bf16) {
   check_f32_matrix(weight, "linear_forward", "weight");
   const int64_t out = weight.dim(0), in = weight.dim(1);
   check_f32_matrix(x, "linear_forward", "x");
   const int64_t n = x.dim(0);
   check_f32(x, "linear_forward", "x", {n, in});
   Tensor y = Tensor::empty({n, out});
-  matmul(x.data<float>(), weight.data<float>(), y.data<float>(), n, out, in, false, true, false);
+  linear_product(x.data<float>(), n, weight, weight_bf16, y.data<float>(), false);
   if (bias) {
     check_f32(*bias, "linear_forward", "bias", {out});
     const float* b = bias->data<float>();
@@ -25,7 +26,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias,
 }
 
 Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Tensor& weight,
-                       Tensor& grad_weight, Tensor* grad_bias) {
+                       Tensor& grad_weight, Tensor* grad_bias, const Tensor& weight_bf16) {
   check_f32_matrix(weight, "linear_backward", "weight");
   const int64_t out = weight.dim(0), in = weight.dim(1);
   check_f32_matrix(saved.x, "linear_backward", "saved.x");
@@ -34,9 +35,8 @@ Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Ten
   check_f32(grad_y, "linear_backward", "grad_y", {n, out});
   check_f32(grad_weight, "linear_backward", "grad_weight", {out, in});
   Tensor grad_x = Tensor::empty({n, in});
-  matmul(grad_y.data<float>(), weight.data<float>(), grad_x.data<float>(), n, in, out, false, false, false);
-  matmul(grad_y.data<float>(), saved.x.data<float>(), grad_weight.data<float>(), out, in, n, true, false,
-         true);
+  linear_input_grad(grad_y.data<float>(), n, weight, weight_bf16, grad_x.data<float>(), false);
+  linear_weight_grad(grad_y.data<float>(), saved.x.data<float>(), n, bf16_products(weight_bf16), grad_weight);
   if (grad_bias) {
     check_f32(*grad_bias, "linear_backward", "grad_bias", {out});
     float* gb = grad_bias->data<float>();

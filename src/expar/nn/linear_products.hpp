@@ -1,0 +1,33 @@
+#pragma once
+// The three products of a linear map y = x·Wᵀ with W [out, in] (PyTorch's orientation): the forward, the
+// input gradient and the weight gradient. Attention's projections (nn/attention_phases) and the LM head
+// (nn/linear) run theirs here, so the precision is chosen in this one place:
+//  - f32 (`w_bf16` undefined): oneDNN's sgemm (core/matmul.hpp); the forward through core/weight_matmul,
+//    which also multiplies an inference weight as its checkpoint stores it;
+//  - mixed precision (issue #35, `expar train --precision bf16`: `w_bf16` is the BF16 copy of the f32
+//    master W, core/tensor_convert.hpp's refresh_bf16_copy): BF16 × BF16 products with f32 accumulation
+//    (core/matmul.hpp's matmul_bf16), the copy as the weight operand and each activation rounded to BF16
+//    (nearest, ties to even) where it enters a product. The results stay f32: y, the input gradient, and the
+//    weight gradient, added into the f32 gradient as in f32.
+// Every operand is packed (row strides are the widths).
+#include <cstdint>
+
+#include "expar/core/tensor.hpp"
+
+namespace expar::nn {
+
+// y [m, out] (+)= x [m, in]·Wᵀ.
+void linear_product(const float* x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
+                    bool accumulate);
+// grad_x [m, in] (+)= grad_y [m, out]·W.
+void linear_input_grad(const float* grad_y, int64_t m, const Tensor& w, const Tensor& w_bf16, float* grad_x,
+                       bool accumulate);
+// grad_w [out, in] += grad_yᵀ·x over the m rows; BF16 operands when `bf16` (the weight holds a copy).
+void linear_weight_grad(const float* grad_y, const float* x, int64_t m, bool bf16, Tensor& grad_w);
+
+// Whether a weight's products run in BF16: its copy is held.
+inline bool bf16_products(const Tensor& w_bf16) {
+  return w_bf16.defined();
+}
+
+}  // namespace expar::nn
