@@ -25,6 +25,14 @@ PayloadPrecision PrecisionFlags::parse() const {
           parse_one("--dispatch-grad-precision", dispatch_grad)};
 }
 
+void PrecisionFlags::default_unset_to(const CLI::App& cmd, const std::string& format) {
+  for (auto [flag, value] : {std::pair{"--dispatch-precision", &dispatch},
+                             {"--combine-precision", &combine},
+                             {"--combine-grad-precision", &combine_grad},
+                             {"--dispatch-grad-precision", &dispatch_grad}})
+    if (cmd.count(flag) == 0) *value = format;
+}
+
 void add_precision_flags(CLI::App* cmd, PrecisionFlags& flags) {
   std::vector<std::string> formats;
   for (PayloadFormat f : payload_formats()) formats.emplace_back(payload_format_name(f));

@@ -50,6 +50,7 @@ struct TrainArgs {
   std::string score = "softmax";
   double aux_coef = 0, z_coef = 0;  // used when given (cmd.count)
   PrecisionFlags precision;
+  std::string products = "f32";  // --precision
   WaveConfig waves;
   TrainConfig config;
 };
@@ -125,6 +126,10 @@ std::string configure_run(TrainArgs& a, const CLI::App& cmd) {
   MoeExecution& moe = cfg.execution.moe;
   if (a.capacity_factor > 0)
     moe.capacity = CapacityPolicy::with(capacity_rule_from_name(a.capacity_policy), a.capacity_factor);
+  cfg.execution.bf16_products = a.products == "bf16";
+  // BF16 products read BF16 rows: the payloads of the paths that move reduced precision default to BF16.
+  if (cfg.execution.bf16_products && path_traits(moe.path).reduced_precision)
+    a.precision.default_unset_to(cmd, "bf16");
   moe.precision = a.precision.parse();
   moe.waves = a.waves;
   cfg.save_dtype = save_dtype_from_name(a.save_dtype);
@@ -169,8 +174,9 @@ void print_banner(const TrainArgs& a, const std::string& model_label, const std:
              cfg.model.moe.router.top_k, cfg.model.moe.hidden_dim, cfg.execution.moe.path,
              cfg.execution.moe.precision.describe());
   fmt::print("{}", layout);
-  fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, log {}{}{}\n", cfg.global_batch,
-             cfg.seq_len, cfg.microbatches, cfg.steps, a.log,
+  fmt::print("global batch {} x {} tokens, {} microbatch(es), {} steps, products {}, log {}{}{}\n",
+             cfg.global_batch, cfg.seq_len, cfg.microbatches, cfg.steps,
+             cfg.execution.bf16_products ? "bf16 (f32 master weights)" : "f32", a.log,
              cfg.execution.recompute_every_moe ? ", MoE recomputed in backward" : "",
              cfg.init_from.empty() ? "" : ", weights from " + cfg.init_from);
   std::fflush(stdout);
@@ -389,6 +395,13 @@ void add_train(CLI::App& app, CommandTable& table) {
                 "with rowwise, the per-block dispatch leases; costs one more dispatch + expert forward per "
                 "block)");
   add_precision_flags(cmd, a->precision);
+  cmd->add_option("--precision", a->products,
+                  "The products: f32 | bf16 (mixed precision: the experts, attention's projections and the "
+                  "LM head multiply BF16 copies of the f32 weights with f32 accumulation, refreshed after "
+                  "every step; the payload flags then default to bf16; refused on CPUs without BF16 dot "
+                  "products)")
+      ->capture_default_str()
+      ->check(one_of({"f32", "bf16"}));
   add_wave_flags(cmd, a->waves);
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "Validation loss every N steps (0: at the end)")

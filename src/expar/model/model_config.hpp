@@ -37,6 +37,11 @@ struct ModelExecution {
   MoeExecution moe;
   std::vector<int> recompute_moe_layers;
   bool recompute_every_moe = false;  // every block, whatever the list says (expar train --recompute-moe)
+  // Mixed precision (issue #35, expar train --precision bf16): the products of the experts (routed, shared,
+  // dense MLP), attention's projections and the LM head multiply BF16 copies of the f32 weights by
+  // BF16-rounded activations with f32 accumulation (MoeTransformer::refresh_bf16_copies makes the copies);
+  // everything else stays f32. Refused with latent attention (its products are f32 only).
+  bool bf16_products = false;
 
   // Whether block `layer`'s MoE MLP is recomputed in backward.
   bool recomputes_moe(int layer) const;

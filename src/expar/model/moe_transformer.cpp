@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/tensor_convert.hpp"
 #include "expar/moe/expert_slots.hpp"
 #include "expar/moe/shared_expert_gate.hpp"
 #include "expar/nn/context_parallel_attention.hpp"
@@ -118,6 +119,9 @@ MoeTransformer::MoeTransformer(ModelConfig config, ModelExecution execution, Com
               "the model has {} layers but its features list {} attention windows", config_.layers,
               features_.window.size());
   const LatentAttentionDims& mla = features_.mla;
+  EXPAR_CHECK(!execution_.bf16_products || !mla.enabled(),
+              "--precision bf16 does not run multi-head latent attention (DeepSeek-V2/V3): its products are "
+              "f32 only; train this model with --precision f32");
   if (mla.enabled()) {
     latent_shape(config_, mla).validate();
     EXPAR_CHECK(config_.head_dim == mla.qk_rope_head_dim,
@@ -310,6 +314,22 @@ void MoeTransformer::set_expert_placement(const ExpertPlacement& next) {
   mark_replica_norm_rows();
 }
 
+void MoeTransformer::refresh_bf16_copies() {
+  if (!execution_.bf16_products) return;
+  constexpr MemCategory dense = MemCategory::DenseWeights;
+  for (auto& b : blocks_) {
+    nn::AttentionWeights& w = b->attn;
+    refresh_bf16_copy(w.wq, w.wq_bf16, dense);
+    refresh_bf16_copy(w.wk, w.wk_bf16, dense);
+    refresh_bf16_copy(w.wv, w.wv_bf16, dense);
+    refresh_bf16_copy(w.wo, w.wo_bf16, dense);
+    if (b->moe) expar::refresh_bf16_copies(b->moe->params().experts);
+    if (b->shared.w1.defined()) expar::refresh_bf16_copies(b->shared, dense);
+    if (b->dense.w1.defined()) expar::refresh_bf16_copies(b->dense, dense);
+  }
+  refresh_bf16_copy(head_, head_bf16_, dense);
+}
+
 void MoeTransformer::freeze_leases() {
   if (lease_pool_) lease_pool_->freeze();
 }
@@ -493,7 +513,7 @@ Tensor MoeTransformer::forward(const std::vector<int32_t>& tokens, int64_t batch
   metrics.utilisation = util;
   metrics.tokens = batch * seq;
   Tensor hf = nn::rmsnorm_forward(h, final_norm_, config_.norm_eps, acts ? &acts->final_norm : nullptr);
-  return nn::linear_forward(hf, head_, nullptr, acts ? &acts->head : nullptr);
+  return nn::linear_forward(hf, head_, nullptr, acts ? &acts->head : nullptr, head_bf16_);
 }
 
 MoeTransformer::Pending::Pending() = default;
@@ -527,7 +547,7 @@ StepMetrics MoeTransformer::backward(Pending& pending) {
   // Released when this returns, whatever happens: the MoE blocks' leases go back with their states.
   std::unique_ptr<Activations> owned = std::move(pending.acts_);
   Activations& acts = *owned;
-  Tensor grad = nn::linear_backward(acts.head, pending.grad_logits_, head_, head_grad_, nullptr);
+  Tensor grad = nn::linear_backward(acts.head, pending.grad_logits_, head_, head_grad_, nullptr, head_bf16_);
   pending.grad_logits_ = Tensor();
   grad = nn::rmsnorm_backward(acts.final_norm, grad, final_norm_, final_norm_grad_);
   for (size_t li = blocks_.size(); li-- > 0;) {

@@ -68,6 +68,11 @@ class MoeTransformer {
   // Every parameter (dense and this rank's expert shard), values and gradients share the model's storage.
   std::vector<Parameter>& parameters() { return params_; }
   void zero_grads();
+  // With execution().bf16_products: makes (the first call) or refreshes in place the BF16 copies of every
+  // weight a BF16 product reads (attention's projections, the LM head, the routed, shared and dense MLP
+  // experts) from their f32 values, charged to the weights' memory categories. A trainer calls it once the
+  // weights are initialised or loaded and after every optimizer step. No-op with f32 products.
+  void refresh_bf16_copies();
   // Whether block `layer` has an MoE MLP (false for a dense MLP layer). moe(layer) throws expar::Error for a
   // dense block; first_moe() is the first MoE block's (the experts' placement is every MoE block's).
   bool has_moe(int layer) const;
@@ -154,6 +159,7 @@ class MoeTransformer {
   std::unique_ptr<LeasePool> lease_pool_;
   std::vector<std::unique_ptr<Block>> blocks_;
   Tensor embed_, embed_grad_, final_norm_, final_norm_grad_, head_, head_grad_;
+  Tensor head_bf16_;  // refresh_bf16_copies
 };
 
 }  // namespace expar

@@ -7,6 +7,7 @@
 
 #include "expar/comm/comm.hpp"
 #include "expar/core/assert.hpp"
+#include "expar/core/matmul.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/model/moe_transformer.hpp"
 #include "expar/moe/score_bias.hpp"
@@ -188,6 +189,7 @@ void check_train_config(const TrainConfig& c) {
       "a score bias (--score-bias-rate) is not part of the {} architecture, so its checkpoints could not "
       "hold it: train it in expar's own format (no --model), or drop --score-bias-rate",
       model_format_name(c.format));
+  if (c.execution.bf16_products) check_bf16_native("expar train --precision bf16");
   for (auto [v, name] : {std::pair{c.warmup, "warmup steps (--warmup)"},
                          {c.eval_every, "--eval-every"},
                          {c.checkpoint_every, "--checkpoint-every"},
@@ -442,6 +444,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   LrSchedule schedule{cfg.lr, cfg.min_lr_ratio, cfg.warmup, cfg.steps};
 
   if (!cfg.resume_from.empty()) load_checkpoint(cfg.resume_from, model, &optimizer);
+  model.refresh_bf16_copies();  // from the weights the run starts with (no-op in f32)
   std::string memory = memory_table(world);
   if (model.lease_pool() != nullptr)
     memory += lease_pool_sizing(cfg, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
@@ -482,6 +485,7 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
       rec.eplb_imbalance_after = move.imbalance_after;
       rec.eplb_seconds = move.seconds;
     }
+    model.refresh_bf16_copies();  // the next products read the updated (and moved) weights
     average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;

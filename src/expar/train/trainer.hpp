@@ -26,9 +26,11 @@ namespace expar {
 struct TrainConfig {
   ModelConfig model = ModelConfig::preset("demo");
   // How the run executes it (never saved with a checkpoint): the path (local needs M_E = 1), capacity,
-  // payload precisions, placement, waves, and activation recomputation (recompute_every_moe: the same
-  // gradients with less resident memory — no expert activations kept, rowwise: no dispatch lease per block
-  // and microbatch — for one more dispatch + expert forward + combine gather per block in backward).
+  // payload precisions, the products' precision (bf16_products: the BF16 copies are refreshed from the f32
+  // weights at the start and after every optimizer step), placement, waves, and activation recomputation
+  // (recompute_every_moe: the same gradients with less resident memory — no expert activations kept, rowwise:
+  // no dispatch lease per block and microbatch — for one more dispatch + expert forward + combine gather per
+  // block in backward).
   ModelExecution execution = [] {
     ModelExecution e;
     e.moe.path = "rowwise";
