@@ -5,8 +5,9 @@
 // rows), dropless and with a capacity that drops, f32 and a mixed payload precision, with and without
 // activation recomputation, and with gpt-oss's router (bias, softmax over the top k) and biased
 // clamped-SwiGLU experts (their bias gradients compared too), on one node and on emulated nodes of 1 and 2
-// ranks (the aggregated path's blocks and proxies, and puts and gets for the other paths); and the paths that
-// move block's rows (block, rowwise, aggregated) give each other's bits.
+// ranks (the aggregated path's blocks and proxies, and puts and gets for the other paths), also with the
+// experts' BF16 products (ExpertWeights' copies: `expar train --precision bf16`); and the paths that move
+// block's rows (block, rowwise, aggregated) give each other's bits.
 // Also the wave split itself and the refusals (flags named).
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/moe_layer.hpp"
 #include "expar/moe/waves.hpp"
@@ -63,16 +65,18 @@ struct Case {
   bool capacity = false;
   bool mixed_precision = false;
   bool recompute = false;
-  bool gpt_oss = false;    // router bias + softmax over the top k, biased clamped-SwiGLU experts
-  int ranks_per_node = 0;  // emulated nodes of this many ranks (0: one node)
+  bool gpt_oss = false;        // router bias + softmax over the top k, biased clamped-SwiGLU experts
+  int ranks_per_node = 0;      // emulated nodes of this many ranks (0: one node)
+  bool bf16_products = false;  // the experts multiply BF16 copies of their weights (issue #35)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("EP{}_{}_{}{}{}{}", c.ep, c.capacity ? "capacity" : "dropless",
+  return fmt::format("EP{}_{}_{}{}{}{}{}", c.ep, c.capacity ? "capacity" : "dropless",
                      c.mixed_precision ? "mixed" : "f32", c.recompute ? "_recompute" : "",
                      c.gpt_oss ? "_gpt_oss" : "",
-                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "");
+                     c.ranks_per_node > 0 ? fmt::format("_nodes_of_{}", c.ranks_per_node) : "",
+                     c.bf16_products ? "_bf16_products" : "");
 }
 
 MoeConfig config_of(const Case& c) {
@@ -117,6 +121,7 @@ Step run(const Case& c, const std::string& path, WaveConfig waves, Comm& group) 
     for (Tensor* w : {&p.experts.w1, &p.experts.w3})
       for (float& v : w->span<float>()) v *= 8.0f;
   }
+  if (c.bf16_products) refresh_bf16_copies(layer.params().experts);
   layer.set_recompute(c.recompute);
   const Tensor x = input_of(group.rank(), 1), grad_y = input_of(group.rank(), 2);
   Step s;
@@ -143,6 +148,8 @@ class WavesTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(WavesTest, EveryScheduleGivesTheNoWaveBits) {
   const Case c = GetParam();
+  if (c.bf16_products && dnnl_isa_name().rfind("avx512_core", 0) != 0)
+    GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
   const int local = kExperts / c.ep;
   std::vector<WaveConfig> schedules = {{2, false}, {local, false}, {2, true}, {local, true}};
   std::vector<std::string> paths;
@@ -211,6 +218,12 @@ std::vector<Case> all_cases() {
   cases.push_back({3, false, false, false, false, 1});
   cases.push_back({4, false, false, true, false, 1});
   cases.push_back({4, true, false, false, true, 2});
+  // BF16 products (issue #35): f32 payloads, the mixed payloads with recomputation, emulated nodes, gpt-oss.
+  for (Case b : {Case{2, false, false, false}, Case{4, true, true, true},
+                 Case{4, true, false, false, false, 2}, Case{3, false, false, false, true}}) {
+    b.bf16_products = true;
+    cases.push_back(b);
+  }
   return cases;
 }
 

@@ -1,9 +1,10 @@
 // Training with expert parallelism on the threads backend (small shapes):
 //  - the same global batch and seed give the same loss curve with M_E = 1, 2 and 4 (1e-4 relative per step),
-//    and block vs rowwise give bit-identical curves;
+//    and block vs rowwise give bit-identical curves; with f32 and with BF16 products (--precision bf16);
 //  - the gradients of an EP step equal those of the same step without EP (multi-group reducer);
 //  - sharding the expert optimizer state over EP_DP changes nothing (1e-6);
-//  - a run stopped at step n and resumed from its checkpoint gives the same losses as an uninterrupted run.
+//  - a run stopped at step n and resumed from its checkpoint gives the same losses as an uninterrupted run
+//    (f32 and BF16 products: the copies are made again from the loaded weights).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,26 +24,44 @@ std::vector<StepRecord> run(int ranks, const TrainConfig& cfg) {
   return testing::run_training(ranks, cfg).steps;
 }
 
-TEST(EpTraining, LossCurveIsTheSameForEveryEpDegree) {
+// With f32 products and, under `expar train --precision bf16`, with BF16 products (each case on itself).
+class EpTrainingProducts : public ::testing::TestWithParam<testing::Products> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = testing::bf16_training_skip(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+  TrainConfig config(int ep, const std::string& path, int steps, bool bf16_payloads = true) const {
+    return testing::with_products(small_config(ep, path, steps), GetParam(), bf16_payloads);
+  }
+};
+
+// The payloads stay f32 here also with BF16 products: M_E = 1 (local) moves no rows, so BF16 payloads at
+// M_E = 2 and 4 would round rows the reference never rounds, a difference of computation, not of order.
+TEST_P(EpTrainingProducts, LossCurveIsTheSameForEveryEpDegree) {
   const int steps = 20;
-  auto base = run(4, small_config(1, "local", steps));
+  auto base = run(4, config(1, "local", steps, false));
   ASSERT_EQ(base.size(), static_cast<size_t>(steps));
   EXPECT_LT(base.back().loss, base.front().loss - 0.5);  // it learns
   for (int ep : {2, 4}) {
-    auto curve = run(4, small_config(ep, "rowwise", steps));
+    auto curve = run(4, config(ep, "rowwise", steps, false));
     ASSERT_EQ(curve.size(), base.size());
     for (size_t i = 0; i < base.size(); ++i)
       EXPECT_NEAR(curve[i].loss, base[i].loss, 1e-4 * base[i].loss) << "M_E=" << ep << " step " << i;
   }
 }
 
-TEST(EpTraining, BlockAndRowwiseCurvesAreBitIdentical) {
-  auto block = run(4, small_config(2, "block", 8));
-  auto rowwise = run(4, small_config(2, "rowwise", 8));
+TEST_P(EpTrainingProducts, BlockAndRowwiseCurvesAreBitIdentical) {
+  auto block = run(4, config(2, "block", 8));
+  auto rowwise = run(4, config(2, "rowwise", 8));
   ASSERT_EQ(block.size(), rowwise.size());
   for (size_t i = 0; i < block.size(); ++i) {
     EXPECT_EQ(block[i].loss, rowwise[i].loss) << "step " << i;
     EXPECT_EQ(block[i].grad_norm, rowwise[i].grad_norm) << "step " << i;
+  }
+  if (GetParam() == testing::Products::Bf16) {  // the BF16 products are in effect: not the f32 curve
+    auto f32 = run(4, small_config(2, "rowwise", 8));
+    EXPECT_NE(f32.back().loss, rowwise.back().loss);
+    EXPECT_NEAR(f32.back().loss, rowwise.back().loss, 0.02 * f32.back().loss);
   }
 }
 
@@ -97,18 +116,18 @@ TEST(EpTraining, CapacityWithDropsReportsTheDropRate) {
   }
 }
 
-TEST(EpTraining, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
+TEST_P(EpTrainingProducts, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   const test::TempDir temp("ep_resume");
   const auto dir = temp / "checkpoint";
-  auto full = run(4, small_config(2, "rowwise", 10));
-  TrainConfig first = small_config(2, "rowwise", 10);
+  auto full = run(4, config(2, "rowwise", 10));
+  TrainConfig first = config(2, "rowwise", 10);
   first.stop_after = 5;
   first.checkpoint_dir = dir.string();
   first.shard_optimizer = true;
   auto head = run(4, first);
   ASSERT_EQ(head.size(), 5u);
   // Resume with the same layout but unsharded state, and compare the tail with the uninterrupted run.
-  TrainConfig second = small_config(2, "rowwise", 10);
+  TrainConfig second = config(2, "rowwise", 10);
   second.resume_from = dir.string();
   auto tail = run(4, second);
   ASSERT_EQ(tail.size(), 5u);
@@ -117,13 +136,17 @@ TEST(EpTraining, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
     EXPECT_NEAR(tail[i].loss, full[i + 5].loss, 1e-6 * full[i + 5].loss) << "step " << i + 5;
   }
   // The checkpoint reshards: resuming the same run with M_E = 4 continues the same curve within 1e-4.
-  TrainConfig other = small_config(4, "rowwise", 10);
+  TrainConfig other = config(4, "rowwise", 10);
   other.resume_from = dir.string();
   auto resharded = run(4, other);
   ASSERT_EQ(resharded.size(), 5u);
   for (size_t i = 0; i < 5; ++i)
     EXPECT_NEAR(resharded[i].loss, full[i + 5].loss, 1e-4 * full[i + 5].loss) << "step " << i + 5;
 }
+
+INSTANTIATE_TEST_SUITE_P(Products, EpTrainingProducts,
+                         ::testing::Values(testing::Products::F32, testing::Products::Bf16),
+                         testing::products_name);
 
 }  // namespace
 }  // namespace expar

@@ -1,12 +1,16 @@
 #pragma once
-// Shared by the training tests: a small corpus of repeated text, a small config, and a threads-backend run
-// of train() (optionally on emulated nodes) that returns rank 0's step records and the layout text it
-// printed at start.
+// Shared by the training tests: a small corpus of repeated text, a small config, the products' precision
+// (f32 or BF16), and a threads-backend run of train() (optionally on emulated nodes) that returns rank 0's
+// step records and the layout text it printed at start.
+#include <gtest/gtest.h>
+
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "expar/comm/launcher.hpp"
+#include "expar/core/matmul.hpp"
+#include "expar/moe/paths/path.hpp"
 #include "expar/train/trainer.hpp"
 
 namespace expar::testing {
@@ -36,6 +40,30 @@ inline TrainConfig small_config(int ep, const std::string& path, int steps) {
   c.eval_every = 0;
   c.eval_sequences = 4;
   return c;
+}
+
+// The products' precision of a training test (issue #35): f32, or BF16 products (`expar train --precision
+// bf16`) with, when `bf16_payloads`, the BF16 payloads that command then defaults to on the paths that move
+// reduced precision.
+enum class Products { F32, Bf16 };
+
+inline std::string products_name(const ::testing::TestParamInfo<Products>& info) {
+  return info.param == Products::Bf16 ? "bf16" : "f32";
+}
+
+inline TrainConfig with_products(TrainConfig c, Products products, bool bf16_payloads = true) {
+  if (products == Products::F32) return c;
+  c.execution.bf16_products = true;
+  if (bf16_payloads && path_traits(c.execution.moe.path).reduced_precision)
+    c.execution.moe.precision = PayloadPrecision::uniform(PayloadFormat::BF16);
+  return c;
+}
+
+// Why a BF16 training test does not run here, or empty: the trainer refuses --precision bf16 on CPUs
+// without BF16 dot products (core/matmul.hpp's check_bf16_native).
+inline std::string bf16_training_skip(Products products) {
+  if (products == Products::F32 || bf16_native()) return {};
+  return "--precision bf16 needs BF16 dot products; oneDNN runs " + dnnl_isa_name() + " here";
 }
 
 struct TrainingRun {
