@@ -58,6 +58,7 @@ struct PlanOptions {
   bool recompute_moe = false;
   std::string path = "rowwise";
   PrecisionFlags precision;
+  std::string products;  // --precision (as expar train); empty: the dtype flags alone
   double device_gib = 0;
   JsonOutput json;
   // The message model (topo/message_model.hpp); bandwidths in GB/s on the command line.
@@ -231,6 +232,23 @@ ModelShape build_model(const PlanOptions& o) {
   return m;
 }
 
+// --precision as expar train runs it: f32 parameters, or BF16 copies of the parameters with their f32
+// masters (counted with the optimizer state), and then BF16 payloads unless a leg's flag is given. The plan
+// counts a BF16 copy of every parameter; the trainer makes none of the norms, the routers and an untied
+// embedding (docs/plan.md), so the plan's figure is above the trainer's by those bytes.
+void apply_products(PlanOptions& o, const CLI::App& cmd) {
+  if (o.products.empty()) return;
+  for (const char* flag : {"--param-dtype", "--no-master-weights"})
+    EXPAR_CHECK(cmd.count(flag) == 0,
+                "--precision {} sets the parameters' precision as expar train holds them, so {} contradicts "
+                "it: drop {} (or drop --precision and give the dtypes)",
+                o.products, flag, flag);
+  o.param_dtype = o.products;
+  if (cmd.count("--activation-dtype") == 0) o.activation_dtype = o.products;
+  if (o.products == "bf16" && path_traits(o.path).reduced_precision)
+    o.precision.default_unset_to(cmd, "bf16");
+}
+
 int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   if (cmd.count("--kv-tokens") > 0) return run_plan_for_inference(o, cmd);
   const bool placement = cmd.count("--expert-load") > 0;
@@ -397,6 +415,11 @@ void add_plan(CLI::App& app, CommandTable& table) {
       ->capture_default_str()
       ->check(one_of(leasing_paths));
   add_precision_flags(cmd, opts->precision);
+  cmd->add_option("--precision", opts->products,
+                  "the products' precision as expar train runs them: f32 (f32 parameters) | bf16 (BF16 "
+                  "copies of f32 masters; the payload and activation flags then default to bf16); sets "
+                  "--param-dtype")
+      ->check(one_of({"f32", "bf16"}));
   cmd->add_option(
          "--ranks-per-node", opts->messages.ranks_per_node,
          "ranks per node for the message model, aggregated's pack buffers and, when given, the expert "
@@ -448,7 +471,10 @@ void add_plan(CLI::App& app, CommandTable& table) {
       ->capture_default_str()
       ->check(integer_in(0, 1 << 24));
   add_json_option(cmd, opts->json, "the plan");
-  table[cmd] = [opts, cmd] { return run_plan(*opts, *cmd); };
+  table[cmd] = [opts, cmd] {
+    apply_products(*opts, *cmd);
+    return run_plan(*opts, *cmd);
+  };
 }
 
 }  // namespace expar::cli
