@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/bf16_bound.hpp"
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
@@ -34,14 +35,9 @@ constexpr int64_t kD = 48, kH = 40, kLocal = 4;
 // One row (m = 1), none, 5 rows, 20 rows; then the tail.
 const std::vector<int64_t> kOffsets{0, 1, 1, 6, 26};
 const int64_t kRows = kOffsets.back(), kCapacity = kRows + 3;
-const double kU = std::ldexp(1.0, -24);
 
 bool skip() {
   return dnnl_isa_name().rfind("avx512_core", 0) != 0;  // oneDNN has no BF16 matmul below AVX-512
-}
-
-double gamma(int64_t terms) {
-  return double(terms) * kU / (1.0 - double(terms) * kU);
 }
 
 float bf(float v) {
@@ -71,29 +67,8 @@ int expert_of_row(int64_t row) {
   return -1;
 }
 
-// Checks got[i·ld + j] (i < rows, j < cols) against exact(i, j) = (value, Σ|terms|) within γ_terms.
-template <typename Exact>
-void expect_within_bound(const float* got, int64_t ld, int64_t rows, int64_t cols, int64_t terms, Exact exact,
-                         const char* what) {
-  int bad = 0;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const auto [value, magnitude] = exact(i, j);
-      const double bound = gamma(terms) * magnitude + 0x1p-126;
-      const double g = got[i * ld + j];
-      if (!(std::fabs(g - value) <= bound) && ++bad <= 5)
-        ADD_FAILURE() << what << "[" << i << "," << j << "] = " << g << ", f64 reference " << value
-                      << ", error " << std::fabs(g - value) << " > bound " << bound;
-    }
-}
-
-struct Pair {
-  double value = 0.0, magnitude = 0.0;
-  void add(double a, double b) {
-    value += a * b;
-    magnitude += std::fabs(a * b);
-  }
-};
+using test::ExactSum;
+using test::expect_within_bound;
 
 TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
   if (skip()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
@@ -121,7 +96,7 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
   for (int64_t r = 0; r < kRows; ++r) {
     const int64_t l = expert_of_row(r);
     for (int64_t j = 0; j < kH; ++j) {
-      Pair a, b;
+      ExactSum a, b;
       for (int64_t p = 0; p < kD; ++p) {
         a.add(X[r * kD + p], W(w.w1, l, j, p));
         b.add(X[r * kD + p], W(w.w3, l, j, p));
@@ -138,10 +113,11 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
       y.data<float>(), kD, kRows, kD, kH + 1,
       [&](int64_t r, int64_t c) {
         const int64_t l = expert_of_row(r);
-        Pair s;
+        ExactSum s;
         for (int64_t j = 0; j < kH; ++j) s.add(mb[static_cast<size_t>(r * kH + j)], W(w.w2, l, c, j));
         const double bias = w.b2.data<float>()[l * kD + c];
-        return std::pair{s.value + bias, s.magnitude + std::fabs(bias)};
+        s.add(bias, 1.0);
+        return s;
       },
       "y");
   for (int64_t i = kRows * kD; i < kCapacity * kD; ++i) ASSERT_TRUE(std::isnan(y.data<float>()[i]));
@@ -162,7 +138,7 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
   for (int64_t r = 0; r < kRows; ++r) {
     const int64_t l = expert_of_row(r);
     for (int64_t j = 0; j < kH; ++j) {
-      Pair gm;
+      ExactSum gm;
       for (int64_t c = 0; c < kD; ++c) gm.add(GY[r * kD + c], W(w.w2, l, c, j));
       const GptOssSwigluGrad d = gpt_oss_swiglu_grad(state.gate_pre.data<float>()[r * ldp + j],
                                                      state.up_pre.data<float>()[r * ldp + j]);
@@ -180,9 +156,9 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
       expect_within_bound(
           grad.data<float>() + l * rows * cols, cols, rows, cols, n + 1,
           [&](int64_t i, int64_t j) {
-            Pair s{double(s0[i * cols + j]), std::fabs(double(s0[i * cols + j]))};
+            ExactSum s{double(s0[i * cols + j]), std::fabs(double(s0[i * cols + j]))};
             for (int64_t r = begin; r < begin + n; ++r) s.add(left(r, i), right(r, j));
-            return std::pair{s.value, s.magnitude};
+            return s;
           },
           what);
     };
@@ -203,12 +179,12 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
       gx.data<float>(), kD, kRows, kD, 2 * kH,
       [&](int64_t r, int64_t p) {
         const int64_t l = expert_of_row(r);
-        Pair s;
+        ExactSum s;
         for (int64_t j = 0; j < kH; ++j) {
           s.add(ga[static_cast<size_t>(r * kH + j)], W(w.w1, l, j, p));
           s.add(gb[static_cast<size_t>(r * kH + j)], W(w.w3, l, j, p));
         }
-        return std::pair{s.value, s.magnitude};
+        return s;
       },
       "grad_x");
   for (int64_t i = kRows * kD; i < kCapacity * kD; ++i) ASSERT_TRUE(std::isnan(gx.data<float>()[i]));

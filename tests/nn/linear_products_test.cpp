@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/bf16_bound.hpp"
 #include "common/random_tensor.hpp"
 #include "core/expect_error.hpp"
 #include "expar/core/convert.hpp"
@@ -54,30 +55,13 @@ Tensor bf16_copy(const Tensor& master) {
   return copy;
 }
 
-// got [rows, cols] against exact(i, j) = {value, Σ|terms|} within γ_terms.
+using test::ExactSum;
+
+// got [rows, cols] against exact(i, j) within γ_terms (common/bf16_bound.hpp).
 template <typename Exact>
 void expect_within_bound(const Tensor& got, int64_t terms, Exact exact, const char* what) {
-  const double u = std::ldexp(1.0, -24);
-  const double gamma = double(terms) * u / (1.0 - double(terms) * u);
-  const int64_t rows = got.dim(0), cols = got.dim(1);
-  int bad = 0;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const auto [value, magnitude] = exact(i, j);
-      const double g = got.data<float>()[i * cols + j], bound = gamma * magnitude + 0x1p-126;
-      if (!(std::fabs(g - value) <= bound) && ++bad <= 5)
-        ADD_FAILURE() << what << "[" << i << "," << j << "] = " << g << ", f64 reference " << value
-                      << ", error " << std::fabs(g - value) << " > bound " << bound;
-    }
+  test::expect_within_bound(got.data<float>(), got.dim(1), got.dim(0), got.dim(1), terms, exact, what);
 }
-
-struct Sum {
-  double value = 0.0, magnitude = 0.0;
-  void add(double a, double b) {
-    value += a * b;
-    magnitude += std::fabs(a * b);
-  }
-};
 
 TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
   if (!has_bf16_matmul()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
@@ -92,7 +76,7 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
     expect_within_bound(
         y, in + accumulate,
         [&](int64_t i, int64_t j) {
-          Sum s;
+          ExactSum s;
           if (accumulate) s.add(y0.data<float>()[i * out + j], 1.0);
           for (int64_t p = 0; p < in; ++p)
             s.add(bf(x.data<float>()[i * in + p]), bf(w.data<float>()[j * in + p]));
@@ -104,7 +88,7 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
     expect_within_bound(
         gx, out + accumulate,
         [&](int64_t i, int64_t j) {
-          Sum s;
+          ExactSum s;
           if (accumulate) s.add(gx0.data<float>()[i * in + j], 1.0);
           for (int64_t p = 0; p < out; ++p)
             s.add(bf(gy.data<float>()[i * out + p]), bf(w.data<float>()[p * in + j]));
@@ -117,7 +101,7 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
     expect_within_bound(
         gw, m + 1,
         [&](int64_t i, int64_t j) {
-          Sum s;
+          ExactSum s;
           s.add(gw0.data<float>()[i * in + j], 1.0);
           for (int64_t p = 0; p < m; ++p)
             s.add(bf(gy.data<float>()[p * out + i]), bf(x.data<float>()[p * in + j]));
