@@ -6,6 +6,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include "expar/core/assert.hpp"
@@ -30,7 +31,10 @@ dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool tran
 }
 
 // One primitive per (trans_a, trans_b, accumulate, compute threads), every size and leading dimension a
-// runtime argument; per thread, like the compute threads.
+// runtime argument; per thread, like the compute threads. Creations are serialised over the process: ranks
+// run as threads and first create theirs at the same moment, which ThreadSanitizer (blind to libdnnl's own,
+// uninstrumented synchronisation) reported as a race on a lock oneDNN initialises; a creation happens once
+// per layout and thread, so the mutex costs nothing measurable.
 dnnl::matmul& primitive(bool trans_a, bool trans_b, bool accumulate, int threads) {
   thread_local std::map<std::tuple<bool, bool, bool, int>, dnnl::matmul> cache;
   const auto key = std::make_tuple(trans_a, trans_b, accumulate, threads);
@@ -46,6 +50,8 @@ dnnl::matmul& primitive(bool trans_a, bool trans_b, bool accumulate, int threads
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
+  static std::mutex creation;
+  std::lock_guard lock(creation);
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
