@@ -127,11 +127,75 @@ TEST(InferenceLayout, EpDegreeRequiresEnableExpertParallel) {
   EXPECT_THAT(msg, HasSubstr("or drop --ep (ep_degree=1: no expert parallelism)"));
 }
 
-TEST(InferenceLayout, DataParallelRequiresEpOverAllRanks) {
-  const auto msg = error_of(config(4, 2, true, 4, 32));
-  EXPECT_THAT(msg, HasSubstr("ep_degree=4 with data_parallel_size=2"));
-  EXPECT_THAT(msg, HasSubstr("must equal TP*DP=4*2=8"));
-  EXPECT_THAT(msg, HasSubstr("set ep_degree=8, or set data_parallel_size=1"));
+// Partial cross-DP EP (lifting seed 002's limitation 2): TP=2, DP=4, ep_degree=4 = 2*TP gives EP groups of 2
+// consecutive replicas, {0..3} and {4..7}, each holding one copy of the 16 experts (4 per rank) and
+// exchanging tokens between its own 2 replicas only.
+TEST(InferenceLayout, PartialCrossDpEpGroupsConsecutiveReplicas) {
+  const InferenceLayout l(config(2, 4, true, 4, 16));
+  EXPECT_TRUE(l.cross_dp_ep());
+  EXPECT_FALSE(l.variable_ep());
+  EXPECT_EQ(l.ep_dp_size(), 2);
+  EXPECT_EQ(l.ep_tp_size(), 1);
+  EXPECT_EQ(l.copy_ranks(), 4);
+  EXPECT_EQ(l.expert_copies(), 2);
+  EXPECT_EQ(l.groups(InferenceGroup::Tp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(l.groups(InferenceGroup::Dp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(l.groups(InferenceGroup::EpDp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(l.groups(InferenceGroup::EpTp), singletons(8));
+  EXPECT_EQ(l.groups(InferenceGroup::Ep), (Groups{iota(0, 4), iota(4, 8)}));
+  // Rank 5 = replica 2, TP position 1: the second copy's partition 1, the same experts as rank 1.
+  const auto info = l.rank_info(5);
+  EXPECT_EQ(info.tp_rank, 1);
+  EXPECT_EQ(info.dp_rank, 2);
+  EXPECT_EQ(info.expert_copy, 1);
+  EXPECT_EQ(info.ep_rank, 1);
+  EXPECT_EQ(info.local_experts, iota(4, 8));
+  EXPECT_EQ(l.rank_info(1).local_experts, iota(4, 8));
+  EXPECT_EQ(l.rank_info(1).expert_copy, 0);
+  EXPECT_EQ(l.rank_info(7).local_experts, iota(12, 16));
+  EXPECT_EQ(l.intermediate_shard(5, 96), (std::pair<int, int>{0, 96}));  // whole experts
+  // TP=1, DP=4, ep_degree=2: EP groups {0,1}, {2,3}; 8 experts, 4 per rank.
+  const InferenceLayout one(config(1, 4, true, 2, 8));
+  EXPECT_EQ(one.ep_dp_size(), 2);
+  EXPECT_EQ(one.groups(InferenceGroup::Ep), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(one.groups(InferenceGroup::EpDp), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(one.rank_info(3).ep_rank, 1);
+  EXPECT_EQ(one.rank_info(3).expert_copy, 1);
+  EXPECT_EQ(one.rank_info(3).local_experts, iota(4, 8));
+  EXPECT_EQ(one.rank_info(2).local_experts, iota(0, 4));
+}
+
+// ep_degree dividing TP with DP > 1: each replica is its own copy with (variable or full) EP inside, and no
+// tokens cross replicas. TP=4, DP=2, ep_degree=2: EP_TP {0,1},{2,3},{4,5},{6,7}; EP {0,2},{1,3},{4,6},{5,7}.
+TEST(InferenceLayout, EpInsideEachReplicaWithDataParallelism) {
+  const InferenceLayout l(config(4, 2, true, 2, 8));
+  EXPECT_FALSE(l.cross_dp_ep());
+  EXPECT_TRUE(l.variable_ep());
+  EXPECT_EQ(l.ep_dp_size(), 1);
+  EXPECT_EQ(l.ep_tp_size(), 2);
+  EXPECT_EQ(l.expert_copies(), 2);
+  EXPECT_EQ(l.groups(InferenceGroup::EpDp), singletons(8));
+  EXPECT_EQ(l.groups(InferenceGroup::EpTp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(l.groups(InferenceGroup::Ep), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  const auto info = l.rank_info(6);
+  EXPECT_EQ(info.ep_rank, 1);
+  EXPECT_EQ(info.ep_tp_rank, 0);
+  EXPECT_EQ(info.expert_copy, 1);
+  EXPECT_EQ(info.local_experts, iota(4, 8));
+  EXPECT_EQ(l.intermediate_shard(7, 96), (std::pair<int, int>{48, 96}));
+  // ep_degree = TP: full EP inside each replica.
+  const InferenceLayout full(config(4, 2, true, 4, 8));
+  EXPECT_FALSE(full.cross_dp_ep());
+  EXPECT_EQ(full.ep_tp_size(), 1);
+  EXPECT_EQ(full.groups(InferenceGroup::Ep), (Groups{iota(0, 4), iota(4, 8)}));
+  EXPECT_EQ(full.rank_info(5).local_experts, (std::vector<int>{2, 3}));
+}
+
+TEST(InferenceLayout, EpGroupsMustHoldWholeReplicas) {
+  const auto msg = error_of(config(6, 2, true, 4, 12));
+  EXPECT_THAT(msg, HasSubstr("ep_degree=4 with tensor_parallel_size=6 and data_parallel_size=2"));
+  EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2,3,6,12}"));
+  EXPECT_THAT(error_of(config(2, 3, true, 4, 8)), HasSubstr("any multiple of 2"));
 }
 
 TEST(InferenceLayout, WorldMustBeDivisibleByEpDegree) {

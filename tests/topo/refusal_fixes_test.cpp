@@ -137,7 +137,11 @@ void check_refusal(const Config& c, const LayoutRefusal& r, int limit, int* sugg
             c.num_experts + std::max(1, c.ep_degree.value_or(c.enable_expert_parallel ? c.tp * c.dp : 1)) - 1;
     for (int v = 0; v <= last; ++v) {
       if (std::find(fix.values.begin(), fix.values.end(), v) != fix.values.end()) continue;
-      EXPECT_FALSE(accepted(apply(c, fix, v))) << fix.setting << "=" << v << " is accepted but not suggested";
+      // A fix with a period promises every larger multiple of it as well, and nothing else.
+      const bool promised = fix.period > 0 && v > fix.values.back() && v % fix.period == 0;
+      EXPECT_EQ(accepted(apply(c, fix, v)), promised)
+          << fix.setting << "=" << v
+          << (promised ? " is promised by the period but refused" : " is accepted but not suggested");
     }
   }
 }
@@ -275,9 +279,9 @@ std::string error_of(const InferenceConfig& c) {
   return "";
 }
 
-// The reported case: with DP > 1 on 6 experts no ep_degree is accepted, so the refusal names DP instead of
-// listing ep_degree values that the cross-DP rule then refuses.
-TEST(RefusalFixes, CrossDpEpOnSixExpertsNamesDataParallelism) {
+// The reported case: with DP > 1 on 6 experts the default ep_degree TP*DP = 4 does not divide them; EP groups
+// inside one replica (ep_degree 1 or TP) do, and so does a DP whose TP*DP divides 6.
+TEST(RefusalFixes, CrossDpEpOnSixExpertsOffersEpGroupsOfOneReplica) {
   InferenceConfig c;
   c.tp = 2;
   c.dp = 2;
@@ -285,14 +289,34 @@ TEST(RefusalFixes, CrossDpEpOnSixExpertsNamesDataParallelism) {
   c.num_experts = 6;
   std::string msg = error_of(c);  // default ep_degree = TP*DP = 4
   EXPECT_THAT(msg, HasSubstr("num_experts=6 is not divisible by ep_degree=4"));
-  EXPECT_THAT(msg, HasSubstr("no ep_degree alone is accepted"));
+  EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2}"));
   EXPECT_THAT(msg, HasSubstr("choose data_parallel_size in {1,3}"));
-  EXPECT_THAT(msg, Not(HasSubstr("choose ep_degree")));
-  c.ep_degree = 2;
+  c.ep_degree = 2;  // full EP inside each replica
+  EXPECT_EQ(error_of(c), "");
+}
+
+// Partial cross-DP EP: a given ep_degree = g * TP joins g replicas, so DP must be a multiple of g, which the
+// fix says without listing an endless set; an ep_degree that neither divides TP nor is a multiple of it
+// would split a replica between EP groups.
+TEST(RefusalFixes, PartialCrossDpEpNamesTheReplicasOfAGroup) {
+  InferenceConfig c;
+  c.tp = 2;
+  c.dp = 3;
+  c.enable_expert_parallel = true;
+  c.ep_degree = 4;
+  c.num_experts = 8;
+  std::string msg = error_of(c);
+  EXPECT_THAT(msg, HasSubstr("world_size=6 (TP*DP=2*3) is not divisible by ep_degree=4"));
+  EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2}"));
+  EXPECT_THAT(msg, HasSubstr("choose data_parallel_size in {2,4,6,...} (any multiple of 2)"));
+  c.tp = 6;
+  c.dp = 2;
+  c.num_experts = 12;
   msg = error_of(c);
-  EXPECT_THAT(msg, HasSubstr("ep_degree=2 with data_parallel_size=2"));
-  EXPECT_THAT(msg, HasSubstr("set data_parallel_size=1"));
-  EXPECT_THAT(msg, Not(HasSubstr("set ep_degree")));
+  EXPECT_THAT(msg, HasSubstr("ep_degree=4 with tensor_parallel_size=6 and data_parallel_size=2: an EP group "
+                             "must lie inside one DP replica (ep_degree dividing TP=6) or join whole DP "
+                             "replicas (ep_degree = g*TP with g dividing DP=2)"));
+  EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2,3,6,12}"));
 }
 
 // The intermediate split is part of the layout's validation: TP = 4 without EP cannot split 6 columns, and

@@ -23,8 +23,8 @@ enum class InferenceRule : uint8_t {
   EpWithoutFlag,
   RedundantWithoutEp,
   RedundantRoundRobin,
-  CrossDpSpansAll,
   WorldDivisible,
+  EpWholeReplicas,
   ExpertsDivisible,
   IntermediatePositive,
   IntermediateDivisible
@@ -34,6 +34,17 @@ enum class InferenceRule : uint8_t {
 int slot_count(const InferenceConfig& c) {
   return c.expert_slots.empty() ? c.num_experts + c.redundant_experts
                                 : static_cast<int>(c.expert_slots.size());
+}
+
+// With EP: the DP replicas one EP group joins (ep_degree = g * TP), 1 when it lies inside one replica.
+int ep_dp_of(int tp, int ep) {
+  return ep > tp ? ep / tp : 1;
+}
+
+// The ranks sharing one expert partition: the TP group without EP, else the copy's TP * ep_dp ranks over
+// the ep_degree partitions (valid once ep_degree divides TP or is a multiple of it).
+int ep_tp_of(const InferenceConfig& c, int ep) {
+  return c.enable_expert_parallel ? c.tp * ep_dp_of(c.tp, ep) / ep : c.tp;
 }
 
 // The whole validation, without messages (cheap: find_layout_fixes runs it over many candidates).
@@ -50,14 +61,13 @@ InferenceRule broken_rule(const InferenceConfig& c) {
     if (c.redundant_experts > 0 || !c.expert_slots.empty()) return InferenceRule::RedundantWithoutEp;
   } else {
     const int ep = c.ep_degree.value_or(world);
-    if (c.dp > 1 && ep != world) return InferenceRule::CrossDpSpansAll;
     if (world % ep != 0) return InferenceRule::WorldDivisible;
+    if (c.tp % ep != 0 && ep % c.tp != 0) return InferenceRule::EpWholeReplicas;
     if (slot_count(c) % ep != 0) return InferenceRule::ExpertsDivisible;
     if (slot_count(c) > c.num_experts && c.placement != PlacementKind::Contiguous)
       return InferenceRule::RedundantRoundRobin;
   }
-  // Without EP the EP_TP group is the TP group.
-  const int ep_tp = c.enable_expert_parallel ? world / c.ep_degree.value_or(world) : c.tp;
+  const int ep_tp = ep_tp_of(c, c.ep_degree.value_or(world));
   if (c.intermediate != 0 && c.intermediate % ep_tp != 0) return InferenceRule::IntermediateDivisible;
   return InferenceRule::Ok;
 }
@@ -142,11 +152,12 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
           "(sharded over TP), so there is nothing to replicate",
           slot_count(c) - c.num_experts);
       break;
-    case InferenceRule::CrossDpSpansAll:
+    case InferenceRule::EpWholeReplicas:
       r.rule = fmt::format(
-          "ep_degree={} with data_parallel_size={}: cross-DP EP must span all ranks, ep_degree must equal "
-          "TP*DP={}*{}={}",
-          ep, c.dp, c.tp, c.dp, world);
+          "ep_degree={} with tensor_parallel_size={} and data_parallel_size={}: an EP group must lie inside "
+          "one DP replica (ep_degree dividing TP={}) or join whole DP replicas (ep_degree = g*TP with g "
+          "dividing DP={})",
+          ep, c.tp, c.dp, c.tp, c.dp);
       break;
     case InferenceRule::WorldDivisible:
       r.rule =
@@ -162,20 +173,21 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
                     slot_count(c), c.num_experts, slot_count(c) - c.num_experts, ep, given);
       break;
     default: {
-      const int ep_tp = c.enable_expert_parallel ? world / ep : c.tp;
+      const int ep_tp = ep_tp_of(c, ep);
       r.rule = fmt::format(
           "expert intermediate size {} is not divisible by the {} ranks of an EP_TP group ({}), which "
           "split it",
           c.intermediate, ep_tp,
-          c.enable_expert_parallel ? fmt::format("world {} / ep_degree {}", world, ep)
+          c.enable_expert_parallel ? fmt::format("TP {} / ep_degree {}", c.tp, ep)
                                    : fmt::format("the TP group: no expert parallelism"));
       break;
     }
   }
   // The settings a fix may change: TP also has to divide the model's heads, which this layout does not
   // know, so a fix changes it only when nothing else is accepted. Every range holds all values the rules
-  // can accept: ep_degree divides the world (at most TP*DP, and DP is at most the expert slots when DP > 1
-  // with EP), DP > 1 with EP needs TP*DP dividing num_experts.
+  // can accept: ep_degree divides the world (at most TP*DP); a DP that fixes anything either makes the
+  // default ep_degree TP*DP divide the expert slots (so DP is at most the slots) or is a multiple of a given
+  // ep_degree / TP, which the fix's period covers beyond the range.
   const int max_dp = std::max(c.dp, slot_count(c));
   std::vector<SettingRange> order = {{"ep_degree", 1, c.tp * max_dp}, {"data_parallel_size", 1, max_dp}};
   // The flag's other value: first when the flag is what is missing, last when it changes the EP_TP group.
@@ -199,18 +211,18 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
     r.fixes = find_layout_fixes(c, order, setting_of, with_setting, accepted);
     r.note = "TP must also divide the model's attention heads";
   }
-  const bool ep_alone = std::any_of(r.fixes.begin(), r.fixes.end(), [](const LayoutFix& f) {
-    return f.with.empty() && f.setting == "ep_degree";
-  });
-  if (!ep_alone && c.enable_expert_parallel && c.dp > 1)
-    r.note = fmt::format(
-                 "no ep_degree alone is accepted: with data_parallel_size={} cross-DP EP needs "
-                 "ep_degree=TP*DP={}, which does not divide {}",
-                 c.dp, world,
-                 slot_count(c) == c.num_experts ? fmt::format("num_experts={}", c.num_experts)
-                                                : fmt::format("the {} expert slots", slot_count(c))) +
-             (r.note.empty() ? "" : "; " + r.note);
   for (LayoutFix& f : r.fixes) {
+    // A given ep_degree = g * TP joins g replicas per EP group, so every multiple of g is as good a DP as
+    // the ones the range holds: the fix says so instead of listing an endless set.
+    if (f.setting == "data_parallel_size") {
+      InferenceConfig x = c;
+      for (const auto& [name, value] : f.with) x = with_setting(x, name, value);
+      if (x.enable_expert_parallel && x.ep_degree && *x.ep_degree % x.tp == 0) {
+        f.period = *x.ep_degree / x.tp;
+        f.values.resize(
+            std::min<size_t>(f.values.size(), 3));  // the first multiples; the period says the rest
+      }
+    }
     if (!f.with.empty()) continue;
     if (f.setting == "enable_expert_parallel")
       f.phrase = f.values[0] == 1 ? "pass --enable-expert-parallel (enable_expert_parallel)"
@@ -269,8 +281,12 @@ InferenceLayout InferenceLayout::with_expert_slots(std::vector<int> slot_experts
   return InferenceLayout(c);
 }
 
+int InferenceLayout::ep_dp_size() const {
+  return ep_enabled_ ? ep_dp_of(tp_, ep_degree_) : 1;
+}
+
 int InferenceLayout::ep_tp_size() const {
-  return ep_enabled_ ? world() / ep_degree_ : tp_;
+  return copy_ranks() / ep_degree_;
 }
 
 void InferenceLayout::check_rank(int rank) const {
@@ -289,6 +305,11 @@ std::vector<int> InferenceLayout::group_of(int rank, InferenceGroup kind) const 
     case InferenceGroup::Dp:
       for (int d = 0; d < dp_; ++d) g.push_back(d * tp_ + rank % tp_);
       break;
+    case InferenceGroup::EpDp: {
+      const int first = rank / tp_ / ep_dp_size() * ep_dp_size();
+      for (int d = first; d < first + ep_dp_size(); ++d) g.push_back(d * tp_ + rank % tp_);
+      break;
+    }
     case InferenceGroup::EpTp:
       // Without EP every rank holds all experts and the EP_TP group is the TP group (ep_tp = TP), which the
       // same block formula gives.
@@ -298,7 +319,8 @@ std::vector<int> InferenceLayout::group_of(int rank, InferenceGroup kind) const 
       if (!ep_enabled_) {
         g.push_back(rank);
       } else {
-        for (int e = 0; e < ep_degree_; ++e) g.push_back(e * ep_tp + rank % ep_tp);
+        const int copy = rank / copy_ranks() * copy_ranks();
+        for (int e = 0; e < ep_degree_; ++e) g.push_back(copy + e * ep_tp + rank % ep_tp);
       }
       break;
   }
@@ -326,7 +348,8 @@ InferenceRankInfo InferenceLayout::rank_info(int rank) const {
   info.dp_rank = rank / tp_;
   info.ep_tp_size = ep_tp_size();
   info.ep_tp_rank = rank % info.ep_tp_size;
-  info.ep_rank = ep_enabled_ ? rank / info.ep_tp_size : 0;
+  info.expert_copy = rank / copy_ranks();
+  info.ep_rank = ep_enabled_ ? rank % copy_ranks() / info.ep_tp_size : 0;
   info.local_experts = placement_.local_experts(info.ep_rank);
   return info;
 }

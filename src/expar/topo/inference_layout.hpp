@@ -1,27 +1,34 @@
 #pragma once
 // Inference layout (seed 002): W = TP * DP ranks. Attention always uses TP inside one DP replica; MoE layers
-// reinterpret the ranks as ep_degree expert partitions, each a group of ep_tp = W / ep_degree ranks that
-// shard the expert intermediate dimension.
+// reinterpret the ranks as ep_degree expert partitions, each a group of ep_tp ranks that shard the expert
+// intermediate dimension. The partitions of one EP group hold one copy of the experts between them; with DP
+// replicas there may be several groups, each holding its own copy (W / (ep_degree * ep_tp) copies).
 //
 // Rank ordering: rank = dp_index * TP + tp_index (a DP replica is a contiguous block of TP ranks).
 //   TP groups      [0..TP-1], [TP..2TP-1], ...                  (attention; outer MoE collectives)
-//   DP groups      {t, t+TP, t+2TP, ...}                         (cross-DP token exchange)
+//   DP groups      {t, t+TP, t+2TP, ...}                         (every replica at one TP position)
+//   EP_DP groups   the DP group's ranks inside one EP group      (cross-DP token exchange)
 //   EP_TP groups   contiguous blocks of ep_tp ranks              (intermediate-dimension shards)
-//   EP groups      ranks at the same position in every block     (ep_rank = rank / ep_tp)
+//   EP groups      in each copy's block of ep_degree * ep_tp ranks, the ranks at the same position in every
+//                  partition (ep_rank = rank % copy / ep_tp)
 // Modes:
 //   no EP          ep_degree = 1: EP_TP groups are the TP groups, EP groups are single ranks; every rank
 //                  holds all experts with intermediate / TP features.
 //   full EP        ep_degree = TP * DP (the default when EP is enabled): EP_TP groups are single ranks.
-//   variable EP    DP = 1 and ep_degree < TP: e.g. TP=8, ep_degree=2 gives EP_TP {0..3},{4..7} and EP
-//                  {0,4},{1,5},{2,6},{3,7}.
-//   cross-DP EP    DP > 1 with EP: ep_degree must equal TP * DP (seed 002 limitation 2).
-// Validation follows seed 002: ep_degree > 1 needs enable_expert_parallel; with DP > 1 ep_degree must be
-// TP * DP; world % ep_degree == 0; num_experts % ep_degree == 0; ep_tp divides the experts' intermediate
-// size. With redundant experts (issue #36) the slots, not the experts, must divide over ep_degree, and
-// redundant_experts > 0 needs enable_expert_parallel. Unlike seed 002 (limitation 4) round-robin placement is
-// supported. A refusal (inference_refusal) suggests ep_degree, data_parallel_size or enable_expert_parallel
-// values that the whole validation accepts; another TP only when nothing else is, since TP must also divide
-// the model's attention heads (a rule of the weights, not of this layout).
+//   variable EP    ep_degree < TP, dividing it: e.g. TP=8, ep_degree=2 gives EP_TP {0..3},{4..7} and EP
+//                  {0,4},{1,5},{2,6},{3,7}. With DP > 1 each replica is its own copy (no cross-DP exchange).
+//   cross-DP EP    DP > 1, ep_degree = g * TP with g > 1 dividing DP: EP groups of g consecutive DP replicas,
+//                  whole experts (ep_tp 1), tokens exchanged among those g replicas only (EP_DP groups of g).
+//                  g = DP is seed 002's cross-DP EP over every rank; g < DP lifts its limitation 2. g = 1
+//                  (ep_degree = TP) is full EP inside each replica.
+// Validation follows seed 002 where it does not lift a limitation: ep_degree > 1 needs
+// enable_expert_parallel; world % ep_degree == 0; ep_degree divides TP or is a multiple of it (an EP group is
+// inside one replica or joins whole replicas); num_experts % ep_degree == 0; ep_tp divides the experts'
+// intermediate size. With redundant experts (issue #36) the slots, not the experts, must divide over
+// ep_degree, and redundant_experts > 0 needs enable_expert_parallel. Unlike seed 002 (limitation 4)
+// round-robin placement is supported. A refusal (inference_refusal) suggests ep_degree, data_parallel_size or
+// enable_expert_parallel values that the whole validation accepts; another TP only when nothing else is,
+// since TP must also divide the model's attention heads (a rule of the weights, not of this layout).
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -68,12 +75,13 @@ struct InferenceConfig : InferenceParallelism {
 // InferenceLayout accepts it.
 std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& config);
 
-enum class InferenceGroup : uint8_t { Tp, Dp, EpTp, Ep };
+enum class InferenceGroup : uint8_t { Tp, Dp, EpDp, EpTp, Ep };
 
 struct InferenceRankInfo {
   int rank = 0;
   int tp_rank = 0, dp_rank = 0;
-  int ep_rank = 0;                     // index of this rank's expert partition
+  int expert_copy = 0;                 // which copy of the experts (EP group block) this rank is part of
+  int ep_rank = 0;                     // index of this rank's expert partition in its copy
   int ep_tp_rank = 0, ep_tp_size = 1;  // which of ep_tp_size intermediate-dimension shards this rank holds
   std::vector<int> local_experts;      // global expert ids, in local order
 };
@@ -87,10 +95,16 @@ class InferenceLayout {
   int tp() const { return tp_; }
   int dp() const { return dp_; }
   bool expert_parallel() const { return ep_enabled_; }
-  bool cross_dp_ep() const { return ep_enabled_ && dp_ > 1; }
+  // DP replicas whose tokens one EP group exchanges (ep_degree / TP when that is above 1, else 1).
+  int ep_dp_size() const;
+  bool cross_dp_ep() const { return ep_dp_size() > 1; }
   bool variable_ep() const { return ep_enabled_ && ep_degree_ < tp_; }
   int ep_degree() const { return ep_degree_; }
   int ep_tp_size() const;  // ranks sharing one expert partition (intermediate shards)
+  // Ranks holding one copy of the experts between them (ep_degree * ep_tp_size: TP * ep_dp_size), and how
+  // many copies the world holds.
+  int copy_ranks() const { return tp_ * ep_dp_size(); }
+  int expert_copies() const { return world() / copy_ranks(); }
   const ExpertPlacement& placement() const { return placement_; }
   // The same layout with its experts in the slot table `slot_experts` (ExpertPlacement::from_slots over the
   // same ep_degree): what a rebalance moves the weights to. Throws expar::Error naming the rule when the

@@ -9,6 +9,9 @@ std::string LayoutFix::text() const {
   if (!phrase.empty()) return phrase;
   std::string out;
   for (const auto& [name, value] : with) out += fmt::format("set {}={} and ", name, value);
+  if (period > 0)
+    return out + fmt::format("choose {} in {{{},...}} (any multiple of {})", setting, fmt::join(values, ","),
+                             period);
   if (values.size() == 1) return out + fmt::format("set {}={}", setting, values[0]);
   return out + fmt::format("choose {} in {{{}}}", setting, fmt::join(values, ","));
 }

@@ -19,6 +19,9 @@ struct LayoutFix {
   std::string setting;
   std::vector<int> values;  // ascending, never empty
   std::string phrase;       // how the message says it; "" for "choose S in {..}" / "set S=v"
+  // > 0: every larger multiple of `period` is accepted too (a setting without an upper bound, such as the
+  // DP replicas of a given EP group size); `values` are those up to the range's end.
+  int period = 0;
   std::string text() const;
 };
 
@@ -56,7 +59,7 @@ std::vector<LayoutFix> find_layout_fixes(const Config& config, const std::vector
   std::vector<LayoutFix> fixes;
   for (const SettingRange& s : order) {
     std::vector<int> values = values_of(config, s);
-    if (!values.empty()) fixes.push_back(LayoutFix{{}, s.name, std::move(values), ""});
+    if (!values.empty()) fixes.push_back(LayoutFix{{}, s.name, std::move(values), "", 0});
   }
   if (!fixes.empty()) return fixes;
   for (const SettingRange& a : order) {
@@ -70,7 +73,7 @@ std::vector<LayoutFix> find_layout_fixes(const Config& config, const std::vector
       if (b.name == a.name) continue;
       for (int v : candidates) {
         std::vector<int> values = values_of(set(config, a.name, v), b);
-        if (!values.empty()) return {LayoutFix{{{a.name, v}}, b.name, std::move(values), ""}};
+        if (!values.empty()) return {LayoutFix{{{a.name, v}}, b.name, std::move(values), "", 0}};
       }
     }
   }
@@ -83,7 +86,7 @@ std::vector<LayoutFix> find_layout_fixes(const Config& config, const std::vector
       with.emplace_back(a.name, a.lo);
     }
     std::vector<int> values = values_of(base, b);
-    if (!values.empty()) return {LayoutFix{std::move(with), b.name, std::move(values), ""}};
+    if (!values.empty()) return {LayoutFix{std::move(with), b.name, std::move(values), "", 0}};
   }
   return {};
 }
