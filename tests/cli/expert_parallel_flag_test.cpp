@@ -100,6 +100,30 @@ TEST_F(ExpertParallelFlag, TheFlagDefaultsTheDegreeToTpTimesDp) {
   EXPECT_EQ(j.value("ep_degree", 0), 4) << j.dump();
 }
 
+// Partial cross-DP EP: --ep g*TP with g dividing DP joins g replicas per EP group, --ep TP keeps each replica
+// its own EP; the summary line says which, and the tokens are those of full EP.
+TEST_F(ExpertParallelFlag, PartialCrossDpEpGroupsReplicas) {
+  const ProcessResult full = generate({"--tp", "2", "--enable-expert-parallel"});
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const ProcessResult partial =
+      generate({"--tp", "1", "--dp", "4", "--enable-expert-parallel", "--ep", "2", "--oversubscribe"});
+  ASSERT_EQ(partial.exit_code, 0) << partial.output;
+  EXPECT_TRUE(contains(partial.output, "TP 1 x DP 4, EP 2 (partial cross-DP: EP groups of 2 DP replicas),"))
+      << partial.output;
+  EXPECT_EQ(generated_text(partial.output), generated_text(full.output)) << partial.output;
+  const ProcessResult inside =
+      generate({"--tp", "2", "--dp", "2", "--enable-expert-parallel", "--ep", "2", "--oversubscribe"});
+  ASSERT_EQ(inside.exit_code, 0) << inside.output;
+  EXPECT_TRUE(contains(inside.output, "TP 2 x DP 2, EP 2 (full inside each DP replica),")) << inside.output;
+  EXPECT_EQ(generated_text(inside.output), generated_text(full.output)) << inside.output;
+  // An EP group that would split a replica is refused with the degrees that are accepted.
+  const ProcessResult split =
+      generate({"--tp", "2", "--dp", "3", "--enable-expert-parallel", "--ep", "4", "--oversubscribe"});
+  EXPECT_EQ(split.exit_code, 1) << split.output;
+  EXPECT_TRUE(contains(split.output, "choose data_parallel_size in {2,4,6,...} (any multiple of 2)"))
+      << split.output;
+}
+
 // Every inference command refuses an EP degree without the flag, and the message names the flag.
 TEST_F(ExpertParallelFlag, AnEpDegreeWithoutTheFlagIsRefused) {
   const std::string ckpt = checkpoint();

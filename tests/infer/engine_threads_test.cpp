@@ -1,9 +1,11 @@
 // The inference engine against the single-rank reference (MoeTransformer::logits with path "local"):
 // every layout of TP 1..4 x {no EP, full EP, variable EP} x DP {1, 2}, contiguous and round-robin placement,
 // gives the reference's prefill and decode logits within 1e-5 relative and the same greedy tokens, also with
-// redundant experts (issue #36: replicas on full, variable and cross-DP EP, rowwise decode); a DP
-// replica with no tokens runs the dummy step while its peer decodes; the collective pattern of each phase
-// is the one seed 002 lists; a saved score bias routes as in training.
+// redundant experts (issue #36: replicas on full, variable and cross-DP EP, rowwise decode); partial
+// cross-DP EP (EP groups of some DP replicas, each its own copy of the experts) and EP inside each replica
+// with DP > 1, with and without replicas; a DP replica with no tokens runs the dummy step while its peer
+// decodes; the collective pattern of each phase is the one seed 002 lists; a saved score bias routes as in
+// training.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -23,7 +25,7 @@ namespace {
 
 using namespace testing;
 
-constexpr int kReplicas = 2, kSeqsPerReplica = 2, kDecodeSteps = 4;
+constexpr int kReplicas = 4, kSeqsPerReplica = 2, kDecodeSteps = 4;
 
 struct Reference {
   fs::path dir;
@@ -44,7 +46,10 @@ const Reference& reference() {
     Reference r;
     r.dir = test::run_temp_dir("engine");
     r.config = test_config();
-    r.prompts = {{random_tokens(1, 7), random_tokens(2, 4)}, {random_tokens(3, 5), random_tokens(4, 9)}};
+    r.prompts = {{random_tokens(1, 7), random_tokens(2, 4)},
+                 {random_tokens(3, 5), random_tokens(4, 9)},
+                 {random_tokens(5, 6), random_tokens(6, 3)},
+                 {random_tokens(7, 8), random_tokens(8, 5)}};
     MemoryTracker& host = current_tracker();
     run_ranks(1, [&](Comm& world) {
       auto group = world.split(0, 0, "ep");
@@ -160,6 +165,18 @@ std::vector<LayoutCase> all_layouts() {
   v.push_back({2, 2, true, std::nullopt, PlacementKind::Contiguous, 4});  // cross-DP EP
   v.push_back({4, 1, true, std::nullopt, PlacementKind::Contiguous, 4, DecodeMoe::Rowwise});
   v.push_back({2, 2, true, std::nullopt, PlacementKind::Contiguous, 4, DecodeMoe::Rowwise});
+  // Partial cross-DP EP (ep_degree = g * TP, g < DP): EP groups of g replicas, each its own copy of the
+  // experts; and EP inside each replica with DP > 1 (ep_degree dividing TP: no tokens cross replicas).
+  v.push_back({1, 4, true, 2});  // EP groups {0,1}, {2,3}
+  v.push_back({2, 4, true, 4});  // EP groups {0..3}, {4..7}
+  v.push_back({2, 2, true, 2});  // full EP inside each replica
+  v.push_back({4, 2, true, 2});  // variable EP inside each replica
+  v.push_back({1, 4, true, 2, PlacementKind::RoundRobin});
+  v.push_back({1, 4, true, 2, PlacementKind::Contiguous, 2});  // 26 slots, 13 per rank
+  v.push_back({2, 4, true, 4, PlacementKind::Contiguous, 4});  // 28 slots, 7 per rank
+  v.push_back({4, 2, true, 2, PlacementKind::Contiguous, 2});
+  v.push_back({2, 4, true, 4, PlacementKind::Contiguous, 4, DecodeMoe::Rowwise});
+  v.push_back({1, 4, true, 2, PlacementKind::Contiguous, 0, DecodeMoe::Rowwise});
   return v;
 }
 
@@ -169,22 +186,26 @@ INSTANTIATE_TEST_SUITE_P(Infer, EngineLayouts, ::testing::ValuesIn(all_layouts()
 // collective, and replica 0 still gets the reference's tokens.
 TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
   const Reference& ref = reference();
-  const InferenceLayout layout = make_layout({2, 2, true, std::nullopt}, ref.config.moe.router.num_experts);
-  std::mutex mutex;
-  std::vector<std::vector<int32_t>> got(static_cast<size_t>(layout.world()));
-  run_ranks(layout.world(), [&](Comm& world) {
-    auto store = ExparCheckpointStore::open(ref.dir);
-    Engine engine(layout, world,
-                  load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
-    const bool serving = engine.dp_rank() == 0;
-    auto tokens =
-        greedy_generate(engine, serving ? ref.prompts[0][0] : std::vector<int32_t>{}, kDecodeSteps + 1);
-    std::lock_guard lock(mutex);
-    got[static_cast<size_t>(world.rank())] = tokens;
-    EXPECT_EQ(engine.stats().decode_tokens, serving ? kDecodeSteps : 0);
-  });
-  for (int r = 0; r < layout.world(); ++r)
-    EXPECT_EQ(got[static_cast<size_t>(r)], r < 2 ? ref.greedy[0][0] : std::vector<int32_t>{}) << "rank " << r;
+  for (const LayoutCase& c : {LayoutCase{2, 2, true, std::nullopt}, LayoutCase{1, 4, true, 2}}) {
+    const InferenceLayout layout = make_layout(c, ref.config.moe.router.num_experts);
+    SCOPED_TRACE(fmt::format("TP {} DP {} EP {}", c.tp, c.dp, layout.ep_degree()));
+    std::mutex mutex;
+    std::vector<std::vector<int32_t>> got(static_cast<size_t>(layout.world()));
+    run_ranks(layout.world(), [&](Comm& world) {
+      auto store = ExparCheckpointStore::open(ref.dir);
+      Engine engine(layout, world,
+                    load_rank_weights(*store, expar_weight_names(), store->model(), layout, world.rank()));
+      const bool serving = engine.dp_rank() == 0;
+      auto tokens =
+          greedy_generate(engine, serving ? ref.prompts[0][0] : std::vector<int32_t>{}, kDecodeSteps + 1);
+      std::lock_guard lock(mutex);
+      got[static_cast<size_t>(world.rank())] = tokens;
+      EXPECT_EQ(engine.stats().decode_tokens, serving ? kDecodeSteps : 0);
+    });
+    for (int r = 0; r < layout.world(); ++r)
+      EXPECT_EQ(got[static_cast<size_t>(r)], r < c.tp ? ref.greedy[0][0] : std::vector<int32_t>{})
+          << "rank " << r;
+  }
 }
 
 // Seed 002's step lists, as the sequence of one rank's collectives over its TP and DP groups (and, with
@@ -195,6 +216,7 @@ TEST(Engine, IdleDpReplicaRunsDummyStepsWhileItsPeerDecodes) {
 // a final all-gather before the LM head. Decode: attention all-reduce over TP; MoE with cross-DP EP the
 // route counts and an all-gather over DP first, the all-reduce over TP, with cross-DP EP a reduce-scatter
 // over DP last (without it the replica's tokens are one source: nothing is exchanged before the experts).
+// "DP" is the replicas of the rank's EP group: with partial cross-DP EP the same steps over fewer replicas.
 // The vocabulary-parallel embedding and LM head add, around the layers, the embedding's sum (a
 // reduce-scatter onto the SP rows in prefill, an all-reduce in decode) and the all-gather of the logits'
 // vocabulary slices. Variable EP (ep_degree < TP) keeps the same single full-TP collectives: summing over the
@@ -223,13 +245,15 @@ std::vector<std::string> seed_002_steps(bool prefill, bool cross_dp, int layers)
 TEST(Engine, CollectivePatternPerPhase) {
   const Reference& ref = reference();
   const int layers = ref.config.layers;
-  for (const LayoutCase& c : {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt},
-                              LayoutCase{4, 1, true, 2}, LayoutCase{2, 1, false, std::nullopt}}) {
+  for (const LayoutCase& c :
+       {LayoutCase{4, 1, true, std::nullopt}, LayoutCase{2, 2, true, std::nullopt}, LayoutCase{4, 1, true, 2},
+        LayoutCase{2, 1, false, std::nullopt}, LayoutCase{2, 4, true, 4}, LayoutCase{2, 2, true, 2}}) {
     const InferenceLayout layout = make_layout(c, ref.config.moe.router.num_experts);
     SCOPED_TRACE(fmt::format("TP {} DP {} EP {} (ep_tp_size {})", c.tp, c.dp, layout.ep_degree(),
                              layout.ep_tp_size()));
     const bool cross = layout.cross_dp_ep();
-    EXPECT_EQ(cross, c.dp > 1);
+    EXPECT_EQ(cross, c.dp > 1 && layout.ep_degree() > c.tp);
+    EXPECT_EQ(layout.ep_dp_size(), cross ? layout.ep_degree() / c.tp : 1);
     std::mutex mutex;
     std::vector<std::vector<std::string>> prefill(static_cast<size_t>(layout.world())),
         decode(static_cast<size_t>(layout.world()));

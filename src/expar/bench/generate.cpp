@@ -96,9 +96,9 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   }
   g.push_back(
       {(p + layout.tp() - 1) / layout.tp(), c.moe.router.num_experts, d, lw.router.data<float>(), 1.0});
-  // Each local expert at the mean rows the replica's P tokens give it (P·K/E; the replicas' tokens meet
-  // at the experts with cross-DP EP).
-  const int64_t replicas = layout.cross_dp_ep() ? layout.dp() : 1;
+  // Each local expert at the mean rows the replica's P tokens give it (P·K/E; with cross-DP EP the tokens
+  // of the EP group's replicas meet at its experts).
+  const int64_t replicas = layout.ep_dp_size();
   const int64_t rows = std::max<int64_t>(1, p * replicas * c.moe.router.top_k / c.moe.router.num_experts);
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();

@@ -19,9 +19,11 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
   cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
                 "MoE layers assign whole experts to ranks (EP, seed 002); default: every expert sharded on "
                 "the intermediate dimension over TP");
-  cmd->add_option("--ep", a.ep,
-                  "EP degree (0: TP*DP with --enable-expert-parallel, else 1; > 1 needs "
-                  "--enable-expert-parallel; < TP: variable EP+TP)")
+  cmd->add_option(
+         "--ep", a.ep,
+         "EP degree (0: TP*DP with --enable-expert-parallel, else 1; > 1 needs "
+         "--enable-expert-parallel; < TP: variable EP+TP; g*TP with g dividing DP: EP groups of g DP "
+         "replicas)")
       ->capture_default_str()
       ->check(integer_in(0, 65536));
   cmd->add_option("--placement", a.placement, "Expert placement: " + choices(placement_names()))
@@ -69,9 +71,12 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   return o;
 }
 
-std::string ep_label(int ep_degree, int tp) {
+std::string ep_label(int ep_degree, int tp, int dp) {
   if (ep_degree == 1) return "off";
-  return fmt::format("{} ({})", ep_degree, ep_degree < tp ? "variable: EP+TP" : "full");
+  if (ep_degree < tp) return fmt::format("{} (variable: EP+TP)", ep_degree);
+  if (ep_degree == tp * dp) return fmt::format("{} (full)", ep_degree);
+  if (ep_degree == tp) return fmt::format("{} (full inside each DP replica)", ep_degree);
+  return fmt::format("{} (partial cross-DP: EP groups of {} DP replicas)", ep_degree, ep_degree / tp);
 }
 
 }  // namespace expar::cli

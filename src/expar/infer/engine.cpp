@@ -82,14 +82,25 @@ void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode) {
   if (mode != DecodeMoe::Rowwise || layout.ep_tp_size() == 1) return;
   // The rowwise path sends each routed row to ONE rank, whose experts must produce the whole expert output:
   // intermediate-dimension shards would need a second sum over the EP_TP group for every row.
+  // Whole experts: ep_degree = g * TP with g dividing DP (g = DP, the default, spans every replica), and the
+  // expert slots divisible by it.
+  std::vector<int> whole;
+  for (int g = 1; g <= layout.dp(); ++g)
+    if (layout.dp() % g == 0 && layout.placement().num_slots() % (g * layout.tp()) == 0)
+      whole.push_back(g * layout.tp());
+  std::string fix = "decode with allreduce";
+  if (!whole.empty())
+    fix = fmt::format(
+        "pass --enable-expert-parallel (enable_expert_parallel) with ep_degree {}{}, or {}",
+        whole.size() == 1 ? std::to_string(whole[0]) : fmt::format("in {{{}}}", fmt::join(whole, ",")),
+        whole.back() == layout.world() ? " (or unset)" : "", fix);
   fail(
-      "rowwise decode needs every expert whole on one rank (ep_tp_size 1, i.e. full EP with ep_degree = "
-      "TP*DP = {}), but TP {} x DP {} with {} shards each expert's intermediate dimension over {} ranks: "
-      "pass --enable-expert-parallel (enable_expert_parallel) with ep_degree {} (or unset), or decode with "
-      "allreduce",
+      "rowwise decode needs every expert whole on one rank (ep_tp_size 1: ep_degree a multiple of TP, "
+      "TP*DP = {} by default), but TP {} x DP {} with {} shards each expert's intermediate dimension over {} "
+      "ranks: {}",
       layout.world(), layout.tp(), layout.dp(),
       layout.expert_parallel() ? fmt::format("ep_degree {}", layout.ep_degree()) : std::string("no EP"),
-      layout.ep_tp_size(), layout.world());
+      layout.ep_tp_size(), fix);
 }
 
 struct Engine::Sequence {
@@ -151,7 +162,9 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
               "the inference layout needs TP*DP={}*{}={} ranks but the world has {}: start {} ranks",
               layout.tp(), layout.dp(), layout.world(), world.size(), layout.world());
   tp_ = world.subgroup(layout.groups(InferenceGroup::Tp), "tp");
-  dp_ = world.subgroup(layout.groups(InferenceGroup::Dp), "dp");
+  // The replicas whose tokens meet at the experts: the DP replicas of this rank's EP group (single ranks
+  // without cross-DP EP).
+  dp_ = world.subgroup(layout.groups(InferenceGroup::EpDp), "dp");
   if (weights_.features.qk_norm == QkNorm::Projection && tp_->size() > 1) {
     // OLMoE normalises q and k over every head: the TP ranks' sums of squares over their heads add up to the
     // whole projection's, in one all-reduce per layer. Replicated key/value heads (TP above their count) are
@@ -179,16 +192,18 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
               "rank {}: the layout's {} placement gives expert partition {} other experts than the weights "
               "hold: load the weights with the same layout",
               rank_, placement_name(layout_.placement().kind()), partition_);
-  // With cross-DP EP (ep_tp_size 1) and for rowwise decode the layout's EP group is the whole world, in world
-  // rank order, and a rank's partition is its world rank.
+  // With cross-DP EP (ep_tp_size 1) and for rowwise decode the layout's EP group is this rank's copy of the
+  // experts (its ep_dp_size replicas, the whole world with ep_degree = TP*DP), in world rank order, and a
+  // rank's partition is its rank in that group.
   if (layout_.expert_parallel() || options_.decode_moe == DecodeMoe::Rowwise)
     ep_ = world.subgroup(layout.groups(InferenceGroup::Ep), "ep");
   PathOptions po;
   po.model_dim = weights_.config.model_dim;
   po.top_k = weights_.config.moe.router.top_k;
   po.placement = &layout_.placement();
-  // Seed 002's collective levels, inner first: prefill gathers over TP (SP rows), then DP with cross-DP EP;
-  // decode's TP ranks hold the same tokens (all-reduce), DP replicas are gathered with cross-DP EP.
+  // Seed 002's collective levels, inner first: prefill gathers over TP (SP rows), then, with cross-DP EP,
+  // over the DP replicas of the EP group; decode's TP ranks hold the same tokens (all-reduce), those replicas
+  // are gathered with cross-DP EP.
   po.agrs_levels = {{tp_.get(), false}};
   if (layout_.cross_dp_ep()) po.agrs_levels.push_back({dp_.get(), false});
   prefill_path_ = make_path("agrs", *tp_, po);

@@ -6,19 +6,23 @@
 // moe/'s agrs path with the route map of moe/route_map (sources: the ranks whose tokens are gathered;
 // destinations: the layout's expert partitions, each of ep_tp_size ranks holding intermediate shards):
 //  prefill  input in sequence-parallel (SP) layout [T/TP, d] (attention ends in a reduce-scatter over TP)
-//           router on the local rows -> route counts exchanged over TP (the whole world with cross-DP EP)
+//           router on the local rows -> route counts exchanged over TP (the EP group with cross-DP EP)
 //           -> all-gather [hidden | routes | weights] over TP (-> and over DP with cross-DP EP) -> the
 //           experts of this rank's partition on their rows -> (reduce-scatter over DP) -> reduce-scatter
 //           over TP back to SP.
 //  decode   input [T, d] on every TP rank (attention ends in an all-reduce over TP), routed alike on each
 //           (with cross-DP EP: route counts exchanged and an all-gather over DP) -> the experts of this
 //           rank's partition -> all-reduce over TP (-> reduce-scatter over DP).
-//  decode with EngineOptions::decode_moe = Rowwise (full EP only: whole experts on every rank): each TP rank
-//           takes its contiguous slice of the replica's T tokens (some ranks may get none), routes it, PUTs
-//           each routed row into its expert owner's symmetric dispatch buffer (moe/paths/rowwise), runs its
-//           local experts, GETs the K output rows back and merges them in k order, then an all-gather over
-//           TP gives every rank [T, d] again. The EP group is the whole world (ep_degree = TP*DP), so with
-//           cross-DP EP the replicas' tokens meet at the experts without the DP all-gather/reduce-scatter.
+//           "DP" here is the DP replicas of this rank's EP group (InferenceGroup::EpDp): all of them with
+//           ep_degree = TP*DP, g of them with ep_degree = g*TP (partial cross-DP EP, each group of g
+//           replicas holding its own copy of the experts).
+//  decode with EngineOptions::decode_moe = Rowwise (whole experts on every rank: ep_degree a multiple of TP):
+//           each TP rank takes its contiguous slice of the replica's T tokens (some ranks may get none),
+//           routes it, PUTs each routed row into its expert owner's symmetric dispatch buffer
+//           (moe/paths/rowwise), runs its local experts, GETs the K output rows back and merges them in k
+//           order, then an all-gather over TP gives every rank [T, d] again. The EP group is this rank's copy
+//           of the experts (the whole world with ep_degree = TP*DP), so with cross-DP EP its replicas' tokens
+//           meet at the experts without the DP all-gather/reduce-scatter.
 // One sum over the TP group adds both the EP contributions (other experts) and the TP partial products
 // (other intermediate shards) — seed 002, "Why a Single All-Reduce Works". The shared expert is TP-sharded
 // and its partial sums ride in the same collective.
@@ -71,7 +75,7 @@ struct EngineOptions {
 };
 
 // Throws expar::Error unless `layout` supports `mode`: Rowwise needs every expert whole on one rank
-// (ep_tp_size 1: full EP with ep_degree = TP*DP, or a single rank); the message names the rule and the fix.
+// (ep_tp_size 1: ep_degree a multiple of TP, or a single rank); the message names the rule and the fix.
 void check_decode_moe(const InferenceLayout& layout, DecodeMoe mode);
 
 struct EngineStats {
@@ -117,13 +121,16 @@ class Engine {
 
   // Moves the experts to the slot table `slot_experts` (the layout's with_expert_slots): every MoE layer's
   // expert weights go, as held, to the ranks of the new placement over the EP group (moe/expert_moves.hpp),
-  // then the route map places rows by it. Collective over the world, between steps (no step in flight);
-  // needs expert parallelism. Returns the weight bytes this rank received.
+  // then the route map places rows by it. Every copy of the experts moves inside itself, so every rank must
+  // pass the same table (the server decides it once from the loads of the whole world). Collective over the
+  // world, between steps (no step in flight); needs expert parallelism. Returns the weight bytes this rank
+  // received.
   int64_t move_experts(std::vector<int> slot_experts);
   const InferenceLayout& layout() const { return layout_; }
 
   const EngineStats& stats() const { return stats_; }
-  // The collective groups (tests count calls on them).
+  // The collective groups (tests count calls on them); the DP group is the replicas of this rank's EP group
+  // that exchange tokens (single ranks without cross-DP EP).
   Comm& tp_group() { return *tp_; }
   Comm& dp_group() { return *dp_; }
   const EngineOptions& options() const { return options_; }
@@ -157,8 +164,8 @@ class Engine {
   EngineOptions options_;
   RankWeights weights_;
   std::shared_ptr<Comm> tp_, dp_;
-  // The layout's EP group (with cross-DP EP or decode_moe Rowwise: the whole world): rowwise decode and
-  // cross-DP prefill route over it, move_experts moves weights over it.
+  // The layout's EP group (with cross-DP EP or decode_moe Rowwise: the ranks of this rank's copy of the
+  // experts): rowwise decode and cross-DP prefill route over it, move_experts moves weights over it.
   std::shared_ptr<Comm> ep_;
   std::unique_ptr<ExpertPath> prefill_path_, decode_path_;  // agrs over TP (and DP), see moe_agrs
   std::unique_ptr<ExpertPath> rowwise_;                     // decode_moe Rowwise: the rowwise path over ep_

@@ -24,9 +24,10 @@ uint64_t hash_floats(const float* p, int64_t n) {
 // The engine phase every rank runs `plan` in. With cross-DP EP the two phases sum a token's expert outputs
 // in different orders (decode: over TP, then DP; prefill: over DP, then TP), so a decode token would change
 // bits with the phase its neighbours put the step in. Batch invariance then runs every step as a prefill
-// (same bytes moved: an all-gather and a reduce-scatter instead of an all-reduce over TP).
-bool prefill_phase(const StepPlan& plan, bool batch_invariant, int dp) {
-  return plan.prefill || (batch_invariant && dp > 1);
+// (same bytes moved: an all-gather and a reduce-scatter instead of an all-reduce over TP). Replicas that
+// exchange no tokens (DP without cross-DP EP, or EP groups of one replica) sum over TP alone in both phases.
+bool prefill_phase(const StepPlan& plan, bool batch_invariant, bool cross_dp_ep) {
+  return plan.prefill || (batch_invariant && cross_dp_ep);
 }
 
 }  // namespace
@@ -114,7 +115,7 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
         ids.push_back(engine_id.at(s.slot));
         tokens.push_back(s.tokens);
       }
-      const bool prefill = prefill_phase(*plan, options.batch_invariant, layout.dp());
+      const bool prefill = prefill_phase(*plan, options.batch_invariant, layout.cross_dp_ep());
       std::vector<int32_t> flat;
       if (!prefill)
         for (const auto& t : tokens) flat.push_back(t.at(0));
