@@ -1,10 +1,10 @@
 // The memory plan of an inference rank (infer/rank_memory_plan.hpp) against what loading really allocates:
 // for every family's storage (ours F32 with the embedding mapped in place, Mixtral and tied Qwen3-MoE in
 // BF16, Qwen-MoE in F32 with a gated shared expert, gpt-oss with MXFP4 experts held as stored or widened) on
-// TP, full, variable and cross-DP EP layouts (and full and cross-DP EP with redundant experts), each rank's
-// planned dense, expert and mapped bytes equal its
-// tracker's after load_rank_weights, and its KV bytes a sequence's cache. Then the refusal before loading:
-// its message names the bytes and a fix that the same check then accepts.
+// TP, full, variable, cross-DP and partial cross-DP EP layouts (TP 1 x DP 4 with EP groups of 2 replicas; TP
+// 2 x DP 2 with EP inside each replica) and with redundant experts, each rank's planned dense, expert and
+// mapped bytes equal its tracker's after load_rank_weights, and its KV bytes a sequence's cache. Then the
+// refusal before loading: its message names the bytes and a fix that the same check then accepts.
 #include "expar/infer/rank_memory_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -31,9 +31,9 @@ struct Layout {
 void expect_plan_matches_load(const fs::path& dir, const std::string& family,
                               std::optional<DType> weight_dtype = std::nullopt) {
   const ModelSpec spec = open_model_spec(dir);
-  for (const Layout& l :
-       {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}}, Layout{4, 1, true, 2},
-        Layout{2, 2, true, {}}, Layout{2, 1, true, {}, 4}, Layout{2, 2, true, {}, 4}}) {
+  for (const Layout& l : {Layout{1, 1, false, {}}, Layout{2, 1, false, {}}, Layout{2, 1, true, {}},
+                          Layout{4, 1, true, 2}, Layout{2, 2, true, {}}, Layout{2, 1, true, {}, 4},
+                          Layout{2, 2, true, {}, 4}, Layout{1, 4, true, 2}, Layout{2, 2, true, 2, 2}}) {
     const InferenceLayout layout =
         make_layout(l.tp, l.dp, l.ep, l.ep_degree, spec.config.moe.router.num_experts,
                     PlacementKind::Contiguous, l.redundant);

@@ -1,6 +1,7 @@
 // Continuous batching on the serving runtime: a request's tokens (greedy, and sampled with a seed) are the
 // same bits whether it runs alone or among other requests that join and leave while it runs, on every
-// layout (TP, cross-DP EP, no EP, variable EP), with f32 weights and with BF16, block-scaled FP8 and MXFP4
+// layout (TP, cross-DP EP, partial cross-DP EP, EP inside each DP replica, no EP, variable EP), with f32
+// weights and with BF16, block-scaled FP8 and MXFP4
 // weights held as stored;
 // chunked prefill mixes with decode under the token budget; every request gets exactly max_tokens tokens.
 // With redundant experts and rebalancing every few steps (issue #36), the experts move between the ranks
@@ -144,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{4, 1, true, 2, "bf16"}, LayoutCase{1, 1, true, 0, "fp8"},
                       LayoutCase{2, 2, true, 0, "fp8"}, LayoutCase{4, 1, true, 2, "fp8"},
                       LayoutCase{2, 1, false, 0, "fp8"}, LayoutCase{1, 1, true, 0, "mxfp4"},
-                      LayoutCase{2, 2, true, 0, "mxfp4"}, LayoutCase{2, 1, false, 0, "mxfp4"}),
+                      LayoutCase{2, 2, true, 0, "mxfp4"}, LayoutCase{2, 1, false, 0, "mxfp4"},
+                      LayoutCase{1, 4, true, 2}, LayoutCase{2, 2, true, 2}),
     [](const auto& info) {
       const LayoutCase& l = info.param;
       return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) +
@@ -192,7 +194,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LayoutCase{2, 1, true, 0, "f32", 2, 2}, LayoutCase{2, 2, true, 0, "f32", 4, 2},
                       LayoutCase{4, 1, true, 2, "f32", 2, 2}, LayoutCase{2, 1, true, 0, "f32", 0, 2},
                       LayoutCase{2, 2, true, 0, "bf16", 4, 2}, LayoutCase{2, 2, true, 0, "fp8", 4, 2},
-                      LayoutCase{2, 2, true, 0, "mxfp4", 4, 2}),
+                      LayoutCase{2, 2, true, 0, "mxfp4", 4, 2}, LayoutCase{1, 4, true, 2, "f32", 2, 2}),
     [](const auto& info) {
       const LayoutCase& l = info.param;
       return "tp" + std::to_string(l.tp) + "_dp" + std::to_string(l.dp) + "_ep" +
@@ -202,7 +204,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // /metrics' tokens per expert per rank add up: every forwarded token (prompt, and each generated token but
 // the last) is routed to K experts in each of L layers, and each route's rows are computed once by every
-// rank that holds a shard of its expert (1 with full EP, TP / ep_degree with variable EP, TP without EP).
+// rank that holds a shard of its expert (1 with whole experts, TP / ep_degree with variable EP, TP without
+// EP), in the request's own copy of the experts only.
 TEST_P(Batching, ExpertTokensPerRankAddUp) {
   const LayoutCase& l = GetParam();
   Runtime runtime(options_for(l));
@@ -219,9 +222,26 @@ TEST_P(Batching, ExpertTokensPerRankAddUp) {
       ++ranks_per_expert[line.substr(line.find("expert="), line.find('}') - line.find("expert="))];
     }
   const ModelConfig c = runtime.spec().config;
-  const int shards = !l.ep ? l.tp : l.ep_degree > 0 ? l.tp * l.dp / l.ep_degree : 1;
+  const int shards = !l.ep ? l.tp : l.ep_degree > 0 && l.ep_degree < l.tp ? l.tp / l.ep_degree : 1;
   EXPECT_EQ(total, forwarded * c.moe.router.top_k * c.layers * shards) << metrics;
   for (const auto& [expert, ranks] : ranks_per_expert) EXPECT_LE(ranks, shards) << expert;
+}
+
+// Partial cross-DP EP (EP groups of 2 of the 4 replicas, each its own copy of the experts) answers a request,
+// greedy and sampled, with the tokens of one rank alone; so does EP inside each replica.
+TEST(Batching, PartialCrossDpEpAnswersAsOneRank) {
+  std::vector<int32_t> greedy, sampled;
+  {
+    Runtime runtime(options_for({1, 1, true, 0}));
+    greedy = run_to_end(runtime.scheduler().submit(greedy_request()));
+    sampled = run_to_end(runtime.scheduler().submit(sampled_request()));
+  }
+  for (const LayoutCase& l : {LayoutCase{1, 4, true, 2}, LayoutCase{2, 2, true, 2}}) {
+    Runtime runtime(options_for(l));
+    EXPECT_EQ(run_to_end(runtime.scheduler().submit(greedy_request())), greedy) << l.tp << "x" << l.dp;
+    EXPECT_EQ(run_to_end(runtime.scheduler().submit(sampled_request())), sampled) << l.tp << "x" << l.dp;
+  }
+  EXPECT_EQ(greedy.size(), 12u);
 }
 
 // A sampled request with a seed gives the same tokens on a fresh server (the stream is the seed's).
