@@ -38,7 +38,7 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
     cmd->add_option("--decode-moe", a.decode_moe,
                     "Decode MoE pattern: " + choices(infer::decode_moe_names()) +
                         " (allreduce: every rank runs its experts on every token, seed 002; rowwise: rows to "
-                        "their experts' owners, full EP only)")
+                        "their experts' owners, whole experts only: ep_degree a multiple of TP)")
         ->capture_default_str()
         ->check(one_of(infer::decode_moe_names()));
   cmd->add_option("--threads", a.threads, "Compute threads per rank (0: cores / ranks)")

@@ -219,8 +219,8 @@ std::optional<LayoutRefusal> inference_refusal(const InferenceConfig& c) {
       for (const auto& [name, value] : f.with) x = with_setting(x, name, value);
       if (x.enable_expert_parallel && x.ep_degree && *x.ep_degree % x.tp == 0) {
         f.period = *x.ep_degree / x.tp;
-        f.values.resize(
-            std::min<size_t>(f.values.size(), 3));  // the first multiples; the period says the rest
+        // The first multiples; the period says the rest.
+        f.values.resize(std::min<size_t>(f.values.size(), 3));
       }
     }
     if (!f.with.empty()) continue;
