@@ -154,6 +154,18 @@ TEST(InferenceLayout, PartialCrossDpEpGroupsConsecutiveReplicas) {
   EXPECT_EQ(l.rank_info(1).expert_copy, 0);
   EXPECT_EQ(l.rank_info(7).local_experts, iota(12, 16));
   EXPECT_EQ(l.intermediate_shard(5, 96), (std::pair<int, int>{0, 96}));  // whole experts
+  // Each copy's ranks hold every expert once, and both copies the same set rank for rank.
+  for (int copy = 0; copy < 2; ++copy) {
+    std::vector<int> held;
+    for (int r = 4 * copy; r < 4 * copy + 4; ++r) {
+      const auto mine = l.rank_info(r).local_experts;
+      held.insert(held.end(), mine.begin(), mine.end());
+      if (copy == 1) {
+        EXPECT_EQ(mine, l.rank_info(r - 4).local_experts) << "rank " << r;
+      }
+    }
+    EXPECT_EQ(held, iota(0, 16)) << "copy " << copy;
+  }
   // TP=1, DP=4, ep_degree=2: EP groups {0,1}, {2,3}; 8 experts, 4 per rank.
   const InferenceLayout one(config(1, 4, true, 2, 8));
   EXPECT_EQ(one.ep_dp_size(), 2);
