@@ -9,6 +9,7 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul_edges.hpp"
 #include "expar/core/matvec.hpp"
 
 namespace expar {
@@ -89,16 +90,8 @@ bool matmul_runs_matvec(int64_t m, bool trans_a, bool trans_b) {
 
 void matmul(const MatmulArgs& p) {
   EXPAR_ASSERT(p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul with negative size m={} n={} k={}", p.m, p.n, p.k);
-  if (p.m == 0 || p.n == 0) return;
-  const int64_t lda = p.lda >= 0 ? p.lda : (p.trans_a ? p.m : p.k);
-  const int64_t ldb = p.ldb >= 0 ? p.ldb : (p.trans_b ? p.k : p.n);
-  const int64_t ldc = p.ldc >= 0 ? p.ldc : p.n;
-  if (p.k == 0) {
-    if (!p.accumulate)
-      for (int64_t i = 0; i < p.m; ++i)
-        std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
-    return;
-  }
+  const auto [lda, ldb, ldc] = matmul_leading_dims(p);
+  if (matmul_done_without_products(p, ldc)) return;
   if (tl_min_rows > 0 && !p.trans_a &&
       (p.m % tl_min_rows != 0 || p.m > kBatchInvariantBlocks * tl_min_rows)) {
     matmul_in_blocks(p, tl_min_rows, lda, ldc);

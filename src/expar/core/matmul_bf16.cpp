@@ -3,7 +3,6 @@
 
 #include <bit>
 #include <cstdlib>
-#include <cstring>
 #include <dnnl.hpp>
 #include <map>
 #include <mutex>
@@ -12,6 +11,7 @@
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/matmul_edges.hpp"
 
 namespace expar {
 namespace {
@@ -72,16 +72,8 @@ void matmul_bf16(const MatmulBf16Args& p) {
               "BF16 products do not run under batch invariance (row quantum {}): it is a rule of the f32 "
               "kernels (core/matmul.hpp)",
               matmul_min_rows());
-  if (p.m == 0 || p.n == 0) return;
-  const int64_t lda = p.lda >= 0 ? p.lda : (p.trans_a ? p.m : p.k);
-  const int64_t ldb = p.ldb >= 0 ? p.ldb : (p.trans_b ? p.k : p.n);
-  const int64_t ldc = p.ldc >= 0 ? p.ldc : p.n;
-  if (p.k == 0) {
-    if (!p.accumulate)
-      for (int64_t i = 0; i < p.m; ++i)
-        std::memset(p.c + i * ldc, 0, sizeof(float) * static_cast<size_t>(p.n));
-    return;
-  }
+  const auto [lda, ldb, ldc] = matmul_leading_dims(p);
+  if (matmul_done_without_products(p, ldc)) return;
   dnnl::matmul& mm = primitive(p.trans_a, p.trans_b, p.accumulate, omp_get_max_threads());
   const dnnl::engine& engine = cpu_engine();
   thread_local dnnl::stream stream(engine);
