@@ -26,6 +26,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/moe/expert_mlp.hpp"
+#include "expar/moe/payload_precision.hpp"
 #include "expert_fixtures.hpp"
 
 namespace expar {
@@ -243,6 +244,48 @@ TEST(ExpertMlpBf16, ForwardAndBackwardCloseToF32) {
                 relative_error(b.gx, f.gx, kRows * kD), relative_error(b.grads.w1, f.grads.w1, w.w1.numel()),
                 relative_error(b.grads.w3, f.grads.w3, w.w3.numel()),
                 relative_error(b.grads.w2, f.grads.w2, w.w2.numel()));
+  }
+}
+
+// An encoded input (a BF16 or MXFP8 dispatch payload, kept encoded as the saved Wgrad input) is read as
+// the BF16 rows of its decode: the forward and backward give the bits of the same experts run on the f32
+// decode of that payload (decode_payload), which the products round to BF16 themselves.
+TEST(ExpertMlpBf16, EncodedInputGivesTheBitsOfItsF32Decode) {
+  if (skip()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
+  // MXFP8 rows need d a multiple of 32.
+  for (const auto& [format, d] :
+       {std::pair{PayloadFormat::BF16, kD}, std::pair{PayloadFormat::MXFP8, int64_t{64}}}) {
+    SCOPED_TRACE(std::string(payload_format_name(format)));
+    ExpertWeights w = testing::random_experts(kLocal, d, kH, false, 23);
+    refresh_bf16_copies(w);
+    Tensor x = poisoned({kCapacity, d}), gy = poisoned({kCapacity, d});
+    Tensor live = x.rows(0, kRows), live_gy = gy.rows(0, kRows);
+    fill_normal(live, 24, 1, 1.0f);
+    fill_normal(live_gy, 24, 2, 1.0f);
+    Tensor payload = payload_tensor(format, kCapacity, d);
+    fill_nan(payload.raw(), payload.nbytes());
+    encode_payload_rows(format, x.data<float>(), kRows, d, static_cast<std::byte*>(payload.raw()));
+    const Tensor decoded = decode_payload(payload, format, kRows, d);
+    struct Result {
+      Tensor y, gx;
+      ExpertWeights grads;
+    };
+    auto run_on = [&](const Tensor& input, PayloadFormat input_format) {
+      Result r{poisoned({kCapacity, d}), poisoned({kCapacity, d}), testing::zeros_like(w)};
+      ExpertMlpState state;
+      expert_mlp_forward(input, input_format, kOffsets, w, r.y, &state);
+      expert_mlp_backward(gy, state, w, r.gx, r.grads, GradientUpdate::IntoZeros);
+      return r;
+    };
+    const Result want = run_on(decoded, PayloadFormat::F32), got = run_on(payload, format);
+    auto same_bits = [](const Tensor& a, const Tensor& b, int64_t count, const char* what) {
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), static_cast<size_t>(count) * sizeof(float)), 0) << what;
+    };
+    same_bits(got.y, want.y, kRows * d, "y");
+    same_bits(got.gx, want.gx, kRows * d, "grad_x");
+    same_bits(got.grads.w1, want.grads.w1, w.w1.numel(), "grad_w1");
+    same_bits(got.grads.w3, want.grads.w3, w.w3.numel(), "grad_w3");
+    same_bits(got.grads.w2, want.grads.w2, w.w2.numel(), "grad_w2");
   }
 }
 

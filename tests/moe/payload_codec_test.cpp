@@ -142,6 +142,48 @@ TEST(PayloadCodec, Bf16EncodeMatchesTheScalarConversionBitForBit) {
   }
 }
 
+// Decoding to BF16 (the operand of a BF16 expert product) gives, element by element, core/convert.hpp's
+// f32_to_bf16 of the f32 decode, for every format, with non-finite values, f32 subnormals and MX blocks so
+// small that their elements are f32 subnormals below BF16's resolution; no element of the poisoned output is
+// left unwritten.
+TEST(PayloadCodec, DecodeToBf16IsTheRoundingOfTheF32Decode) {
+  constexpr int64_t d = 64, rows = 96;
+  std::vector<float> x(static_cast<size_t>(rows * d));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = 4.0f * (uniform(31, i) - 0.5f);
+    const int64_t row = static_cast<int64_t>(i) / d;
+    x[i] = row % 3 == 1 ? std::ldexp(v, -130) : row % 3 == 2 ? std::bit_cast<float>(random_u32(32, 0, i)) : v;
+  }
+  const float specials[] = {INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, -0.0f};
+  for (size_t j = 0; j < std::size(specials); ++j) x[static_cast<size_t>(d * 6 + 7) + j] = specials[j];
+  x[5] = NAN;
+  x[d + 9] = -INFINITY;
+  for (PayloadFormat format : payload_formats()) {
+    SCOPED_TRACE(std::string(payload_format_name(format)));
+    std::vector<std::byte> wire(static_cast<size_t>(rows) * payload_row_bytes(format, d));
+    encode_payload_rows(format, x.data(), rows, d, wire.data());
+    std::vector<float> f32(x.size());
+    decode_payload_rows(format, wire.data(), rows, d, f32.data());
+    std::vector<uint16_t> bf16(x.size(), 0x4049);  // 3.14: no decode here gives it
+    decode_payload_rows_bf16(format, wire.data(), rows, d, bf16.data());
+    int64_t inexact = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(f32[i])) {
+        // A NaN block's sign is whichever NaN operand the decode's multiply returned (its loop's
+        // vectorisation decides): only NaN-ness is the format's (payload_codec.hpp).
+        ASSERT_TRUE(std::isnan(bf16_to_f32(bf16[i]))) << "element " << i;
+        continue;
+      }
+      ASSERT_EQ(bf16[i], f32_to_bf16(f32[i]))
+          << "element " << i << ", f32 decode bits " << std::bit_cast<uint32_t>(f32[i]);
+      inexact += bf16_to_f32(bf16[i]) != f32[i];
+    }
+    if (format == PayloadFormat::F32) {
+      EXPECT_GT(inexact, 0);  // the test rounds, not only copies
+    }
+  }
+}
+
 TEST(MxScale, ElementsMatchTheScalarConversionOfTheScaledValue) {
   // Reference: f32_to_e4m3(ldexp(v, -s)) with s from the scale code, for blocks whose elements sit on E4M3
   // values, on midpoints between them (ties), one ulp either side, in the subnormal range, and at random.

@@ -363,8 +363,11 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     EXPAR_CHECK(offsets[static_cast<size_t>(l) + 1] >= offsets[static_cast<size_t>(l)],
                 "expert offsets decrease at local expert {}", l);
   const int64_t recv = offsets[static_cast<size_t>(e_local)];
-  const Tensor decoded = decode_payload(input, input_format, recv, d);
-  check_rows(decoded, recv, d, "expert input");
+  // BF16 products read each expert's input rows as BF16 straight from the payload (payload_rows_bf16: a BF16
+  // payload as it arrived), never as f32 rows.
+  const bool bf16 = weights.bf16_products();
+  const Tensor decoded = bf16 ? Tensor{} : decode_payload(input, input_format, recv, d);
+  if (!bf16) check_rows(decoded, recv, d, "expert input");
   check_rows(out, recv, d, "expert output");
 
   const std::vector<int64_t> order = experts_by_rows(offsets);
@@ -389,7 +392,6 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     state->gate_pre = Tensor::empty({recv, ldp});
     state->up_pre = Tensor::empty({recv, ldp});
   }
-  const bool bf16 = weights.bf16_products();
   if (h > 0 && max_rows == 1 && matmul_runs_matvec(1, false, true) && !bf16) {
     forward_one_row_experts(decoded, offsets, order, weights, out, state);
     return;
@@ -400,9 +402,10 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int64_t max_columns = padded_columns(max_rows);
   Tensor act = Tensor::empty({workers, max_columns, h});
   Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_columns, h + 2 * d});
-  // BF16 products: per worker the expert's input rows [rows, d] and its activation [rows, ldp] in BF16.
+  // BF16 products: per worker the expert's input rows [rows, d] (unless the payload is BF16) and its
+  // activation [rows, ldp] in BF16.
   Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, d + ldp}, DType::BF16);
-  const float* x = decoded.data<float>();
+  const float* x = bf16 ? nullptr : decoded.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
     const int64_t l = order[static_cast<size_t>(task)];
@@ -444,13 +447,13 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul(w2, m, yt, d, cols, h, false, false, false);
       transpose(yt, d, n, cols, yl, d);
     } else if (bf16) {
-      uint16_t* xb = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (d + ldp);
-      uint16_t* mb = xb + max_rows * d;
+      uint16_t* x_scratch = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (d + ldp);
+      uint16_t* mb = x_scratch + max_rows * d;
       const uint16_t* w1 = static_cast<const uint16_t*>(weights.w1_bf16.raw()) + l * h * d;
       const uint16_t* w3 = static_cast<const uint16_t*>(weights.w3_bf16.raw()) + l * h * d;
       const uint16_t* w2 = static_cast<const uint16_t*>(weights.w2_bf16.raw()) + l * d * h;
       // a [n, h] = x·w1ᵀ, b = x·w3ᵀ, y [n, d] = m·w2ᵀ: x and m rounded to BF16, a, b, m and y f32.
-      round_rows_to_bf16(x + begin * d, d, xb, d, n, d);
+      const uint16_t* xb = payload_rows_bf16(input, input_format, begin, n, d, x_scratch);
       matmul_bf16({.a = xb, .b = w1, .c = al, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
       matmul_bf16({.a = xb, .b = w3, .c = bl, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
@@ -512,9 +515,10 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   // (the activation, then the gate pre-activation's gradient; the up pre-activation's gradient) in BF16.
   const bool bf16 = weights.bf16_products();
   Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, 2 * d + 2 * ldp}, DType::BF16);
-  // The Wgrad input: the saved payload, decoded again if it was kept encoded.
-  const Tensor decoded = decode_payload(state.input, state.input_format, recv, d);
-  const float* x = decoded.data<float>();
+  // The Wgrad input: the saved payload, decoded again if it was kept encoded (BF16 products read it as BF16
+  // rows per expert instead: payload_rows_bf16).
+  const Tensor decoded = bf16 ? Tensor{} : decode_payload(state.input, state.input_format, recv, d);
+  const float* x = bf16 ? nullptr : decoded.data<float>();
   const float* a = state.gate_pre.data<float>();
   const float* b = state.up_pre.data<float>();
   const float* gy = grad_out.data<float>();
@@ -537,8 +541,9 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
     }
     const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
     if (bf16) {
-      uint16_t* xb = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (2 * d + 2 * ldp);
-      uint16_t* gyb = xb + max_rows * d;
+      uint16_t* x_scratch =
+          static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (2 * d + 2 * ldp);
+      uint16_t* gyb = x_scratch + max_rows * d;
       uint16_t* mb = gyb + max_rows * d;  // m, then grad_a
       uint16_t* gbb = mb + max_rows * ldp;
       const uint16_t* w1b = static_cast<const uint16_t*>(weights.w1_bf16.raw()) + l * h * d;
@@ -566,7 +571,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
       if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
       round_rows_to_bf16(ga, ldp, mb, ldp, n, h);
       round_rows_to_bf16(gb, ldp, gbb, ldp, n, h);
-      round_rows_to_bf16(x + begin * d, d, xb, d, n, d);
+      const uint16_t* xb = payload_rows_bf16(state.input, state.input_format, begin, n, d, x_scratch);
       for (auto [g, grad_w] : {std::pair{mb, grads.w1.data<float>()}, std::pair{gbb, grads.w3.data<float>()}})
         matmul_bf16({.a = g,
                      .b = xb,

@@ -135,9 +135,10 @@ struct ExpertMlpState {
 };
 
 // input [>= offsets[E_L], d] f32, or encoded rows in input_format (payload_tensor's layout), decoded to f32
-// for the products; writes rows [0, offsets[E_L]) of `out` (same row count as needed, any capacity). `state`
-// receives what expert_mlp_backward needs; nullptr (inference) keeps nothing, so the column form skips
-// transposing the pre-activations back into rows.
+// for the products (BF16 products: to the BF16 rows they read, a BF16 payload read as it is); writes rows [0,
+// offsets[E_L]) of `out` (same row count as needed, any capacity). `state` receives what expert_mlp_backward
+// needs; nullptr (inference) keeps nothing, so the column form skips transposing the pre-activations back
+// into rows.
 void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::span<const int64_t> offsets,
                         const ExpertWeights& weights, Tensor& out, ExpertMlpState* state);
 

@@ -247,4 +247,22 @@ void decode_payload_rows(PayloadFormat format, const std::byte* src, int64_t row
   }
 }
 
+void decode_payload_rows_bf16(PayloadFormat format, const std::byte* src, int64_t rows, int64_t d,
+                              uint16_t* dst) {
+  const size_t row_bytes = payload_row_bytes(format, d);
+  check_rows(src, dst, rows, d);
+  const auto n = static_cast<size_t>(d);
+  if (format == PayloadFormat::BF16) {
+    if (rows > 0) std::memcpy(dst, src, static_cast<size_t>(rows) * row_bytes);
+    return;
+  }
+  // The f32 row, decoded in cache, then rounded: bf16_bits(decoded value), whatever the format.
+  std::vector<float> row(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    decode_payload_rows(format, src + static_cast<size_t>(r) * row_bytes, 1, d, row.data());
+    uint16_t* out = dst + static_cast<size_t>(r) * n;
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_bits(row[i]);
+  }
+}
+
 }  // namespace expar

@@ -59,6 +59,11 @@ size_t payload_row_bytes(PayloadFormat format, int64_t d);
 void encode_payload_rows(PayloadFormat format, const float* src, int64_t rows, int64_t d, std::byte* dst);
 // src rows * payload_row_bytes(format, d) bytes -> dst [rows, d] f32.
 void decode_payload_rows(PayloadFormat format, const std::byte* src, int64_t rows, int64_t d, float* dst);
+// src rows * payload_row_bytes(format, d) bytes -> dst [rows, d] BF16 (uint16 storage): each element the
+// BF16 rounding (nearest, ties to even; core/convert.hpp's f32_to_bf16) of what decode_payload_rows gives,
+// the operand of a BF16 product. A BF16 payload is copied as it is (its rounding is itself).
+void decode_payload_rows_bf16(PayloadFormat format, const std::byte* src, int64_t rows, int64_t d,
+                              uint16_t* dst);
 
 // The E8M0 code of the shared scale of one block (any length >= 1) under `rule`, with the special cases
 // above (0 for an all-zero block, 0xFF for a block with NaN or inf).

@@ -7,6 +7,7 @@
 
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 
 namespace expar {
 
@@ -82,6 +83,26 @@ Tensor decode_payload(const Tensor& payload, PayloadFormat format, int64_t rows,
   Tensor out = Tensor::empty({rows, d});
   decode_rows(format, static_cast<const std::byte*>(payload.raw()), rows, d, out.data<float>());
   return out;
+}
+
+const uint16_t* payload_rows_bf16(const Tensor& payload, PayloadFormat format, int64_t begin, int64_t n,
+                                  int64_t d, uint16_t* scratch) {
+  const auto rb = static_cast<int64_t>(payload_row_bytes(format, d));
+  EXPAR_ASSERT(begin >= 0 && n >= 0 && payload.ndim() == 2 && payload.dim(0) >= begin + n &&
+                   static_cast<int64_t>(payload.nbytes()) >= (begin + n) * rb,
+               "rows [{}, {}) of a {} payload {} {}: past its end", begin, begin + n,
+               payload_format_name(format), dtype_name(payload.dtype()), shape_string(payload.shape()));
+  const std::byte* src = static_cast<const std::byte*>(payload.raw()) + begin * rb;
+  switch (format) {
+    case PayloadFormat::BF16:
+      return reinterpret_cast<const uint16_t*>(src);
+    case PayloadFormat::F32:
+      round_rows_to_bf16(reinterpret_cast<const float*>(src), d, scratch, d, n, d);
+      return scratch;
+    default:
+      decode_payload_rows_bf16(format, src, n, d, scratch);
+      return scratch;
+  }
 }
 
 std::string PayloadPrecision::describe() const {

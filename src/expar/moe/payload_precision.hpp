@@ -55,5 +55,10 @@ void decode_rows(PayloadFormat format, const std::byte* src, int64_t rows, int64
 // Rows [0, rows) of `payload` (as payload_tensor makes it) decoded into f32 [rows, d]; for f32, the payload
 // itself (no copy).
 Tensor decode_payload(const Tensor& payload, PayloadFormat format, int64_t rows, int64_t d);
+// Rows [begin, begin + n) of `payload` (as payload_tensor makes it) as the BF16 rows [n, d] a BF16 product
+// reads (decode_payload_rows_bf16's values): a BF16 payload's own rows, without a copy; any other format
+// decoded (f32: rounded) into `scratch` ([>= n, d]), which is then returned. On the calling thread.
+const uint16_t* payload_rows_bf16(const Tensor& payload, PayloadFormat format, int64_t begin, int64_t n,
+                                  int64_t d, uint16_t* scratch);
 
 }  // namespace expar
