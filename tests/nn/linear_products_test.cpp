@@ -72,7 +72,9 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
     SCOPED_TRACE(accumulate ? "accumulating" : "plain");
     const Tensor y0 = randn({m, out}, 4), gx0 = randn({m, in}, 5), gw0 = randn({out, in}, 6);
     Tensor y = accumulate ? y0.clone() : poisoned({m, out});
-    linear_product(x.data<float>(), m, w, wb, y.data<float>(), accumulate);
+    const ProductRows xr = product_rows(x.data<float>(), m, in, true),
+                      gyr = product_rows(gy.data<float>(), m, out, true);
+    linear_product(xr, m, w, wb, y.data<float>(), accumulate);
     expect_within_bound(
         y, in + accumulate,
         [&](int64_t i, int64_t j) {
@@ -84,7 +86,7 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
         },
         "y");
     Tensor gx = accumulate ? gx0.clone() : poisoned({m, in});
-    linear_input_grad(gy.data<float>(), m, w, wb, gx.data<float>(), accumulate);
+    linear_input_grad(gyr, m, w, wb, gx.data<float>(), accumulate);
     expect_within_bound(
         gx, out + accumulate,
         [&](int64_t i, int64_t j) {
@@ -97,7 +99,7 @@ TEST(LinearProductsBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
         "grad_x");
     // The weight gradient always accumulates (into the f32 gradient).
     Tensor gw = gw0.clone();
-    linear_weight_grad(gy.data<float>(), x.data<float>(), m, true, gw);
+    linear_weight_grad(gyr, xr, m, gw);
     expect_within_bound(
         gw, m + 1,
         [&](int64_t i, int64_t j) {
@@ -115,11 +117,14 @@ TEST(LinearProductsBf16, WithoutACopyTheProductsAreTheF32Ones) {
   const int64_t m = 9, in = 12, out = 7;
   const Tensor x = randn({m, in}, 1), w = randn({out, in}, 2), gy = randn({m, out}, 3);
   Tensor y = poisoned({m, out}), want = poisoned({m, out});
-  linear_product(x.data<float>(), m, w, Tensor{}, y.data<float>(), false);
+  const ProductRows xr = product_rows(x.data<float>(), m, in, false),
+                    gyr = product_rows(gy.data<float>(), m, out, false);
+  EXPECT_FALSE(xr.bf16.defined());
+  linear_product(xr, m, w, Tensor{}, y.data<float>(), false);
   matmul(x.data<float>(), w.data<float>(), want.data<float>(), m, out, in, false, true, false);
   EXPECT_EQ(std::memcmp(y.raw(), want.raw(), y.nbytes()), 0);
   Tensor gw = Tensor::zeros({out, in}), gw_want = Tensor::zeros({out, in});
-  linear_weight_grad(gy.data<float>(), x.data<float>(), m, false, gw);
+  linear_weight_grad(gyr, xr, m, gw);
   matmul(gy.data<float>(), x.data<float>(), gw_want.data<float>(), out, in, m, true, false, true);
   EXPECT_EQ(std::memcmp(gw.raw(), gw_want.raw(), gw.nbytes()), 0);
 }

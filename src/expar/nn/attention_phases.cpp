@@ -252,9 +252,10 @@ Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWe
                 AttentionSaved* saved) {
   const int64_t n = x.dim(0), hd = shape.head_dim;
   Qkv out{Tensor::empty({n, dims.qd}), Tensor::empty({n, dims.kd}), Tensor::empty({n, dims.kd})};
-  linear_product(x.data<float>(), n, weights.wq, weights.wq_bf16, out.q.data<float>(), false);
-  linear_product(x.data<float>(), n, weights.wk, weights.wk_bf16, out.k.data<float>(), false);
-  linear_product(x.data<float>(), n, weights.wv, weights.wv_bf16, out.v.data<float>(), false);
+  const ProductRows xr = product_rows(x.data<float>(), n, dims.d, bf16_products(weights.wq_bf16));
+  linear_product(xr, n, weights.wq, weights.wq_bf16, out.q.data<float>(), false);
+  linear_product(xr, n, weights.wk, weights.wk_bf16, out.k.data<float>(), false);
+  linear_product(xr, n, weights.wv, weights.wv_bf16, out.v.data<float>(), false);
   add_bias(out.q.data<float>(), n, dims.qd, options.bq);
   add_bias(out.k.data<float>(), n, dims.kd, options.bk);
   add_bias(out.v.data<float>(), n, dims.kd, options.bv);
@@ -305,7 +306,8 @@ Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const T
                       const AttentionOptions& options) {
   const int64_t n = context.dim(0);
   Tensor y = Tensor::empty({n, dims.d});
-  linear_product(context.data<float>(), n, weights.wo, weights.wo_bf16, y.data<float>(), false);
+  linear_product(product_rows(context.data<float>(), n, dims.qd, bf16_products(weights.wo_bf16)), n,
+                 weights.wo, weights.wo_bf16, y.data<float>(), false);
   add_bias(y.data<float>(), n, dims.d, options.bo);
   return y;
 }
@@ -356,9 +358,10 @@ Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const 
   const int64_t n = grad_y.dim(0);
   if (has(options.bo)) add_column_sums(grad_y, option_grads->bo);
   Tensor grad_context = Tensor::empty({n, dims.qd});
-  linear_input_grad(grad_y.data<float>(), n, weights.wo, weights.wo_bf16, grad_context.data<float>(), false);
-  linear_weight_grad(grad_y.data<float>(), saved.context.data<float>(), n, bf16_products(weights.wo_bf16),
-                     grads.wo);
+  const bool bf16 = bf16_products(weights.wo_bf16);
+  const ProductRows gy = product_rows(grad_y.data<float>(), n, dims.d, bf16);
+  linear_input_grad(gy, n, weights.wo, weights.wo_bf16, grad_context.data<float>(), false);
+  linear_weight_grad(gy, product_rows(saved.context.data<float>(), n, dims.qd, bf16), n, grads.wo);
   return grad_context;
 }
 
@@ -454,13 +457,17 @@ Tensor input_backward(const AttentionShape& shape, const Rope& rope, const Atten
 
   Tensor grad_x = Tensor::empty({n, dims.d});
   float* gx = grad_x.data<float>();
-  linear_input_grad(grad_q.data<float>(), n, weights.wq, weights.wq_bf16, gx, false);
-  linear_input_grad(grad_k.data<float>(), n, weights.wk, weights.wk_bf16, gx, true);
-  linear_input_grad(grad_v.data<float>(), n, weights.wv, weights.wv_bf16, gx, true);
-  const float* px = saved.x.data<float>();
-  linear_weight_grad(grad_q.data<float>(), px, n, bf16_products(weights.wq_bf16), grads.wq);
-  linear_weight_grad(grad_k.data<float>(), px, n, bf16_products(weights.wk_bf16), grads.wk);
-  linear_weight_grad(grad_v.data<float>(), px, n, bf16_products(weights.wv_bf16), grads.wv);
+  const bool bf16 = bf16_products(weights.wq_bf16);
+  const ProductRows gq = product_rows(grad_q.data<float>(), n, dims.qd, bf16);
+  const ProductRows gk = product_rows(grad_k.data<float>(), n, dims.kd, bf16);
+  const ProductRows gv = product_rows(grad_v.data<float>(), n, dims.kd, bf16);
+  linear_input_grad(gq, n, weights.wq, weights.wq_bf16, gx, false);
+  linear_input_grad(gk, n, weights.wk, weights.wk_bf16, gx, true);
+  linear_input_grad(gv, n, weights.wv, weights.wv_bf16, gx, true);
+  const ProductRows px = product_rows(saved.x.data<float>(), n, dims.d, bf16);
+  linear_weight_grad(gq, px, n, grads.wq);
+  linear_weight_grad(gk, px, n, grads.wk);
+  linear_weight_grad(gv, px, n, grads.wv);
   return grad_x;
 }
 

@@ -13,7 +13,8 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias,
   const int64_t n = x.dim(0);
   check_f32(x, "linear_forward", "x", {n, in});
   Tensor y = Tensor::empty({n, out});
-  linear_product(x.data<float>(), n, weight, weight_bf16, y.data<float>(), false);
+  linear_product(product_rows(x.data<float>(), n, in, bf16_products(weight_bf16)), n, weight, weight_bf16,
+                 y.data<float>(), false);
   if (bias) {
     check_f32(*bias, "linear_forward", "bias", {out});
     const float* b = bias->data<float>();
@@ -35,8 +36,10 @@ Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Ten
   check_f32(grad_y, "linear_backward", "grad_y", {n, out});
   check_f32(grad_weight, "linear_backward", "grad_weight", {out, in});
   Tensor grad_x = Tensor::empty({n, in});
-  linear_input_grad(grad_y.data<float>(), n, weight, weight_bf16, grad_x.data<float>(), false);
-  linear_weight_grad(grad_y.data<float>(), saved.x.data<float>(), n, bf16_products(weight_bf16), grad_weight);
+  const bool bf16 = bf16_products(weight_bf16);
+  const ProductRows gy = product_rows(grad_y.data<float>(), n, out, bf16);
+  linear_input_grad(gy, n, weight, weight_bf16, grad_x.data<float>(), false);
+  linear_weight_grad(gy, product_rows(saved.x.data<float>(), n, in, bf16), n, grad_weight);
   if (grad_bias) {
     check_f32(*grad_bias, "linear_backward", "grad_bias", {out});
     float* gb = grad_bias->data<float>();

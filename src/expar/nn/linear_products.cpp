@@ -1,5 +1,6 @@
 #include "expar/nn/linear_products.hpp"
 
+#include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/weight_matmul.hpp"
@@ -7,13 +8,6 @@
 namespace expar::nn {
 
 namespace {
-
-// rows × cols f32 values (packed) rounded to BF16, in a scratch tensor the product reads.
-Tensor rounded(const float* values, int64_t rows, int64_t cols) {
-  Tensor out = Tensor::empty({rows, cols}, DType::BF16);
-  round_rows_to_bf16(values, cols, static_cast<uint16_t*>(out.raw()), cols, rows, cols);
-  return out;
-}
 
 const uint16_t* bf16_data(const Tensor& t) {
   return static_cast<const uint16_t*>(t.raw());
@@ -25,18 +19,35 @@ void check_copy(const Tensor& w, const Tensor& w_bf16) {
               shape_string(w.shape()), dtype_name(w_bf16.dtype()), shape_string(w_bf16.shape()));
 }
 
+// The operand's BF16 rows [m, width], which a BF16 product needs.
+const uint16_t* rounded_rows(const ProductRows& rows, int64_t m, int64_t width, const char* what) {
+  EXPAR_ASSERT(rows.bf16.defined() && rows.bf16.dtype() == DType::BF16 && rows.bf16.ndim() == 2 &&
+                   rows.bf16.dim(0) == m && rows.bf16.dim(1) == width,
+               "a BF16 product's {} must hold its BF16 rows [{}, {}] (product_rows with bf16), got {} {}",
+               what, m, width, dtype_name(rows.bf16.dtype()), shape_string(rows.bf16.shape()));
+  return bf16_data(rows.bf16);
+}
+
 }  // namespace
 
-void linear_product(const float* x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
+ProductRows product_rows(const float* values, int64_t m, int64_t width, bool bf16) {
+  ProductRows rows{.f32 = values};
+  if (bf16) {
+    rows.bf16 = Tensor::empty({m, width}, DType::BF16);
+    round_rows_to_bf16(values, width, static_cast<uint16_t*>(rows.bf16.raw()), width, m, width);
+  }
+  return rows;
+}
+
+void linear_product(const ProductRows& x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
                     bool accumulate) {
   if (!bf16_products(w_bf16)) {
-    matmul_weight(WeightProduct{.x = x, .m = m, .w = weight_view(w), .y = y, .accumulate = accumulate});
+    matmul_weight(WeightProduct{.x = x.f32, .m = m, .w = weight_view(w), .y = y, .accumulate = accumulate});
     return;
   }
   check_copy(w, w_bf16);
   const int64_t out = w.dim(0), in = w.dim(1);
-  const Tensor xb = rounded(x, m, in);
-  matmul_bf16({.a = bf16_data(xb),
+  matmul_bf16({.a = rounded_rows(x, m, in, "input"),
                .b = bf16_data(w_bf16),
                .c = y,
                .m = m,
@@ -46,16 +57,15 @@ void linear_product(const float* x, int64_t m, const Tensor& w, const Tensor& w_
                .accumulate = accumulate});
 }
 
-void linear_input_grad(const float* grad_y, int64_t m, const Tensor& w, const Tensor& w_bf16, float* grad_x,
-                       bool accumulate) {
+void linear_input_grad(const ProductRows& grad_y, int64_t m, const Tensor& w, const Tensor& w_bf16,
+                       float* grad_x, bool accumulate) {
   const int64_t out = w.dim(0), in = w.dim(1);
   if (!bf16_products(w_bf16)) {
-    matmul(grad_y, w.data<float>(), grad_x, m, in, out, false, false, accumulate);
+    matmul(grad_y.f32, w.data<float>(), grad_x, m, in, out, false, false, accumulate);
     return;
   }
   check_copy(w, w_bf16);
-  const Tensor gyb = rounded(grad_y, m, out);
-  matmul_bf16({.a = bf16_data(gyb),
+  matmul_bf16({.a = rounded_rows(grad_y, m, out, "output gradient"),
                .b = bf16_data(w_bf16),
                .c = grad_x,
                .m = m,
@@ -64,15 +74,17 @@ void linear_input_grad(const float* grad_y, int64_t m, const Tensor& w, const Te
                .accumulate = accumulate});
 }
 
-void linear_weight_grad(const float* grad_y, const float* x, int64_t m, bool bf16, Tensor& grad_w) {
+void linear_weight_grad(const ProductRows& grad_y, const ProductRows& x, int64_t m, Tensor& grad_w) {
   const int64_t out = grad_w.dim(0), in = grad_w.dim(1);
-  if (!bf16) {
-    matmul(grad_y, x, grad_w.data<float>(), out, in, m, true, false, true);
+  EXPAR_ASSERT(
+      grad_y.bf16.defined() == x.bf16.defined(),
+      "a weight gradient's operands must both be BF16 rows or both f32 (product_rows with one bf16)");
+  if (!x.bf16.defined()) {
+    matmul(grad_y.f32, x.f32, grad_w.data<float>(), out, in, m, true, false, true);
     return;
   }
-  const Tensor gyb = rounded(grad_y, m, out), xb = rounded(x, m, in);
-  matmul_bf16({.a = bf16_data(gyb),
-               .b = bf16_data(xb),
+  matmul_bf16({.a = rounded_rows(grad_y, m, out, "output gradient"),
+               .b = rounded_rows(x, m, in, "input"),
                .c = grad_w.data<float>(),
                .m = out,
                .n = in,

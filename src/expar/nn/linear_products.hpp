@@ -7,8 +7,9 @@
 //  - mixed precision (issue #35, `expar train --precision bf16`: `w_bf16` is the BF16 copy of the f32
 //    master W, core/tensor_convert.hpp's refresh_bf16_copy): BF16 × BF16 products with f32 accumulation
 //    (core/matmul.hpp's matmul_bf16), the copy as the weight operand and each activation rounded to BF16
-//    (nearest, ties to even) where it enters a product. The results stay f32: y, the input gradient, and the
-//    weight gradient, added into the f32 gradient as in f32.
+//    (nearest, ties to even) once, where it first enters a product (ProductRows), every product that reads it
+//    reading that one rounding. The results stay f32: y, the input gradient, and the weight gradient, added
+//    into the f32 gradient as in f32.
 // Every operand is packed (row strides are the widths).
 #include <cstdint>
 
@@ -16,18 +17,28 @@
 
 namespace expar::nn {
 
-// y [m, out] (+)= x [m, in]·Wᵀ.
-void linear_product(const float* x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
-                    bool accumulate);
-// grad_x [m, in] (+)= grad_y [m, out]·W.
-void linear_input_grad(const float* grad_y, int64_t m, const Tensor& w, const Tensor& w_bf16, float* grad_x,
-                       bool accumulate);
-// grad_w [out, in] += grad_yᵀ·x over the m rows; BF16 operands when `bf16` (the weight holds a copy).
-void linear_weight_grad(const float* grad_y, const float* x, int64_t m, bool bf16, Tensor& grad_w);
+// An activation operand [m, width] of the products: its f32 rows, and under BF16 products their BF16
+// rounding, made once by product_rows for every product that reads the operand (attention's input feeds
+// the q, k and v projections and their three weight gradients; an output gradient, its layer's input and
+// weight gradients).
+struct ProductRows {
+  const float* f32 = nullptr;
+  Tensor bf16{};  // BF16 [m, width]; undefined under f32 products
+};
+ProductRows product_rows(const float* values, int64_t m, int64_t width, bool bf16);
 
 // Whether a weight's products run in BF16: its copy is held.
 inline bool bf16_products(const Tensor& w_bf16) {
   return w_bf16.defined();
 }
+
+// y [m, out] (+)= x [m, in]·Wᵀ.
+void linear_product(const ProductRows& x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
+                    bool accumulate);
+// grad_x [m, in] (+)= grad_y [m, out]·W.
+void linear_input_grad(const ProductRows& grad_y, int64_t m, const Tensor& w, const Tensor& w_bf16,
+                       float* grad_x, bool accumulate);
+// grad_w [out, in] += grad_yᵀ·x over the m rows; BF16 operands when both hold their rounding.
+void linear_weight_grad(const ProductRows& grad_y, const ProductRows& x, int64_t m, Tensor& grad_w);
 
 }  // namespace expar::nn
