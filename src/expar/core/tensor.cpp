@@ -49,7 +49,10 @@ void add_into(Tensor& acc, const Tensor& b) {
                dtype_name(b.dtype()), shape_string(b.shape()));
   float* pa = acc.data<float>();
   const float* pb = b.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += pb[i];
+  // The count read once: a store through pa could alias the shape, so numel() in the condition would be
+  // recomputed per element and keep the loop from vectorising.
+  const int64_t n = acc.numel();
+  for (int64_t i = 0; i < n; ++i) pa[i] += pb[i];
 }
 
 namespace {

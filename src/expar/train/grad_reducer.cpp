@@ -49,8 +49,10 @@ void GradReducer::reduce() {
     for (size_t i : b.members) {
       auto& g = params_[i]->grad;
       float* dst = g.data<float>();
-      for (int64_t j = 0; j < g.numel(); ++j) dst[j] = flat[at + static_cast<size_t>(j)] * scale_;
-      at += static_cast<size_t>(g.numel());
+      // numel() once (it is out of line), so that the loop vectorises.
+      const int64_t n = g.numel();
+      for (int64_t j = 0; j < n; ++j) dst[j] = flat[at + static_cast<size_t>(j)] * scale_;
+      at += static_cast<size_t>(n);
     }
   }
 }

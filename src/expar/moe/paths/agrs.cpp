@@ -337,7 +337,8 @@ class AgrsPath final : public ExpertPath {
                 shape_string(a.shape()), io.addend_row, shape_string(partial.shape()));
     float* p = partial.data<float>() + io.addend_row * partial.dim(1);
     const float* q = a.data<float>();
-    for (int64_t i = 0; i < a.numel(); ++i) p[i] += q[i];
+    const int64_t n = a.numel();  // once: numel() is out of line (per element, the loop would not vectorise)
+    for (int64_t i = 0; i < n; ++i) p[i] += q[i];
   }
 
   // The routes of the gathered tokens that land on this rank's partition, as an EP-size-1 route map over
