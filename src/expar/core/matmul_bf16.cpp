@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "expar/core/assert.hpp"
+#include "expar/core/bf16_round.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/matmul_edges.hpp"
@@ -122,13 +123,7 @@ void round_rows_to_bf16(const float* src, int64_t ld_src, uint16_t* dst, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * ld_src;
     uint16_t* d = dst + r * ld_dst;
-    // core/convert.hpp's f32_to_bf16, branch-free so that it vectorises.
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint32_t bits = std::bit_cast<uint32_t>(s[c]);
-      const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
-      d[c] = static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
-    }
+    for (int64_t c = 0; c < cols; ++c) d[c] = round_to_bf16(s[c]);
   }
 }
 

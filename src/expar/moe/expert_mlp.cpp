@@ -5,6 +5,7 @@
 #include <tuple>
 #include <vector>
 
+#include "expar/core/bf16_round.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/fast_exp.hpp"
 #include "expar/core/matmul.hpp"
@@ -165,31 +166,43 @@ struct Rows {
 };
 using In = Rows<const float>;
 using Out = Rows<float>;
+// An output the elementwise passes write straight in BF16 (core/bf16_round.hpp): the operand of the BF16
+// product that reads it next, so that the f32 value is never stored and rounded in a second pass.
+using OutBf16 = Rows<uint16_t>;
+
+inline void store(float* at, float value) {
+  *at = value;
+}
+inline void store(uint16_t* at, float value) {
+  *at = round_to_bf16(value);
+}
 
 // m = silu(a) * b.
-void swiglu(In a, In b, Out m, int64_t rows, int64_t cols) {
+template <typename T>
+void swiglu(In a, In b, Rows<T> m, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float *ar = a.row(r), *br = b.row(r);
-    float* mr = m.row(r);
+    T* mr = m.row(r);
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) mr[c] = ar[c] * fast_sigmoid(ar[c]) * br[c];
+    for (int64_t c = 0; c < cols; ++c) store(mr + c, ar[c] * fast_sigmoid(ar[c]) * br[c]);
   }
 }
 
 // From grad_m: grad_b = grad_m * silu(a); grad_a = grad_m * b * silu'(a), silu'(a) = s·(1 + a·(1 − s)).
 // Element i of gm is read before element i of ga or gb is written, so either may be gm itself.
-void swiglu_grad(In a, In b, In gm, Out ga, Out gb, int64_t rows, int64_t cols) {
+template <typename T>
+void swiglu_grad(In a, In b, In gm, Rows<T> ga, Rows<T> gb, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float *ar = a.row(r), *br = b.row(r), *gr = gm.row(r);
-    float *gar = ga.row(r), *gbr = gb.row(r);
+    T *gar = ga.row(r), *gbr = gb.row(r);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
       const float g = gr[c];
       const float s = fast_sigmoid(ar[c]);
-      gbr[c] = g * (ar[c] * s);
-      gar[c] = g * br[c] * s * (1.0f + ar[c] * (1.0f - s));
+      store(gbr + c, g * (ar[c] * s));
+      store(gar + c, g * br[c] * s * (1.0f + ar[c] * (1.0f - s)));
     }
   }
 }
@@ -198,23 +211,25 @@ bool has(const Tensor& t) {
   return t.defined() && t.numel() > 0;
 }
 
-// m = the experts' activation of the pre-activations a (gate) and b (up).
-void activate(ExpertMlpActivation activation, In a, In b, Out m, int64_t rows, int64_t cols) {
+// m = the experts' activation of the pre-activations a (gate) and b (up), in f32 or BF16.
+template <typename T>
+void activate(ExpertMlpActivation activation, In a, In b, Rows<T> m, int64_t rows, int64_t cols) {
   if (activation != ExpertMlpActivation::GptOssClamped) return swiglu(a, b, m, rows, cols);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) m.row(r)[c] = gpt_oss_swiglu(a.row(r)[c], b.row(r)[c]);
+    for (int64_t c = 0; c < cols; ++c) store(m.row(r) + c, gpt_oss_swiglu(a.row(r)[c], b.row(r)[c]));
 }
 
-// The activation's gradient (swiglu_grad's contract: gm may be ga or gb).
-void activate_grad(ExpertMlpActivation activation, In a, In b, In gm, Out ga, Out gb, int64_t rows,
+// The activation's gradient (swiglu_grad's contract: gm may be ga or gb), in f32 or BF16.
+template <typename T>
+void activate_grad(ExpertMlpActivation activation, In a, In b, In gm, Rows<T> ga, Rows<T> gb, int64_t rows,
                    int64_t cols) {
   if (activation != ExpertMlpActivation::GptOssClamped) return swiglu_grad(a, b, gm, ga, gb, rows, cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const float g = gm.row(r)[c];
       const GptOssSwigluGrad d = gpt_oss_swiglu_grad(a.row(r)[c], b.row(r)[c]);
-      ga.row(r)[c] = g * d.d_gate;
-      gb.row(r)[c] = g * d.d_up;
+      store(ga.row(r) + c, g * d.d_gate);
+      store(gb.row(r) + c, g * d.d_up);
     }
 }
 
@@ -458,8 +473,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul_bf16({.a = xb, .b = w3, .c = bl, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
-      activate(weights.activation, In{al, ldp}, In{bl, ldp}, Out{m, h}, n, h);
-      round_rows_to_bf16(m, h, mb, ldp, n, h);
+      activate(weights.activation, In{al, ldp}, In{bl, ldp}, OutBf16{mb, ldp}, n, h);
       matmul_bf16({.a = mb, .b = w2, .c = yl, .m = n, .n = d, .k = h, .trans_b = true, .lda = ldp});
     } else {
       const WeightProduct gate{
@@ -551,8 +565,7 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
       const uint16_t* w2b = static_cast<const uint16_t*>(weights.w2_bf16.raw()) + l * d * h;
       // The f32 backward's products below, each on BF16 operands with an f32 result.
       round_rows_to_bf16(gy + begin * d, d, gyb, d, n, d);
-      activate(weights.activation, al, bl, Out{m, h}, n, h);
-      round_rows_to_bf16(m, h, mb, ldp, n, h);
+      activate(weights.activation, al, bl, OutBf16{mb, ldp}, n, h);
       matmul_bf16({.a = gyb,
                    .b = mb,
                    .c = grads.w2.data<float>() + l * d * h,
@@ -564,13 +577,19 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
                    .lda = d,
                    .ldb = ldp});
       matmul_bf16({.a = gyb, .b = w2b, .c = gm, .m = n, .n = h, .k = d, .ldc = ldp});
-      float* ga = m;
-      float* gb = gm;
-      activate_grad(weights.activation, al, bl, In{gm, ldp}, Out{ga, ldp}, Out{gb, ldp}, n, h);
-      if (has(grads.b1)) add_column_sums(In{ga, ldp}, n, h, grads.b1.data<float>() + l * h);
-      if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
-      round_rows_to_bf16(ga, ldp, mb, ldp, n, h);
-      round_rows_to_bf16(gb, ldp, gbb, ldp, n, h);
+      // The pre-activations' gradients go straight to BF16, unless the biases' gradients need their f32
+      // values.
+      if (has(grads.b1) || has(grads.b3)) {
+        float* ga = m;
+        float* gb = gm;
+        activate_grad(weights.activation, al, bl, In{gm, ldp}, Out{ga, ldp}, Out{gb, ldp}, n, h);
+        if (has(grads.b1)) add_column_sums(In{ga, ldp}, n, h, grads.b1.data<float>() + l * h);
+        if (has(grads.b3)) add_column_sums(In{gb, ldp}, n, h, grads.b3.data<float>() + l * h);
+        round_rows_to_bf16(ga, ldp, mb, ldp, n, h);
+        round_rows_to_bf16(gb, ldp, gbb, ldp, n, h);
+      } else {
+        activate_grad(weights.activation, al, bl, In{gm, ldp}, OutBf16{mb, ldp}, OutBf16{gbb, ldp}, n, h);
+      }
       const uint16_t* xb = payload_rows_bf16(state.input, state.input_format, begin, n, d, x_scratch);
       for (auto [g, grad_w] : {std::pair{mb, grads.w1.data<float>()}, std::pair{gbb, grads.w3.data<float>()}})
         matmul_bf16({.a = g,

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "expar/core/assert.hpp"
+#include "expar/core/bf16_round.hpp"
 #include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
 
@@ -51,15 +52,8 @@ BlockMax block_max(std::span<const float> block) {
 }
 
 // The per-element conversions of the hot loops, inlined and branch-free so that the compiler can vectorise
-// them; they give the same bits as core/convert.hpp (f32_to_bf16, f32_to_e4m3), which the tests check.
-
-// f32 -> bf16, round to nearest even; NaN stays NaN (quiet, sign kept).
-inline uint16_t bf16_bits(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  return static_cast<uint16_t>(nan ? ((bits >> 16) | 0x0040u) : rounded);
-}
+// them (BF16's is core/bf16_round.hpp's); they give the same bits as core/convert.hpp (f32_to_bf16,
+// f32_to_e4m3), which the tests check.
 
 // f32 -> E4M3 code for a finite value (the caller has excluded NaN and inf blocks), round to nearest even,
 // saturating to ±448.
@@ -192,7 +186,7 @@ void encode_payload_rows(PayloadFormat format, const float* src, int64_t rows, i
       return;
     case PayloadFormat::BF16:
       for (size_t i = 0; i < total; ++i) {
-        const uint16_t bits = bf16_bits(src[i]);
+        const uint16_t bits = round_to_bf16(src[i]);
         std::memcpy(dst + 2 * i, &bits, 2);
       }
       return;
@@ -256,12 +250,12 @@ void decode_payload_rows_bf16(PayloadFormat format, const std::byte* src, int64_
     if (rows > 0) std::memcpy(dst, src, static_cast<size_t>(rows) * row_bytes);
     return;
   }
-  // The f32 row, decoded in cache, then rounded: bf16_bits(decoded value), whatever the format.
+  // The f32 row, decoded in cache, then rounded: round_to_bf16(decoded value), whatever the format.
   std::vector<float> row(n);
   for (int64_t r = 0; r < rows; ++r) {
     decode_payload_rows(format, src + static_cast<size_t>(r) * row_bytes, 1, d, row.data());
     uint16_t* out = dst + static_cast<size_t>(r) * n;
-    for (size_t i = 0; i < n; ++i) out[i] = bf16_bits(row[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = round_to_bf16(row[i]);
   }
 }
 
