@@ -65,14 +65,18 @@ int MoeLayer::ep_rank() const {
   return ep_group_.rank();
 }
 
+void init_router_weight(Tensor& w_router, const std::string& name, uint64_t seed) {
+  fill_normal(w_router, seed, stream_of((name + ".router").c_str()),
+              1.0f / std::sqrt(static_cast<float>(w_router.dim(1))));
+}
+
 void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPlacement& placement,
                      int ep_rank, const std::string& name, uint64_t seed) {
   const int64_t d = config.model_dim, h = config.hidden_dim;
   EXPAR_CHECK(params.experts.local_count() == placement.local_count(),
               "init of '{}': {} local expert slots for a placement with {} local slots", name,
               params.experts.local_count(), placement.local_count());
-  fill_normal(params.w_router, seed, stream_of((name + ".router").c_str()),
-              1.0f / std::sqrt(static_cast<float>(d)));
+  init_router_weight(params.w_router, name, seed);
   for (Tensor* bias :
        {&params.score_bias, &params.router_bias, &params.experts.b1, &params.experts.b3, &params.experts.b2})
     if (bias->defined()) bias->zero();

@@ -43,6 +43,9 @@ struct MoeParams {
 // local experts of `ep_rank`.
 void init_moe_params(MoeParams& params, const MoeConfig& config, const ExpertPlacement& placement,
                      int ep_rank, const std::string& name, uint64_t seed);
+// init_moe_params's router weight alone (w_router [E, d]): for a caller that routes before it builds a layer
+// (a benchmark placing replicas by the loads its routes will give).
+void init_router_weight(Tensor& w_router, const std::string& name, uint64_t seed);
 
 struct MoeGrads {
   Tensor w_router;        // [E, d]
