@@ -18,6 +18,9 @@
 #include "expar/core/weight_view.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/rank_memory_plan.hpp"
+#include "expar/moe/router_skew.hpp"
+#include "expar/serve/expert_rebalancer.hpp"
+#include "expar/topo/expert_balance.hpp"
 
 namespace expar::bench {
 
@@ -199,6 +202,38 @@ float read_all(const float* p, int64_t n) {
   return total;
 }
 
+// A random prompt of `length` tokens below `vocab`, one per stream.
+std::vector<int32_t> random_prompt(int64_t length, int vocab, uint64_t seed, uint64_t stream) {
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>(random_u32(seed, stream, i) % static_cast<uint32_t>(vocab));
+  return prompt;
+}
+
+// Every MoE router's logit bias plus the skew (the same on every rank: a function of s, E and the seed).
+void skew_routers(infer::RankWeights& w, double exponent, uint64_t seed) {
+  for (infer::LayerWeights& lw : w.layers)
+    if (infer::present(lw.router))
+      add_router_skew(lw.router_bias, exponent, static_cast<int>(w.config.moe.router.num_experts), seed);
+}
+
+// Per MoE layer (max - mean) / mean over the ranks of `rows` ([rank][layer], the rows each rank's experts
+// computed); returns the mean over the layers that computed rows, and the largest.
+std::pair<double, double> layer_imbalance(const std::vector<std::vector<double>>& rows) {
+  double sum = 0.0, largest = 0.0;
+  int layers = 0;
+  for (size_t l = 0; !rows.empty() && l < rows[0].size(); ++l) {
+    std::vector<double> ranks;
+    for (const std::vector<double>& rank : rows) ranks.push_back(rank[l]);
+    if (std::all_of(ranks.begin(), ranks.end(), [](double x) { return x == 0; })) continue;
+    const double imbalance = load_imbalance(ranks);
+    sum += imbalance;
+    largest = std::max(largest, imbalance);
+    ++layers;
+  }
+  return {layers > 0 ? sum / layers : 0.0, largest};
+}
+
 }  // namespace
 
 GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
@@ -224,9 +259,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     return fmt::format("--tokens {}", positions - o.prompt_tokens);
   };
   infer::check_fits_before_loading(fit);
-  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
-  for (size_t i = 0; i < prompt.size(); ++i)
-    prompt[i] = static_cast<int32_t>(random_u32(o.seed, 0x6E4, i) % static_cast<uint32_t>(config.vocab));
+  check_router_skew(o.router_skew);
+  const std::vector<int32_t> prompt = random_prompt(o.prompt_tokens, config.vocab, o.seed, 0x6E4);
 
   GenerateBenchReport r;
   r.ranks = layout.world();
@@ -242,7 +276,10 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
         layout, world,
         [&] {
           std::unique_ptr<TensorStore> store = infer::open_store(spec);
-          return infer::load_rank_weights(*store, spec, layout, world.rank(), o.engine.weight_dtype);
+          infer::RankWeights w =
+              infer::load_rank_weights(*store, spec, layout, world.rank(), o.engine.weight_dtype);
+          if (o.router_skew > 0) skew_routers(w, o.router_skew, o.seed);
+          return w;
         }(),
         infer::EngineOptions{o.engine.decode_moe, {}});
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
@@ -252,12 +289,16 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // rank read.
     const size_t layers = static_cast<size_t>(config.layers);
     std::vector<double> step_experts(static_cast<size_t>(o.tokens - 1) * layers);
-    auto run = [&](const std::function<double()>& between) {
+    // The rows this rank's experts computed per layer in the last run's prefill and decode steps.
+    std::vector<int64_t> prefill_rows(layers), decode_rows(layers);
+    auto run = [&](const std::vector<int32_t>& tokens, const std::function<double()>& between) {
       const int id = engine.add_sequence(o.prompt_tokens + o.tokens);
       Tensor logits;
+      const std::vector<int64_t> rows_before = engine.stats().layer_rows;
       const double tp = timed_max(world, [&] {
-        logits = engine.prefill(std::vector<int>{id}, {prompt}, infer::PrefillLogits::LastRow);
+        logits = engine.prefill(std::vector<int>{id}, {tokens}, infer::PrefillLogits::LastRow);
       });
+      const std::vector<int64_t> rows_prefilled = engine.stats().layer_rows;
       int32_t next = infer::argmax_row(logits, 0);
       double td = 0.0, tb = 0.0;
       for (int s = 1; s < o.tokens; ++s) {
@@ -270,10 +311,37 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
               static_cast<double>(engine.stats().expert_weight_reads[l] - before[l]);
         if (between) tb += between();
       }
+      for (size_t l = 0; l < layers; ++l) {
+        prefill_rows[l] = rows_prefilled[l] - rows_before[l];
+        decode_rows[l] = engine.stats().layer_rows[l] - rows_prefilled[l];
+      }
       engine.remove_sequence(id);
       return std::tuple{tp, td, tb};
     };
-    run({});  // untimed: the memory figures below include a whole run
+    if (layout.placement().has_replicas()) {
+      // EPLB as a server runs it (serve/expert_rebalancer.hpp): the loads of one run on another prompt of
+      // the same length choose the placement, and the engine moves its expert weights there.
+      const std::vector<int64_t> before = engine.stats().expert_tokens;
+      run(random_prompt(o.prompt_tokens, config.vocab, o.seed, 0x6E5), {});
+      std::vector<int64_t> loads = engine.stats().expert_tokens;
+      for (size_t e = 0; e < loads.size(); ++e) loads[e] -= before[e];
+      world.all_reduce(std::span<int64_t>(loads), ReduceOp::Sum);
+      serve::ExpertRebalancer rebalancer({.window = 1, .interval = 1}, layout.placement());
+      serve::StepLoad load;
+      load.expert_tokens = loads;
+      rebalancer.after_step(load);
+      const std::vector<int> table = rebalancer.before_step();
+      if (!table.empty()) {
+        int64_t bytes = 0;
+        const double seconds = timed_max(world, [&] { bytes = engine.move_experts(table); });
+        world.all_reduce(&bytes, 1, DType::I64, ReduceOp::Sum);
+        std::lock_guard lock(mutex);
+        r.rebalanced = true;
+        r.moved_bytes = bytes;
+        r.move_seconds = seconds;
+      }
+    }
+    run(prompt, {});  // untimed: the memory figures below include a whole run
     {  // before the limits' buffers: the engine's bytes (current: the weights; peak: loading, KV cache)
       std::lock_guard lock(mutex);
       r.memory[static_cast<size_t>(world.rank())] = current_tracker().snapshot();
@@ -343,7 +411,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // are their medians' ratios).
     std::vector<double> prefill, decode, limit, read;
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      const auto [tp, td, tr] = run(read_probe);
+      const auto [tp, td, tr] = run(prompt, read_probe);
       const double tl = timed_max(world, [&] {
         for (const std::vector<Gemm>& layer : gemms) run_products(layer, a, b, c, c_size);
         for (int64_t r0 = 0; r0 < head.n; r0 += head_rows)
@@ -370,6 +438,19 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       routed_mean += (step_bytes.dense + step_bytes.per_expert * experts) / static_cast<double>(steps);
     }
     world.all_reduce(&routed_mean, 1, DType::F64, ReduceOp::Max);
+    // Every rank's rows per layer, [rank][layer], for the imbalance of the last timed run.
+    std::vector<double> all_rows(static_cast<size_t>(2 * world.size()) * layers, 0.0);
+    for (size_t l = 0; l < layers; ++l) {
+      all_rows[static_cast<size_t>(world.rank()) * layers + l] = static_cast<double>(prefill_rows[l]);
+      all_rows[static_cast<size_t>(world.size() + world.rank()) * layers + l] =
+          static_cast<double>(decode_rows[l]);
+    }
+    world.all_reduce(all_rows.data(), all_rows.size(), DType::F64, ReduceOp::Sum);
+    std::vector<std::vector<double>> prefill_by_rank, decode_by_rank;
+    for (int k = 0; k < 2 * world.size(); ++k)
+      (k < world.size() ? prefill_by_rank : decode_by_rank)
+          .emplace_back(all_rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(k) * layers),
+                        all_rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(k + 1) * layers));
     double held_total = static_cast<double>(held_bytes(w));
     world.all_reduce(&held_total, 1, DType::F64, ReduceOp::Sum);
     if (world.rank() == 0) {
@@ -382,6 +463,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       r.decode_routed_bytes_per_token = routed_mean;
       r.read_bandwidth = static_cast<double>(window) * sizeof(float) / median(read);
       r.weight_bytes = static_cast<int64_t>(held_total);
+      std::tie(r.prefill_imbalance, r.prefill_imbalance_max) = layer_imbalance(prefill_by_rank);
+      std::tie(r.decode_imbalance, r.decode_imbalance_max) = layer_imbalance(decode_by_rank);
       r.kv_bytes_per_token = infer::kv_bytes_per_token(config, spec.features, layout, 0);
       if (spec.features.mla.enabled())
         r.kv_bytes_per_token_expanded = int64_t{config.layers} * w.local_latent.n_heads *
@@ -433,6 +516,15 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"kv_bytes_per_token_rank0", r.kv_bytes_per_token},
                          {"kv_bytes_per_token_expanded_rank0", r.kv_bytes_per_token_expanded},
                          {"peak_rss_bytes", r.peak_rss_bytes},
+                         {"router_skew", o.router_skew},
+                         {"redundant_experts", o.engine.redundant_experts},
+                         {"rank_load_imbalance_prefill", r.prefill_imbalance},
+                         {"rank_load_imbalance_prefill_max_layer", r.prefill_imbalance_max},
+                         {"rank_load_imbalance_decode", r.decode_imbalance},
+                         {"rank_load_imbalance_decode_max_layer", r.decode_imbalance_max},
+                         {"rebalanced", r.rebalanced},
+                         {"expert_move_bytes_all_ranks", r.moved_bytes},
+                         {"expert_move_seconds", r.move_seconds},
                          {"memory_per_rank", memory}};
   return j.dump(2) + "\n";
 }

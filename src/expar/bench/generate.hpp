@@ -29,6 +29,9 @@ struct GenerateBenchOptions {
   int warmup = 1;
   int repeats = 3;
   uint64_t seed = 1;
+  // --router-skew s: a Zipf-like bias on every MoE router's logits (moe/router_skew.hpp, from s, E and
+  // `seed`), added in memory: the checkpoint is unchanged. 0: the checkpoint's routing.
+  double router_skew = 0;
 };
 
 struct GenerateBenchReport {
@@ -54,6 +57,16 @@ struct GenerateBenchReport {
   // The KV cache of one position on rank 0 (every layer); with latent attention, the latent rows, and what
   // the expanded keys and values of its heads would take instead (0 otherwise).
   int64_t kv_bytes_per_token = 0, kv_bytes_per_token_expanded = 0;
+  // The experts' load per rank in the last timed run: per MoE layer, (max - mean) / mean over the ranks of
+  // the token rows their experts computed, then the mean over the layers (and the largest layer's).
+  double prefill_imbalance = 0.0, prefill_imbalance_max = 0.0;
+  double decode_imbalance = 0.0, decode_imbalance_max = 0.0;
+  // With redundant experts: the placement EPLB chose from the loads of one untimed run on another prompt
+  // (serve's rebalancer and the engine's move), and what moving to it cost: weight bytes received, all
+  // ranks, and the slowest rank's seconds. 0 when the placement did not change or without replicas.
+  bool rebalanced = false;
+  int64_t moved_bytes = 0;
+  double move_seconds = 0.0;
 };
 
 // Throws expar::Error for a bad option (the message names it) or a prompt + generation above max_seq.

@@ -43,6 +43,17 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
       "rank: {:.1f} MB per token\n",
       "routed", "", r.read_bandwidth / r.decode_routed_bytes_per_token, r.decode_routed_fraction,
       r.decode_routed_bytes_per_token * 1e-6);
+  fmt::print(
+      "expert load per rank, (max - mean) / mean of the rows each rank's experts computed, mean over the MoE "
+      "layers (largest): prefill {:.3f} ({:.3f}), decode {:.3f} ({:.3f}); router skew {:g}\n",
+      r.prefill_imbalance, r.prefill_imbalance_max, r.decode_imbalance, r.decode_imbalance_max,
+      a.bench.router_skew);
+  if (a.layout.redundant_experts > 0)
+    fmt::print("{} redundant experts placed by EPLB from an untimed run on another prompt: {}\n",
+               a.layout.redundant_experts,
+               r.rebalanced ? fmt::format("moved {} of expert weights (all ranks) in {:.1f} ms",
+                                          format_bytes(r.moved_bytes), r.move_seconds * 1e3)
+                            : std::string("the initial placement was kept"));
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
     fmt::print("rank {} memory (current, peak):\n{}", rank, format_memory(r.memory[rank]));
   fmt::print("weights held (all ranks) {}, peak resident set of the process {}\n",
@@ -85,6 +96,11 @@ void add_bench_generate(CLI::App* bench, CommandTable& table) {
   cmd->add_option("--warmup", a->bench.warmup, "Untimed repeats first")
       ->capture_default_str()
       ->check(integer_in(0, 1000));
+  cmd->add_option("--router-skew", a->bench.router_skew,
+                  "Zipf exponent s of a bias added to every router's logits (expert popularity ~ 1/rank^s, "
+                  "real models measure about 1; 0: the checkpoint's routing)")
+      ->capture_default_str()
+      ->check(finite_in(0, 16));
   add_layout_options(cmd, a->layout, true);
   add_json_option(cmd, a->json, "the results");
   table[cmd] = [a] { return run_bench_generate(*a); };
