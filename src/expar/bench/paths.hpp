@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "expar/bench/layer_bench.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/core/memory.hpp"
+#include "expar/moe/moe_layer.hpp"
 #include "expar/moe/payload_precision.hpp"
 
 namespace expar::bench {
@@ -38,11 +40,29 @@ struct PathsBenchOptions : LayerBenchSetup {
   // their f32 masters, moe/expert_mlp.hpp), and the matmul limit the same BF16 product (core/matmul.hpp's
   // matmul_bf16) at the same shapes. Refused by name on CPUs without BF16 dot products (validate).
   bool bf16_products = false;
+  // --router-skew s: a Zipf-like bias on the router's logits (moe/router_skew.hpp, from s, E and `seed`),
+  // the layer's router bias; 0: none.
+  double router_skew = 0;
+  // --redundant-experts R: E + R expert slots over each EP group, placed by DeepSeek's EPLB
+  // (topo/expert_balance.hpp) from the loads the router gives another batch of the same inputs' distribution
+  // (measured_expert_slots); the single-rank paths keep one slot per expert.
+  int redundant_experts = 0;
 };
 
 // Throws expar::Error for a bad shape, an unknown path, emulated nodes under MPI, or ranks x threads above
 // the cores without oversubscribe (under MPI: the ranks on this rank's node, `local_ranks`; 0: o.ranks).
 void validate(const PathsBenchOptions& o, int local_ranks = 0);
+
+// The slot table of o.redundant_experts > 0 (MoeExecution::slots), empty for 0: every rank routes a batch
+// drawn like its timed inputs but from another stream, the routes per expert are summed over the world and
+// EPLB places E + R slots over the EP group by them. Collective over `world`; the same table on every rank.
+std::vector<int> measured_expert_slots(Comm& world, const PathsBenchOptions& o);
+
+// The benchmark's MoE layer for `path` on `group` with `slots` (empty: one slot per expert), its parameters
+// initialised from o.seed (layout-independent) with the router skew's bias and, with --precision bf16, the
+// experts' BF16 copies. `heap`: the rowwise path's (null: its own).
+std::unique_ptr<MoeLayer> make_bench_layer(Comm& group, const PathsBenchOptions& o, const std::string& path,
+                                           const std::vector<int>& slots, SymmetricHeap* heap = nullptr);
 
 // One pass (forward or backward) of one path: per phase the median over repeats of the max over ranks.
 struct PassTimes {
@@ -79,6 +99,9 @@ struct PathResult {
   // the EP group's collectives (Comm::stats().traffic) and the one-sided puts and gets on its heap
   // (SymmetricHeap::stats()). Deterministic for given routes, unlike the times.
   TrafficStats collective_traffic, one_sided_traffic;
+  // The experts' load per EP rank: (max - mean) / mean over the group's ranks of the rows its experts
+  // computed (max over EP groups; 0 on one rank).
+  double rank_load_imbalance = 0.0;
   double step() const { return forward.total + backward.total; }
 };
 

@@ -25,6 +25,8 @@
 #include "expar/moe/moe_layer.hpp"
 #include "expar/moe/paths/path.hpp"
 #include "expar/moe/phase_timer.hpp"
+#include "expar/moe/router_skew.hpp"
+#include "expar/topo/expert_balance.hpp"
 #include "expar/topo/training_layout.hpp"
 
 namespace expar::bench {
@@ -62,13 +64,16 @@ MoeConfig config_of(const PathsBenchOptions& o) {
   c.router.top_k = o.top_k;
   c.model_dim = o.model_dim;
   c.hidden_dim = o.hidden_dim;
+  c.router_bias = o.router_skew > 0;  // the skew's logit bias
   return c;
 }
 
-MoeExecution execution_of(const PathsBenchOptions& o, const std::string& path) {
+MoeExecution execution_of(const PathsBenchOptions& o, const std::string& path,
+                          const std::vector<int>& slots) {
   MoeExecution e;
   e.path = path;
   e.precision = path_traits(path).reduced_precision ? o.precision : PayloadPrecision{};
+  if (!path_traits(path).single_rank) e.slots = slots;
   return e;
 }
 
@@ -129,12 +134,6 @@ std::map<std::string, double> phase_bytes(const RouteMap& map, int64_t d, bool f
     bytes[name] = count * static_cast<double>(payload_row_bytes(leg, d));
   }
   return bytes;
-}
-
-// The experts of a benchmark's layer multiply as o asks: with --precision bf16, from BF16 copies of their f32
-// masters (made once: the weights do not change between repeats).
-void set_products(MoeLayer& layer, const PathsBenchOptions& o) {
-  if (o.bf16_products) refresh_bf16_copies(layer.params().experts);
 }
 
 // The limit's matmul, in the expert MLP's orientation: x [rows, d] times w1ᵀ ([h, d] stored); with
@@ -203,14 +202,12 @@ std::pair<TrafficStats, TrafficStats> step_traffic(Comm& world, const TrafficSta
 }
 
 PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, const std::string& path,
-                       const Tensor& x, const Tensor& grad_y, int64_t& recv_rows_out,
-                       int64_t& send_rows_out) {
+                       const std::vector<int>& slots, const Tensor& x, const Tensor& grad_y,
+                       int64_t& recv_rows_out, int64_t& send_rows_out) {
   // The layer's heap (the rowwise path's), made here so that its one-sided traffic can be read.
   auto heap = group.make_heap();
-  MoeLayer layer(config_of(o), execution_of(o, path), group, "bench",
-                 MoeSharedResources{heap.get(), nullptr, -1});
-  layer.init_params(o.seed);
-  set_products(layer, o);
+  const std::unique_ptr<MoeLayer> made = make_bench_layer(group, o, path, slots, heap.get());
+  MoeLayer& layer = *made;
   const auto& order = phase_order();
   const size_t p = order.size();
   // Per repeat: [forward total, backward total, forward phases..., backward phases...], max over ranks.
@@ -320,6 +317,11 @@ PathResult measure_one(Comm& world, Comm& group, const PathsBenchOptions& o, con
   }
   r.gemm_flops_forward = work[2 * p];
   r.gemm_flops_backward = work[2 * p + 1];
+  std::vector<double> rank_rows(static_cast<size_t>(group.size()));
+  const auto mine = static_cast<double>(last_map.recv_rows);
+  group.all_gather(&mine, rank_rows.data(), 1, DType::F64);
+  r.rank_load_imbalance = load_imbalance(rank_rows);
+  world.all_reduce(&r.rank_load_imbalance, 1, DType::F64, ReduceOp::Max);
   recv_rows_out = last_map.recv_rows;
   int64_t sent = 0;
   for (int64_t c : last_map.send_counts) sent += c;
@@ -358,6 +360,39 @@ Limits measure_limits(Comm& world, const PathsBenchOptions& o, int64_t gemm_rows
 }
 
 }  // namespace
+
+std::vector<int> measured_expert_slots(Comm& world, const PathsBenchOptions& o) {
+  if (o.redundant_experts == 0) return {};
+  const MoeConfig config = config_of(o);
+  Tensor w_router = Tensor::empty({o.experts, o.model_dim}, DType::F32, MemCategory::Other);
+  init_router_weight(w_router, "bench", o.seed);
+  const Tensor skew = router_skew_bias(o.router_skew, o.experts, o.seed);
+  RouterState state;
+  const RouterOutput routed =
+      router_forward(config.router, input_of(o, world.rank(), 3), w_router, nullptr, state, &skew);
+  std::vector<int64_t> counts = routed.expert_counts;
+  world.all_reduce(std::span<int64_t>(counts), ReduceOp::Sum);
+  ExpertBalanceInput in;
+  in.loads.assign(counts.begin(), counts.end());
+  in.redundant = o.redundant_experts;
+  in.ep_size = ep_of(o);
+  in.ranks_per_node = o.ranks_per_node;
+  std::vector<int> table;
+  for (const PhysicalSlot& slot : balance_experts(in).slots) table.push_back(slot.expert);
+  return table;
+}
+
+std::unique_ptr<MoeLayer> make_bench_layer(Comm& group, const PathsBenchOptions& o, const std::string& path,
+                                           const std::vector<int>& slots, SymmetricHeap* heap) {
+  auto layer = std::make_unique<MoeLayer>(config_of(o), execution_of(o, path, slots), group, "bench",
+                                          MoeSharedResources{heap, nullptr, -1});
+  layer->init_params(o.seed);
+  if (o.router_skew > 0) layer->params().router_bias = router_skew_bias(o.router_skew, o.experts, o.seed);
+  // With --precision bf16 the experts multiply from BF16 copies of their f32 masters (made once: the
+  // weights do not change between repeats).
+  if (o.bf16_products) refresh_bf16_copies(layer->params().experts);
+  return layer;
+}
 
 double PassTimes::phase_seconds(const std::string& name) const {
   for (const auto& [n, s] : phases)
@@ -428,10 +463,23 @@ void validate(const PathsBenchOptions& o, int local_ranks) {
   }
   EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0, "--ep {} does not divide --ranks {}: choose --ep in {{{}}}", ep,
               o.ranks, fmt::join(eps, ","));
-  EXPAR_CHECK(o.experts % ep == 0,
-              "--experts {} is not divisible by the EP degree {}: choose --experts a multiple of {}, or --ep "
-              "in {{{}}}",
-              o.experts, ep, ep, fmt::join(eps, ","));
+  check_router_skew(o.router_skew);
+  EXPAR_CHECK(o.redundant_experts >= 0,
+              "--redundant-experts {} must not be negative: pass 0 (no replicas) or more",
+              o.redundant_experts);
+  if (o.redundant_experts > 0) {
+    const int slots = o.experts + o.redundant_experts, up = ep - slots % ep;
+    EXPAR_CHECK(slots % ep == 0,
+                "--redundant-experts {} gives S = {} experts + {} = {} expert slots, which the EP degree {} "
+                "does not divide: every rank holds S/{} slots; pass --redundant-experts {}",
+                o.redundant_experts, o.experts, o.redundant_experts, slots, ep, ep, o.redundant_experts + up);
+  } else {
+    EXPAR_CHECK(
+        o.experts % ep == 0,
+        "--experts {} is not divisible by the EP degree {}: choose --experts a multiple of {}, or --ep "
+        "in {{{}}}",
+        o.experts, ep, ep, fmt::join(eps, ","));
+  }
   o.precision.validate(o.model_dim);
   const std::vector<std::string> known = benchmarked_paths({});
   for (const auto& p : o.paths) {
@@ -487,13 +535,14 @@ PathsReport measure_paths(Comm& world, const PathsBenchOptions& o) {
   const int rank = world.rank();
   auto ep_group = world.split(rank / ep, rank, "ep");
   auto solo = world.split(rank, 0, "solo");
+  const std::vector<int> slots = measured_expert_slots(world, o);
   const Tensor x = input_of(o, rank, 1);
   const Tensor grad_y = input_of(o, rank, 2);
   int64_t gemm_rows = 0, copy_rows = 0;
   for (const auto& path : o.paths) {
     Comm& group = path_traits(path).single_rank ? *solo : *ep_group;
     int64_t recv = 0, sent = 0;
-    report.results.push_back(measure_one(world, group, o, path, x, grad_y, recv, sent));
+    report.results.push_back(measure_one(world, group, o, path, slots, x, grad_y, recv, sent));
     gemm_rows = std::max(gemm_rows, recv);
     copy_rows = std::max(copy_rows, sent);
   }
@@ -515,6 +564,7 @@ PathsReport measure_paths(const PathsBenchOptions& o) {
 std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o) {
   const int ep = ep_of(o);
   const int rank = world.rank();
+  const std::vector<int> slots = measured_expert_slots(world, o);
   // The no-EP row on world rank 0 alone, each EP row on the EP group of world rank 0 (ranks [0, ep)).
   auto solo = world.split(rank == 0 ? 0 : 1, rank, "memory.solo");
   auto ep_group = world.split(rank < ep ? 0 : 1, rank, "memory.ep");
@@ -523,9 +573,8 @@ std::vector<MemoryRow> measure_memory(Comm& world, const PathsBenchOptions& o) {
     MemoryTracker tracker;
     if (group != nullptr) {
       TrackerBinding binding(tracker);
-      MoeLayer layer(config_of(o), execution_of(o, path), *group, "bench");
-      layer.init_params(o.seed);
-      set_products(layer, o);
+      const std::unique_ptr<MoeLayer> made = make_bench_layer(*group, o, path, slots);
+      MoeLayer& layer = *made;
       const Tensor x = input_of(o, rank, 1);
       const Tensor grad_y = input_of(o, rank, 2);
       MoeState state;

@@ -55,6 +55,12 @@ std::string format_paths_table(const PathsReport& report) {
       o.bf16_products ? "bf16 (f32 accumulation)" : "f32", o.repeats, o.warmup,
       o.sync_comm ? "; --sync-comm: a barrier before each communication phase, booked as 'wait for peers'"
                   : "");
+  if (o.router_skew > 0 || o.redundant_experts > 0)
+    s += fmt::format(
+        "routing: router skew {:g} (expert popularity ~ 1/rank^{:g}); {} redundant expert slot(s){}\n",
+        o.router_skew, o.router_skew, o.redundant_experts,
+        o.redundant_experts > 0 ? " placed by EPLB from the routes of another batch (single-rank paths: none)"
+                                : "");
   s += fmt::format(
       "limits (same run, every rank at once): oneDNN {}matmul [{} x {}]·[{} x {}] {:.1f} GFLOP/s per rank; "
       "memcpy {} {:.2f} GB/s per rank (bytes read + written)\n",
@@ -104,6 +110,8 @@ std::string format_paths_table(const PathsReport& report) {
   s += fmt::format("\n{:<32}", "dispatch + combine, fwd + bwd");
   for (const auto& r : report.results)
     s += fmt::format("{:>18}", ms(r.forward.dispatch_combine() + r.backward.dispatch_combine()));
+  s += fmt::format("\n{:<32}", "rank load (max-mean)/mean");
+  for (const auto& r : report.results) s += fmt::format("{:>18.3f}", r.rank_load_imbalance);
   s += "\n";
   // What each leg carries: accepted routes sent by the slowest rank, times its leg's encoded row.
   s += fmt::format("\nPAYLOAD per rank and step (max over ranks): {}\n  {:<30}", o.precision.describe(),
@@ -197,6 +205,8 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
                                {"combine_grad", payload_format_name(o.precision.combine_grad)},
                                {"dispatch_grad", payload_format_name(o.precision.dispatch_grad)}};
   j["options"]["products"] = o.bf16_products ? "bf16" : "f32";
+  j["options"]["router_skew"] = o.router_skew;
+  j["options"]["redundant_experts"] = o.redundant_experts;
   j["limits"] = {{"matmul_flops_per_s", report.limits.matmul_flops},
                  {"matmul_rows", report.limits.matmul_rows},
                  {"memcpy_bytes_per_s", report.limits.memcpy_bandwidth},
@@ -221,6 +231,7 @@ std::string paths_json(const PathsReport& report, const std::vector<MemoryRow>& 
                                              {"total_seconds", pass.total}};
     }
     p["gemm_flops"] = {{"forward", r.gemm_flops_forward}, {"backward", r.gemm_flops_backward}};
+    p["rank_load_imbalance"] = r.rank_load_imbalance;
     p["gemm_limit"] = {{"matmul_flops_per_s", gemm_limit(report, r)}, {"matmul_rows", r.matmul_rows}};
     p["step_seconds"] = r.step();
     auto traffic_json = [](const TrafficStats& t) {

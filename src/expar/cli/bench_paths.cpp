@@ -60,6 +60,17 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
          "without BF16 dot products)")
       ->capture_default_str()
       ->check(one_of({"f32", "bf16"}));
+  cmd->add_option(
+         "--router-skew", o->router_skew,
+         "Zipf exponent s of a bias added to the router's logits (expert popularity ~ 1/rank^s, real "
+         "models measure about 1; 0: none)")
+      ->capture_default_str()
+      ->check(finite_in(0, 16));
+  cmd->add_option("--redundant-experts", o->redundant_experts,
+                  "R extra expert slots over each EP group (S = E + R, S/EP per rank), replicas placed by "
+                  "EPLB from the routes of another batch")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 16));
   add_json_option(cmd, *json, "the figures");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
   table[cmd] = [o, json, svg_path, no_memory, precision, paths, ranks, products] {
