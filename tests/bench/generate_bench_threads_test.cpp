@@ -11,6 +11,7 @@
 
 #include "common/temp_dir.hpp"
 #include "expar/bench/generate.hpp"
+#include "expar/core/error.hpp"
 #include "infer/deepseek_test_model.hpp"
 
 namespace expar::bench {
@@ -73,6 +74,50 @@ TEST_F(GenerateBench, Tp2SplitsTheBytesAStepReads) {
   EXPECT_EQ(two.ranks, 2);
   EXPECT_GT(two.weight_bytes, checkpoint_bytes_);
   EXPECT_LT(two.decode_bytes_per_token, 0.75 * one.decode_bytes_per_token);
+}
+
+// --router-skew and --redundant-experts: the per-rank load is a fraction in [0, ranks - 1] per layer, and
+// with replicas the move EPLB chose is reported with its bytes (the experts are f32 [E, 12, 40] x 3 per
+// layer: whole slots of 3 * 12 * 40 floats) and time; a bad skew is refused before loading.
+TEST_F(GenerateBench, SkewAndReplicasReportTheLoadPerRankAndTheMove) {
+  GenerateBenchOptions o;
+  o.path = dir_->string();
+  o.engine.tp = 2;
+  o.engine.enable_expert_parallel = true;
+  o.prompt_tokens = 28;  // max_seq 32
+  o.tokens = 3;
+  o.warmup = 0;
+  o.repeats = 1;
+  o.router_skew = 1.0;
+  const GenerateBenchReport plain = run_generate_bench(o);
+  o.engine.redundant_experts = 2;
+  const GenerateBenchReport replicas = run_generate_bench(o);
+  for (const GenerateBenchReport* r : {&plain, &replicas}) {
+    expect_sane(*r);
+    for (double v :
+         {r->prefill_imbalance, r->prefill_imbalance_max, r->decode_imbalance, r->decode_imbalance_max}) {
+      EXPECT_GE(v, 0.0);
+      EXPECT_LE(v, 1.0);  // (max - mean) / mean of 2 ranks
+    }
+    EXPECT_LE(r->prefill_imbalance, r->prefill_imbalance_max);
+  }
+  EXPECT_FALSE(plain.rebalanced);
+  EXPECT_EQ(plain.moved_bytes, 0);
+  if (replicas.rebalanced) {
+    const int64_t slot_bytes = 3 * 12 * 40 * 4;
+    EXPECT_GT(replicas.moved_bytes, 0);
+    EXPECT_EQ(replicas.moved_bytes % slot_bytes, 0) << replicas.moved_bytes;
+    EXPECT_GT(replicas.move_seconds, 0.0);
+  } else {
+    EXPECT_EQ(replicas.moved_bytes, 0);
+  }
+  o.router_skew = -1;
+  try {
+    run_generate_bench(o);
+    ADD_FAILURE() << "--router-skew -1 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--router-skew -1"), std::string::npos) << e.what();
+  }
 }
 
 // DeepSeek-V3 (latent attention, a dense first layer, shared experts): the limits count the expanded
