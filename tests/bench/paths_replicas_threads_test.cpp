@@ -119,7 +119,7 @@ TEST(BenchPathsReplicas, RefusesSlotsTheEpDegreeDoesNotDivideAndBadSkews) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("--redundant-experts 3"), std::string::npos) << m;
-    EXPECT_NE(m.find("pass --redundant-experts 4"), std::string::npos) << m;
+    EXPECT_NE(m.find("pass --redundant-experts 0 or 4"), std::string::npos) << m;
     o.redundant_experts = 4;
     EXPECT_NO_THROW(validate(o)) << "the suggested value must be accepted";
   }

@@ -99,10 +99,12 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   }
   g.push_back(
       {(p + layout.tp() - 1) / layout.tp(), c.moe.router.num_experts, d, lw.router.data<float>(), 1.0});
-  // Each local expert at the mean rows the replica's P tokens give it (P·K/E; with cross-DP EP the tokens
-  // of the EP group's replicas meet at its experts).
+  // Each local expert slot at the mean rows the replica's P tokens give it (P·K/S over the S expert slots,
+  // S = E without redundant experts; with cross-DP EP the tokens of the EP group's replicas meet at its
+  // experts).
   const int64_t replicas = layout.ep_dp_size();
-  const int64_t rows = std::max<int64_t>(1, p * replicas * c.moe.router.top_k / c.moe.router.num_experts);
+  const int64_t rows =
+      std::max<int64_t>(1, p * replicas * c.moe.router.top_k / layout.placement().num_slots());
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();
   for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
@@ -149,13 +151,13 @@ double gemm_flops(const std::vector<Gemm>& g) {
 // Bytes a batch-1 decode step at position `length` reads on this rank: every dense weight it holds (the
 // embedding only one row), its LM head slice and its KV cache (`dense`), and the weights of the local
 // experts the step routes to: `per_expert` bytes each (one layer's local expert), `expected_experts` of them
-// on average (K·E_L/E per layer).
+// on average (K·S_L/S per layer: S_L of the S expert slots, S = E without redundant experts).
 struct DecodeBytes {
   double dense = 0.0, per_expert = 0.0, expected_experts = 0.0;
   double expected() const { return dense + per_expert * expected_experts; }
 };
 
-DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
+DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length, int num_slots) {
   const ModelConfig& c = w.config;
   auto b = [](const Tensor& t) { return infer::present(t) ? static_cast<double>(t.nbytes()) : 0.0; };
   DecodeBytes r;
@@ -178,11 +180,10 @@ DecodeBytes decode_bytes(const infer::RankWeights& w, int64_t length) {
                        sizeof(float);
     if (!infer::present(lw.experts.w1) && !lw.experts.mxfp4) continue;  // a dense layer
     const auto experts = static_cast<double>(lw.experts.bytes());
-    // E_L local experts, each active with probability K/E for one token.
+    // S_L local expert slots, each active with probability K/S for one token.
     const auto local = static_cast<double>(lw.experts.local_count());
     if (local > 0) r.per_expert = experts / local;
-    r.expected_experts +=
-        local * static_cast<double>(c.moe.router.top_k) / static_cast<double>(c.moe.router.num_experts);
+    r.expected_experts += local * static_cast<double>(c.moe.router.top_k) / static_cast<double>(num_slots);
   }
   return r;
 }
@@ -388,7 +389,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // most the buffer), through the buffer in turn: the limit is sampled at the same moments as the
     // steps, so the machine's speed drifting within a run (the same products read at very different rates
     // a few seconds apart) moves both alike.
-    const DecodeBytes step_bytes = decode_bytes(w, o.prompt_tokens + o.tokens / 2);
+    const DecodeBytes step_bytes =
+        decode_bytes(w, o.prompt_tokens + o.tokens / 2, layout.placement().num_slots());
     const int64_t read_bytes = std::max<int64_t>(int64_t{256} << 20, (int64_t{1} << 30) / world.size());
     const int64_t floats = read_bytes / static_cast<int64_t>(sizeof(float));
     // The largest rank's step bytes, read by every rank: the bandwidth below is then one figure for all.

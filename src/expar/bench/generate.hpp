@@ -2,14 +2,15 @@
 // expar bench generate: prefill and decode tokens/s of the inference engine at a given prompt length,
 // generation length and layout, each beside the limit measured in the same run on the same ranks:
 //  - prefill: the time this rank's matrix products of the prompt take alone in oneDNN sgemm at their own
-//    shapes (q/k/v/o with the local heads, the router, each local expert at its mean rows P·K/E, attention
-//    scores at the q projection's rate, the last row's LM head slice), all ranks at once, the heads' and
-//    the experts' products spread over the compute threads as the engine spreads them (core/parallel_tasks);
+//    shapes (q/k/v/o with the local heads, the router, each local expert slot at its mean rows P·K/S,
+//    attention scores at the q projection's rate, the last row's LM head slice), all ranks at once, the
+//    heads' and the experts' products spread over the compute threads as the engine spreads them
+//    (core/parallel_tasks);
 //  - decode: streaming read bandwidth (every rank reading its own buffer with its compute threads, all at
 //    once) divided into the bytes a decode step must read per rank: its dense weights, its expected share
-//    of the K active experts (K·E_L/E local experts at batch 1), its LM head slice and its KV cache;
-//    beside it the "routed" limit, with the experts each step's routes actually put on the busiest rank
-//    (EP at batch 1 often puts both of top-2 on one rank: that rank's bytes bound the step).
+//    of the K active experts (K·S_L/S local slots at batch 1; S = E without replicas), its LM head slice and
+//    its KV cache; beside it the "routed" limit, with the experts each step's routes actually put on the
+//    busiest rank (EP at batch 1 often puts both of top-2 on one rank: that rank's bytes bound the step).
 // Fractions are ideal time / measured time (1 = at the limit). Medians over repeats of the slowest rank.
 #include <cstdint>
 #include <optional>

@@ -28,6 +28,7 @@
 #include "expar/moe/router_skew.hpp"
 #include "expar/topo/expert_balance.hpp"
 #include "expar/topo/training_layout.hpp"
+#include "expar/train/expert_replicas.hpp"
 
 namespace expar::bench {
 
@@ -464,15 +465,8 @@ void validate(const PathsBenchOptions& o, int local_ranks) {
   EXPAR_CHECK(ep >= 1 && o.ranks % ep == 0, "--ep {} does not divide --ranks {}: choose --ep in {{{}}}", ep,
               o.ranks, fmt::join(eps, ","));
   check_router_skew(o.router_skew);
-  EXPAR_CHECK(o.redundant_experts >= 0,
-              "--redundant-experts {} must not be negative: pass 0 (no replicas) or more",
-              o.redundant_experts);
-  if (o.redundant_experts > 0) {
-    const int slots = o.experts + o.redundant_experts, up = ep - slots % ep;
-    EXPAR_CHECK(slots % ep == 0,
-                "--redundant-experts {} gives S = {} experts + {} = {} expert slots, which the EP degree {} "
-                "does not divide: every rank holds S/{} slots; pass --redundant-experts {}",
-                o.redundant_experts, o.experts, o.redundant_experts, slots, ep, ep, o.redundant_experts + up);
+  if (o.redundant_experts != 0) {
+    check_redundant_experts(o.experts, o.redundant_experts, ep, o.ranks, 1);
   } else {
     EXPAR_CHECK(
         o.experts % ep == 0,

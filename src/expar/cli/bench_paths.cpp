@@ -70,7 +70,7 @@ void add_bench_paths(CLI::App* bench, CommandTable& table) {
                   "R extra expert slots over each EP group (S = E + R, S/EP per rank), replicas placed by "
                   "EPLB from the routes of another batch")
       ->capture_default_str()
-      ->check(integer_in(0, 1 << 16));
+      ->check(integer_in(0, 1 << 12));
   add_json_option(cmd, *json, "the figures");
   cmd->add_option("--svg", *svg_path, "also write a Figure 17-style chart to this file");
   table[cmd] = [o, json, svg_path, no_memory, precision, paths, ranks, products] {
