@@ -3,8 +3,11 @@
 // a product over a stored matrix gives exactly the bits of the f32 product over its dequantised copy, at
 // ragged shapes, row strides wider than a row, shards that start mid-block, 1, 2 and 4 threads and grouped
 // with other products; and both agree with a double-precision product over values this file decodes itself.
+// FP8 runs through both kernels: the one that handles NaN codes and, for codes checked free of them
+// (Tensor::fp8_nan_free), the one that does not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include "expar/core/matmul.hpp"
 #include "expar/core/matvec.hpp"
 #include "expar/core/rng.hpp"
+#include "expar/core/tensor.hpp"
 #include "expar/core/weight_matmul.hpp"
 #include "expar/core/weight_view.hpp"
 
@@ -217,12 +221,20 @@ TEST(WeightFormats, ProductsGiveTheBitsOfTheF32ProductOverTheDequantisedWeights)
           }
           ASSERT_NEAR(want[static_cast<size_t>(j)], dot, 1e-6 * magnitude + 1e-30) << what << " row " << j;
         }
-        for (const int threads : {1, 2, 4}) {
-          set_compute_threads(threads);
-          std::vector<float> c =
-              accumulate ? c0 : std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN());
-          matvec_transposed(a.data(), w, c.data(), accumulate);
-          expect_same_bits(c, want, fmt::format("{}, {} threads{}", what, threads, accumulate ? ", +=" : ""));
+        // FP8 codes without NaN codes (random_matrix's) also through the kernel that skips their handling.
+        for (const bool nan_free : {false, true}) {
+          if (nan_free && f != WeightFormat::FP8) continue;
+          WeightView v = w;
+          v.fp8_nan_free = nan_free;
+          for (const int threads : {1, 2, 4}) {
+            set_compute_threads(threads);
+            std::vector<float> c =
+                accumulate ? c0 : std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN());
+            matvec_transposed(a.data(), v, c.data(), accumulate);
+            expect_same_bits(c, want,
+                             fmt::format("{}, {} threads{}{}", what, threads, accumulate ? ", +=" : "",
+                                         nan_free ? ", NaN-free kernel" : ""));
+          }
         }
       }
     }
@@ -251,6 +263,60 @@ TEST(WeightFormats, Fp8RowsWithEveryCodeGiveTheDequantisedProductsBits) {
   EXPECT_TRUE(std::isnan(got[0]) && std::isnan(want[0])) << got[0] << " " << want[0];
   expect_same_bits(std::vector<float>(got.begin() + 1, got.end()),
                    std::vector<float>(want.begin() + 1, want.end()), "fp8 every code");
+  // Rows 1.. hold every code but the NaN codes: the kernel without the NaN handling gives the same bits.
+  WeightView nan_free = w.row_range(1, n);
+  nan_free.fp8_nan_free = true;
+  std::vector<float> fast(static_cast<size_t>(n - 1), std::nanf(""));
+  matvec_transposed(a.data(), nan_free, fast.data(), false);
+  expect_same_bits(fast, std::vector<float>(want.begin() + 1, want.end()), "fp8 NaN-free kernel");
+}
+
+TEST(WeightFormats, Fp8TensorsAreCheckedForNanCodesWhenTheirScalesAreAttached) {
+  // Codes 0..255 but the two NaN codes, cycled over a [rows, 300] matrix (a row is no multiple of the 8 codes
+  // the check reads at a time); then one NaN code, 0x7f or 0xff, at each of several places, the last
+  // element included.
+  const int64_t rows = 130, cols = 300, n = rows * cols;
+  std::vector<uint8_t> clean(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t code = static_cast<uint8_t>(i * 37 % 256);
+    clean[static_cast<size_t>(i)] = (code & 0x7f) == 0x7f ? static_cast<uint8_t>(code - 1) : code;
+  }
+  const std::vector<float> grid_values = {0.5f, 0.25f, 0.125f, 2.0f, 4.0f, 8.0f};
+  auto with_scales = [&](std::vector<uint8_t>& codes) {
+    Tensor grid = Tensor::empty({2, 3});
+    std::memcpy(grid.data<float>(), grid_values.data(), grid_values.size() * sizeof(float));
+    return Tensor::borrow(codes.data(), {rows, cols}, DType::F8E4M3).with_block_scales(grid);
+  };
+  const Tensor checked = with_scales(clean);
+  EXPECT_TRUE(checked.fp8_nan_free());
+  EXPECT_TRUE(weight_view(checked).fp8_nan_free);
+  EXPECT_TRUE(checked.rows(3, 90).fp8_nan_free());
+  EXPECT_TRUE(checked.clone().fp8_nan_free());
+  EXPECT_FALSE(Tensor::borrow(clean.data(), {rows, cols}, DType::F8E4M3).fp8_nan_free());  // never checked
+  const std::vector<float> a = random_vector(static_cast<size_t>(cols), 93, 1);
+  const std::vector<float> dense = dequantised(weight_view(checked));
+  std::vector<float> want(static_cast<size_t>(rows)), got(want.size(), std::nanf(""));
+  matvec_transposed(a.data(), dense.data(), want.data(), rows, cols, cols, false);
+  matvec_transposed(a.data(), weight_view(checked), got.data(), false);
+  expect_same_bits(got, want, "checked fp8 tensor");
+  for (const int64_t at : {int64_t{0}, int64_t{7}, int64_t{8}, cols + 5, n / 2 + 3, n - 1})
+    for (const uint8_t nan_code : {uint8_t{0x7f}, uint8_t{0xff}}) {
+      std::vector<uint8_t> codes = clean;
+      codes[static_cast<size_t>(at)] = nan_code;
+      const Tensor t = with_scales(codes);
+      EXPECT_FALSE(t.fp8_nan_free()) << "NaN code " << int{nan_code} << " at " << at;
+      EXPECT_FALSE(weight_view(t).fp8_nan_free);
+      // The NaN reaches the one output whose row holds it; the other rows keep their bits.
+      std::fill(got.begin(), got.end(), 0.0f);
+      matvec_transposed(a.data(), weight_view(t), got.data(), false);
+      for (int64_t r = 0; r < rows; ++r)
+        if (r == at / cols)
+          EXPECT_TRUE(std::isnan(got[static_cast<size_t>(r)])) << "row " << r << ", NaN code at " << at;
+        else
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(r)]),
+                    std::bit_cast<uint32_t>(want[static_cast<size_t>(r)]))
+              << "row " << r << ", NaN code at " << at;
+    }
 }
 
 TEST(WeightFormats, ShardsReadTheirRowsAndColumnsOfTheWhole) {

@@ -18,6 +18,8 @@ uint16_t f32_to_f16(float value);
 float f16_to_f32(uint16_t bits);
 uint8_t f32_to_e4m3(float value);
 float e4m3_to_f32(uint8_t bits);
+// Whether any of n E4M3 codes is a NaN code (S.1111.111).
+bool has_e4m3_nan(const uint8_t* codes, int64_t n);
 uint8_t f32_to_e8m0(float value);
 float e8m0_to_f32(uint8_t bits);
 

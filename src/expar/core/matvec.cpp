@@ -60,7 +60,9 @@ inline void prefetch_next_block(const RowPointers (&row)[R], int64_t i, int64_t 
     __builtin_prefetch(static_cast<const char*>(row[r].values) + byte + ahead_bytes);
 }
 
-template <WeightFormat F, int64_t R>
+// kNanCodes false (FP8 only): w's codes hold no NaN code (WeightView::fp8_nan_free), widened without the NaN
+// lanes' handling; every value, sum and order is the same.
+template <WeightFormat F, int64_t R, bool kNanCodes = true>
 void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool accumulate) {
   const int64_t k = w.cols, col0 = w.block_col0;
   RowPointers row[R];
@@ -103,7 +105,7 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
           std::memcpy(&x1, a + i + b + kLanes, sizeof x1);
           for (int64_t r = 0; r < R; ++r) {
             __m512 v0, v1;
-            widen_e4m3_pair_over_256(static_cast<const uint8_t*>(row[r].values) + i + b, v0, v1);
+            widen_e4m3_pair_over_256<kNanCodes>(static_cast<const uint8_t*>(row[r].values) + i + b, v0, v1);
             Lanes w0, w1;
             copy_bits(v0, w0);
             copy_bits(v1, w1);
@@ -151,11 +153,11 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
 }
 
 // Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
-template <WeightFormat F>
+template <WeightFormat F, bool kNanCodes = true>
 void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
   int64_t j = begin;
-  for (; j + kRows <= end; j += kRows) rows_dot<F, kRows>(p.a, p.b, j, p.c + j, p.accumulate);
-  for (; j < end; ++j) rows_dot<F, 1>(p.a, p.b, j, p.c + j, p.accumulate);
+  for (; j + kRows <= end; j += kRows) rows_dot<F, kRows, kNanCodes>(p.a, p.b, j, p.c + j, p.accumulate);
+  for (; j < end; ++j) rows_dot<F, 1, kNanCodes>(p.a, p.b, j, p.c + j, p.accumulate);
 }
 
 void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
@@ -169,6 +171,7 @@ void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
     case WeightFormat::MXFP4:
       return rows_of_format<WeightFormat::MXFP4>(p, begin, end);
     case WeightFormat::FP8:
+      if (p.b.fp8_nan_free) return rows_of_format<WeightFormat::FP8, false>(p, begin, end);
       return rows_of_format<WeightFormat::FP8>(p, begin, end);
   }
 }

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "expar/core/assert.hpp"
+#include "expar/core/convert.hpp"
 #include "expar/core/host_allocator.hpp"
 
 namespace expar {
@@ -154,6 +155,7 @@ Tensor Tensor::clone(MemCategory category) const {
     t.block_scales_ = std::make_shared<const Tensor>(block_scales_->clone(category));
     t.block_row0_ = block_row0_;
     t.block_col0_ = block_col0_;
+    t.fp8_nan_free_ = fp8_nan_free_;
   }
   return t;
 }
@@ -176,6 +178,7 @@ Tensor Tensor::with_block_scales(Tensor scales, int64_t row0, int64_t col0) cons
   t.block_scales_ = std::make_shared<const Tensor>(std::move(scales));
   t.block_row0_ = row0;
   t.block_col0_ = col0;
+  t.fp8_nan_free_ = !has_e4m3_nan(static_cast<const uint8_t*>(data_), numel());
   return t;
 }
 

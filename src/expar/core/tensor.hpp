@@ -82,6 +82,11 @@ class Tensor {
   const Tensor* block_scales() const { return block_scales_.get(); }
   int64_t block_row0() const { return block_row0_; }
   int64_t block_col0() const { return block_col0_; }
+  // Block-scaled FP8: true when no code is a NaN code (S.1111.111). with_block_scales reads every code once
+  // to find out, so the flag can only be set by that check; row views, reshapes and clones keep it (the same
+  // codes or fewer). The products skip the NaN lanes' handling where it is set (core/matvec.hpp); a tensor
+  // written after its scales were attached would have to attach them again.
+  bool fp8_nan_free() const { return fp8_nan_free_; }
   void fill(float value);  // f32 tensors only
   void zero();
 
@@ -94,6 +99,7 @@ class Tensor {
   MemCategory category_ = MemCategory::Other;
   std::shared_ptr<const Tensor> block_scales_;
   int64_t block_row0_ = 0, block_col0_ = 0;
+  bool fp8_nan_free_ = false;
 };
 
 // Whether freshly allocated float tensors are filled with NaN (debug builds, or EXPAR_POISON=1).

@@ -122,16 +122,21 @@ inline void widen_e4m3_over_256(const uint8_t* p, __m512& w) {
 #if defined(__AVX512BW__)
 // The same for 32 codes at a time (w0: the first 16): one widening of the bytes, the moves into place and the
 // NaN codes on 32 halves in one register each, then two conversions. Fewer instructions per code than two
-// widen_e4m3_over_256 calls, which is what an FP8 product is bound by.
+// widen_e4m3_over_256 calls, which is what an FP8 product is bound by. With kNanCodes false the codes must
+// hold no NaN code (Tensor::fp8_nan_free): the NaN lanes' four instructions are left out, and every other
+// code widens to the same value.
+template <bool kNanCodes>
 inline void widen_e4m3_pair_over_256(const uint8_t* p, __m512& w0, __m512& w1) {
   constexpr __mmask32 all32 = 0xFFFFFFFFu;
   const __m512i b =
       _mm512_maskz_cvtepi8_epi16(all32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   __m512i h = _mm512_maskz_and_epi32(kAll, _mm512_maskz_slli_epi16(all32, b, 7),
                                      _mm512_set1_epi16(static_cast<int16_t>(0xbf80)));
-  const __m512i nan_bits = _mm512_set1_epi16(0x3f80);
-  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_maskz_and_epi32(kAll, h, nan_bits), nan_bits);
-  h = _mm512_mask_mov_epi16(h, nan, _mm512_maskz_or_epi32(kAll, h, _mm512_set1_epi16(0x7c00)));
+  if constexpr (kNanCodes) {
+    const __m512i nan_bits = _mm512_set1_epi16(0x3f80);
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_maskz_and_epi32(kAll, h, nan_bits), nan_bits);
+    h = _mm512_mask_mov_epi16(h, nan, _mm512_maskz_or_epi32(kAll, h, _mm512_set1_epi16(0x7c00)));
+  }
   w0 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 0));
   w1 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 1));
 }

@@ -143,9 +143,11 @@ WeightView weight_view(const Tensor& t) {
       if (const Tensor* s = t.block_scales()) {
         // The view starts at the block holding element (0, 0), at its offset inside it.
         const int64_t r0 = t.block_row0(), c0 = t.block_col0(), ld = s->dim(1);
-        return WeightView::fp8(static_cast<const uint8_t*>(t.raw()),
-                               s->data<float>() + r0 / kFp8Block * ld + c0 / kFp8Block, n, k, k, ld,
-                               r0 % kFp8Block, c0 % kFp8Block);
+        WeightView v = WeightView::fp8(static_cast<const uint8_t*>(t.raw()),
+                                       s->data<float>() + r0 / kFp8Block * ld + c0 / kFp8Block, n, k, k, ld,
+                                       r0 % kFp8Block, c0 % kFp8Block);
+        v.fp8_nan_free = t.fp8_nan_free();
+        return v;
       }
       fail(
           "an F8E4M3 tensor {} without its block scales is not a weight matrix: load it with its "

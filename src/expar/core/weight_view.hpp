@@ -49,6 +49,9 @@ struct WeightView {
   const void* scales = nullptr;
   int64_t scale_ld = 0;
   int64_t block_row0 = 0, block_col0 = 0;
+  // FP8: true when no code is a NaN code (Tensor::fp8_nan_free, checked at load), so the products may widen
+  // the codes without the NaN lanes' handling; false (the default) keeps it, right for any codes.
+  bool fp8_nan_free = false;
 
   static WeightView f32(const float* data, int64_t rows, int64_t cols, int64_t ld);
   static WeightView bf16(const uint16_t* data, int64_t rows, int64_t cols, int64_t ld);
