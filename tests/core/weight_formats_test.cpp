@@ -158,6 +158,24 @@ TEST(WeightFormats, EveryCodeDequantisesToItsScalarValue) {
     for (int64_t c = 0; c < 250; ++c)
       want.push_back(e4m3_to_f32(codes[static_cast<size_t>(r * 256 + c)]) * multipliers[(6 + c) / 128]);
   expect_same_bits(dequantised(fp8), want, "fp8");
+  // The same codes from a block's first column (the whole-block widening), and without the NaN codes through
+  // the widening that skips their handling.
+  const WeightView fp8_blocks = WeightView::fp8(codes.data(), multipliers, 2, 256, 256, 2);
+  want.clear();
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < 256; ++c)
+      want.push_back(e4m3_to_f32(codes[static_cast<size_t>(r * 256 + c)]) * multipliers[c / 128]);
+  expect_same_bits(dequantised(fp8_blocks), want, "fp8 whole blocks");
+  std::vector<uint8_t> no_nan = codes;
+  for (uint8_t& c : no_nan)
+    if ((c & 0x7f) == 0x7f) c = 0;
+  WeightView fp8_nan_free = WeightView::fp8(no_nan.data(), multipliers, 2, 256, 256, 2);
+  fp8_nan_free.fp8_nan_free = true;
+  want.clear();
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < 256; ++c)
+      want.push_back(e4m3_to_f32(no_nan[static_cast<size_t>(r * 256 + c)]) * multipliers[c / 128]);
+  expect_same_bits(dequantised(fp8_nan_free), want, "fp8 NaN-free whole blocks");
   // MXFP4: every byte (both nibbles of every code pair) under every E8M0 scale but NaN's, one row per scale.
   std::vector<uint8_t> blocks(255 * 128), scales(255 * 8);
   for (size_t r = 0; r < 255; ++r) {

@@ -104,13 +104,10 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
           std::memcpy(&x0, a + i + b, sizeof x0);
           std::memcpy(&x1, a + i + b + kLanes, sizeof x1);
           for (int64_t r = 0; r < R; ++r) {
-            __m512 v0, v1;
-            widen_e4m3_pair_over_256<kNanCodes>(static_cast<const uint8_t*>(row[r].values) + i + b, v0, v1);
             Lanes w0, w1;
-            copy_bits(v0, w0);
-            copy_bits(v1, w1);
-            sum[r] += x0 * (w0 * scale[r]);
-            sum[r] += x1 * (w1 * scale[r]);
+            widen_fp8_pair<kNanCodes>(static_cast<const uint8_t*>(row[r].values) + i + b, scale[r], w0, w1);
+            sum[r] += x0 * w0;
+            sum[r] += x1 * w1;
           }
         }
 #else

@@ -123,7 +123,7 @@ inline void widen_e4m3_over_256(const uint8_t* p, __m512& w) {
 // The same for 32 codes at a time (w0: the first 16): one widening of the bytes, the moves into place and the
 // NaN codes on 32 halves in one register each, then two conversions. Fewer instructions per code than two
 // widen_e4m3_over_256 calls, which is what an FP8 product is bound by. With kNanCodes false the codes must
-// hold no NaN code (Tensor::fp8_nan_free): the NaN lanes' four instructions are left out, and every other
+// hold no NaN code (Tensor::fp8_nan_free): the NaN lanes' three instructions are left out, and every other
 // code widens to the same value.
 template <bool kNanCodes>
 inline void widen_e4m3_pair_over_256(const uint8_t* p, __m512& w0, __m512& w1) {
@@ -133,12 +133,27 @@ inline void widen_e4m3_pair_over_256(const uint8_t* p, __m512& w0, __m512& w1) {
   __m512i h = _mm512_maskz_and_epi32(kAll, _mm512_maskz_slli_epi16(all32, b, 7),
                                      _mm512_set1_epi16(static_cast<int16_t>(0xbf80)));
   if constexpr (kNanCodes) {
+    // A NaN code's half is S.01111.1110000000; adding 0x3e80 makes it S.11111.1000000000, the quiet NaN
+    // that widens to the scalar decoder's (no carry reaches the sign).
     const __m512i nan_bits = _mm512_set1_epi16(0x3f80);
     const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_maskz_and_epi32(kAll, h, nan_bits), nan_bits);
-    h = _mm512_mask_mov_epi16(h, nan, _mm512_maskz_or_epi32(kAll, h, _mm512_set1_epi16(0x7c00)));
+    h = _mm512_mask_add_epi16(h, nan, h, _mm512_set1_epi16(0x3e80));
   }
   w0 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 0));
   w1 = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(0xFF, h, 1));
+}
+
+// Columns [i, i + 32) of an FP8 row, inside one 128-column block, as f32 (w0: the first 16): the widened
+// codes times the block's multiplier × 2^8 (scale_256, the widening's power of two folded in: exact), so each
+// is e4m3_to_f32(code) × multiplier rounded once, as the scalar decoder's.
+template <bool kNanCodes>
+inline void widen_fp8_pair(const uint8_t* codes, const Lanes& scale_256, Lanes& w0, Lanes& w1) {
+  __m512 v0, v1;
+  widen_e4m3_pair_over_256<kNanCodes>(codes, v0, v1);
+  copy_bits(v0, w0);
+  copy_bits(v1, w1);
+  w0 *= scale_256;
+  w1 *= scale_256;
 }
 #endif
 
