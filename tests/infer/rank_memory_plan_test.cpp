@@ -240,6 +240,33 @@ TEST(RankMemoryPlan, RefusesBeforeLoadingAndNamesAFixThatFits) {
     EXPECT_NO_THROW(check_fits_before_loading(f));
   }
 
+  // DP 4 with every replica holding every expert: the smallest EP group that fits is named (two replicas,
+  // though full EP fits too), on the threads transport and for one MPI rank, and it is accepted.
+  for (bool one_rank : {false, true}) {
+    FitRequest p;
+    p.spec = &spec;
+    p.kv_tokens = 16;
+    if (one_rank) p.hosted_ranks = {0};
+    p.options.dp = 4;
+    p.options.enable_expert_parallel = true;
+    p.options.ep_degree = 1;
+    auto hosted_need = [&](const GenerateOptions& o) {
+      if (!one_rank) return need(o, 16);
+      return kInferenceReserveBytes +
+             plan_inference_memory(spec, inference_layout(o, spec.config), 16).front().heap_bytes();
+    };
+    GenerateOptions pairs = p.options, full = p.options;
+    pairs.ep_degree = 2;
+    full.ep_degree.reset();
+    ASSERT_LT(hosted_need(full), hosted_need(pairs));
+    ASSERT_LT(hosted_need(pairs), hosted_need(p.options));
+    p.options.memory_limit_bytes = pairs.memory_limit_bytes = hosted_need(pairs);
+    expect_error([&] { check_fits_before_loading(p); },
+                 {"does not fit", "run with --tp 1 --dp 4 --enable-expert-parallel --ep 2"});
+    p.options = pairs;
+    EXPECT_NO_THROW(check_fits_before_loading(p));
+  }
+
   // Weights alone over the limit: no fix here.
   r.options.memory_limit_bytes = kInferenceReserveBytes + 1;
   r.kv_fix = fixed.kv_fix;

@@ -356,6 +356,23 @@ std::string layout_flags(const GenerateOptions& o) {
   return s;
 }
 
+// The layouts of the same ranks whose EP groups join whole DP replicas: ep_degree g * TP for every g dividing
+// DP, fewest replicas per EP group first, since a smaller group exchanges fewer tokens but holds more expert
+// bytes per rank (docs/inference.md, "Partial cross-DP EP"); the first that fits is the best one. g = DP is
+// full EP, written as the flag's default.
+std::vector<GenerateOptions> expert_parallel_layouts(const GenerateOptions& asked) {
+  std::vector<GenerateOptions> layouts;
+  for (int g = 1; g <= asked.dp; ++g) {
+    if (asked.dp % g != 0) continue;
+    GenerateOptions o = asked;
+    o.enable_expert_parallel = true;
+    o.ep_degree = g * asked.tp;
+    if (g == asked.dp) o.ep_degree.reset();
+    layouts.push_back(o);
+  }
+  return layouts;
+}
+
 }  // namespace
 
 void check_fits_before_loading(const FitRequest& r) {
@@ -366,19 +383,14 @@ void check_fits_before_loading(const FitRequest& r) {
   const std::optional<ProcessNeed> need = need_of(*store, r, r.options, r.kv_tokens);
   if (!need || need->total() <= limit) return;  // a refused layout is reported by the loader's own checks
 
-  // A fix that the same plan says fits: expert parallelism, fewer replicas, a smaller KV cache.
+  // A fix that the same plan says fits: expert parallelism over the same ranks, fewer replicas, a smaller KV
+  // cache.
   std::vector<std::string> fixes;
   auto fits = [&](const GenerateOptions& o, int64_t kv) {
     const auto n = need_of(*store, r, o, kv);
     return n && n->total() <= limit;
   };
-  std::vector<GenerateOptions> layouts;
-  if (!r.options.enable_expert_parallel) {
-    GenerateOptions o = r.options;
-    o.enable_expert_parallel = true;
-    o.ep_degree.reset();
-    layouts.push_back(o);
-  }
+  std::vector<GenerateOptions> layouts = expert_parallel_layouts(r.options);
   if (r.options.dp > 1 && r.hosted_ranks.empty()) {
     for (bool ep : {r.options.enable_expert_parallel, true}) {
       GenerateOptions o = r.options;
