@@ -101,7 +101,8 @@ TEST_F(ExpertParallelFlag, TheFlagDefaultsTheDegreeToTpTimesDp) {
 }
 
 // Partial cross-DP EP: --ep g*TP with g dividing DP joins g replicas per EP group, --ep TP keeps each replica
-// its own EP; the summary line says which, and the tokens are those of full EP.
+// its own EP, --ep 1 keeps every expert in each replica; the summary line says which, and the tokens are
+// those of full EP.
 TEST_F(ExpertParallelFlag, PartialCrossDpEpGroupsReplicas) {
   const ProcessResult full = generate({"--tp", "2", "--enable-expert-parallel"});
   ASSERT_EQ(full.exit_code, 0) << full.output;
@@ -116,6 +117,19 @@ TEST_F(ExpertParallelFlag, PartialCrossDpEpGroupsReplicas) {
   ASSERT_EQ(inside.exit_code, 0) << inside.output;
   EXPECT_TRUE(contains(inside.output, "TP 2 x DP 2, EP 2 (full inside each DP replica),")) << inside.output;
   EXPECT_EQ(generated_text(inside.output), generated_text(full.output)) << inside.output;
+  // --ep 1 with the flag: one partition, so each replica holds every expert (sharded over its TP ranks);
+  // the summary says so rather than "off".
+  const ProcessResult whole =
+      generate({"--tp", "1", "--dp", "2", "--enable-expert-parallel", "--ep", "1", "--oversubscribe"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  EXPECT_TRUE(contains(whole.output, "TP 1 x DP 2, EP 1 (each DP replica holds every expert),"))
+      << whole.output;
+  EXPECT_EQ(generated_text(whole.output), generated_text(full.output)) << whole.output;
+  const ProcessResult sharded = generate({"--tp", "2", "--enable-expert-parallel", "--ep", "1"});
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_TRUE(
+      contains(sharded.output, "TP 2 x DP 1, EP 1 (each DP replica holds every expert, sharded over TP),"))
+      << sharded.output;
   // An EP group that would split a replica is refused with the degrees that are accepted.
   const ProcessResult split =
       generate({"--tp", "2", "--dp", "3", "--enable-expert-parallel", "--ep", "4", "--oversubscribe"});

@@ -23,8 +23,9 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
   fmt::print(
       "expar bench generate: {}, TP {} x DP {}, EP {}, decode {}, {} thread(s) per rank, {} prompt + {} "
       "generated tokens, median of {}\n",
-      a.bench.path, a.layout.tp, a.layout.dp, ep_label(r.ep_degree, a.layout.tp, a.layout.dp),
-      a.layout.decode_moe, r.threads, a.bench.prompt_tokens, a.bench.tokens, a.bench.repeats);
+      a.bench.path, a.layout.tp, a.layout.dp,
+      ep_label(a.layout.enable_expert_parallel, r.ep_degree, a.layout.tp, a.layout.dp), a.layout.decode_moe,
+      r.threads, a.bench.prompt_tokens, a.bench.tokens, a.bench.repeats);
   // Widths are right-aligned explicitly: fmt left-aligns inf and nan in a bare width, printf did not.
   fmt::print("{:<8} {:>12} {:>12} {:>9}  {}\n", "phase", "tokens/s", "limit", "fraction",
              "limit measured as");

@@ -49,7 +49,8 @@ int run_eval(const EvalArgs& a) {
              r.perplexity, r.predicted, r.windows);
   fmt::print(stderr, "[{}, {} data, TP {} x DP {}, EP {}: {:.1f} tokens/s]\n",
              infer::model_format_name(r.format), file.kind, a.layout.tp, a.layout.dp,
-             ep_label(r.ep_degree, a.layout.tp, a.layout.dp), r.tokens_per_s);
+             ep_label(a.layout.enable_expert_parallel, r.ep_degree, a.layout.tp, a.layout.dp),
+             r.tokens_per_s);
   return 0;
 }
 

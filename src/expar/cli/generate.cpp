@@ -100,8 +100,8 @@ int run_engine(const GenerateArgs& a) {
              "[{}, TP {} x DP {}, EP {}, {} thread(s) per rank: prefill {:.1f} tokens/s, decode ({}) {:.1f} "
              "tokens/s]\n",
              infer::model_format_name(r.format), a.layout.tp, a.layout.dp,
-             ep_label(r.ep_degree, a.layout.tp, a.layout.dp), o.compute_threads, r.prefill_tokens_per_s,
-             a.layout.decode_moe, r.decode_tokens_per_s);
+             ep_label(a.layout.enable_expert_parallel, r.ep_degree, a.layout.tp, a.layout.dp),
+             o.compute_threads, r.prefill_tokens_per_s, a.layout.decode_moe, r.decode_tokens_per_s);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
     fmt::print(stderr, "rank {} memory (current at the end, peak):\n{}", rank, format_memory(r.memory[rank]));
   fmt::print(stderr, "peak resident set of the process: {}\n", format_bytes(r.peak_rss_bytes));

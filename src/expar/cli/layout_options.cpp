@@ -71,8 +71,11 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   return o;
 }
 
-std::string ep_label(int ep_degree, int tp, int dp) {
-  if (ep_degree == 1) return "off";
+std::string ep_label(bool expert_parallel, int ep_degree, int tp, int dp) {
+  if (!expert_parallel) return "off";
+  if (ep_degree == 1)
+    return tp == 1 ? "1 (each DP replica holds every expert)"
+                   : "1 (each DP replica holds every expert, sharded over TP)";
   if (ep_degree < tp) return fmt::format("{} (variable: EP+TP)", ep_degree);
   if (ep_degree == tp * dp) return fmt::format("{} (full)", ep_degree);
   if (ep_degree == tp) return fmt::format("{} (full inside each DP replica)", ep_degree);

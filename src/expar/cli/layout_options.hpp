@@ -30,9 +30,10 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe);
 // --oversubscribe (threads_per_rank). --ep is passed through as set, so the layout's own rule refuses
 // --ep N > 1 without --enable-expert-parallel.
 infer::GenerateOptions engine_options(const LayoutArgs& a);
-// "off", "N (full)", "N (variable: EP+TP)", "N (full inside each DP replica)" or "N (partial cross-DP: EP
-// groups of g DP replicas)" for the one-line summaries, from the EP degree of the layout
-// that ran (GenerateResult::ep_degree and the like), not from the flags.
-std::string ep_label(int ep_degree, int tp, int dp);
+// "off" without expert parallelism; with it "1 (each DP replica holds every expert[, sharded over TP])",
+// "N (full)", "N (variable: EP+TP)", "N (full inside each DP replica)" or "N (partial cross-DP: EP groups of
+// g DP replicas)" for the one-line summaries, from the EP degree of the layout that ran
+// (GenerateResult::ep_degree and the like), not from the flags (whose --ep may be unset).
+std::string ep_label(bool expert_parallel, int ep_degree, int tp, int dp);
 
 }  // namespace expar::cli

@@ -21,7 +21,8 @@ LoadReport::LoadReport(std::string command, const infer::ModelSpec& spec,
       infer::plan_inference_memory(spec, layout, kv_tokens, options.weight_dtype);
   fmt::print(stderr, "{}: loading '{}' on TP {} x DP {}, EP {}; each rank holds:\n{}", command_,
              spec.dir.string(), layout.tp(), layout.dp(),
-             ep_label(layout.ep_degree(), layout.tp(), layout.dp()), infer::format_rank_plans(plans));
+             ep_label(layout.expert_parallel(), layout.ep_degree(), layout.tp(), layout.dp()),
+             infer::format_rank_plans(plans));
   if (spec.features.ignored_mtp_layers > 0)
     fmt::print(stderr,
                "{}: not loading the {} multi-token-prediction layer(s) after layer {} "

@@ -46,7 +46,7 @@ int run_inference_plan(const InferencePlanArgs& a, const JsonOutput& json) {
   if (json.table_wanted()) {
     fmt::print("inference plan: '{}' ({}) on TP {} x DP {}, EP {}, KV cache of {} positions per rank\n",
                spec.dir.string(), infer::model_format_name(spec.format), layout.tp(), layout.dp(),
-               ep_label(layout.ep_degree(), layout.tp(), layout.dp()), a.kv_tokens);
+               ep_label(layout.expert_parallel(), layout.ep_degree(), layout.tp(), layout.dp()), a.kv_tokens);
     if (!assumed.empty())
       fmt::print("planned from config.json alone (no weights in the directory), stored as it says: {}\n",
                  assumed);

@@ -86,7 +86,8 @@ int serve_http(const ServeArgs& a, const serve::RuntimeOptions& o, Comm* mpi_wor
              "per replica; listening on http://{}:{}\n",
              h.model_name, infer::model_format_name(runtime->spec().format), runtime->spec().config.layers,
              runtime->spec().config.moe.router.num_experts, runtime->layout().tp(), runtime->layout().dp(),
-             ep_label(runtime->layout().ep_degree(), runtime->layout().tp(), runtime->layout().dp()),
+             ep_label(runtime->layout().expert_parallel(), runtime->layout().ep_degree(),
+                      runtime->layout().tp(), runtime->layout().dp()),
              mpi_world ? "MPI processes" : "threads", runtime->scheduler().kv_tokens(), a.host, port);
   server.listen();  // returns after stop(), which the watcher calls once nothing is in flight
   runtime->shutdown(false);
