@@ -47,24 +47,27 @@ RuntimeOptions options_for(const LayoutCase& l) {
   return o;
 }
 
-GenerationRequest greedy_request() {
+// 12 tokens after a random prompt of `prompt_tokens`, with the hashes of the logits behind them.
+GenerationRequest traced_request(uint64_t prompt_seed, int64_t prompt_tokens) {
   GenerationRequest r;
-  r.prompt = infer::testing::random_tokens(101, 19);
+  r.prompt = infer::testing::random_tokens(prompt_seed, prompt_tokens);
   r.max_tokens = 12;
-  r.sampling.temperature = 0.0;
   r.trace_logits = true;
   return r;
 }
 
+GenerationRequest greedy_request() {
+  GenerationRequest r = traced_request(101, 19);
+  r.sampling.temperature = 0.0;
+  return r;
+}
+
 GenerationRequest sampled_request() {
-  GenerationRequest r;
-  r.prompt = infer::testing::random_tokens(102, 11);
-  r.max_tokens = 12;
+  GenerationRequest r = traced_request(102, 11);
   r.sampling.temperature = 0.9;
   r.sampling.top_p = 0.9;
   r.sampling.top_k = 20;
   r.seed = 1234;
-  r.trace_logits = true;
   return r;
 }
 
@@ -79,20 +82,29 @@ std::vector<int32_t> run_to_end(const std::shared_ptr<RequestState>& s) {
 
 // The greedy and the sampled request alone, then among 14 others: some before them, some after, some joining
 // mid-generation; every request runs to its end.
-struct BatchRun {
-  std::vector<int32_t> greedy_alone, sampled_alone, greedy, sampled;
-  std::vector<uint64_t> greedy_alone_hashes, sampled_alone_hashes, greedy_hashes, sampled_hashes;
+struct TwoRequests {
+  std::vector<int32_t> greedy, sampled;
+  std::vector<uint64_t> greedy_hashes, sampled_hashes;  // of the logits behind each token
 };
+struct BatchRun {
+  TwoRequests alone, batched;
+};
+
+// The greedy and the sampled request's tokens in `got` are those in `want`.
+void expect_same_tokens(const TwoRequests& got, const TwoRequests& want, const std::string& what) {
+  EXPECT_EQ(got.greedy, want.greedy) << what;
+  EXPECT_EQ(got.sampled, want.sampled) << what;
+}
 
 BatchRun run_batch(Runtime& runtime) {
   BatchRun out;
   Scheduler& sched = runtime.scheduler();
   auto greedy_solo = sched.submit(greedy_request());
-  out.greedy_alone = run_to_end(greedy_solo);
+  out.alone.greedy = run_to_end(greedy_solo);
   auto sampled_solo = sched.submit(sampled_request());
-  out.sampled_alone = run_to_end(sampled_solo);
-  EXPECT_EQ(out.greedy_alone.size(), 12u);
-  EXPECT_EQ(out.sampled_alone.size(), 12u);
+  out.alone.sampled = run_to_end(sampled_solo);
+  EXPECT_EQ(out.alone.greedy.size(), 12u);
+  EXPECT_EQ(out.alone.sampled.size(), 12u);
   std::vector<std::shared_ptr<RequestState>> others;
   std::vector<int64_t> other_max;
   auto add_other = [&](int i) {
@@ -110,12 +122,12 @@ BatchRun run_batch(Runtime& runtime) {
   auto sampled = sched.submit(sampled_request());
   greedy->wait_tokens(2);  // let the batch run, then more requests join
   for (int i = 9; i < 14; ++i) add_other(i);
-  out.greedy = run_to_end(greedy);
-  out.sampled = run_to_end(sampled);
-  out.greedy_alone_hashes = greedy_solo->logits_hashes();
-  out.sampled_alone_hashes = sampled_solo->logits_hashes();
-  out.greedy_hashes = greedy->logits_hashes();
-  out.sampled_hashes = sampled->logits_hashes();
+  out.batched.greedy = run_to_end(greedy);
+  out.batched.sampled = run_to_end(sampled);
+  out.alone.greedy_hashes = greedy_solo->logits_hashes();
+  out.alone.sampled_hashes = sampled_solo->logits_hashes();
+  out.batched.greedy_hashes = greedy->logits_hashes();
+  out.batched.sampled_hashes = sampled->logits_hashes();
   for (size_t i = 0; i < others.size(); ++i) {
     EXPECT_EQ(run_to_end(others[i]).size(), static_cast<size_t>(other_max[i])) << "request " << i;
     EXPECT_EQ(others[i]->finish_reason(), FinishReason::Length);
@@ -129,12 +141,11 @@ class Batching : public ::testing::TestWithParam<LayoutCase> {};
 TEST_P(Batching, TokensDoNotDependOnOtherRequests) {
   Runtime runtime(options_for(GetParam()));
   const BatchRun r = run_batch(runtime);
-  EXPECT_EQ(r.greedy, r.greedy_alone);
-  EXPECT_EQ(r.sampled, r.sampled_alone);
+  expect_same_tokens(r.batched, r.alone, "batched against alone");
   // Not only the tokens: the logits behind every token are the same bits.
-  EXPECT_EQ(r.greedy_hashes, r.greedy_alone_hashes);
-  EXPECT_EQ(r.sampled_hashes, r.sampled_alone_hashes);
-  EXPECT_EQ(r.greedy_hashes.size(), 12u);
+  EXPECT_EQ(r.batched.greedy_hashes, r.alone.greedy_hashes);
+  EXPECT_EQ(r.batched.sampled_hashes, r.alone.sampled_hashes);
+  EXPECT_EQ(r.batched.greedy_hashes.size(), 12u);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -173,10 +184,8 @@ TEST_P(Rebalancing, EveryRequestKeepsItsTokensWhileTheExpertsMove) {
   }
   Runtime runtime(options_for(GetParam()));
   const BatchRun got = run_batch(runtime);
-  EXPECT_EQ(got.greedy_alone, want.greedy_alone);
-  EXPECT_EQ(got.sampled_alone, want.sampled_alone);
-  EXPECT_EQ(got.greedy, want.greedy);
-  EXPECT_EQ(got.sampled, want.sampled);
+  expect_same_tokens(got.alone, want.alone, "alone");
+  expect_same_tokens(got.batched, want.batched, "batched");
   const std::string metrics = runtime.metrics().render();
   auto value = [&](const std::string& name) {
     const size_t at = metrics.find("\n" + name + " ");

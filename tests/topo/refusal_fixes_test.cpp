@@ -146,6 +146,35 @@ void check_refusal(const Config& c, const LayoutRefusal& r, int limit, int* sugg
   }
 }
 
+// One layout: accepted by the layout where the refusal finds nothing to say, else check_refusal. Returns
+// whether it was refused.
+template <class Config>
+bool check_layout(const Config& c, int limit, int* suggestions) {
+  std::optional<LayoutRefusal> r;
+  if constexpr (std::is_same_v<Config, InferenceConfig>)
+    r = inference_refusal(c);
+  else
+    r = training_layout_refusal(c);
+  if (!r) {
+    EXPECT_TRUE(accepted(c)) << describe(c);
+    return false;
+  }
+  check_refusal(c, *r, limit, suggestions);
+  return true;
+}
+
+// An inference layout of `experts` experts on TP x DP, with or without the EP flag; ep_degree unset when
+// `ep` is negative.
+InferenceConfig inference_config(int tp, int dp, bool flag, int ep, int experts) {
+  InferenceConfig c;
+  c.tp = tp;
+  c.dp = dp;
+  c.enable_expert_parallel = flag;
+  if (ep >= 0) c.ep_degree = ep;
+  c.num_experts = experts;
+  return c;
+}
+
 TEST(RefusalFixes, EveryInferenceSuggestionIsAccepted) {
   int refused = 0, suggestions = 0;
   for (int tp = 1; tp <= 6; ++tp)
@@ -154,20 +183,9 @@ TEST(RefusalFixes, EveryInferenceSuggestionIsAccepted) {
         for (int ep = -1; ep <= 9; ++ep)
           for (int experts : {1, 2, 3, 4, 6, 8, 12, 16})
             for (int intermediate : {0, 6}) {
-              InferenceConfig c;
-              c.tp = tp;
-              c.dp = dp;
-              c.enable_expert_parallel = flag;
-              if (ep >= 0) c.ep_degree = ep;
-              c.num_experts = experts;
+              InferenceConfig c = inference_config(tp, dp, flag, ep, experts);
               c.intermediate = intermediate;
-              const std::optional<LayoutRefusal> r = inference_refusal(c);
-              if (!r) {
-                EXPECT_TRUE(accepted(c)) << describe(c);
-                continue;
-              }
-              ++refused;
-              check_refusal(c, *r, 64, &suggestions);
+              if (check_layout(c, 64, &suggestions)) ++refused;
             }
   EXPECT_GT(refused, 2000);
   EXPECT_GT(suggestions, refused);
@@ -184,24 +202,16 @@ TEST(RefusalFixes, EveryRedundantExpertSuggestionIsAccepted) {
           for (int experts : {3, 4, 6, 8})
             for (int redundant : {-1, 1, 2, 3, 5})
               for (PlacementKind placement : {PlacementKind::Contiguous, PlacementKind::RoundRobin}) {
-                InferenceConfig c;
-                c.tp = tp;
-                c.dp = dp;
-                c.enable_expert_parallel = flag;
-                if (ep >= 0) c.ep_degree = ep;
-                c.num_experts = experts;
+                InferenceConfig c = inference_config(tp, dp, flag, ep, experts);
                 c.redundant_experts = redundant;
                 c.placement = placement;
-                const std::optional<LayoutRefusal> r = inference_refusal(c);
-                if (!r) {
-                  EXPECT_TRUE(accepted(c)) << describe(c);
-                  const InferenceLayout layout(c);
-                  EXPECT_EQ(layout.placement().num_slots(), experts + redundant) << describe(c);
-                  ++accepted_with_replicas;
+                if (check_layout(c, 64, &suggestions)) {
+                  ++refused;
                   continue;
                 }
-                ++refused;
-                check_refusal(c, *r, 64, &suggestions);
+                const InferenceLayout layout(c);
+                EXPECT_EQ(layout.placement().num_slots(), experts + redundant) << describe(c);
+                ++accepted_with_replicas;
               }
   EXPECT_GT(refused, 1000);
   EXPECT_GT(accepted_with_replicas, 50);
@@ -217,14 +227,8 @@ TEST(RefusalFixes, EveryTrainingLayoutSuggestionIsAccepted) {
           for (int pp = 1; pp <= 3; ++pp)
             for (int experts : {0, 4, 6, 16})
               for (auto [layers, heads] : {std::pair{0, 0}, {6, 4}}) {
-                TrainingLayoutConfig c{w, me, cp, tp, pp, experts, layers, heads, "m"};
-                const std::optional<LayoutRefusal> r = training_layout_refusal(c);
-                if (!r) {
-                  EXPECT_TRUE(accepted(c)) << describe(c);
-                  continue;
-                }
-                ++refused;
-                check_refusal(c, *r, 2 * w, &suggestions);
+                const TrainingLayoutConfig c{w, me, cp, tp, pp, experts, layers, heads, "m"};
+                if (check_layout(c, 2 * w, &suggestions)) ++refused;
               }
   EXPECT_GT(refused, 10000);
   EXPECT_GT(suggestions, refused);
@@ -282,11 +286,7 @@ std::string error_of(const InferenceConfig& c) {
 // The reported case: with DP > 1 on 6 experts the default ep_degree TP*DP = 4 does not divide them; EP groups
 // inside one replica (ep_degree 1 or TP) do, and so does a DP whose TP*DP divides 6.
 TEST(RefusalFixes, CrossDpEpOnSixExpertsOffersEpGroupsOfOneReplica) {
-  InferenceConfig c;
-  c.tp = 2;
-  c.dp = 2;
-  c.enable_expert_parallel = true;
-  c.num_experts = 6;
+  InferenceConfig c = inference_config(2, 2, true, -1, 6);
   std::string msg = error_of(c);  // default ep_degree = TP*DP = 4
   EXPECT_THAT(msg, HasSubstr("num_experts=6 is not divisible by ep_degree=4"));
   EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2}"));
@@ -299,12 +299,7 @@ TEST(RefusalFixes, CrossDpEpOnSixExpertsOffersEpGroupsOfOneReplica) {
 // fix says without listing an endless set; an ep_degree that neither divides TP nor is a multiple of it
 // would split a replica between EP groups.
 TEST(RefusalFixes, PartialCrossDpEpNamesTheReplicasOfAGroup) {
-  InferenceConfig c;
-  c.tp = 2;
-  c.dp = 3;
-  c.enable_expert_parallel = true;
-  c.ep_degree = 4;
-  c.num_experts = 8;
+  InferenceConfig c = inference_config(2, 3, true, 4, 8);
   std::string msg = error_of(c);
   EXPECT_THAT(msg, HasSubstr("world_size=6 (TP*DP=2*3) is not divisible by ep_degree=4"));
   EXPECT_THAT(msg, HasSubstr("choose ep_degree in {1,2}"));
@@ -322,9 +317,7 @@ TEST(RefusalFixes, PartialCrossDpEpNamesTheReplicasOfAGroup) {
 // The intermediate split is part of the layout's validation: TP = 4 without EP cannot split 6 columns, and
 // the fix is expert parallelism (whole experts per rank), not an ep_degree without the flag.
 TEST(RefusalFixes, AnIntermediateTheEpTpGroupCannotSplitNamesTheFlag) {
-  InferenceConfig c;
-  c.tp = 4;
-  c.num_experts = 8;
+  InferenceConfig c = inference_config(4, 1, false, -1, 8);
   c.intermediate = 6;
   const std::string msg = error_of(c);
   EXPECT_THAT(msg, HasSubstr("expert intermediate size 6 is not divisible by the 4 ranks of an EP_TP group"));
