@@ -64,22 +64,6 @@ float e4m3_to_f32(uint8_t bits) {
   return sign * std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
 }
 
-bool has_e4m3_nan(const uint8_t* codes, int64_t n) {
-  // Eight codes a word: a byte's low seven bits plus one set its bit 7 exactly when they are all ones (a NaN
-  // code), and no carry crosses into the next byte.
-  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, codes + i, sizeof word);
-    const uint64_t magnitudes = word & kLow7;
-    if (((magnitudes + 0x0101010101010101ull) & ~kLow7) != 0) return true;
-  }
-  for (; i < n; ++i)
-    if ((codes[i] & 0x7f) == 0x7f) return true;
-  return false;
-}
-
 uint8_t f32_to_e8m0(float value) {
   if (!(value > 0.0f)) return 0xFF;  // zero, negative and NaN have no e8m0 code
   if (std::isinf(value)) return 254;
