@@ -10,6 +10,7 @@
 #include "expar/core/convert.hpp"
 #include "expar/core/tensor_convert.hpp"
 #include "expar/infer/engine.hpp"
+#include "expar/model/weight_loader.hpp"
 #include "hf_test_models.hpp"
 
 namespace expar::infer {
@@ -47,6 +48,39 @@ TEST(Fp8Weights, BlocksRoundTripAndViewsKeepTheirScales) {
   EXPECT_EQ(std::memcmp(copied.raw(), b + 5 * 300, copied.nbytes()), 0);
   // Without its scales an FP8 tensor is no weight.
   EXPECT_THROW(weight_view(Tensor::zeros({4, 4}, DType::F8E4M3)), Error);
+}
+
+// The NaN-code check travels with the codes: a column copy keeps its source's flag and a stack of experts is
+// free of NaN codes exactly when every expert is, without the copies being read again.
+TEST(Fp8Weights, LoadedCopiesKeepTheNanCheckOfTheirSources) {
+  std::vector<Tensor> experts;
+  for (int e = 0; e < 3; ++e) {
+    Tensor t = Tensor::empty({128, 256});
+    fill_normal(t, 11, static_cast<uint64_t>(e), 1.0f);
+    Tensor codes = to_fp8_blocks(t, MemCategory::Other);
+    if (e == 1) {  // a NaN code in expert 1's first column block: scaled again, so the check sees it
+      static_cast<uint8_t*>(codes.raw())[5 * 256 + 3] = 0x7f;
+      codes = codes.with_block_scales(codes.block_scales()->clone(), 0, 0);
+    }
+    experts.push_back(codes);
+  }
+  ASSERT_TRUE(experts[0].fp8_nan_free());
+  ASSERT_FALSE(experts[1].fp8_nan_free());
+  const ExpertView view = [&](int e) { return experts[static_cast<size_t>(e)]; };
+  const std::vector<int> clean{0, 2}, with_nan{0, 1, 2};
+  const ExpertLoader whole = rows_loader_as_stored(view, 0, 128);
+  const Tensor clean_stack = expert_parallel_weight_loader(clean, whole);
+  ASSERT_EQ(clean_stack.dtype(), DType::F8E4M3);
+  EXPECT_TRUE(clean_stack.fp8_nan_free());
+  EXPECT_FALSE(expert_parallel_weight_loader(with_nan, whole).fp8_nan_free());
+  // Columns [128, 256) of expert 1 hold no NaN code but come from a tensor that does: the flag stays off,
+  // which keeps the NaN lanes' handling and the same values.
+  const ExpertLoader columns = columns_loader_as_stored(view, 128, 256);
+  EXPECT_TRUE(columns(0).fp8_nan_free());
+  EXPECT_FALSE(columns(1).fp8_nan_free());
+  const Tensor stacked = expert_parallel_weight_loader(clean, columns);
+  EXPECT_TRUE(stacked.fp8_nan_free());
+  EXPECT_EQ(stacked.dtype(), DType::F8E4M3);
 }
 
 struct Logits {

@@ -160,7 +160,8 @@ Tensor Tensor::clone(MemCategory category) const {
   return t;
 }
 
-Tensor Tensor::with_block_scales(Tensor scales, int64_t row0, int64_t col0) const {
+Tensor Tensor::with_block_scales(Tensor scales, int64_t row0, int64_t col0,
+                                 std::optional<bool> codes_nan_free) const {
   EXPAR_CHECK(dtype_ == DType::F8E4M3 && ndim() >= 1 && scales.dtype() == DType::F32 && scales.ndim() == 2,
               "block scales go with an F8E4M3 tensor as an F32 grid [rows/128, cols/128] (blocks of 128): "
               "got {} {} with {} {}",
@@ -178,7 +179,8 @@ Tensor Tensor::with_block_scales(Tensor scales, int64_t row0, int64_t col0) cons
   t.block_scales_ = std::make_shared<const Tensor>(std::move(scales));
   t.block_row0_ = row0;
   t.block_col0_ = col0;
-  t.fp8_nan_free_ = !has_e4m3_nan(static_cast<const uint8_t*>(data_), numel());
+  t.fp8_nan_free_ =
+      codes_nan_free ? *codes_nan_free : !has_e4m3_nan(static_cast<const uint8_t*>(data_), numel());
   return t;
 }
 

@@ -4,6 +4,7 @@
 // or borrow storage (row ranges of a tensor, reshapes, or foreign memory such as a symmetric buffer).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,13 +79,17 @@ class Tensor {
   // its last dimension), element (r, c) stands for e4m3(code) × scales[(r + row0) / 128][(c + col0) / 128];
   // row0 and col0 place the tensor's first element inside the grid when it is a slice of a larger matrix. Row
   // views move row0, reshapes keep the last dimension; core/weight_view.hpp multiplies by these values.
-  Tensor with_block_scales(Tensor scales, int64_t row0 = 0, int64_t col0 = 0) const;
+  // `codes_nan_free` says whether the codes hold a NaN code when the caller knows it from where they were
+  // copied (all sources NaN-free: true; else false, which only keeps the NaN lanes' handling); unset, the
+  // codes are read to find out.
+  Tensor with_block_scales(Tensor scales, int64_t row0 = 0, int64_t col0 = 0,
+                           std::optional<bool> codes_nan_free = std::nullopt) const;
   const Tensor* block_scales() const { return block_scales_.get(); }
   int64_t block_row0() const { return block_row0_; }
   int64_t block_col0() const { return block_col0_; }
   // Block-scaled FP8: true when no code is a NaN code (S.1111.111). with_block_scales reads every code once
-  // to find out, so the flag can only be set by that check; row views, reshapes and clones keep it (the same
-  // codes or fewer). The products skip the NaN lanes' handling where it is set (core/matvec.hpp); a tensor
+  // to find out, or takes it from a copy's sources; row views, reshapes and clones keep it (the same codes or
+  // fewer). The products skip the NaN lanes' handling where it is set (core/matvec.hpp); a tensor
   // written after its scales were attached would have to attach them again.
   bool fp8_nan_free() const { return fp8_nan_free_; }
   void fill(float value);  // f32 tensors only

@@ -44,9 +44,10 @@ Tensor copy_columns(const Tensor& v, int64_t begin, int64_t end, MemCategory cat
   for (int64_t a = 0; a < rows; ++a)
     std::memcpy(dst + static_cast<size_t>(a * n) * element,
                 src + static_cast<size_t>(a * v.dim(1) + begin) * element, static_cast<size_t>(n) * element);
-  // Block-scaled FP8: the columns keep the whole grid, placed by their first column.
+  // Block-scaled FP8: the columns keep the whole grid, placed by their first column, and v's NaN check.
   if (const Tensor* scales = v.block_scales())
-    return out.with_block_scales(scales->clone(category), v.block_row0(), v.block_col0() + begin);
+    return out.with_block_scales(scales->clone(category), v.block_row0(), v.block_col0() + begin,
+                                 v.fp8_nan_free());
   return out;
 }
 
@@ -156,6 +157,7 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
   int64_t per = 0, col0 = 0;
   // Block-scaled FP8 pieces that do not cover whole block rows are widened to f32 (their values exactly).
   bool widen = false;
+  bool nan_free = true;  // every FP8 piece checked free of NaN codes: so is their stack
   for (size_t l = 0; l < local_experts.size(); ++l) {
     Tensor piece = base(local_experts[l]);
     if (l == 0 && piece.block_scales() != nullptr) widen = !fp8_stackable(piece);
@@ -181,6 +183,7 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
                   "expert {}'s FP8 weight does not stack with expert {}'s: the same shard of every expert "
                   "must cover whole 128-row blocks",
                   local_experts[l], local_experts[0]);
+      nan_free = nan_free && piece.fp8_nan_free();
       std::memcpy(grid.data<float>() + static_cast<int64_t>(l) * block_rows * grid.dim(1),
                   scales->data<float>() + piece.block_row0() / kFp8Block * scales->dim(1),
                   static_cast<size_t>(block_rows * grid.dim(1)) * sizeof(float));
@@ -194,7 +197,7 @@ Tensor expert_parallel_weight_loader(std::span<const int> local_experts, const E
         dtype_name(out.dtype()), shape_string(Shape(out.shape().begin() + 1, out.shape().end())));
     std::memcpy(static_cast<char*>(out.raw()) + l * piece.nbytes(), piece.raw(), piece.nbytes());
   }
-  if (grid.defined() && grid.numel() > 0) return out.with_block_scales(std::move(grid), 0, col0);
+  if (grid.defined() && grid.numel() > 0) return out.with_block_scales(std::move(grid), 0, col0, nan_free);
   return out;
 }
 
