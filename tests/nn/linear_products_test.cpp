@@ -184,6 +184,43 @@ TEST(LinearProductsBf16, AttentionGradientsMatchFiniteDifferencesOfTheF32Master)
   testing::expect_gradient("attention grad_wo", loss, w.wo, g.wo, 1e-2, 0.1);
 }
 
+// Under BF16 products a forward saves the activations only the BF16 weight-gradient products read again as
+// those products' BF16 rounding (nn/linear_products.hpp's saved_operand); under f32 products, the caller's
+// tensor itself.
+TEST(LinearProductsBf16, SavedInputsAreTheirBf16Rounding) {
+  if (!has_bf16_matmul()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
+  const int64_t n = 6, in = 10, out = 5;
+  const Tensor x = randn({n, in}, 1), w = randn({out, in}, 2);
+  LinearSaved saved, saved32;
+  linear_forward(x, w, nullptr, &saved, bf16_copy(w));
+  linear_forward(x, w, nullptr, &saved32);
+  EXPECT_EQ(saved32.x.raw(), x.raw()) << "f32 products keep the input itself";
+  ASSERT_EQ(saved.x.dtype(), DType::BF16);
+  ASSERT_EQ(saved.x.shape(), x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(static_cast<const uint16_t*>(saved.x.raw())[i], f32_to_bf16(x.data<float>()[i])) << i;
+
+  const AttentionShape s{2, 1, 4};
+  const int64_t batch = 1, seq = 3, d = 8;
+  Rope rope(s.head_dim, seq);
+  AttentionWeights aw{randn({s.n_heads * s.head_dim, d}, 11), randn({s.n_kv_heads * s.head_dim, d}, 12),
+                      randn({s.n_kv_heads * s.head_dim, d}, 13), randn({d, s.n_heads * s.head_dim}, 14)};
+  aw.wq_bf16 = bf16_copy(aw.wq);
+  aw.wk_bf16 = bf16_copy(aw.wk);
+  aw.wv_bf16 = bf16_copy(aw.wv);
+  aw.wo_bf16 = bf16_copy(aw.wo);
+  const Tensor ax = randn({batch * seq, d}, 3);
+  AttentionSaved as;
+  attention_forward(s, rope, aw, ax, batch, seq, &as);
+  ASSERT_EQ(as.x.dtype(), DType::BF16);
+  for (int64_t i = 0; i < ax.numel(); ++i)
+    ASSERT_EQ(static_cast<const uint16_t*>(as.x.raw())[i], f32_to_bf16(ax.data<float>()[i])) << i;
+  EXPECT_EQ(as.context.dtype(), DType::BF16);
+  EXPECT_EQ(as.context.shape(), Shape({batch * seq, s.n_heads * s.head_dim}));
+  // What an f32 operation reads in the backward stays f32.
+  for (const Tensor* t : {&as.q, &as.k, &as.v, &as.probs}) EXPECT_EQ(t->dtype(), DType::F32);
+}
+
 TEST(LinearProductsBf16, CopiesRoundEveryValueAndRefreshInPlace) {
   Tensor master = randn({5, 9}, 1);
   master.data<float>()[3] = std::nanf("");

@@ -47,19 +47,17 @@ Tensor attention_forward(const AttentionShape& shape, const Rope& rope, const At
   Tensor probs;
   Tensor context =
       phases::attend(shape, dims, qkv.q, qkv.k, qkv.v, batch, seq, 0, seq, options, saved ? &probs : nullptr);
-  Tensor y = phases::output_forward(dims, weights, context, options);
+  Tensor y = phases::output_forward(dims, weights, context, options, saved);
   if (saved) {
     saved->batch = batch;
     saved->seq = seq;
     saved->past = 0;
     saved->key_rows = seq;
-    saved->x = x;
     saved->positions = positions;
     saved->q = qkv.q;
     saved->k = qkv.k;
     saved->v = qkv.v;
     saved->probs = probs;
-    saved->context = context;
   }
   return y;
 }
@@ -69,7 +67,7 @@ Tensor attention_backward(const AttentionShape& shape, const Rope& rope, const A
                           const AttentionOptions& options, AttentionOptionGrads* option_grads) {
   const char* layer = "attention_backward";
   const Dims dims = phases::check_training_call(shape, rope, weights, options, layer);
-  phases::check_backward_call(shape, dims, saved, grad_y, grads, options, option_grads, layer);
+  phases::check_backward_call(shape, dims, weights, saved, grad_y, grads, options, option_grads, layer);
   EXPAR_CHECK(saved.past == 0,
               "{}: saved holds a sequence chunk at position {} (context parallelism): run its backward with "
               "cp_attention_backward over the same CP group",

@@ -85,13 +85,13 @@ struct AttentionSaved {
   int64_t batch = 0, seq = 0;   // seq: query rows per sequence held here
   int64_t past = 0;             // position of each sequence's first query row (context parallelism: > 0)
   int64_t key_rows = 0;         // key/value rows per sequence in k and v: past + seq
-  Tensor x;                     // input [B·S, d]
+  Tensor x;                     // input [B·S, d]; BF16 under BF16 products (read only by their weight grads)
   Tensor positions;             // int32 [B·S]: past + s for row b·S + s
   Tensor q;                     // after RoPE [B·S, H·hd]
   Tensor k;                     // after RoPE [B·key_rows, Hkv·hd] (with CP: the earlier chunks' too)
   Tensor v;                     // [B·key_rows, Hkv·hd]
   Tensor probs;                 // [B, H, S, key_rows], exactly zero where the causal mask or window hides
-  Tensor context;               // P·v per head, before the output projection [B·S, H·hd]
+  Tensor context;               // P·v per head, before the output projection [B·S, H·hd]; BF16 likewise
   RmsNormSaved q_norm, k_norm;  // options.qk_norm: the norms' inputs (after the biases) and 1/rms
 };
 

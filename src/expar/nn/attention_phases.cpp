@@ -256,6 +256,7 @@ Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWe
   linear_product(xr, n, weights.wq, weights.wq_bf16, out.q.data<float>(), false);
   linear_product(xr, n, weights.wk, weights.wk_bf16, out.k.data<float>(), false);
   linear_product(xr, n, weights.wv, weights.wv_bf16, out.v.data<float>(), false);
+  if (saved) saved->x = saved_operand(xr, x);
   add_bias(out.q.data<float>(), n, dims.qd, options.bq);
   add_bias(out.k.data<float>(), n, dims.kd, options.bk);
   add_bias(out.v.data<float>(), n, dims.kd, options.bv);
@@ -303,18 +304,20 @@ Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, co
 }
 
 Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const Tensor& context,
-                      const AttentionOptions& options) {
+                      const AttentionOptions& options, AttentionSaved* saved) {
   const int64_t n = context.dim(0);
   Tensor y = Tensor::empty({n, dims.d});
-  linear_product(product_rows(context.data<float>(), n, dims.qd, bf16_products(weights.wo_bf16)), n,
-                 weights.wo, weights.wo_bf16, y.data<float>(), false);
+  const ProductRows cr = product_rows(context.data<float>(), n, dims.qd, bf16_products(weights.wo_bf16));
+  linear_product(cr, n, weights.wo, weights.wo_bf16, y.data<float>(), false);
+  if (saved) saved->context = saved_operand(cr, context);
   add_bias(y.data<float>(), n, dims.d, options.bo);
   return y;
 }
 
-void check_backward_call(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
-                         const Tensor& grad_y, const AttentionGrads& grads, const AttentionOptions& options,
-                         const AttentionOptionGrads* option_grads, const char* layer) {
+void check_backward_call(const AttentionShape& shape, const Dims& dims, const AttentionWeights& weights,
+                         const AttentionSaved& saved, const Tensor& grad_y, const AttentionGrads& grads,
+                         const AttentionOptions& options, const AttentionOptionGrads* option_grads,
+                         const char* layer) {
   const bool with_params = has(options.bq) || has(options.bk) || has(options.bv) || has(options.bo) ||
                            has(options.sinks) || options.qk_norm != QkNorm::None;
   EXPAR_CHECK(!with_params || option_grads != nullptr,
@@ -338,13 +341,15 @@ void check_backward_call(const AttentionShape& shape, const Dims& dims, const At
   EXPAR_ASSERT(saved.past >= 0 && saved.key_rows == saved.past + seq,
                "{}: saved.key_rows={} must be saved.past + saved.seq = {} + {}", layer, saved.key_rows,
                saved.past, seq);
-  check_f32(saved.x, layer, "saved.x", {n, dims.d});
+  // The projections' input and the context as their weight gradients read them: BF16 under BF16 products.
+  const bool bf16 = bf16_products(weights.wq_bf16);
+  check_saved_operand(saved.x, bf16, layer, "saved.x", {n, dims.d});
   check_i32(saved.positions, layer, "saved.positions", n);
   check_f32(saved.q, layer, "saved.q", {n, dims.qd});
   check_f32(saved.k, layer, "saved.k", {batch * saved.key_rows, dims.kd});
   check_f32(saved.v, layer, "saved.v", {batch * saved.key_rows, dims.kd});
   check_f32(saved.probs, layer, "saved.probs", {batch, shape.n_heads, seq, saved.key_rows});
-  check_f32(saved.context, layer, "saved.context", {n, dims.qd});
+  check_saved_operand(saved.context, bf16, layer, "saved.context", {n, dims.qd});
   check_f32(grad_y, layer, "grad_y", {n, dims.d});
   check_f32(grads.wq, layer, "grads.wq", {dims.qd, dims.d});
   check_f32(grads.wk, layer, "grads.wk", {dims.kd, dims.d});
@@ -361,7 +366,7 @@ Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const 
   const bool bf16 = bf16_products(weights.wo_bf16);
   const ProductRows gy = product_rows(grad_y.data<float>(), n, dims.d, bf16);
   linear_input_grad(gy, n, weights.wo, weights.wo_bf16, grad_context.data<float>(), false);
-  linear_weight_grad(gy, product_rows(saved.context.data<float>(), n, dims.qd, bf16), n, grads.wo);
+  linear_weight_grad(gy, saved_rows(saved.context, bf16, "attention context"), n, grads.wo);
   return grad_context;
 }
 
@@ -464,7 +469,7 @@ Tensor input_backward(const AttentionShape& shape, const Rope& rope, const Atten
   linear_input_grad(gq, n, weights.wq, weights.wq_bf16, gx, false);
   linear_input_grad(gk, n, weights.wk, weights.wk_bf16, gx, true);
   linear_input_grad(gv, n, weights.wv, weights.wv_bf16, gx, true);
-  const ProductRows px = product_rows(saved.x.data<float>(), n, dims.d, bf16);
+  const ProductRows px = saved_rows(saved.x, bf16, "attention input");
   linear_weight_grad(gq, px, n, grads.wq);
   linear_weight_grad(gk, px, n, grads.wk);
   linear_weight_grad(gv, px, n, grads.wv);

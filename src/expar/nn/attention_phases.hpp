@@ -101,7 +101,8 @@ Tensor chunk_positions(int64_t batch, int64_t seq, int64_t past);
 struct Qkv {
   Tensor q, k, v;  // [n, qd], [n, kd], [n, kd]: after biases, q/k norms and RoPE (v: bias only)
 };
-// The projections of x [n, d] at `positions`; with `saved`, the q/k norms' inputs and 1/rms go into it.
+// The projections of x [n, d] at `positions`; with `saved`, the q/k norms' inputs and 1/rms go into it, and
+// x as the weight gradients read it (saved.x: nn/linear_products.hpp's saved_operand).
 Qkv project_qkv(const AttentionShape& shape, const Rope& rope, const AttentionWeights& weights,
                 const Dims& dims, const Tensor& x, const Tensor& positions, const AttentionOptions& options,
                 AttentionSaved* saved);
@@ -118,14 +119,16 @@ Tensor attend(const AttentionShape& shape, const Dims& dims, const Tensor& q, co
               const Tensor& v, int64_t batch, int64_t seq, int64_t past, int64_t key_rows,
               const AttentionOptions& options, Tensor* probs);
 
-// y = context·Woᵀ (+ bo).
+// y = context·Woᵀ (+ bo); with `saved`, the context as Wo's weight gradient reads it (saved.context:
+// saved_operand).
 Tensor output_forward(const Dims& dims, const AttentionWeights& weights, const Tensor& context,
-                      const AttentionOptions& options);
+                      const AttentionOptions& options, AttentionSaved* saved);
 
 // Checks `saved` (as attention_forward or the CP forward left it), grad_y, grads and option_grads.
-void check_backward_call(const AttentionShape& shape, const Dims& dims, const AttentionSaved& saved,
-                         const Tensor& grad_y, const AttentionGrads& grads, const AttentionOptions& options,
-                         const AttentionOptionGrads* option_grads, const char* layer);
+void check_backward_call(const AttentionShape& shape, const Dims& dims, const AttentionWeights& weights,
+                         const AttentionSaved& saved, const Tensor& grad_y, const AttentionGrads& grads,
+                         const AttentionOptions& options, const AttentionOptionGrads* option_grads,
+                         const char* layer);
 
 // grad_context [n, qd]; adds into grads.wo and option_grads->bo.
 Tensor output_backward(const Dims& dims, const AttentionWeights& weights, const AttentionSaved& saved,

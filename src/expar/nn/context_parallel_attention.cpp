@@ -102,19 +102,17 @@ Tensor cp_attention_forward(Comm& cp, const AttentionShape& shape, const Rope& r
   Tensor probs;
   Tensor context = phases::attend(shape, dims, own.q, k, v, batch, chunk, past, past + chunk, options,
                                   saved ? &probs : nullptr);
-  Tensor y = phases::output_forward(dims, weights, context, options);
+  Tensor y = phases::output_forward(dims, weights, context, options, saved);
   if (saved) {
     saved->batch = batch;
     saved->seq = chunk;
     saved->past = past;
     saved->key_rows = past + chunk;
-    saved->x = x;
     saved->positions = positions;
     saved->q = own.q;
     saved->k = k;
     saved->v = v;
     saved->probs = probs;
-    saved->context = context;
   }
   return y;
 }
@@ -125,7 +123,7 @@ Tensor cp_attention_backward(Comm& cp, const AttentionShape& shape, const Rope& 
                              AttentionOptionGrads* option_grads) {
   const char* layer = "cp_attention_backward";
   const phases::Dims dims = phases::check_training_call(shape, rope, weights, options, layer);
-  phases::check_backward_call(shape, dims, saved, grad_y, grads, options, option_grads, layer);
+  phases::check_backward_call(shape, dims, weights, saved, grad_y, grads, options, option_grads, layer);
   const int index = cp.rank();
   EXPAR_CHECK(
       saved.past == index * saved.seq,

@@ -13,8 +13,8 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias,
   const int64_t n = x.dim(0);
   check_f32(x, "linear_forward", "x", {n, in});
   Tensor y = Tensor::empty({n, out});
-  linear_product(product_rows(x.data<float>(), n, in, bf16_products(weight_bf16)), n, weight, weight_bf16,
-                 y.data<float>(), false);
+  const ProductRows xr = product_rows(x.data<float>(), n, in, bf16_products(weight_bf16));
+  linear_product(xr, n, weight, weight_bf16, y.data<float>(), false);
   if (bias) {
     check_f32(*bias, "linear_forward", "bias", {out});
     const float* b = bias->data<float>();
@@ -22,7 +22,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias,
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < out; ++j) py[i * out + j] += b[j];
   }
-  if (saved) saved->x = x;
+  if (saved) saved->x = saved_operand(xr, x);
   return y;
 }
 
@@ -30,16 +30,18 @@ Tensor linear_backward(const LinearSaved& saved, const Tensor& grad_y, const Ten
                        Tensor& grad_weight, Tensor* grad_bias, const Tensor& weight_bf16) {
   check_f32_matrix(weight, "linear_backward", "weight");
   const int64_t out = weight.dim(0), in = weight.dim(1);
-  check_f32_matrix(saved.x, "linear_backward", "saved.x");
+  const bool bf16 = bf16_products(weight_bf16);
+  EXPAR_ASSERT(saved.x.defined() && saved.x.ndim() == 2,
+               "linear_backward: saved.x is not a matrix: run "
+               "linear_forward with a LinearSaved first");
   const int64_t n = saved.x.dim(0);
-  check_f32(saved.x, "linear_backward", "saved.x", {n, in});
+  check_saved_operand(saved.x, bf16, "linear_backward", "saved.x", {n, in});
   check_f32(grad_y, "linear_backward", "grad_y", {n, out});
   check_f32(grad_weight, "linear_backward", "grad_weight", {out, in});
   Tensor grad_x = Tensor::empty({n, in});
-  const bool bf16 = bf16_products(weight_bf16);
   const ProductRows gy = product_rows(grad_y.data<float>(), n, out, bf16);
   linear_input_grad(gy, n, weight, weight_bf16, grad_x.data<float>(), false);
-  linear_weight_grad(gy, product_rows(saved.x.data<float>(), n, in, bf16), n, grad_weight);
+  linear_weight_grad(gy, saved_rows(saved.x, bf16, "linear input"), n, grad_weight);
   if (grad_bias) {
     check_f32(*grad_bias, "linear_backward", "grad_bias", {out});
     float* gb = grad_bias->data<float>();

@@ -5,7 +5,9 @@
 namespace expar::nn {
 
 struct LinearSaved {
-  Tensor x;  // the input [N, in]; shares storage with the caller's tensor
+  // The input [N, in] as the weight gradient reads it (nn/linear_products.hpp's saved_operand): under f32
+  // products the caller's tensor (shared storage), under BF16 products its BF16 rounding.
+  Tensor x;
 };
 
 // x [N, in], weight [out, in], bias [out] or nullptr. Returns y [N, out]. `saved` may be nullptr

@@ -39,6 +39,28 @@ ProductRows product_rows(const float* values, int64_t m, int64_t width, bool bf1
   return rows;
 }
 
+Tensor saved_operand(const ProductRows& rows, const Tensor& f32) {
+  return rows.bf16.defined() ? rows.bf16 : f32;
+}
+
+ProductRows saved_rows(const Tensor& saved, bool bf16, const char* what) {
+  EXPAR_ASSERT(saved.defined() && saved.ndim() == 2 && (saved.dtype() == DType::BF16) == bf16,
+               "the saved {} is {} {}, but the backward's products are {}: run the forward with the same "
+               "weight copies",
+               what, dtype_name(saved.dtype()), shape_string(saved.shape()), bf16 ? "BF16" : "f32");
+  if (bf16) return ProductRows{.bf16 = saved};
+  return ProductRows{.f32 = saved.data<float>()};
+}
+
+void check_saved_operand(const Tensor& saved, bool bf16, const char* layer, const char* what,
+                         const Shape& shape) {
+  const DType want = bf16 ? DType::BF16 : DType::F32;
+  EXPAR_ASSERT(saved.defined() && saved.dtype() == want && saved.shape() == shape,
+               "{}: {} is {} {}: under {} products it must be {} {} (the forward's saved_operand)", layer,
+               what, saved.defined() ? dtype_name(saved.dtype()) : "undefined", shape_string(saved.shape()),
+               bf16 ? "BF16" : "f32", dtype_name(want), shape_string(shape));
+}
+
 void linear_product(const ProductRows& x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
                     bool accumulate) {
   if (!bf16_products(w_bf16)) {

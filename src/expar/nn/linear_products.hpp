@@ -32,6 +32,18 @@ inline bool bf16_products(const Tensor& w_bf16) {
   return w_bf16.defined();
 }
 
+// What a forward keeps of an activation whose only reader in the backward is its weight-gradient product
+// (attention's input rows and context, the LM head's input): under BF16 products its BF16 rounding alone
+// (half the bytes, the f32 rows free once the forward is done; the peers' autocast keeps these BF16 too),
+// under f32 products `f32` itself.
+Tensor saved_operand(const ProductRows& rows, const Tensor& f32);
+// The backward's operand from what saved_operand kept, as the forward rounded it (nothing is rounded again).
+// `what` names it in the error when the saved precision is not the products' (a forward with other copies).
+ProductRows saved_rows(const Tensor& saved, bool bf16, const char* what);
+// `saved` as saved_operand keeps it: F32 under f32 products, BF16 under BF16 products, of `shape`.
+void check_saved_operand(const Tensor& saved, bool bf16, const char* layer, const char* what,
+                         const Shape& shape);
+
 // y [m, out] (+)= x [m, in]·Wᵀ.
 void linear_product(const ProductRows& x, int64_t m, const Tensor& w, const Tensor& w_bf16, float* y,
                     bool accumulate);
