@@ -7,10 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "expar/comm/launcher.hpp"
+#include "expar/core/convert.hpp"
 
 namespace expar {
 namespace {
@@ -90,6 +93,49 @@ TEST(AdamW, ClipsByTheGlobalNormBeforeTheMoments) {
     EXPECT_NEAR(opt.state()[0].v.data<float>()[0], 0.018, 1e-7);
     EXPECT_NEAR(opt.state()[1].v.data<float>()[0], 0.032, 1e-7);
   });
+}
+
+// Mixed precision: a parameter's BF16 copy (Parameter::bf16_copy) is refreshed in the update's own pass.
+// After each step every copy element is f32_to_bf16 of its updated value (the copy starts poisoned with
+// 0xFFFF, a NaN no rounding of these values gives), and the values are bit for bit those of the same steps
+// without a copy. Sharded over EP_DP (2 members), each member's copy covers the gathered whole tensor.
+void expect_copy_refreshed(bool shard) {
+  const int members = shard ? 2 : 1;
+  run_ranks(members, [&](Comm& world) {
+    const int64_t n = 37;  // not a multiple of a vector's lanes, and split unevenly when sharded
+    auto make = [&](const char* name) {
+      Parameter p = make_parameter(name, {n}, ParamKind::Expert, true);
+      for (int64_t j = 0; j < n; ++j) p.value.data<float>()[j] = 0.1f * static_cast<float>(j) - 1.7f;
+      return p;
+    };
+    Parameter with = make("with"), without = make("without");
+    with.bf16_copy = Tensor::empty({n}, DType::BF16, MemCategory::Other);
+    AdamWConfig c = config(0.0);
+    c.shard_expert_state = shard;
+    AdamW opt_with({&with}, c, world, world), opt_without({&without}, c, world, world);
+    for (int step = 1; step <= 3; ++step) {
+      std::fill_n(static_cast<uint16_t*>(with.bf16_copy.raw()), n, uint16_t{0xFFFF});
+      for (Parameter* p : {&with, &without})
+        for (int64_t j = 0; j < n; ++j)
+          p->grad.data<float>()[j] = std::sin(static_cast<float>(j * step)) * static_cast<float>(step);
+      opt_with.step(kLr);
+      opt_without.step(kLr);
+      ASSERT_EQ(std::memcmp(with.value.raw(), without.value.raw(), with.value.nbytes()), 0)
+          << "step " << step;
+      const auto* copy = static_cast<const uint16_t*>(with.bf16_copy.raw());
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(copy[j], f32_to_bf16(with.value.data<float>()[j]))
+            << "step " << step << " element " << j << " rank " << world.rank();
+    }
+  });
+}
+
+TEST(AdamW, RefreshesTheBf16CopyOfEveryUpdatedValue) {
+  expect_copy_refreshed(false);
+}
+
+TEST(AdamW, RefreshesTheWholeBf16CopyOfAShardedParameter) {
+  expect_copy_refreshed(true);
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ struct Parameter {
   // entry. An expert tensor with redundant slots counts each logical expert's first slot only, since its
   // replicas hold the same summed gradient.
   std::vector<bool> norm_rows;
+  // Mixed precision (`expar train --precision bf16`): the BF16 copy of `value` that the products read
+  // (undefined: none), refreshed by the optimizer in the pass that updates `value` (train/adamw.hpp).
+  Tensor bf16_copy;
 };
 
 // Allocates value (category by kind) and a zeroed gradient of the same shape.

@@ -330,6 +330,34 @@ void MoeTransformer::refresh_bf16_copies() {
     if (b->dense.w1.defined()) expar::refresh_bf16_copies(b->dense, dense);
   }
   refresh_bf16_copy(head_, head_bf16_, dense);
+  link_bf16_copies();
+}
+
+void MoeTransformer::link_bf16_copies() {
+  // Each copy against the parameter whose storage its master is (a shared or dense expert's [1, h, d] is a
+  // view of its [h, d] parameter; the tied LM head is the embedding).
+  std::vector<std::pair<const void*, Tensor>> copies;
+  auto add = [&](const Tensor& master, const Tensor& copy) { copies.emplace_back(master.raw(), copy); };
+  auto add_experts = [&](const ExpertWeights& w) {
+    add(w.w1, w.w1_bf16);
+    add(w.w3, w.w3_bf16);
+    add(w.w2, w.w2_bf16);
+  };
+  for (auto& b : blocks_) {
+    const nn::AttentionWeights& w = b->attn;
+    for (auto [master, copy] : {std::pair{&w.wq, &w.wq_bf16}, std::pair{&w.wk, &w.wk_bf16},
+                                std::pair{&w.wv, &w.wv_bf16}, std::pair{&w.wo, &w.wo_bf16}})
+      if (copy->defined()) add(*master, *copy);
+    if (b->moe) add_experts(b->moe->params().experts);
+    if (b->shared.w1.defined()) add_experts(b->shared);
+    if (b->dense.w1.defined()) add_experts(b->dense);
+  }
+  add(head_, head_bf16_);
+  for (Parameter& p : params_) {
+    p.bf16_copy = Tensor();
+    for (const auto& [master, copy] : copies)
+      if (master == p.value.raw() && copy.numel() == p.value.numel()) p.bf16_copy = copy;
+  }
 }
 
 void MoeTransformer::freeze_leases() {

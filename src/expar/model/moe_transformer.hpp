@@ -70,8 +70,10 @@ class MoeTransformer {
   void zero_grads();
   // With execution().bf16_products: makes (the first call) or refreshes in place the BF16 copies of every
   // weight a BF16 product reads (attention's projections, the LM head, the routed, shared and dense MLP
-  // experts) from their f32 values, charged to the weights' memory categories. A trainer calls it once the
-  // weights are initialised or loaded and after every optimizer step. No-op with f32 products.
+  // experts) from their f32 values, charged to the weights' memory categories, and hands each parameter its
+  // copy (Parameter::bf16_copy), which the optimizer then refreshes as it updates the values. A trainer calls
+  // it once the weights are initialised or loaded, and again whenever they change outside the optimizer
+  // (experts moved between ranks). No-op with f32 products.
   void refresh_bf16_copies();
   // Whether block `layer` has an MoE MLP (false for a dense MLP layer). moe(layer) throws expar::Error for a
   // dense block; first_moe() is the first MoE block's (the experts' placement is every MoE block's).
@@ -145,6 +147,7 @@ class MoeTransformer {
   Parameter& add_param(const std::string& name, Shape shape, ParamKind kind, bool decay);
   // The expert tensors' norm rows for the current placement: with replicas, each expert's first slot.
   void mark_replica_norm_rows();
+  void link_bf16_copies();  // Parameter::bf16_copy of every parameter with a copy
 
   ModelConfig config_;
   ModelExecution execution_;

@@ -3,9 +3,57 @@
 #include <cmath>
 #include <vector>
 
+#include "expar/core/assert.hpp"
+#include "expar/core/bf16_round.hpp"
 #include "expar/core/error.hpp"
+#include "expar/core/matmul.hpp"
 
 namespace expar {
+
+namespace {
+
+// One parameter's elements to update: its values, gradients and moments, and its BF16 copy or null.
+struct Update {
+  float* __restrict w;
+  const float* __restrict g;
+  float* __restrict m;
+  float* __restrict v;
+  uint16_t* __restrict copy;
+  int64_t n;
+};
+struct UpdateFactors {
+  double clip, lr, eps, bias1, bias2;
+  float b1, b2, decay;
+};
+
+// The AdamW update of every element (adamw.hpp), each rounded into the BF16 copy as it is written when
+// `with_copy`. The element formulas are independent, so the loop vectorises with the same bits per element.
+template <bool with_copy>
+void update(const Update& u, const UpdateFactors& f) {
+  float* __restrict w = u.w;
+  const float* __restrict g = u.g;
+  float* __restrict m = u.m;
+  float* __restrict v = u.v;
+  uint16_t* __restrict copy = u.copy;
+  const float b1 = f.b1, b2 = f.b2, decay = f.decay;
+  const double clip = f.clip, lr = f.lr, eps = f.eps, bias1 = f.bias1, bias2 = f.bias2;
+#pragma omp simd
+  for (int64_t j = 0; j < u.n; ++j) {
+    const float gj = static_cast<float>(g[j] * clip);
+    const float mj = b1 * m[j] + (1.0f - b1) * gj;
+    const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    const double mhat = mj / bias1, vhat = vj / bias2;
+    float wj = w[j];
+    wj -= decay * wj;
+    wj -= static_cast<float>(lr * mhat / (std::sqrt(vhat) + eps));
+    w[j] = wj;
+    if constexpr (with_copy) copy[j] = round_to_bf16(wj);
+  }
+}
+
+}  // namespace
 
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig config, Comm& ep_mp, Comm& ep_dp)
     : params_(std::move(params)), config_(config), ep_mp_(ep_mp), ep_dp_(ep_dp) {
@@ -55,22 +103,33 @@ double AdamW::step(double lr) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     State& s = state_[i];
-    float* w = p->value.data<float>();
-    const float* g = p->grad.data<float>();
-    float* m = s.m.data<float>();
-    float* v = s.v.data<float>();
-    const float decay = p->weight_decay ? static_cast<float>(lr * config_.weight_decay) : 0.0f;
-    for (int64_t j = s.begin; j < s.end; ++j) {
-      float gj = static_cast<float>(g[j] * clip);
-      float& mj = m[j - s.begin];
-      float& vj = v[j - s.begin];
-      mj = b1 * mj + (1.0f - b1) * gj;
-      vj = b2 * vj + (1.0f - b2) * gj * gj;
-      double mhat = mj / bias1, vhat = vj / bias2;
-      w[j] -= decay * w[j];
-      w[j] -= static_cast<float>(lr * mhat / (std::sqrt(vhat) + config_.eps));
+    const bool sharded = s.end - s.begin != p->value.numel();
+    uint16_t* copy = nullptr;
+    if (p->bf16_copy.defined()) {
+      EXPAR_ASSERT(p->bf16_copy.dtype() == DType::BF16 && p->bf16_copy.numel() == p->value.numel(),
+                   "parameter '{}': its BF16 copy is {} {}, not BF16 of its {} values", p->name,
+                   dtype_name(p->bf16_copy.dtype()), shape_string(p->bf16_copy.shape()), p->value.numel());
+      copy = static_cast<uint16_t*>(p->bf16_copy.raw());
     }
-    if (s.end - s.begin != p->value.numel()) {
+    const Update u{.w = p->value.data<float>() + s.begin,
+                   .g = p->grad.data<float>() + s.begin,
+                   .m = s.m.data<float>(),
+                   .v = s.v.data<float>(),
+                   .copy = sharded || copy == nullptr ? nullptr : copy + s.begin,
+                   .n = s.end - s.begin};
+    const UpdateFactors f{.clip = clip,
+                          .lr = lr,
+                          .eps = config_.eps,
+                          .bias1 = bias1,
+                          .bias2 = bias2,
+                          .b1 = b1,
+                          .b2 = b2,
+                          .decay = p->weight_decay ? static_cast<float>(lr * config_.weight_decay) : 0.0f};
+    if (u.copy)
+      update<true>(u, f);
+    else
+      update<false>(u, f);
+    if (sharded) {
       // Sharded expert state: gather every member's updated slice.
       int parts = ep_dp_.size();
       int64_t n = p->value.numel();
@@ -78,7 +137,9 @@ double AdamW::step(double lr) {
       for (int r = 0; r < parts; ++r)
         counts[static_cast<size_t>(r)] = static_cast<size_t>(n * (r + 1) / parts - n * r / parts);
       Tensor slice = p->value.reshape({n}).rows(s.begin, s.end).clone(MemCategory::CommScratch);
+      float* w = p->value.data<float>();
       ep_dp_.all_gather_v(slice.raw(), static_cast<size_t>(slice.numel()), w, counts, DType::F32);
+      if (copy) round_rows_to_bf16(w, n, copy, n, 1, n);
     }
   }
   return norm;

@@ -10,6 +10,10 @@
 // Sharding (ZeRO-1 style, over EP_DP): member j of an EP_DP group of size D_E keeps Adam state for, and
 // updates, only the j-th contiguous 1/D_E of each expert tensor, then the updated slices are all-gathered
 // so every replica holds the whole shard again. Dense state is never sharded.
+//
+// BF16 copies (Parameter::bf16_copy, mixed-precision training): each updated value is rounded into its copy
+// in the update's own pass, so the master weights are read once per step, not twice (a sharded parameter's
+// copy is refreshed whole after the gather, which also brings the other members' slices).
 #include <vector>
 
 #include "expar/comm/comm.hpp"

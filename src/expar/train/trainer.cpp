@@ -484,8 +484,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
       rec.eplb_imbalance_before = move.imbalance_before;
       rec.eplb_imbalance_after = move.imbalance_after;
       rec.eplb_seconds = move.seconds;
+      model.refresh_bf16_copies();  // the moved experts' copies (the optimizer refreshed the others)
     }
-    model.refresh_bf16_copies();  // the next products read the updated (and moved) weights
     average_over_ranks(rec, world);
     rec.tokens_per_second = static_cast<double>(cfg.global_batch) * cfg.seq_len / timer.seconds();
     const bool last_step = step + 1 == last;
