@@ -105,7 +105,7 @@ TEST(BenchPathsReplicas, EveryEpPathGivesTheSameOutputsWithReplicas) {
   EXPECT_TRUE(failures.empty()) << failures.front();
   ASSERT_EQ(table.size(), 20u);
   // The expert the skew makes hottest (rank 1) has replicas.
-  const std::vector<int> ranks = router_skew_ranks(with.experts, with.seed);
+  const std::vector<int> ranks = router_skew_ranks(with.experts, with.seed, 0);
   const int hottest = static_cast<int>(std::find(ranks.begin(), ranks.end(), 1) - ranks.begin());
   EXPECT_GE(std::count(table.begin(), table.end(), hottest), 2) << "expert " << hottest;
 }

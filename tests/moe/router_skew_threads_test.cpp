@@ -1,4 +1,5 @@
-// The skewed routing load of the benchmarks (moe/router_skew.hpp): the ranks form a permutation, the bias is
+// The skewed routing load of the benchmarks (moe/router_skew.hpp): the ranks form a permutation, another in
+// each MoE layer, the bias is
 // −s·ln(rank) (checked through the router against hand-worked softmax weights), top-1 selection over
 // Gumbel-distributed logits picks each expert with the Zipf probability the bias promises, every rank
 // (thread) computes the same bits, and bad exponents are refused by name.
@@ -21,25 +22,51 @@ namespace expar {
 namespace {
 
 TEST(RouterSkew, RanksArePermutationsDrawnFromTheSeed) {
-  const std::vector<int> a = router_skew_ranks(16, 1);
+  const std::vector<int> a = router_skew_ranks(16, 1, 0);
   std::vector<int> sorted = a;
   std::sort(sorted.begin(), sorted.end());
   std::vector<int> one_to_e(16);
   std::iota(one_to_e.begin(), one_to_e.end(), 1);
   EXPECT_EQ(sorted, one_to_e);
   EXPECT_NE(a, one_to_e) << "the hottest experts should not simply be the first ones";
-  EXPECT_EQ(a, router_skew_ranks(16, 1));
-  EXPECT_NE(a, router_skew_ranks(16, 2));
+  EXPECT_EQ(a, router_skew_ranks(16, 1, 0));
+  EXPECT_NE(a, router_skew_ranks(16, 2, 0));
+}
+
+// Real models' hot experts differ from layer to layer, so each layer's popularity is its own permutation.
+TEST(RouterSkew, EachLayerDrawsItsOwnPermutation) {
+  std::vector<int> one_to_e(32);
+  std::iota(one_to_e.begin(), one_to_e.end(), 1);
+  std::vector<std::vector<int>> layers;
+  for (int layer = 0; layer < 4; ++layer) {
+    layers.push_back(router_skew_ranks(32, 3, layer));
+    std::vector<int> sorted = layers.back();
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, one_to_e) << "layer " << layer;
+    EXPECT_EQ(layers.back(), router_skew_ranks(32, 3, layer)) << "layer " << layer;
+    for (int before = 0; before < layer; ++before)
+      EXPECT_NE(layers.back(), layers[static_cast<size_t>(before)]) << "layers " << before << ", " << layer;
+  }
+  // The hottest expert moves too (not only the tail of the permutation).
+  std::vector<int> hottest;
+  for (const std::vector<int>& ranks : layers)
+    hottest.push_back(static_cast<int>(std::find(ranks.begin(), ranks.end(), 1) - ranks.begin()));
+  std::sort(hottest.begin(), hottest.end());
+  EXPECT_GT(std::unique(hottest.begin(), hottest.end()) - hottest.begin(), 1);
+  testing::expect_error([] { router_skew_ranks(8, 1, -1); }, {"layer -1", ">= 0"});
+  const Tensor bias = router_skew_bias(1.0, 32, 3, 2);
+  for (int e = 0; e < 32; ++e)
+    EXPECT_FLOAT_EQ(bias.data<float>()[e], static_cast<float>(-std::log(layers[2][static_cast<size_t>(e)])));
 }
 
 TEST(RouterSkew, BiasIsMinusSTimesTheLogOfTheRank) {
-  const std::vector<int> ranks = router_skew_ranks(6, 7);
-  const Tensor bias = router_skew_bias(1.5, 6, 7);
+  const std::vector<int> ranks = router_skew_ranks(6, 7, 0);
+  const Tensor bias = router_skew_bias(1.5, 6, 7, 0);
   ASSERT_EQ(bias.numel(), 6);
   for (int e = 0; e < 6; ++e)
     EXPECT_FLOAT_EQ(bias.data<float>()[e],
                     static_cast<float>(-1.5 * std::log(ranks[static_cast<size_t>(e)])));
-  const Tensor none = router_skew_bias(0.0, 6, 7);
+  const Tensor none = router_skew_bias(0.0, 6, 7, 0);
   for (int e = 0; e < 6; ++e) EXPECT_EQ(none.data<float>()[e], 0.0f);
 }
 
@@ -51,10 +78,10 @@ TEST(RouterSkew, SoftmaxWeightsUnderTheBiasFollowZipf) {
     const Tensor w = Tensor::zeros({4, 3});
     const Tensor x = Tensor::zeros({2, 3});
     Tensor bias;
-    add_router_skew(bias, s, 4, 11);
+    add_router_skew(bias, s, 4, 11, 0);
     RouterState state;
     const RouterOutput out = router_forward(c, x, w, nullptr, state, &bias);
-    const std::vector<int> ranks = router_skew_ranks(4, 11);
+    const std::vector<int> ranks = router_skew_ranks(4, 11, 0);
     for (int64_t t = 0; t < 2; ++t)
       for (int k = 0; k < 4; ++k) {
         const int e = out.topk_idx.data<int32_t>()[t * 4 + k];
@@ -70,8 +97,8 @@ TEST(RouterSkew, AddsToAnExistingLogitBias) {
   Tensor bias = Tensor::empty({5});
   for (int e = 0; e < 5; ++e) bias.data<float>()[e] = 0.25f * static_cast<float>(e);
   const Tensor before = bias;
-  add_router_skew(bias, 1.0, 5, 3);
-  const Tensor skew = router_skew_bias(1.0, 5, 3);
+  add_router_skew(bias, 1.0, 5, 3, 0);
+  const Tensor skew = router_skew_bias(1.0, 5, 3, 0);
   for (int e = 0; e < 5; ++e)
     EXPECT_FLOAT_EQ(bias.data<float>()[e], 0.25f * static_cast<float>(e) + skew.data<float>()[e]);
   EXPECT_NE(bias.raw(), before.raw()) << "a loaded bias may be read-only: the sum is a new tensor";
@@ -90,10 +117,10 @@ TEST(RouterSkew, TopOneSelectionFrequencyIsZipf) {
     const double u = std::max(1e-12, static_cast<double>(random_uniform(5, 77, static_cast<uint64_t>(i))));
     x.data<float>()[i] = static_cast<float>(-std::log(-std::log(u)));
   }
-  const Tensor bias = router_skew_bias(1.0, kE, 5);
+  const Tensor bias = router_skew_bias(1.0, kE, 5, 0);
   RouterState state;
   const RouterOutput out = router_forward(c, x, w, nullptr, state, &bias);
-  const std::vector<int> ranks = router_skew_ranks(kE, 5);
+  const std::vector<int> ranks = router_skew_ranks(kE, 5, 0);
   double harmonic = 0;
   for (int r = 1; r <= kE; ++r) harmonic += 1.0 / r;
   for (int e = 0; e < kE; ++e) {
@@ -107,7 +134,7 @@ TEST(RouterSkew, EveryRankComputesTheSameBias) {
   LaunchOptions launch;
   launch.ranks = 4;
   run_ranks(launch, [](Comm& world) {
-    const Tensor mine = router_skew_bias(1.0, 32, 9);
+    const Tensor mine = router_skew_bias(1.0, 32, 9, 0);
     Tensor all = Tensor::empty({4 * 32});
     world.all_gather(mine.raw(), all.raw(), 32, DType::F32);
     for (int r = 1; r < 4; ++r)
@@ -118,7 +145,7 @@ TEST(RouterSkew, EveryRankComputesTheSameBias) {
 
 TEST(RouterSkew, RefusesExponentsThatAreNegativeOrNotFinite) {
   for (double s : {-0.5, std::nan(""), static_cast<double>(INFINITY)})
-    testing::expect_error([&] { router_skew_bias(s, 8, 1); },
+    testing::expect_error([&] { router_skew_bias(s, 8, 1, 0); },
                           {"--router-skew", "finite number >= 0", "pass --router-skew 1"});
 }
 

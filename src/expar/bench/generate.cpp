@@ -211,11 +211,13 @@ std::vector<int32_t> random_prompt(int64_t length, int vocab, uint64_t seed, uin
   return prompt;
 }
 
-// Every MoE router's logit bias plus the skew (the same on every rank: a function of s, E and the seed).
+// Every MoE router's logit bias plus the skew of its layer (the same on every rank: a function of s, E, the
+// seed and the layer; each layer's hottest experts are others).
 void skew_routers(infer::RankWeights& w, double exponent, uint64_t seed) {
-  for (infer::LayerWeights& lw : w.layers)
-    if (infer::present(lw.router))
-      add_router_skew(lw.router_bias, exponent, static_cast<int>(w.config.moe.router.num_experts), seed);
+  for (size_t l = 0; l < w.layers.size(); ++l)
+    if (infer::present(w.layers[l].router))
+      add_router_skew(w.layers[l].router_bias, exponent, static_cast<int>(w.config.moe.router.num_experts),
+                      seed, static_cast<int>(l));
 }
 
 // Per MoE layer (max - mean) / mean over the ranks of `rows` ([rank][layer], the rows each rank's experts

@@ -367,7 +367,7 @@ std::vector<int> measured_expert_slots(Comm& world, const PathsBenchOptions& o) 
   const MoeConfig config = config_of(o);
   Tensor w_router = Tensor::empty({o.experts, o.model_dim}, DType::F32, MemCategory::Other);
   init_router_weight(w_router, "bench", o.seed);
-  const Tensor skew = router_skew_bias(o.router_skew, o.experts, o.seed);
+  const Tensor skew = router_skew_bias(o.router_skew, o.experts, o.seed, 0);  // the one MoE layer timed
   RouterState state;
   const RouterOutput routed =
       router_forward(config.router, input_of(o, world.rank(), 3), w_router, nullptr, state, &skew);
@@ -388,7 +388,8 @@ std::unique_ptr<MoeLayer> make_bench_layer(Comm& group, const PathsBenchOptions&
   auto layer = std::make_unique<MoeLayer>(config_of(o), execution_of(o, path, slots), group, "bench",
                                           MoeSharedResources{heap, nullptr, -1});
   layer->init_params(o.seed);
-  if (o.router_skew > 0) layer->params().router_bias = router_skew_bias(o.router_skew, o.experts, o.seed);
+  if (o.router_skew > 0)
+    layer->params().router_bias = router_skew_bias(o.router_skew, o.experts, o.seed, 0);  // layer 0's
   // With --precision bf16 the experts multiply from BF16 copies of their f32 masters (made once: the
   // weights do not change between repeats).
   if (o.bf16_products) refresh_bf16_copies(layer->params().experts);
