@@ -67,10 +67,18 @@ TEST(StepWire, PlanRoundTrips) {
     EXPECT_EQ(y.trace_logits, x.trace_logits);
   }
   EXPECT_EQ(encode_plan(q), encode_plan(p));
-  StepPlan moving = p;  // a plan that moves the experts first (serve's rebalancing)
-  moving.expert_slots = {3, 0, 1, 3, 2, 0};
-  EXPECT_EQ(decode_plan(encode_plan(moving)).expert_slots, moving.expert_slots);
-  EXPECT_TRUE(q.expert_slots.empty());
+  // A plan that moves some layers' experts first (serve's rebalancing: only the layers whose table
+  // changed), and one that moves none.
+  StepPlan moving = p;
+  moving.expert_tables = {{1, {3, 0, 1, 3, 2, 0}}, {5, {0, 1, 2, 3, 0, 2}}};
+  const StepPlan moved = decode_plan(encode_plan(moving));
+  ASSERT_EQ(moved.expert_tables.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(moved.expert_tables[i].layer, moving.expert_tables[i].layer);
+    EXPECT_EQ(moved.expert_tables[i].slot_experts, moving.expert_tables[i].slot_experts);
+  }
+  EXPECT_EQ(encode_plan(moved), encode_plan(moving));
+  EXPECT_TRUE(q.expert_tables.empty());
 }
 
 TEST(StepWire, ResultRoundTrips) {
@@ -79,7 +87,7 @@ TEST(StepWire, ResultRoundTrips) {
   r.samples = true;
   r.tokens.tokens = {7, 0, 255};
   r.tokens.logits_hashes = {std::numeric_limits<uint64_t>::max(), 1};
-  r.expert_tokens = {0, 12, 5, 0};
+  r.layer_expert_tokens = {{0, 12, 5, 0}, {}, {3, 0, 0, 9}};
   r.layer_rows = {17, 0, 4};
   r.moved_bytes = 123456789;
   r.move_seconds = 0.125;
@@ -89,7 +97,7 @@ TEST(StepWire, ResultRoundTrips) {
   EXPECT_TRUE(s.samples);
   EXPECT_EQ(s.tokens.tokens, r.tokens.tokens);
   EXPECT_EQ(s.tokens.logits_hashes, r.tokens.logits_hashes);
-  EXPECT_EQ(s.expert_tokens, r.expert_tokens);
+  EXPECT_EQ(s.layer_expert_tokens, r.layer_expert_tokens);
   EXPECT_EQ(s.layer_rows, r.layer_rows);
   EXPECT_EQ(s.moved_bytes, r.moved_bytes);
   EXPECT_EQ(s.move_seconds, r.move_seconds);

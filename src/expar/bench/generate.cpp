@@ -322,24 +322,28 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       return std::tuple{tp, td, tb};
     };
     if (layout.placement().has_replicas()) {
-      // EPLB as a server runs it (serve/expert_rebalancer.hpp): the loads of one run on another prompt of
-      // the same length choose the placement, and the engine moves its expert weights there.
-      const std::vector<int64_t> before = engine.stats().expert_tokens;
+      // EPLB as a server runs it (serve/expert_rebalancer.hpp): each layer's loads of one run on another
+      // prompt of the same length choose that layer's placement, and the engine moves its expert weights
+      // there.
+      const std::vector<std::vector<int64_t>> before = engine.stats().layer_expert_tokens;
       run(random_prompt(o.prompt_tokens, config.vocab, o.seed, 0x6E5), {});
-      std::vector<int64_t> loads = engine.stats().expert_tokens;
-      for (size_t e = 0; e < loads.size(); ++e) loads[e] -= before[e];
-      world.all_reduce(std::span<int64_t>(loads), ReduceOp::Sum);
-      serve::ExpertRebalancer rebalancer({.window = 1, .interval = 1}, layout.placement());
       serve::StepLoad load;
-      load.expert_tokens = loads;
+      load.layer_expert_tokens = engine.stats().layer_expert_tokens;
+      for (size_t l = 0; l < layers; ++l) {
+        std::vector<int64_t>& loads = load.layer_expert_tokens[l];
+        for (size_t e = 0; e < loads.size(); ++e) loads[e] -= before[l][e];
+        world.all_reduce(std::span<int64_t>(loads), ReduceOp::Sum);
+      }
+      serve::ExpertRebalancer rebalancer({.window = 1, .interval = 1}, layout.placement(), config.layers);
       rebalancer.after_step(load);
-      const std::vector<int> table = rebalancer.before_step();
-      if (!table.empty()) {
+      const std::vector<LayerSlotTable> tables = rebalancer.before_step();
+      if (!tables.empty()) {
         int64_t bytes = 0;
-        const double seconds = timed_max(world, [&] { bytes = engine.move_experts(table); });
+        const double seconds = timed_max(world, [&] { bytes = engine.move_experts(tables); });
         world.all_reduce(&bytes, 1, DType::I64, ReduceOp::Sum);
         std::lock_guard lock(mutex);
         r.rebalanced = true;
+        r.moved_layers = static_cast<int>(tables.size());
         r.moved_bytes = bytes;
         r.move_seconds = seconds;
       }
@@ -527,6 +531,7 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"rank_load_imbalance_decode", r.decode_imbalance},
                          {"rank_load_imbalance_decode_max_layer", r.decode_imbalance_max},
                          {"rebalanced", r.rebalanced},
+                         {"expert_moved_layers", r.moved_layers},
                          {"expert_move_bytes_all_ranks", r.moved_bytes},
                          {"expert_move_seconds", r.move_seconds},
                          {"memory_per_rank", memory}};

@@ -62,10 +62,12 @@ struct GenerateBenchReport {
   // the token rows their experts computed, then the mean over the layers (and the largest layer's).
   double prefill_imbalance = 0.0, prefill_imbalance_max = 0.0;
   double decode_imbalance = 0.0, decode_imbalance_max = 0.0;
-  // With redundant experts: the placement EPLB chose from the loads of one untimed run on another prompt
-  // (serve's rebalancer and the engine's move), and what moving to it cost: weight bytes received, all
-  // ranks, and the slowest rank's seconds. 0 when the placement did not change or without replicas.
+  // With redundant experts: the placements EPLB chose, each MoE layer's from its loads of one untimed run on
+  // another prompt (serve's rebalancer and the engine's move), how many layers' placements changed, and what
+  // moving to them cost: weight bytes received, all ranks, and the slowest rank's seconds. 0 when no
+  // placement changed or without replicas.
   bool rebalanced = false;
+  int moved_layers = 0;
   int64_t moved_bytes = 0;
   double move_seconds = 0.0;
 };

@@ -50,11 +50,12 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
       r.prefill_imbalance, r.prefill_imbalance_max, r.decode_imbalance, r.decode_imbalance_max,
       a.bench.router_skew);
   if (a.layout.redundant_experts > 0)
-    fmt::print("{} redundant experts placed by EPLB from an untimed run on another prompt: {}\n",
-               a.layout.redundant_experts,
-               r.rebalanced ? fmt::format("moved {} of expert weights (all ranks) in {:.1f} ms",
-                                          format_bytes(r.moved_bytes), r.move_seconds * 1e3)
-                            : std::string("the initial placement was kept"));
+    fmt::print(
+        "{} redundant experts placed by EPLB per MoE layer from an untimed run on another prompt: {}\n",
+        a.layout.redundant_experts,
+        r.rebalanced ? fmt::format("moved {} layer(s), {} of expert weights (all ranks) in {:.1f} ms",
+                                   r.moved_layers, format_bytes(r.moved_bytes), r.move_seconds * 1e3)
+                     : std::string("the initial placement was kept"));
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
     fmt::print("rank {} memory (current, peak):\n{}", rank, format_memory(r.memory[rank]));
   fmt::print("weights held (all ranks) {}, peak resident set of the process {}\n",

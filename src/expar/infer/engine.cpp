@@ -186,12 +186,16 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
   stats_.expert_tokens.assign(static_cast<size_t>(weights_.config.moe.router.num_experts), 0);
   stats_.expert_weight_reads.assign(static_cast<size_t>(weights_.config.layers), 0);
   stats_.layer_rows.assign(static_cast<size_t>(weights_.config.layers), 0);
-  // The route map places rows by layout_.placement(), so this rank's weights must hold its partition's
-  // experts in the placement's local order.
+  stats_.layer_expert_tokens.assign(static_cast<size_t>(weights_.config.layers), stats_.expert_tokens);
+  // Every layer starts in the layout's placement (the loader loaded it in every layer); the route map places
+  // each layer's rows by its own, so this rank's weights must hold its partition's experts in the
+  // placement's local order.
   EXPAR_CHECK(weights_.local_experts == layout_.placement().local_experts(partition_),
               "rank {}: the layout's {} placement gives expert partition {} other experts than the weights "
               "hold: load the weights with the same layout",
               rank_, placement_name(layout_.placement().kind()), partition_);
+  placements_.assign(static_cast<size_t>(weights_.config.layers), layout_.placement());
+  local_experts_.assign(static_cast<size_t>(weights_.config.layers), weights_.local_experts);
   // With cross-DP EP (ep_tp_size 1) and for rowwise decode the layout's EP group is this rank's copy of the
   // experts (its ep_dp_size replicas, the whole world with ep_degree = TP*DP), in world rank order, and a
   // rank's partition is its rank in that group.
@@ -200,7 +204,9 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
   PathOptions po;
   po.model_dim = weights_.config.model_dim;
   po.top_k = weights_.config.moe.router.top_k;
-  po.placement = &layout_.placement();
+  // The engine's paths run without waves, and without waves agrs and rowwise read the placement only from
+  // each step's route map (built from the layer's own placement); the options' one is the initial one.
+  po.placement = &placements_.front();
   // Seed 002's collective levels, inner first: prefill gathers over TP (SP rows), then, with cross-DP EP,
   // over the DP replicas of the EP group; decode's TP ranks hold the same tokens (all-reduce), those replicas
   // are gathered with cross-DP EP.
@@ -425,30 +431,51 @@ Tensor Engine::moe_forward_counted(int layer, const Tensor& x, const MoeForwardO
   o.capacity = CapacityPolicy::dropless();
   o.keep_activations = false;
   MoeState state;
-  Tensor y = moe_forward(weights_.config.moe, layout_.placement(), moe_weights(layer), x, o, state);
+  const auto at = static_cast<size_t>(layer);
+  Tensor y = moe_forward(weights_.config.moe, placements_[at], moe_weights(layer), x, o, state);
   const std::vector<int64_t>& offsets = state.routes.expert_offsets;
   for (size_t l = 0; l + 1 < offsets.size(); ++l) {
-    stats_.expert_tokens[static_cast<size_t>(weights_.local_experts[l])] += offsets[l + 1] - offsets[l];
+    const auto expert = static_cast<size_t>(local_experts_[at][l]);
+    stats_.expert_tokens[expert] += offsets[l + 1] - offsets[l];
+    stats_.layer_expert_tokens[at][expert] += offsets[l + 1] - offsets[l];
     stats_.expert_weight_reads[static_cast<size_t>(layer)] += offsets[l + 1] > offsets[l] ? 1 : 0;
     stats_.layer_rows[static_cast<size_t>(layer)] += offsets[l + 1] - offsets[l];
   }
   return y;
 }
 
-int64_t Engine::move_experts(std::vector<int> slot_experts) {
+const ExpertPlacement& Engine::placement(int layer) const {
+  EXPAR_CHECK(layer >= 0 && layer < weights_.config.layers,
+              "layer {} is outside the model's {} layers: pass a layer index in [0, {})", layer,
+              weights_.config.layers, weights_.config.layers);
+  return placements_[static_cast<size_t>(layer)];
+}
+
+int64_t Engine::move_experts(const std::vector<LayerSlotTable>& tables) {
   EXPAR_CHECK(
       layout_.expert_parallel() && ep_,
       "moving experts needs expert parallelism (whole experts on ranks): pass --enable-expert-parallel");
-  // Validated before any weight moves (every rank refuses alike), on the same EP degree.
-  InferenceLayout next = layout_.with_expert_slots(std::move(slot_experts));
-  ExpertMoveStats moved;
-  for (LayerWeights& lw : weights_.layers) {
-    if (!present(lw.experts.w1) && !lw.experts.mxfp4) continue;  // a dense layer
-    lw.experts = move_expert_slots(layout_.placement(), next.placement(), lw.experts, *ep_, &moved);
+  // Every table validated before any weight moves (every rank refuses alike), on the same EP degree.
+  std::vector<ExpertPlacement> next;
+  std::vector<bool> listed(static_cast<size_t>(weights_.config.layers), false);
+  for (const LayerSlotTable& t : tables) {
+    EXPAR_CHECK(t.layer >= 0 && t.layer < weights_.config.layers && !weights_.features.is_dense_mlp(t.layer),
+                "an expert slot table names layer {}, which is not an MoE layer of this {}-layer model: "
+                "name MoE layers only",
+                t.layer, weights_.config.layers);
+    EXPAR_CHECK(!listed[static_cast<size_t>(t.layer)],
+                "layer {} has two expert slot tables in one move: pass one table per layer", t.layer);
+    listed[static_cast<size_t>(t.layer)] = true;
+    next.push_back(layout_.with_expert_slots(t.slot_experts).placement());
   }
-  // The paths hold &layout_.placement(): assigning keeps that address and gives it the new table.
-  layout_ = std::move(next);
-  weights_.local_experts = layout_.placement().local_experts(partition_);
+  ExpertMoveStats moved;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const auto at = static_cast<size_t>(tables[i].layer);
+    LayerWeights& lw = weights_.layers[at];
+    lw.experts = move_expert_slots(placements_[at], next[i], lw.experts, *ep_, &moved);
+    placements_[at] = std::move(next[i]);
+    local_experts_[at] = placements_[at].local_experts(partition_);
+  }
   return moved.bytes_received;
 }
 

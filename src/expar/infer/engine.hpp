@@ -91,6 +91,9 @@ struct EngineStats {
   // [layers] token rows this rank's experts computed per layer, over the steps: the layer's load on this
   // rank (a server's imbalance per layer compares it across ranks).
   std::vector<int64_t> layer_rows;
+  // [layers][E] the same rows per logical expert: each MoE layer's expert load, from which a server places
+  // that layer's replicas (empty rows for a dense layer stay zero).
+  std::vector<std::vector<int64_t>> layer_expert_tokens;
 };
 
 class Engine {
@@ -119,13 +122,15 @@ class Engine {
   // One new token per sequence; returns logits [ids.size(), V]. Collective over the world.
   Tensor decode(std::span<const int> ids, std::span<const int32_t> tokens);
 
-  // Moves the experts to the slot table `slot_experts` (the layout's with_expert_slots): every MoE layer's
-  // expert weights go, as held, to the ranks of the new placement over the EP group (moe/expert_moves.hpp),
-  // then the route map places rows by it. Every copy of the experts moves inside itself, so every rank must
-  // pass the same table (the server decides it once from the loads of the whole world). Collective over the
-  // world, between steps (no step in flight); needs expert parallelism. Returns the weight bytes this rank
-  // received.
-  int64_t move_experts(std::vector<int> slot_experts);
+  // Moves the experts of each listed MoE layer to its slot table (the layout's with_expert_slots rules):
+  // that layer's expert weights go, as held, to the ranks of its new placement over the EP group
+  // (moe/expert_moves.hpp), then the route map places the layer's rows by it; layers not listed keep theirs.
+  // Every copy of the experts moves inside itself, so every rank must pass the same tables in the same order
+  // (the server decides them once from the loads of the whole world). Collective over the world, between
+  // steps (no step in flight); needs expert parallelism. Returns the weight bytes this rank received.
+  int64_t move_experts(const std::vector<LayerSlotTable>& tables);
+  // The placement of MoE layer `layer`'s experts: the layout's until move_experts gives it another.
+  const ExpertPlacement& placement(int layer) const;
   const InferenceLayout& layout() const { return layout_; }
 
   const EngineStats& stats() const { return stats_; }
@@ -171,6 +176,10 @@ class Engine {
   std::unique_ptr<ExpertPath> rowwise_;                     // decode_moe Rowwise: the rowwise path over ep_
   int rank_, tp_rank_, dp_rank_;
   int partition_;  // this rank's expert partition (the layout's ep_rank)
+  // [layers] each layer's placement (a dense layer keeps the layout's, unused) and this rank's logical
+  // experts in its local slot order (what the layer's weights hold).
+  std::vector<ExpertPlacement> placements_;
+  std::vector<std::vector<int>> local_experts_;
   nn::Rope rope_;
   std::vector<std::unique_ptr<Sequence>> sequences_;
   EngineStats stats_;

@@ -63,6 +63,8 @@ struct RankWeights {
   ModelFeatures features;
   nn::AttentionShape local_attn;          // heads held here
   nn::LatentAttentionShape local_latent;  // latent attention's, with its local heads (features.mla)
+  // This rank's logical experts in local slot order, as loaded: the layout's placement, the same in every
+  // MoE layer (the engine keeps each layer's own after it moves experts: Engine::placement).
   std::vector<int> local_experts;
   Tensor embed, final_norm, lm_head;  // embed, lm_head: vocabulary rows [vocab_begin, + embed.dim(0))
   int64_t vocab_begin = 0;

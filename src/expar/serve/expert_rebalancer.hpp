@@ -1,11 +1,13 @@
 #pragma once
 // Rebalancing the experts of a running server (issue #36, item 3; `expar serve --eplb-window N
 // --eplb-interval M`). The step loop hands it what the ranks counted in each engine step; every M engine
-// steps it computes, from the expert loads of the last N steps, the placement DeepSeek's EPLB policy chooses
-// (topo/expert_balance.hpp: replicate the hottest experts into the --redundant-experts slots, pack the slots
-// onto the EP ranks), and when that differs from the current one the next step's plan carries its slot table:
-// every rank then moves its expert weights through Comm before the step (infer::Engine::move_experts). A
-// function of the counts alone, on the scheduler's side: one decision for all ranks and processes.
+// steps it computes, for each MoE layer from that layer's expert loads of the last N steps, the placement
+// DeepSeek's EPLB policy chooses (topo/expert_balance.hpp: replicate the hottest experts into the
+// --redundant-experts slots, pack the slots onto the EP ranks). Each layer has its own placement, as in
+// DeepSeek's EPLB, vLLM and SGLang, since each layer's hot experts differ; the next step's plan carries the
+// tables of the layers whose placement changed, and every rank then moves those layers' expert weights
+// through Comm before the step (infer::Engine::move_experts). A function of the counts alone, on the
+// scheduler's side: one decision for all ranks and processes.
 //
 // It also keeps, per MoE layer, the imbalance of the rows each rank's experts computed over the same window,
 // (max - mean) / mean, for /metrics, with or without rebalancing.
@@ -27,35 +29,38 @@ struct EplbOptions {
 
 // What the ranks reported for one step (serve/step_board.hpp adds them up).
 struct StepLoad {
-  std::vector<int64_t> expert_tokens;            // [E] rows per logical expert, summed over the ranks
-  std::vector<std::vector<int64_t>> layer_rows;  // [world rank][layer] rows its experts computed
-  int64_t moved_bytes = 0;                       // expert bytes received moving before the step, all ranks
-  double move_seconds = 0;                       // the slowest rank's move
+  std::vector<std::vector<int64_t>> layer_expert_tokens;  // [layer][E] rows per logical expert, all ranks
+  std::vector<std::vector<int64_t>> layer_rows;           // [world rank][layer] rows its experts computed
+  int64_t moved_bytes = 0;  // expert bytes received moving before the step, all ranks
+  double move_seconds = 0;  // the slowest rank's move
 };
 
 class ExpertRebalancer {
  public:
-  // `initial`: the placement the ranks loaded (InferenceLayout::placement()).
-  ExpertRebalancer(EplbOptions options, const ExpertPlacement& initial);
+  // `initial`: the placement the ranks loaded (InferenceLayout::placement()), every one of the model's
+  // `layers` layers' at the start.
+  ExpertRebalancer(EplbOptions options, const ExpertPlacement& initial, int layers);
 
-  // Before an engine step: the slot table to move to when a rebalance is due and it changes the placement,
-  // else empty (then also when due: the interval restarts either way).
-  std::vector<int> before_step();
+  // Before an engine step: when a rebalance is due, the slot tables of the layers whose placement it
+  // changes (in layer order), else empty (then also when due: the interval restarts either way). A layer
+  // without rows in the window (a dense one, or one nothing reached) keeps its placement.
+  std::vector<LayerSlotTable> before_step();
   // After an engine step: its loads join the window.
   void after_step(const StepLoad& load);
 
   // Per layer, (max - mean) / mean over the ranks of the rows computed in the window (0 for a layer without
   // rows, e.g. a dense one).
   std::vector<double> layer_imbalance() const;
-  const std::vector<int>& slot_experts() const { return slot_experts_; }
-  int64_t rebalances() const { return rebalances_; }
+  // Layer `layer`'s current table.
+  const std::vector<int>& slot_experts(int layer) const;
+  int64_t rebalances() const { return rebalances_; }  // rebalances that moved at least one layer
 
  private:
   EplbOptions options_;
   int num_experts_, redundant_, ep_size_;
-  std::vector<int> slot_experts_;  // the current table
-  std::deque<StepLoad> window_;    // the last `window` engine steps' loads
-  int64_t steps_since_ = 0;        // engine steps since the last placement (or the start)
+  std::vector<std::vector<int>> slot_experts_;  // [layer]: the current tables
+  std::deque<StepLoad> window_;                 // the last `window` engine steps' loads
+  int64_t steps_since_ = 0;                     // engine steps since the last placement (or the start)
   int64_t rebalances_ = 0;
 };
 

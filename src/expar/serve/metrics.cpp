@@ -74,9 +74,10 @@ void Metrics::expert_imbalance(std::vector<double> per_layer) {
   std::lock_guard lock(mutex_);
   expert_imbalance_ = std::move(per_layer);
 }
-void Metrics::experts_moved(int64_t bytes, double seconds) {
+void Metrics::experts_moved(int layers, int64_t bytes, double seconds) {
   std::lock_guard lock(mutex_);
   ++rebalances_;
+  moved_layers_ += static_cast<uint64_t>(layers);
   moved_bytes_ += static_cast<uint64_t>(bytes);
   move_seconds_.observe(seconds);
 }
@@ -121,11 +122,16 @@ std::string Metrics::render() const {
   for (size_t l = 0; l < expert_imbalance_.size(); ++l)
     out += fmt::format("expar_expert_imbalance{{layer=\"{}\"}} {}\n", l, expert_imbalance_[l]);
   out += fmt::format(
-      "# HELP expar_eplb_rebalances_total Expert placements changed while serving.\n"
+      "# HELP expar_eplb_rebalances_total Rebalances that changed an MoE layer's expert placement while "
+      "serving.\n"
       "# TYPE expar_eplb_rebalances_total counter\nexpar_eplb_rebalances_total {}\n"
+      "# HELP expar_eplb_moved_layers_total MoE layers whose expert placement rebalancing changed (each "
+      "layer "
+      "has its own).\n"
+      "# TYPE expar_eplb_moved_layers_total counter\nexpar_eplb_moved_layers_total {}\n"
       "# HELP expar_eplb_moved_bytes_total Expert weight bytes moved between ranks by rebalancing.\n"
       "# TYPE expar_eplb_moved_bytes_total counter\nexpar_eplb_moved_bytes_total {}\n",
-      rebalances_, moved_bytes_);
+      rebalances_, moved_layers_, moved_bytes_);
   move_seconds_.render("expar_eplb_move_seconds", "Time a rebalance's weight move took (the slowest rank).",
                        out);
   return out;

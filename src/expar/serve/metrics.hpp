@@ -39,8 +39,9 @@ class Metrics {
   void expert_tokens(int rank, const std::vector<int64_t>& per_expert);
   // Per MoE layer, (max - mean) / mean of the rows each rank's experts computed over the EPLB window.
   void expert_imbalance(std::vector<double> per_layer);
-  // A rebalance moved `bytes` of expert weights (all ranks) in `seconds` (the slowest rank).
-  void experts_moved(int64_t bytes, double seconds);
+  // A rebalance moved `layers` MoE layers' placements, `bytes` of expert weights (all ranks), in `seconds`
+  // (the slowest rank).
+  void experts_moved(int layers, int64_t bytes, double seconds);
   std::string render() const;
 
  private:
@@ -52,7 +53,7 @@ class Metrics {
   double kv_usage_ = 0.0;
   std::map<int, std::vector<int64_t>> expert_tokens_;
   std::vector<double> expert_imbalance_;
-  uint64_t rebalances_ = 0, moved_bytes_ = 0;
+  uint64_t rebalances_ = 0, moved_layers_ = 0, moved_bytes_ = 0;
   Histogram move_seconds_;
 };
 

@@ -89,15 +89,15 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
   channel.loaded(kv_bytes);
 
   std::unordered_map<int64_t, int> engine_id;  // scheduler slot -> this engine's sequence id
-  std::vector<int64_t> expert_tokens_reported = engine.stats().expert_tokens;
+  std::vector<std::vector<int64_t>> expert_tokens_reported = engine.stats().layer_expert_tokens;
   std::vector<int64_t> layer_rows_reported = engine.stats().layer_rows;
   while (const StepPlan* plan = channel.next()) {
     RankResult result;
-    if (!plan->expert_slots.empty()) {
+    if (!plan->expert_tables.empty()) {
       // Between steps: no sequence is in flight inside the engine, and the KV caches do not depend on
       // where the experts are.
       Timer timer;
-      result.moved_bytes = engine.move_experts(plan->expert_slots);
+      result.moved_bytes = engine.move_experts(plan->expert_tables);
       result.move_seconds = timer.seconds();
     }
     const ReplicaStep& mine = plan->replicas[static_cast<size_t>(dp_rank)];
@@ -136,10 +136,11 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
         }
       }
       // This rank's routing load since the last step, for /metrics.
-      result.expert_tokens = engine.stats().expert_tokens;
-      for (size_t e = 0; e < result.expert_tokens.size(); ++e)
-        result.expert_tokens[e] -= expert_tokens_reported[e];
-      expert_tokens_reported = engine.stats().expert_tokens;
+      result.layer_expert_tokens = engine.stats().layer_expert_tokens;
+      for (size_t l = 0; l < result.layer_expert_tokens.size(); ++l)
+        for (size_t e = 0; e < result.layer_expert_tokens[l].size(); ++e)
+          result.layer_expert_tokens[l][e] -= expert_tokens_reported[l][e];
+      expert_tokens_reported = engine.stats().layer_expert_tokens;
       result.layer_rows = engine.stats().layer_rows;
       for (size_t l = 0; l < result.layer_rows.size(); ++l) result.layer_rows[l] -= layer_rows_reported[l];
       layer_rows_reported = engine.stats().layer_rows;

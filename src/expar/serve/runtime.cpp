@@ -84,7 +84,8 @@ Runtime::Runtime(RuntimeOptions options, Comm* mpi_world)
     scheduler_ = std::make_unique<Scheduler>(options_.scheduler, model_.layout.dp(), kv_tokens,
                                              model_.spec.config.max_seq, metrics_);
     if (model_.layout.expert_parallel())
-      rebalancer_ = std::make_unique<ExpertRebalancer>(options_.eplb, model_.layout.placement());
+      rebalancer_ = std::make_unique<ExpertRebalancer>(options_.eplb, model_.layout.placement(),
+                                                       model_.spec.config.layers);
   } catch (...) {
     shutdown(true);  // the ranks are loaded and waiting: end them before the error leaves
     throw;
@@ -109,7 +110,7 @@ std::string Runtime::failure() const {
 
 void Runtime::step_loop() {
   while (std::optional<StepPlan> plan = scheduler_->next_step()) {
-    if (rebalancer_ && plan->runs_engine) plan->expert_slots = rebalancer_->before_step();
+    if (rebalancer_ && plan->runs_engine) plan->expert_tables = rebalancer_->before_step();
     StepTokens tokens;
     StepLoad load;
     if (!board_->run(*plan, tokens, load)) {
@@ -120,7 +121,9 @@ void Runtime::step_loop() {
       rebalancer_->after_step(load);
       metrics_.expert_imbalance(rebalancer_->layer_imbalance());
     }
-    if (!plan->expert_slots.empty()) metrics_.experts_moved(load.moved_bytes, load.move_seconds);
+    if (!plan->expert_tables.empty())
+      metrics_.experts_moved(static_cast<int>(plan->expert_tables.size()), load.moved_bytes,
+                             load.move_seconds);
     scheduler_->complete_step(*plan, tokens);
   }
 }

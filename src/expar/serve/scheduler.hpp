@@ -19,6 +19,7 @@
 
 #include "expar/serve/metrics.hpp"
 #include "expar/serve/request_state.hpp"
+#include "expar/topo/placement.hpp"
 
 namespace expar::serve {
 
@@ -52,9 +53,9 @@ struct StepPlan {
   bool prefill = false;               // engine phase for every replica
   bool runs_engine = false;           // false: only adds/removes (no replica has tokens)
   std::vector<ReplicaStep> replicas;  // index = DP rank
-  // Non-empty: before this step every rank moves its experts to this slot table (serve/expert_rebalancer.hpp,
-  // infer::Engine::move_experts).
-  std::vector<int> expert_slots;
+  // Non-empty: before this step every rank moves the experts of each listed MoE layer to its slot table
+  // (serve/expert_rebalancer.hpp, infer::Engine::move_experts); the other layers keep theirs.
+  std::vector<LayerSlotTable> expert_tables;
 };
 
 // Per replica, the sampled tokens of its `sample` sequences, in plan order (and, for sequences that trace

@@ -29,11 +29,20 @@ StepBoard::Next StepBoard::wait_next(uint64_t& seen, const StepPlan*& plan,
 }
 
 void StepBoard::deliver(int rank, RankResult result, Metrics& metrics) {
-  if (!result.expert_tokens.empty()) metrics.expert_tokens(rank, result.expert_tokens);
+  if (!result.layer_expert_tokens.empty()) {
+    std::vector<int64_t> per_expert(result.layer_expert_tokens.front().size(), 0);
+    for (const std::vector<int64_t>& layer : result.layer_expert_tokens)
+      for (size_t e = 0; e < layer.size() && e < per_expert.size(); ++e) per_expert[e] += layer[e];
+    metrics.expert_tokens(rank, per_expert);
+  }
   std::lock_guard lock(mutex_);
-  if (load_.expert_tokens.size() < result.expert_tokens.size())
-    load_.expert_tokens.resize(result.expert_tokens.size(), 0);
-  for (size_t e = 0; e < result.expert_tokens.size(); ++e) load_.expert_tokens[e] += result.expert_tokens[e];
+  std::vector<std::vector<int64_t>>& sum = load_.layer_expert_tokens;
+  if (sum.size() < result.layer_expert_tokens.size()) sum.resize(result.layer_expert_tokens.size());
+  for (size_t l = 0; l < result.layer_expert_tokens.size(); ++l) {
+    const std::vector<int64_t>& mine = result.layer_expert_tokens[l];
+    if (sum[l].size() < mine.size()) sum[l].resize(mine.size(), 0);
+    for (size_t e = 0; e < mine.size(); ++e) sum[l][e] += mine[e];
+  }
   if (load_.layer_rows.size() <= static_cast<size_t>(rank))
     load_.layer_rows.resize(static_cast<size_t>(rank) + 1);
   load_.layer_rows[static_cast<size_t>(rank)] = std::move(result.layer_rows);

@@ -56,8 +56,12 @@ std::vector<int64_t> encode_plan(const StepPlan& plan) {
       w.push_back(s.trace_logits);
     }
   }
-  w.push_back(static_cast<int64_t>(plan.expert_slots.size()));
-  w.insert(w.end(), plan.expert_slots.begin(), plan.expert_slots.end());
+  w.push_back(static_cast<int64_t>(plan.expert_tables.size()));
+  for (const LayerSlotTable& t : plan.expert_tables) {
+    w.push_back(t.layer);
+    w.push_back(static_cast<int64_t>(t.slot_experts.size()));
+    w.insert(w.end(), t.slot_experts.begin(), t.slot_experts.end());
+  }
   return w;
 }
 
@@ -89,8 +93,12 @@ StepPlan decode_plan(const std::vector<int64_t>& wire) {
       s.trace_logits = in.next() != 0;
     }
   }
-  plan.expert_slots.resize(in.count());
-  for (int& e : plan.expert_slots) e = static_cast<int>(in.next());
+  plan.expert_tables.resize(in.count());
+  for (LayerSlotTable& t : plan.expert_tables) {
+    t.layer = static_cast<int>(in.next());
+    t.slot_experts.resize(in.count());
+    for (int& e : t.slot_experts) e = static_cast<int>(in.next());
+  }
   in.finish();
   return plan;
 }
@@ -100,8 +108,11 @@ std::vector<int64_t> encode_result(const RankResult& r) {
   w.insert(w.end(), r.tokens.tokens.begin(), r.tokens.tokens.end());
   w.push_back(static_cast<int64_t>(r.tokens.logits_hashes.size()));
   for (uint64_t h : r.tokens.logits_hashes) w.push_back(static_cast<int64_t>(h));
-  w.push_back(static_cast<int64_t>(r.expert_tokens.size()));
-  w.insert(w.end(), r.expert_tokens.begin(), r.expert_tokens.end());
+  w.push_back(static_cast<int64_t>(r.layer_expert_tokens.size()));
+  for (const std::vector<int64_t>& layer : r.layer_expert_tokens) {
+    w.push_back(static_cast<int64_t>(layer.size()));
+    w.insert(w.end(), layer.begin(), layer.end());
+  }
   w.push_back(static_cast<int64_t>(r.layer_rows.size()));
   w.insert(w.end(), r.layer_rows.begin(), r.layer_rows.end());
   w.push_back(r.moved_bytes);
@@ -118,8 +129,11 @@ RankResult decode_result(const int64_t* wire, size_t size) {
   for (int32_t& t : r.tokens.tokens) t = static_cast<int32_t>(in.next());
   r.tokens.logits_hashes.resize(in.count());
   for (uint64_t& h : r.tokens.logits_hashes) h = static_cast<uint64_t>(in.next());
-  r.expert_tokens.resize(in.count());
-  for (int64_t& e : r.expert_tokens) e = in.next();
+  r.layer_expert_tokens.resize(in.count());
+  for (std::vector<int64_t>& layer : r.layer_expert_tokens) {
+    layer.resize(in.count());
+    for (int64_t& e : layer) e = in.next();
+  }
   r.layer_rows.resize(in.count());
   for (int64_t& n : r.layer_rows) n = in.next();
   r.moved_bytes = in.next();

@@ -12,12 +12,13 @@ namespace expar::serve {
 // What one rank hands back after a step.
 struct RankResult {
   int dp_rank = 0;
-  bool samples = false;                // TP rank 0 of its replica: `tokens` are the replica's sampled tokens
-  ReplicaTokens tokens;                // empty unless `samples`
-  std::vector<int64_t> expert_tokens;  // tokens routed to each expert on this rank during the step
-  std::vector<int64_t> layer_rows;     // [layers] rows this rank's experts computed during the step
-  int64_t moved_bytes = 0;             // expert weight bytes this rank received moving to plan.expert_slots
-  double move_seconds = 0;             // how long that move took on this rank
+  bool samples = false;  // TP rank 0 of its replica: `tokens` are the replica's sampled tokens
+  ReplicaTokens tokens;  // empty unless `samples`
+  // [layers][E] tokens routed to each logical expert on this rank during the step, per layer
+  std::vector<std::vector<int64_t>> layer_expert_tokens;
+  std::vector<int64_t> layer_rows;  // [layers] rows this rank's experts computed during the step
+  int64_t moved_bytes = 0;          // expert weight bytes this rank received moving to plan.expert_tables
+  double move_seconds = 0;          // how long that move took on this rank
 };
 
 std::vector<int64_t> encode_plan(const StepPlan& plan);

@@ -11,8 +11,8 @@
 //  - An explicit slot table (from_slots, from_balance; R = S - E >= 0): slot s holds expert slot_experts[s],
 //    on rank s / (S/M) as local slot s % (S/M), the layout of topo/expert_balance.hpp. E need not divide M;
 //    S must.
-// Without replicas slot id = expert id in the contiguous and round-robin forms (an explicit table may hold the
-// experts in another order: a repacked placement with R = 0); owner / local_index / global_to_local keep
+// Without replicas slot id = expert id in the contiguous and round-robin forms (an explicit table may hold
+// the experts in another order: a repacked placement with R = 0); owner / local_index / global_to_local keep
 // their seed-002 meaning without replicas; with replicas they refuse an expert that has several slots (ask
 // expert_slots).
 #include <cstdint>
@@ -22,6 +22,14 @@
 namespace expar {
 
 struct ExpertBalance;
+
+// One MoE layer's slot table (ExpertPlacement::from_slots): every MoE layer has its own placement, since
+// each layer's hot experts differ, and a rebalance carries only the layers whose table changes.
+struct LayerSlotTable {
+  int layer = 0;                  // the model's layer index (an MoE layer)
+  std::vector<int> slot_experts;  // [S]: the logical expert each slot holds
+  bool operator==(const LayerSlotTable&) const = default;
+};
 
 enum class PlacementKind : uint8_t { Contiguous, RoundRobin };
 PlacementKind placement_from_name(const std::string& name);  // "contiguous" | "round-robin"
