@@ -457,9 +457,10 @@ void add_plan(CLI::App& app, CommandTable& table) {
                       choices(infer::weight_dtype_names()))
       ->check(one_of(infer::weight_dtype_names()));
   cmd->add_option("--expert-load", opts->expert_load,
-                  "expert placement: the load of each routed expert (e.g. tokens over a window), "
-                  "comma-separated; shows the redundant-expert placement of DeepSeek's EPLB over --ep ranks "
-                  "(without a model: the placement alone)");
+                  "expert placement: the load of each routed expert in one MoE layer (e.g. tokens over a "
+                  "window), comma-separated; shows the redundant-expert placement of DeepSeek's EPLB over "
+                  "--ep ranks for that layer (each MoE layer is placed by its own loads; without a model: "
+                  "the placement alone)");
   cmd->add_option("--redundant-experts", opts->redundant_experts,
                   "expert placement, or the inference plan with --enable-expert-parallel: R extra expert "
                   "slots (S = experts + R, a multiple of --ep) holding replicas")
