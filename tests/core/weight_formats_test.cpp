@@ -426,6 +426,54 @@ TEST(WeightFormats, SeveralRowsMatchTheF32ProductOverTheDequantisedWeights) {
   set_compute_threads(saved_threads);
 }
 
+TEST(WeightFormats, ColumnFormMatchesTheF32ProductOverTheDequantisedWeights) {
+  // yᵀ = W·xᵀ dequantises W tile by tile for sgemm's left operand: against a double product and matmul() over
+  // the whole dequantised copy, at shapes that cut W into several tiles and a ragged last, on 1 and 2 threads
+  // and inside a parallel region (the expert tasks'), the output poisoned.
+  const int saved_threads = compute_threads();
+  for (const WeightFormat f : kFormats)
+    for (const int64_t cols : {1, 8, 17, 64}) {
+      const int64_t k = 1024, n = 2 * weight_column_tile_rows(k) + 37;
+      const StoredMatrix w = random_matrix(f, n, k, k, 70 + static_cast<uint64_t>(cols));
+      const std::vector<float> dense = dequantised(w.view());
+      const std::vector<float> xt =
+          random_vector(static_cast<size_t>(k * cols), 71, static_cast<uint64_t>(cols));
+      const std::string what = fmt::format("{} n={} k={} cols={}", weight_format_name(f), n, k, cols);
+      std::vector<double> dot(static_cast<size_t>(n * cols)), magnitude(dot.size());
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < k; ++c)
+          for (int64_t i = 0; i < cols; ++i) {
+            const double term = static_cast<double>(dense[static_cast<size_t>(j * k + c)]) *
+                                xt[static_cast<size_t>(c * cols + i)];
+            dot[static_cast<size_t>(j * cols + i)] += term;
+            magnitude[static_cast<size_t>(j * cols + i)] += std::fabs(term);
+          }
+      std::vector<float> ref(dot.size());
+      matmul(dense.data(), xt.data(), ref.data(), n, cols, k, false, false, false);
+      for (const int threads : {1, 2, -1}) {
+        std::vector<float> yt(dot.size(), std::nanf(""));
+        const WeightColumnsProduct p{.w = w.view(), .xt = xt.data(), .cols = cols, .yt = yt.data()};
+        if (threads > 0) {
+          set_compute_threads(threads);
+          matmul_weight_columns(p);
+        } else {
+          set_compute_threads(2);
+#pragma omp parallel num_threads(2)
+          {
+#pragma omp single
+            matmul_weight_columns(p);
+          }
+        }
+        for (size_t at = 0; at < yt.size(); ++at) {
+          const double tolerance = 1e-6 * magnitude[at];
+          ASSERT_NEAR(yt[at], dot[at], tolerance) << what << " element " << at << ", threads " << threads;
+          ASSERT_NEAR(yt[at], ref[at], 2 * tolerance) << what << " against matmul, element " << at;
+        }
+      }
+    }
+  set_compute_threads(saved_threads);
+}
+
 TEST(WeightFormats, MalformedViewsAreRefusedWithTheRule) {
   const std::vector<uint8_t> bytes(64 * 64);
   const std::vector<uint8_t> scales(64 * 2);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "expar/core/convert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/rng.hpp"
@@ -342,6 +343,54 @@ TEST(ExpertMlp, DecodeExpertsOfOneRowEachMatchPerRowComputation) {
   // w1 of one expert is 128 Ki weights: the products spread over the threads (core/matvec).
   check_one_row_experts(256, 512, false, 33);
   check_one_row_experts(256, 512, true, 34);
+}
+
+}  // namespace
+}  // namespace expar
+
+namespace expar {
+namespace {
+
+// f32 weights rounded to BF16 (the narrow copy) and widened back (the f32 experts over the same values).
+std::pair<Tensor, Tensor> bf16_and_widened(const Tensor& f32) {
+  Tensor narrow = Tensor::empty(f32.shape(), DType::BF16);
+  Tensor widened = Tensor::empty(f32.shape());
+  auto* bits = static_cast<uint16_t*>(narrow.raw());
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    bits[i] = f32_to_bf16(f32.data<float>()[i]);
+    widened.data<float>()[i] = bf16_to_f32(bits[i]);
+  }
+  return {narrow, widened};
+}
+
+// Experts held in BF16 run the row form (2 rows) and the column form (20 rows; 70, padded to 80 columns),
+// their products decoding the weights tile by tile (core/weight_matmul.hpp: d and h cut into several tiles
+// and a ragged last): each row equals the f32 experts' over the widened weights, the tail left unwritten.
+TEST(ExpertMlp, Bf16ExpertsInBothFormsMatchTheF32ExpertsOverTheWidenedWeights) {
+  const int64_t d = 1024, h = 300, local = 3;
+  const std::vector<int64_t> offsets{0, 2, 22, 92};
+  const int64_t capacity = offsets.back() + 3;
+  Tensor w1 = Tensor::empty({local, h, d}), w3 = Tensor::empty({local, h, d}),
+         w2 = Tensor::empty({local, d, h});
+  fill_normal(w1, 52, 1, 1.0f / 32);
+  fill_normal(w3, 52, 2, 1.0f / 32);
+  fill_normal(w2, 52, 3, 1.0f / 17);
+  auto [n1, f1] = bf16_and_widened(w1);
+  auto [n3, f3] = bf16_and_widened(w3);
+  auto [n2, f2] = bf16_and_widened(w2);
+  const ExpertWeights narrow{n1, n3, n2}, widened{f1, f3, f2};
+  Tensor x = poisoned({capacity, d});
+  Tensor live = x.rows(0, offsets.back());
+  fill_normal(live, 52, 9, 1.0f);
+  Tensor got = poisoned({capacity, d}), want = poisoned({capacity, d});
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, narrow, got, nullptr);
+  expert_mlp_forward(x, PayloadFormat::F32, offsets, widened, want, nullptr);
+  for (int64_t i = 0; i < offsets.back() * d; ++i) {
+    const float a = got.data<float>()[i], b = want.data<float>()[i];
+    ASSERT_NEAR(a, b, 1e-5 * (1.0 + std::fabs(b))) << "row " << i / d << " col " << i % d;
+  }
+  for (int64_t i = offsets.back() * d; i < capacity * d; ++i)
+    ASSERT_TRUE(std::isnan(got.data<float>()[i])) << "tail at " << i;
 }
 
 }  // namespace

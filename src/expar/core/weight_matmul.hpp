@@ -25,7 +25,23 @@ struct WeightProduct {
 
 void matmul_weight(const WeightProduct& p);
 
+// The column form (moe/expert_mlp.hpp): yᵀ[n, cols] = W·xᵀ for xᵀ [k, cols], both packed, W [n, k] as stored:
+// the weight is sgemm's left operand as it is, and xᵀ is read as it is by every tile. F32 weights go to
+// matmul() whole; the narrow formats are dequantised tile by tile (weight_column_tile_rows rows each, a
+// function of k only) and each tile multiplied by sgemm, every weight decoded once per call. A column's
+// values are those of the same product over the dequantised W.
+struct WeightColumnsProduct {
+  WeightView w;               // [n, k]
+  const float* xt = nullptr;  // [k, cols]
+  int64_t cols = 0;
+  float* yt = nullptr;  // [n, cols], written (never read)
+};
+
+void matmul_weight_columns(const WeightColumnsProduct& p);
+
 // The rows of W dequantised per sgemm call for a product of inner dimension k.
 int64_t weight_tile_rows(int64_t k);
+// The rows of W dequantised per sgemm call in the column form.
+int64_t weight_column_tile_rows(int64_t k);
 
 }  // namespace expar

@@ -389,8 +389,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const int64_t tasks = static_cast<int64_t>(order.size()), max_rows = max_expert_rows(offsets);
   const int workers = task_threads(tasks);
   // Decided here, on the calling thread: the batch-invariance setting is per thread. Weights held in a narrow
-  // format run in the row form, whose products read them as stored (core/weight_matmul.hpp).
-  const bool column_form_allowed = column_form_allowed_here() && weights.f32() && !weights.bf16_products();
+  // format run in the column form too, their tiles dequantised as its products go (core/weight_matmul.hpp).
+  const bool column_form_allowed = column_form_allowed_here() && !weights.bf16_products();
   auto in_column_form = [&](int64_t rows) { return column_form_allowed && rows >= kExpertColumnFormMinRows; };
   auto rows_of = [&](int64_t l) {
     return offsets[static_cast<size_t>(l) + 1] - offsets[static_cast<size_t>(l)];
@@ -433,9 +433,6 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
     } else if (in_column_form(n)) {
-      const float* w1 = weights.w1.data<float>() + l * h * d;
-      const float* w3 = weights.w3.data<float>() + l * h * d;
-      const float* w2 = weights.w2.data<float>() + l * d * h;
       // aᵀ [h, n] = w1 · xᵀ, bᵀ likewise, yᵀ [d, n] = w2 · mᵀ: the weights are the products' left operand as
       // stored, not transposed, and the n rows their columns (expert_mlp.hpp). The pre-activations are saved
       // as rows, transposed while in cache and written past the cache: the backward reads them long after.
@@ -448,8 +445,8 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       transpose(x + begin * d, n, d, d, xt, cols);
       if (cols > n)
         for (int64_t c = 0; c < d; ++c) std::fill(xt + c * cols + n, xt + (c + 1) * cols, 0.0f);
-      matmul(w1, xt, at, h, cols, d, false, false, false);
-      matmul(w3, xt, bt, h, cols, d, false, false, false);
+      matmul_weight_columns({.w = weights.matrix(ExpertMatrix::Gate, l), .xt = xt, .cols = cols, .yt = at});
+      matmul_weight_columns({.w = weights.matrix(ExpertMatrix::Up, l), .xt = xt, .cols = cols, .yt = bt});
       if (has(weights.b1)) add_column_bias(at, h, n, cols, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_column_bias(bt, h, n, cols, weights.b3.data<float>() + l * h);
       if (state) {
@@ -459,7 +456,7 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       // mᵀ over aᵀ, in place, the zero columns too (their activation is 0, so no NaN or denormal reaches the
       // down product, whose extra columns are then dropped).
       activate(weights.activation, In{at, cols}, In{bt, cols}, Out{m, cols}, h, cols);
-      matmul(w2, m, yt, d, cols, h, false, false, false);
+      matmul_weight_columns({.w = weights.matrix(ExpertMatrix::Down, l), .xt = m, .cols = cols, .yt = yt});
       transpose(yt, d, n, cols, yl, d);
     } else if (bf16) {
       uint16_t* x_scratch = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (d + ldp);

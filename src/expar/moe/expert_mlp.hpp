@@ -17,13 +17,14 @@
 // capacity tail) are never read or written.
 //
 // The column form. An expert with kExpertColumnFormMinRows rows or more computes its forward transposed, aᵀ =
-// w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands and its rows are their
-// columns (x and y are transposed in and out while in cache, and the pre-activations back into rows when a
-// state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming); from
-// 64 rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged count
-// below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs each weight matrix per
-// call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows, which the column
-// form avoids: the fewer rows an expert holds, the more it gains, transposes included
+// w1·xᵀ, bᵀ = w3·xᵀ, yᵀ = w2·mᵀ: the weights as stored are the products' left operands (weights held in a
+// narrow format dequantised tile by tile: core/weight_matmul.hpp's matmul_weight_columns) and its rows are
+// their columns (x and y are transposed in and out while in cache, and the pre-activations back into rows
+// when a state is kept for the backward, with non-temporal stores: core/transpose.hpp's transpose_streaming);
+// from 64 rows on, the column count is rounded up to a multiple of 16 with zero columns (sgemm ran a ragged
+// count below a whole one's rate: expert_mlp.cpp's padded_columns). oneDNN's sgemm packs each weight matrix
+// per call, and in the row form x·w1ᵀ that packing is a large share of a product with few rows, which the
+// column form avoids: the fewer rows an expert holds, the more it gains, transposes included
 // (docs/performance_history.md, "The column form"). A column's bits do not depend on how
 // many columns share the call (measured on AVX-512 for 2..600 columns, at 1 and 2 threads), so results stay
 // independent of the path and the wave schedule, whose experts hold the same rows either way. Below the
