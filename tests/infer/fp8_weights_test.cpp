@@ -3,7 +3,9 @@
 // F32 values the codes encode, decode's logits are the same bits and prefill's within 1e-5, on one rank, TP
 // 2, TP 2 with EP and TP 4 with EP 2, for Mixtral with 128-wide matrices (experts held in FP8 where a rank's
 // shard covers whole 128-row blocks, widened to f32 where not) and Qwen-MoE with ragged blocks and a shared
-// expert. `--weight-dtype fp8` on the F32 checkpoint gives the bits of the checkpoint stored in FP8.
+// expert. `--weight-dtype fp8` on the F32 checkpoint gives the bits of the checkpoint stored in FP8, and
+// `--weight-dtype fp8|bf16` the conversions of the unconverted weights (experts converted piece by piece or
+// stacked).
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.hpp"
@@ -173,6 +175,55 @@ TEST(Fp8Weights, ConvertedAtLoadAsTheStoredCheckpoint) {
   // And FP8 is not F32: the unconverted checkpoint's logits differ.
   const Logits f32 = run(f32_dir, layout, prompt);
   EXPECT_NE(std::memcmp(f32.decode.raw(), stored.decode.raw(), f32.decode.nbytes()), 0);
+}
+
+void expect_same_tensor(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  EXPECT_EQ(std::memcmp(got.raw(), want.raw(), got.nbytes()), 0) << what;
+  ASSERT_EQ(got.block_scales() != nullptr, want.block_scales() != nullptr) << what;
+  if (const Tensor* s = got.block_scales()) {
+    const Tensor* w = want.block_scales();
+    ASSERT_EQ(s->shape(), w->shape()) << what << " scales";
+    EXPECT_EQ(std::memcmp(s->raw(), w->raw(), s->nbytes()), 0) << what << " scales";
+    EXPECT_EQ(got.block_row0(), want.block_row0()) << what;
+    EXPECT_EQ(got.block_col0(), want.block_col0()) << what;
+  }
+}
+
+TEST(Fp8Weights, ConvertedAtLoadAreTheConversionsOfTheF32Weights) {
+  // --weight-dtype converts the rows read from the store (no f32 copy beside them) and each expert's piece
+  // where whole 128-row blocks make that the stacked matrix's conversion, else the stack: either way the
+  // weights are to_fp8_blocks / to_bf16 of the f32 weights loaded unconverted. Mixtral's 256 intermediate
+  // rows at TP 1 and its 128 at TP 2 (gate/up shards of 64 rows: the stack path).
+  for (const int64_t inter : {256, 128}) {
+    HfTestModel m = mixtral_fp8_test_model(inter);
+    test::TempDir dir("fp8_convert_values");
+    write_sharded_checkpoint(dir.path(), m.tensors, 256 * 1024);
+    std::ofstream(dir.path() / "config.json") << m.config().dump(2);
+    const ModelSpec spec = open_model_spec(dir.path());
+    const InferenceLayout layout =
+        make_layout(inter == 256 ? 1 : 2, 1, false, std::nullopt, static_cast<int>(m.experts));
+    auto store = open_store(spec);
+    const RankWeights f32 = load_rank_weights(*store, spec, layout, 0, std::nullopt);
+    for (const DType dtype : {DType::F8E4M3, DType::BF16}) {
+      const RankWeights got = load_rank_weights(*store, spec, layout, 0, dtype);
+      auto want = [&](const Tensor& t) {
+        return dtype == DType::BF16 ? to_bf16(t, t.category()) : to_fp8_blocks(t, t.category());
+      };
+      const std::string what = fmt::format("intermediate {} to {}", inter, dtype_name(dtype));
+      expect_same_tensor(got.lm_head, want(f32.lm_head), what + " LM head");
+      for (size_t l = 0; l < f32.layers.size(); ++l) {
+        const LayerWeights& g = got.layers[l];
+        const LayerWeights& w = f32.layers[l];
+        const std::string layer = fmt::format("{} layer {}", what, l);
+        expect_same_tensor(g.attn.wq, want(w.attn.wq), layer + " wq");
+        expect_same_tensor(g.attn.wo, want(w.attn.wo), layer + " wo");
+        expect_same_tensor(g.experts.w1, want(w.experts.w1), layer + " w1");
+        expect_same_tensor(g.experts.w2, want(w.experts.w2), layer + " w2");
+      }
+    }
+  }
 }
 
 }  // namespace

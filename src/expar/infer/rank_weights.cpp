@@ -143,11 +143,29 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
               "weights convert at load to BF16 or FP8, not {}", dtype_name(*weight_dtype));
   // A product's weight in the dtype asked for: BF16 from F32 (BF16 and F16 stay as stored); block-scaled FP8
   // from F32, BF16 and F16 (FP8 and MXFP4 stay as stored).
-  auto product_weight = [&](Tensor t) {
+  auto convert = [&](Tensor t, MemCategory category) {
     if (!weight_dtype) return t;
-    if (*weight_dtype == DType::BF16) return t.dtype() == DType::F32 ? to_bf16(t, t.category()) : t;
-    if (t.dtype() == DType::F16) t = to_f32(t, t.category());
-    return t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? to_fp8_blocks(t, t.category()) : t;
+    if (*weight_dtype == DType::BF16) return t.dtype() == DType::F32 ? to_bf16(t, category) : t;
+    if (t.dtype() == DType::F16) t = to_f32(t, category);
+    return t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? to_fp8_blocks(t, category) : t;
+  };
+  auto product_weight = [&](Tensor t) {
+    const MemCategory category = t.category();
+    return convert(std::move(t), category);
+  };
+  // Rows [begin, end) of a product's weight (load_rows_as_stored), converted where a dtype is asked for
+  // straight from the store's rows: no copy in the checkpoint's dtype is made beside the converted one, and
+  // the mapped pages read go back at once, so neither stays resident (the same values as converting a copy).
+  auto product_rows = [&](const std::string& n, int64_t begin, int64_t end) {
+    if (weight_dtype) {
+      const Tensor v = store.view_rows(n, begin, end);
+      Tensor converted = convert(v, MemCategory::DenseWeights);
+      if (converted.raw() != v.raw()) {
+        store.release_rows(n, begin, end);
+        return converted;
+      }
+    }
+    return product_weight(load_rows_as_stored(store, n, begin, end));
   };
   const InferenceRankInfo info = layout.rank_info(rank);
   EXPAR_ASSERT(layout.placement().num_experts() == config.moe.router.num_experts,
@@ -176,7 +194,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
   // Both are held in the checkpoint's dtype (F32, BF16 or F16) and multiplied as stored
   // (core/weight_view.hpp). The table is gathered one row per token, so it stays in the file where it can;
   // tied to the LM head it is streamed whole every step, and copied like the other streamed weights.
-  w.embed = features.tied_embeddings ? product_weight(load_rows_as_stored(store, names.embed, v0, v1))
+  w.embed = features.tied_embeddings ? product_rows(names.embed, v0, v1)
                                      : map_rows_as_stored(store, names.embed, v0, v1);
   w.final_norm = load_dense(store, names.final_norm);
   if (features.tied_embeddings) {
@@ -185,7 +203,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       // Which of two different tensors a tied model uses depends on the loader's order: refuse rather than
       // pick one (each rank compares its slice; a difference anywhere fails on the rank holding it).
       expect_shape(store, names.lm_head, {config.vocab, d});
-      const Tensor head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
+      const Tensor head = product_rows(names.lm_head, v0, v1);
       EXPAR_CHECK(
           same_values(head, w.embed),
           "checkpoint '{}': config.json sets tie_word_embeddings true but '{}' differs from '{}': set "
@@ -194,7 +212,7 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     }
   } else {
     expect_shape(store, names.lm_head, {config.vocab, d});
-    w.lm_head = product_weight(load_rows_as_stored(store, names.lm_head, v0, v1));
+    w.lm_head = product_rows(names.lm_head, v0, v1);
   }
   // A SwiGLU MLP of width h (names(l, "w1" | "w3" | "w2")) sharded over TP by mlp_shard; false where this
   // rank holds none of it.
@@ -205,8 +223,8 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
     expect_shape(store, mlp_name(l, "w2"), {d, h});
     const auto [s0, s1] = mlp_shard(h, layout.tp(), info.tp_rank);
     if (s1 <= s0) return false;
-    w1 = product_weight(load_rows_as_stored(store, mlp_name(l, "w1"), s0, s1));
-    w3 = product_weight(load_rows_as_stored(store, mlp_name(l, "w3"), s0, s1));
+    w1 = product_rows(mlp_name(l, "w1"), s0, s1);
+    w3 = product_rows(mlp_name(l, "w3"), s0, s1);
     w2 = product_weight(load_columns_as_stored(store, mlp_name(l, "w2"), s0, s1));
     return true;
   };
@@ -224,22 +242,22 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       const int64_t kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim;
       if (mla.q_lora_rank == 0) {
         expect_shape(store, name("wq"), {H * qh, d});
-        lw.mla.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * qh, hs.q1 * qh));
+        lw.mla.wq = product_rows(name("wq"), hs.q0 * qh, hs.q1 * qh);
       } else {
         expect_shape(store, name("wq_a"), {mla.q_lora_rank, d});
         expect_shape(store, name("q_a_norm"), {mla.q_lora_rank});
         expect_shape(store, name("wq_b"), {H * qh, mla.q_lora_rank});
-        lw.mla.wq_a = product_weight(load_rows_as_stored(store, name("wq_a"), 0, mla.q_lora_rank));
+        lw.mla.wq_a = product_rows(name("wq_a"), 0, mla.q_lora_rank);
         lw.mla.q_a_norm = load_dense(store, name("q_a_norm"));
-        lw.mla.wq_b = product_weight(load_rows_as_stored(store, name("wq_b"), hs.q0 * qh, hs.q1 * qh));
+        lw.mla.wq_b = product_rows(name("wq_b"), hs.q0 * qh, hs.q1 * qh);
       }
       expect_shape(store, name("wkv_a"), {kv_a, d});
       expect_shape(store, name("kv_a_norm"), {mla.kv_lora_rank});
       expect_shape(store, name("wkv_b"), {H * kvh, mla.kv_lora_rank});
       expect_shape(store, name("wo"), {d, H * mla.v_head_dim});
-      lw.mla.wkv_a = product_weight(load_rows_as_stored(store, name("wkv_a"), 0, kv_a));
+      lw.mla.wkv_a = product_rows(name("wkv_a"), 0, kv_a);
       lw.mla.kv_a_norm = load_dense(store, name("kv_a_norm"));
-      lw.mla.wkv_b = product_weight(load_rows_as_stored(store, name("wkv_b"), hs.q0 * kvh, hs.q1 * kvh));
+      lw.mla.wkv_b = product_rows(name("wkv_b"), hs.q0 * kvh, hs.q1 * kvh);
       lw.mla.wo = product_weight(
           load_columns_as_stored(store, name("wo"), hs.q0 * mla.v_head_dim, hs.q1 * mla.v_head_dim));
     } else {
@@ -248,9 +266,9 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
       expect_shape(store, name("wv"), {config.kv_heads * hd, d});
       expect_shape(store, name("wo"), {d, config.heads * hd});
       // The projections are held in the checkpoint's dtype and multiplied as stored.
-      lw.attn.wq = product_weight(load_rows_as_stored(store, name("wq"), hs.q0 * hd, hs.q1 * hd));
-      lw.attn.wk = product_weight(load_rows_as_stored(store, name("wk"), hs.k0 * hd, hs.k1 * hd));
-      lw.attn.wv = product_weight(load_rows_as_stored(store, name("wv"), hs.k0 * hd, hs.k1 * hd));
+      lw.attn.wq = product_rows(name("wq"), hs.q0 * hd, hs.q1 * hd);
+      lw.attn.wk = product_rows(name("wk"), hs.k0 * hd, hs.k1 * hd);
+      lw.attn.wv = product_rows(name("wv"), hs.k0 * hd, hs.k1 * hd);
       lw.attn.wo = product_weight(load_columns_as_stored(store, name("wo"), hs.q0 * hd, hs.q1 * hd));
     }
     if (features.qkv_bias) {
@@ -340,25 +358,31 @@ RankWeights load_rank_weights(const TensorStore& store, const WeightNames& names
         return per_expert_view(store,
                                [&names, l, k = std::string(key)](int e) { return names.expert(l, e, k); });
       };
-      // Held in the checkpoint's dtype (F32, BF16, F16) and multiplied as stored.
-      lw.experts.w1 = product_weight(
-          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w1"), i0, i1)));
-      lw.experts.w3 = product_weight(
-          expert_parallel_weight_loader(info.local_experts, rows_loader_as_stored(view("w3"), i0, i1)));
-      lw.experts.w2 = product_weight(
-          expert_parallel_weight_loader(info.local_experts, columns_loader_as_stored(view("w2"), i0, i1)));
+      // Held in the checkpoint's dtype (F32, BF16, F16) and multiplied as stored. Each expert's mapped pages
+      // go back as soon as its piece is copied, so the file's pages and the copies do not both stay
+      // resident. A dtype asked for converts each piece where that gives the stacked matrix's values
+      // (BF16 elementwise; FP8 over whole 128-row blocks, which then never straddle two experts), so no
+      // stack in the checkpoint's dtype is made beside the converted one.
+      auto expert_matrix = [&](const char* key, const ExpertLoader& base) {
+        const ExpertLoader piece = [&, key](int e) {
+          Tensor t = base(e);
+          const std::string n = names.expert(l, e, key);
+          store.release_rows(n, 0, store.info(n).shape[0]);
+          const bool whole_blocks = t.ndim() == 2 && t.dim(0) % kFp8Block == 0;
+          if (weight_dtype == DType::BF16 || whole_blocks)
+            return convert(std::move(t), MemCategory::ExpertWeights);
+          return t;
+        };
+        return product_weight(expert_parallel_weight_loader(info.local_experts, piece));
+      };
+      lw.experts.w1 = expert_matrix("w1", rows_loader_as_stored(view("w1"), i0, i1));
+      lw.experts.w3 = expert_matrix("w3", rows_loader_as_stored(view("w3"), i0, i1));
+      lw.experts.w2 = expert_matrix("w2", columns_loader_as_stored(view("w2"), i0, i1));
       // FP8 experts stack only where their shards cover whole 128-row blocks, which gate/up and down may not
       // both do (shards of 64 rows of 128-wide experts): the three are held alike, so then all widen.
       if (lw.experts.w1.dtype() != lw.experts.w2.dtype() || lw.experts.w3.dtype() != lw.experts.w2.dtype())
         for (Tensor* m : {&lw.experts.w1, &lw.experts.w3, &lw.experts.w2})
           if (m->dtype() != DType::F32) *m = to_f32(*m, MemCategory::ExpertWeights);
-      // The experts are stacked copies [E_L, ...]: the pages read from the file go back, so the file and
-      // the copy do not both stay resident.
-      for (int e : info.local_experts)
-        for (const char* key : {"w1", "w3", "w2"}) {
-          const std::string n = names.expert(l, e, key);
-          store.release_rows(n, 0, store.info(n).shape[0]);
-        }
     }
     lw.experts.activation = features.activation;
     lw.experts.validate();
