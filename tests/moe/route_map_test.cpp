@@ -9,13 +9,17 @@
 #include <array>
 #include <cstdlib>
 #include <numeric>
+#include <span>
 #include <vector>
 
+#include "core/expect_error.hpp"
 #include "expar/core/error.hpp"
+#include "expar/moe/replica_deal.hpp"
 
 namespace expar {
 namespace {
 
+using testing::expect_error;
 using Routes = std::vector<std::vector<int>>;  // [T][K] expert ids
 
 Tensor make_idx(const Routes& routes, int k) {
@@ -25,9 +29,10 @@ Tensor make_idx(const Routes& routes, int k) {
   return t;
 }
 
-// Builds every rank's map with the pure builder, gathering the requests as the collective would.
+// Builds every rank's map with the pure builder, gathering the requests as the collective would, every rank
+// passing the same replica deal starts.
 std::vector<RouteMap> build_all(const std::vector<Routes>& per_rank, int k, const ExpertPlacement& placement,
-                                const CapacityPolicy& policy) {
+                                const CapacityPolicy& policy, std::span<const int64_t> replica_starts = {}) {
   std::vector<int64_t> requests, tokens;
   std::vector<Tensor> idx;
   for (const Routes& r : per_rank) {
@@ -38,7 +43,8 @@ std::vector<RouteMap> build_all(const std::vector<Routes>& per_rank, int k, cons
   }
   std::vector<RouteMap> maps;
   for (int s = 0; s < static_cast<int>(per_rank.size()); ++s)
-    maps.push_back(build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, placement, policy));
+    maps.push_back(build_route_map(idx[static_cast<size_t>(s)], s, requests, tokens, placement, policy, -1,
+                                   replica_starts));
   return maps;
 }
 
@@ -351,6 +357,173 @@ TEST(RouteMap, ReplicasTakeTheRoutesOfTheirExpertInTurn) {
   EXPECT_EQ(maps[1].expert_offsets, (std::vector<int64_t>{0, 3, 5}));
   EXPECT_EQ(maps[0].send_counts, (std::vector<int64_t>{4, 2}));
   EXPECT_EQ(maps[1].recv_counts, (std::vector<int64_t>{2, 3}));
+}
+
+// The deal continued from a start (ReplicaDeal::starts()): E = 2 on 2 ranks in S = 4 slots {0, 0, 1, 0}
+// (expert 0 in slots 0, 1 on rank 0 and 3 on rank 1), top-1, expert 0's deal starting at its replica 1.
+// Source 0 routes tokens 0, 0; source 1 routes 0, 1, 0. Expert 0's four routes, in (source, token) order, go
+// to replicas (1 + j) mod 3 = 1, 2, 0, 1: slots 1, 3, 0, 1. Worked by hand:
+//   slot requests  source 0: slot0 0, slot1 1, slot2 0, slot3 1;  source 1: slot0 1, slot1 1, slot2 1, slot3
+//   0 rank 0 rows: slot 0 [0, 1) (source 1: 0), slot 1 [1, 3) (source 0: 1; source 1: 2) rank 1 rows: slot 2
+//   [0, 1) (source 1: 0), slot 3 [1, 2) (source 0: 1)
+// and the deal then moves on by the four routes: expert 0 to (1 + 4) mod 3 = 2, expert 1 stays at 0.
+TEST(RouteMap, ReplicaDealContinuesFromItsStart) {
+  const ExpertPlacement placement = ExpertPlacement::from_slots(2, 2, {0, 0, 1, 0});
+  const std::vector<Routes> routes = {{{0}, {0}}, {{0}, {1}, {0}}};
+  const std::vector<int64_t> starts{1, 0};
+  const auto maps = build_all(routes, 1, placement, CapacityPolicy::dropless(), starts);
+  EXPECT_EQ(maps[0].requested, (std::vector<int64_t>{0, 1, 0, 1, 1, 1, 1, 0}));
+  for (const RouteMap& m : maps) {
+    EXPECT_EQ(m.requested, maps[0].requested);
+    EXPECT_EQ(m.accepted, m.requested);
+  }
+  expect_map(maps[0], {{{0}, {1}}, {{1}, {1}}}, "deal from 1");
+  expect_map(maps[1], {{{0}, {1}, {0}}, {{0}, {0}, {2}}}, "deal from 1");
+  EXPECT_EQ(maps[0].expert_offsets, (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_EQ(maps[1].expert_offsets, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(maps[0].send_counts, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(maps[1].send_counts, (std::vector<int64_t>{2, 1}));
+  // Every rank moves its deal on alike from its own map.
+  for (const RouteMap& m : maps) {
+    ReplicaDeal deal;
+    deal.advance(build_all(routes, 1, placement, CapacityPolicy::dropless())[0], placement);
+    EXPECT_EQ(std::vector<int64_t>(deal.starts().begin(), deal.starts().end()), (std::vector<int64_t>{1, 0}))
+        << "from 0, by 4 routes over 3 replicas";
+    deal.advance(m, placement);
+    EXPECT_EQ(std::vector<int64_t>(deal.starts().begin(), deal.starts().end()), (std::vector<int64_t>{2, 0}))
+        << "from 1, by 4 routes over 3 replicas";
+  }
+}
+
+// A start moves routes between replicas before the capacity policy, which then caps the slots. The example of
+// ReplicasTakeTheRoutesOfTheirExpertInTurn with expert 0's deal from replica 1 (routes to slots 3, 0, 3 from
+// source 0, then (1 + 3) mod 2 = 0: slots 0, 3 from source 1) under the expert rule at cf 1, c_s =
+// ceil(T_s·K/S): 2 rows for source 0 (T 3), 1 for source 1 (T 2). Worked by hand:
+//   slot requests  source 0: 1, 2, 1, 2;  source 1: 1, 0, 2, 1
+//   accepted       source 0: 1, 2, 1, 2;  source 1: 1, 0, 1, 1 (source 1's second route to slot 2 drops)
+//   rank 0 rows: slot 0 [0, 2) (source 0: 0; source 1: 1), slot 1 [2, 4) (source 0: 2, 3)
+//   rank 1 rows: slot 2 [0, 2) (source 0: 0; source 1: 1), slot 3 [2, 5) (source 0: 2, 3; source 1: 4)
+//   capacity: 2 ranks · 2 slots · ceil(3·2/4) = 8 rows
+TEST(RouteMap, ReplicaDealStartComesBeforeTheCapacityPolicy) {
+  const ExpertPlacement placement = ExpertPlacement::from_slots(3, 2, {0, 1, 2, 0});
+  const std::vector<Routes> routes = {{{0, 1}, {0, 2}, {1, 0}}, {{0, 2}, {2, 0}}};
+  const std::vector<int64_t> starts{1, 0, 0};
+  const auto maps = build_all(routes, 2, placement, CapacityPolicy::with(CapacityRule::Expert, 1.0), starts);
+  for (const RouteMap& m : maps) {
+    EXPECT_EQ(m.requested, (std::vector<int64_t>{1, 2, 1, 2, 1, 0, 2, 1}));
+    EXPECT_EQ(m.accepted, (std::vector<int64_t>{1, 2, 1, 2, 1, 0, 1, 1}));
+    EXPECT_EQ(m.capacity_rows, 8);
+  }
+  expect_map(maps[0], {{{1, 0}, {0, 1}, {0, 1}}, {{2, 2}, {0, 0}, {3, 3}}}, "expert rule, deal from 1");
+  expect_map(maps[1], {{{0, 1}, {-1, 1}}, {{1, 1}, {-1, 4}}}, "expert rule, deal from 1");
+  EXPECT_EQ(maps[0].dropped, 0);
+  EXPECT_EQ(maps[1].dropped, 1);
+  EXPECT_EQ(maps[0].expert_offsets, (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(maps[1].expert_offsets, (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(maps[0].recv_counts, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(maps[1].recv_counts, (std::vector<int64_t>{3, 2}));
+}
+
+// Starts that do not fit the placement are refused naming the value and the fix.
+TEST(RouteMap, ReplicaDealStartsMustFitThePlacement) {
+  const ExpertPlacement placement = ExpertPlacement::from_slots(3, 2, {0, 1, 2, 0});
+  const std::vector<Routes> routes = {{{0, 1}}, {{2, 0}}};
+  const std::vector<int64_t> short_starts{0, 0};
+  expect_error([&] { build_all(routes, 2, placement, CapacityPolicy::dropless(), short_starts); },
+               {"2 replica deal starts for 3 experts", "one per logical expert"});
+  const std::vector<int64_t> stale{0, 1, 0};  // expert 1 has one replica
+  expect_error([&] { build_all(routes, 2, placement, CapacityPolicy::dropless(), stale); },
+               {"expert 1 starts at replica 1", "has 1 replica(s)", "[0, 1)", "reset the deal"});
+  const std::vector<int64_t> negative{-1, 0, 0};
+  expect_error(
+      [&] {
+        slot_requests(std::vector<int64_t>{1, 1, 0, 1, 0, 1}, 2, placement, negative);
+      },
+      {"expert 0 starts at replica -1"});
+}
+
+// Batch-1 decode over many steps: each step, each of 4 sources has zero or one token (top-2 of 6 experts,
+// skewed to the replicated ones). Every rank builds its maps from the same gathered matrix and its own deal:
+// the four deals stay equal, every route lands on the slot an independent simulation of one deal over the
+// whole run picks (a counter per expert over (step, source, token, k)), and each replicated expert's rows
+// split within 1 over its replicas after every step. Maps that start every deal at replica 0 pile those
+// rows on the first replicas (the run would not see a deal that is ignored).
+TEST(RouteMap, ReplicaDealSpreadsBatchOneDecodeOverStepsOnEveryRank) {
+  constexpr int kSources = 4, kExperts = 6, kSteps = 40;
+  // Expert 0 and 1 in three slots, 2 and 3 in two, 4 and 5 in one; 3 slots per rank.
+  const ExpertPlacement placement =
+      ExpertPlacement::from_slots(kExperts, kSources, {0, 1, 2, 0, 1, 3, 0, 2, 4, 1, 3, 5});
+  std::vector<ReplicaDeal> deals(kSources);
+  std::vector<int64_t> counter(kExperts, 0);                // the simulation's deal
+  std::vector<int64_t> rows(12, 0), rows_from_zero(12, 0);  // per slot, over the steps
+  uint32_t lcg = 12345;
+  auto draw = [&](uint32_t n) {
+    lcg = lcg * 1664525u + 1013904223u;
+    return (lcg >> 8) % n;
+  };
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<Routes> routes(kSources);
+    for (Routes& r : routes) {
+      if (draw(4) == 0) continue;  // a source without a token this step
+      const int first = static_cast<int>(draw(3) == 0 ? 2 + draw(4) : draw(2));
+      int second = static_cast<int>(draw(kExperts));
+      if (second == first) second = (first + 1) % kExperts;
+      r.push_back({first, second});
+    }
+    std::vector<RouteMap> maps;
+    for (int s = 0; s < kSources; ++s) {
+      const std::vector<int64_t> starts(deals[static_cast<size_t>(s)].starts().begin(),
+                                        deals[static_cast<size_t>(s)].starts().end());
+      maps.push_back(
+          build_all(routes, 2, placement, CapacityPolicy::dropless(), starts)[static_cast<size_t>(s)]);
+    }
+    for (int s = 0; s < kSources; ++s) {
+      const RouteMap& m = maps[static_cast<size_t>(s)];
+      EXPECT_EQ(m.requested, maps[0].requested) << "step " << step << " rank " << s;
+      for (int64_t t = 0; t < m.tokens; ++t)
+        for (int k = 0; k < 2; ++k) {
+          const int e = routes[static_cast<size_t>(s)][static_cast<size_t>(t)][static_cast<size_t>(k)];
+          const std::vector<int>& replicas = placement.expert_slots(e);
+          int64_t& c = counter[static_cast<size_t>(e)];
+          const int want = replicas[static_cast<size_t>(c % static_cast<int64_t>(replicas.size()))];
+          ++c;
+          // The slot the map chose: its partition's local slot whose rows hold the route's row.
+          const RouteMap& holder = maps[static_cast<size_t>(m.rank_of(t, k))];
+          int l = 0;
+          while (holder.expert_offsets[static_cast<size_t>(l + 1)] <= m.row_of(t, k)) ++l;
+          EXPECT_EQ(placement.slot(m.rank_of(t, k), l), want) << "step " << step << " source " << s;
+          ++rows[static_cast<size_t>(want)];
+        }
+    }
+    for (int s = 0; s < kSources; ++s)
+      deals[static_cast<size_t>(s)].advance(maps[static_cast<size_t>(s)], placement);
+    for (const ReplicaDeal& d : deals)
+      EXPECT_TRUE(std::equal(d.starts().begin(), d.starts().end(), deals[0].starts().begin(),
+                             deals[0].starts().end()))
+          << "step " << step;
+    const std::vector<RouteMap> from_zero = build_all(routes, 2, placement, CapacityPolicy::dropless());
+    for (int s = 0; s < kSources; ++s)
+      for (int slot = 0; slot < 12; ++slot)
+        rows_from_zero[static_cast<size_t>(slot)] += from_zero[0].requested_of(s, slot);
+    for (int e = 0; e < kExperts; ++e) {
+      std::vector<int64_t> per_replica;
+      for (int slot : placement.expert_slots(e)) per_replica.push_back(rows[static_cast<size_t>(slot)]);
+      const auto [lo, hi] = std::minmax_element(per_replica.begin(), per_replica.end());
+      EXPECT_LE(*hi - *lo, 1) << "expert " << e << " after step " << step;
+    }
+  }
+  int64_t replicated = 0, worst_from_zero = 0;
+  for (int e = 0; e < 4; ++e) {
+    std::vector<int64_t> per_replica;
+    for (int slot : placement.expert_slots(e)) {
+      per_replica.push_back(rows_from_zero[static_cast<size_t>(slot)]);
+      replicated += rows[static_cast<size_t>(slot)];
+    }
+    const auto [lo, hi] = std::minmax_element(per_replica.begin(), per_replica.end());
+    worst_from_zero = std::max(worst_from_zero, *hi - *lo);
+  }
+  EXPECT_GE(replicated, 2 * kSteps);
+  EXPECT_GT(worst_from_zero, 10) << "without the deal the first replicas take more";
 }
 
 // The rule's balance: a hot expert's routes split within 1 over its replicas, for the whole group and for

@@ -127,28 +127,51 @@ std::vector<int64_t> row_bases(RouteMap& map, const ExpertPlacement& placement) 
   return base;
 }
 
-// Requests to logical expert e from the sources before `source`: where its routes start in e's round-robin.
+// Requests to logical expert e from the sources before `source`: where its routes start in e's deal, after
+// the deal's start.
 int64_t requests_before(std::span<const int64_t> requests, int e_count, int source, int e) {
   int64_t before = 0;
   for (int s = 0; s < source; ++s) before += requests[static_cast<size_t>(s) * e_count + e];
   return before;
 }
 
+// start_e of the replica deal: replica_starts[e], or 0 when the caller keeps no deal.
+int64_t deal_start(std::span<const int64_t> replica_starts, int e) {
+  return replica_starts.empty() ? 0 : replica_starts[static_cast<size_t>(e)];
+}
+
+void check_replica_starts(std::span<const int64_t> replica_starts, const ExpertPlacement& placement) {
+  if (replica_starts.empty()) return;
+  const int e_count = placement.num_experts();
+  EXPAR_CHECK(replica_starts.size() == static_cast<size_t>(e_count),
+              "route map: {} replica deal starts for {} experts: pass one per logical expert, or none",
+              replica_starts.size(), e_count);
+  for (int e = 0; e < e_count; ++e) {
+    const int64_t start = replica_starts[static_cast<size_t>(e)];
+    EXPAR_CHECK(start >= 0 && start < placement.replica_count(e),
+                "route map: the replica deal of expert {} starts at replica {}, but it has {} replica(s): a "
+                "start must be in [0, {}); reset the deal when the placement changes",
+                e, start, placement.replica_count(e), placement.replica_count(e));
+  }
+}
+
 // dst_rank / dst_row of each route in (token, k) order: the replica rule picks each route's slot, then the
 // first accepted_of(me, slot) routes to a slot are accepted, the rest dropped; counts the sends, drops and
 // invalid routes.
 void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int64_t>& base,
-                   std::span<const int64_t> requests, const ExpertPlacement& placement) {
+                   std::span<const int64_t> requests, const ExpertPlacement& placement,
+                   std::span<const int64_t> replica_starts) {
   map.dst_rank = Tensor::empty({map.tokens, map.top_k}, DType::I32);
   map.dst_row = Tensor::empty({map.tokens, map.top_k}, DType::I32);
   int32_t* dst_rank = map.dst_rank.data<int32_t>();
   int32_t* dst_row = map.dst_row.data<int32_t>();
   const int32_t* idx = topk_idx.data<int32_t>();
-  // next[e]: the position in e's round-robin of this rank's next route to e.
+  // next[e]: the position in e's deal of this rank's next route to e.
   std::vector<int64_t> next(static_cast<size_t>(map.num_experts), 0);
   if (placement.has_replicas())
     for (int e = 0; e < map.num_experts; ++e)
-      next[static_cast<size_t>(e)] = requests_before(requests, map.num_experts, map.ep_rank, e);
+      next[static_cast<size_t>(e)] =
+          deal_start(replica_starts, e) + requests_before(requests, map.num_experts, map.ep_rank, e);
   std::vector<int64_t> used(static_cast<size_t>(map.num_slots), 0);
   for (int64_t i = 0; i < map.tokens * map.top_k; ++i) {
     const int32_t e = idx[i];
@@ -178,21 +201,24 @@ void assign_routes(RouteMap& map, const Tensor& topk_idx, const std::vector<int6
 }  // namespace
 
 std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int sources,
-                                   const ExpertPlacement& placement) {
+                                   const ExpertPlacement& placement,
+                                   std::span<const int64_t> replica_starts) {
   const int e_count = placement.num_experts(), s_count = placement.num_slots();
   EXPAR_ASSERT(requests.size() == static_cast<size_t>(sources) * e_count,
                "slot requests: request matrix has {} entries, expected {} x {}", requests.size(), sources,
                e_count);
+  check_replica_starts(replica_starts, placement);
   // Slot id = expert id, unless an explicit table (EPLB's, R = 0 included) permutes them.
   if (!placement.has_replicas() && !placement.explicit_slots()) return {requests.begin(), requests.end()};
   std::vector<int64_t> out(static_cast<size_t>(sources) * s_count, 0);
   for (int e = 0; e < e_count; ++e) {
     const std::vector<int>& replicas = placement.expert_slots(e);
     const auto n = static_cast<int64_t>(replicas.size());
-    int64_t before = 0;
+    int64_t before = deal_start(replica_starts, e);
     for (int r = 0; r < sources; ++r) {
       const int64_t c = requests[static_cast<size_t>(r) * e_count + e];
-      // Routes j = 0..c-1 go to replica (before + j) mod n: c / n each, one more for the c % n after `first`.
+      // Routes j = 0..c-1 go to replica (before + j) mod n (before counting the deal's start): c / n each,
+      // one more for the c % n from `first` on.
       const int64_t first = before % n;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t extra = ((i - first + n) % n) < c % n ? 1 : 0;
@@ -206,7 +232,8 @@ std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int source
 
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy, int partition) {
+                         const CapacityPolicy& policy, int partition,
+                         std::span<const int64_t> replica_starts) {
   partition = check_builder_inputs(topk_idx, ep_rank, requests, tokens, placement, partition);
   RouteMap map;
   map.tokens = topk_idx.dim(0);
@@ -218,7 +245,7 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   map.partitions = placement.ep_size();
   map.partition = partition;
   map.tokens_per_source.assign(tokens.begin(), tokens.end());
-  map.requested = slot_requests(requests, map.ep_size, placement);
+  map.requested = slot_requests(requests, map.ep_size, placement, replica_starts);
   CapacityPlan plan = plan_capacity(map.requested, tokens, map.top_k, placement, policy);
   map.accepted = std::move(plan.accepted);
   map.capacity_rows = plan.capacity_rows;
@@ -235,12 +262,13 @@ RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const in
   for (int s = 0; s < map.ep_size; ++s)
     for (int slot : placement.local_slots(partition))
       map.recv_counts[static_cast<size_t>(s)] += map.accepted_of(s, slot);
-  assign_routes(map, topk_idx, base, requests, placement);
+  assign_routes(map, topk_idx, base, requests, placement, replica_starts);
   return map;
 }
 
 RouteMap build_route_map(const Tensor& topk_idx, Comm& source_group, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy, int partition) {
+                         const CapacityPolicy& policy, int partition,
+                         std::span<const int64_t> replica_starts) {
   const int m = source_group.size();
   const int e_count = placement.num_experts();
   EXPAR_CHECK(partition >= 0 || m == placement.ep_size(),
@@ -257,7 +285,8 @@ RouteMap build_route_map(const Tensor& topk_idx, Comm& source_group, const Exper
     requests.insert(requests.end(), row, row + e_count);
     tokens.push_back(row[e_count]);
   }
-  return build_route_map(topk_idx, source_group.rank(), requests, tokens, placement, policy, partition);
+  return build_route_map(topk_idx, source_group.rank(), requests, tokens, placement, policy, partition,
+                         replica_starts);
 }
 
 }  // namespace expar

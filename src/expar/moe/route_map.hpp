@@ -15,11 +15,14 @@
 // "expert" of the layout above, of requested / accepted and of the expert-side buffers is a slot (in the
 // contiguous and round-robin placements slot id = expert id, so nothing changes). Replica rule: the routes of
 // the whole group to a logical expert e with n_e replicas, taken in (source rank, token, k) order, are dealt
-// round-robin over its slots expert_slots(e): the j-th route of source r to e goes to replica (before_r(e) +
-// j) mod n_e, where before_r(e) = requests to e from sources < r. Each rank computes it from the gathered
-// request matrix it already has, and the routes to e split within 1 over its replicas (a rule by source rank
-// alone, e.g. (j + r) mod n_e, balances each source but can pile the remainders of several sources on one
-// replica). The capacity policy then runs on the slot request matrix (capacity.hpp: a slot is its "expert").
+// in turn over its slots expert_slots(e), continuing where the previous map's deal stopped: the j-th route of
+// source r to e goes to replica (start_e + before_r(e) + j) mod n_e, where before_r(e) = requests to e from
+// sources < r and start_e is the deal's position (replica_deal.hpp; 0 when the caller keeps none). Each rank
+// computes it from the gathered request matrix it already has, and the routes to e split within 1 over its
+// replicas, in one map and over a run of maps (a rule by source rank alone, e.g. (j + r) mod n_e, balances
+// each source but can pile the remainders of several sources on one replica; a deal restarting at replica 0
+// in every map sends batch-1 decode's single route per expert to its first replica every step). The capacity
+// policy then runs on the slot request matrix (capacity.hpp: a slot is its "expert").
 //
 // Sources and destinations. The M ranks that contribute tokens are the sources (ep_size, ep_rank); the P
 // expert partitions of the placement are the destinations (partitions, partition; dst_rank holds a
@@ -95,24 +98,29 @@ struct RouteMap {
 std::vector<int64_t> count_requests(const Tensor& topk_idx, int num_experts);
 
 // The replica rule on counts: the group's logical request matrix [M x E] -> the slot request matrix
-// [M x S] (source r's requests to expert e dealt over e's slots from replica before_r(e) mod n_e on).
+// [M x S] (source r's requests to expert e dealt over e's slots from replica (start_e + before_r(e)) mod n_e
+// on). `replica_starts`: start_e per logical expert, each in [0, n_e) (ReplicaDeal::starts()); empty: all 0.
 // Without replicas it is the same matrix.
 std::vector<int64_t> slot_requests(std::span<const int64_t> requests, int sources,
-                                   const ExpertPlacement& placement);
+                                   const ExpertPlacement& placement,
+                                   std::span<const int64_t> replica_starts = {});
 
 // The pure builder: this rank's map from its own topk_idx and the group's gathered requests [M x E] and
 // token counts [M] (M = tokens.size() sources; this rank is source `ep_rank`). Every rank calling it with
 // its own topk_idx gets a consistent set of maps. `requests` counts LOGICAL experts (count_requests); the
 // map's matrices are per slot (slot_requests). `partition` is this rank's destination among the placement's P
 // partitions; -1 means the sources are the partitions (M = P, partition = ep_rank). P != M needs the dropless
-// policy.
+// policy. `replica_starts`: where each expert's replica deal starts (slot_requests); every rank of the group
+// must pass the same.
 RouteMap build_route_map(const Tensor& topk_idx, int ep_rank, std::span<const int64_t> requests,
                          std::span<const int64_t> tokens, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy, int partition = -1);
+                         const CapacityPolicy& policy, int partition = -1,
+                         std::span<const int64_t> replica_starts = {});
 
 // Collective over the source group (size M): one all_gather of [E + 1] int64 per rank (request counts and
 // T), then the pure builder. With partition = -1 the group is the EP group (M = placement.ep_size()).
 RouteMap build_route_map(const Tensor& topk_idx, Comm& source_group, const ExpertPlacement& placement,
-                         const CapacityPolicy& policy, int partition = -1);
+                         const CapacityPolicy& policy, int partition = -1,
+                         std::span<const int64_t> replica_starts = {});
 
 }  // namespace expar
