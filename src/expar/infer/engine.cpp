@@ -187,6 +187,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
   stats_.expert_weight_reads.assign(static_cast<size_t>(weights_.config.layers), 0);
   stats_.layer_rows.assign(static_cast<size_t>(weights_.config.layers), 0);
   stats_.layer_expert_tokens.assign(static_cast<size_t>(weights_.config.layers), stats_.expert_tokens);
+  replica_deals_.resize(static_cast<size_t>(weights_.config.layers));
   // Every layer starts in the layout's placement (the loader loaded it in every layer); the route map places
   // each layer's rows by its own, so this rank's weights must hold its partition's experts in the
   // placement's local order.
@@ -430,6 +431,7 @@ Tensor Engine::moe_forward_counted(int layer, const Tensor& x, const MoeForwardO
   MoeForwardOptions o = options;
   o.capacity = CapacityPolicy::dropless();
   o.keep_activations = false;
+  o.replica_deal = &replica_deals_[static_cast<size_t>(layer)];
   MoeState state;
   const auto at = static_cast<size_t>(layer);
   Tensor y = moe_forward(weights_.config.moe, placements_[at], moe_weights(layer), x, o, state);
@@ -475,6 +477,7 @@ int64_t Engine::move_experts(const std::vector<LayerSlotTable>& tables) {
     lw.experts = move_expert_slots(placements_[at], next[i], lw.experts, *ep_, &moved);
     placements_[at] = std::move(next[i]);
     local_experts_[at] = placements_[at].local_experts(partition_);
+    replica_deals_[at].reset();  // the layer's new replicas deal from their first
   }
   return moved.bytes_received;
 }

@@ -124,7 +124,8 @@ class Engine {
 
   // Moves the experts of each listed MoE layer to its slot table (the layout's with_expert_slots rules):
   // that layer's expert weights go, as held, to the ranks of its new placement over the EP group
-  // (moe/expert_moves.hpp), then the route map places the layer's rows by it; layers not listed keep theirs.
+  // (moe/expert_moves.hpp), then the route map places the layer's rows by it, the layer's replica deal
+  // starting again at each expert's first replica; layers not listed keep theirs.
   // Every copy of the experts moves inside itself, so every rank must pass the same tables in the same order
   // (the server decides them once from the loads of the whole world). Collective over the world, between
   // steps (no step in flight); needs expert parallelism. Returns the weight bytes this rank received.
@@ -183,6 +184,11 @@ class Engine {
   nn::Rope rope_;
   std::vector<std::unique_ptr<Sequence>> sequences_;
   EngineStats stats_;
+  // [layers] each MoE layer's replica deal (moe/replica_deal.hpp), prefill and decode alike: a step's route
+  // map continues where the layer's previous one stopped, so batch-1 decode's routes to a replicated expert
+  // go to its replicas in turn. Every rank that builds a layer's maps from the same gathered requests (the
+  // replica's TP ranks; the EP group with cross-DP EP or rowwise decode) keeps the same deal.
+  std::vector<ReplicaDeal> replica_deals_;
 };
 
 }  // namespace expar::infer

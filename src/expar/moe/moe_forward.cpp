@@ -26,13 +26,16 @@ Tensor moe_forward(const MoeConfig& config, const ExpertPlacement& placement, co
                                        weights.router_bias, options.loss_scope);
   router_phase.stop();
   PhaseScope route_map_phase(phase::kRouteMap);
+  const std::span<const int64_t> starts =
+      options.replica_deal != nullptr ? options.replica_deal->starts() : std::span<const int64_t>{};
   if (options.sources != nullptr)
-    state.routes =
-        build_route_map(routed.topk_idx, *options.sources, placement, options.capacity, options.partition);
+    state.routes = build_route_map(routed.topk_idx, *options.sources, placement, options.capacity,
+                                   options.partition, starts);
   else
-    state.routes =
-        build_route_map(routed.topk_idx, 0, count_requests(routed.topk_idx, config.router.num_experts),
-                        std::vector<int64_t>{x.dim(0)}, placement, options.capacity, options.partition);
+    state.routes = build_route_map(
+        routed.topk_idx, 0, count_requests(routed.topk_idx, config.router.num_experts),
+        std::vector<int64_t>{x.dim(0)}, placement, options.capacity, options.partition, starts);
+  if (options.replica_deal != nullptr) options.replica_deal->advance(state.routes, placement);
   route_map_phase.stop();
   state.path = {};
   state.path.scratch_dispatch = options.scratch_dispatch;

@@ -12,6 +12,7 @@
 #include "expar/moe/expert_mlp.hpp"
 #include "expar/moe/moe_config.hpp"
 #include "expar/moe/paths/path.hpp"
+#include "expar/moe/replica_deal.hpp"
 #include "expar/moe/route_map.hpp"
 #include "expar/moe/router.hpp"
 #include "expar/moe/wave_schedule.hpp"
@@ -63,6 +64,10 @@ struct MoeForwardOptions {
   // same tokens). `partition`: this rank's expert partition (-1: its rank among the sources).
   Comm* sources = nullptr;
   int partition = -1;
+  // The layer's replica deal (replica_deal.hpp): the route map continues it and moe_forward moves it on.
+  // Null: every map deals each replicated expert's routes from its first replica (training: large batches,
+  // and a resumed run must route as the uninterrupted one).
+  ReplicaDeal* replica_deal = nullptr;
   CapacityPolicy capacity;                             // inference: dropless
   PayloadFormat dispatch_format = PayloadFormat::F32;  // what the path's dispatch hands the experts
   RouterLossScope loss_scope;

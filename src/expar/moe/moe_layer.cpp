@@ -143,6 +143,10 @@ MoeForwardOptions MoeLayer::forward_options() const {
   o.waves = execution_.waves;
   o.scratch_dispatch = recompute_;
   o.microbatch = microbatch_;
+  // No replica deal: every step deals a replicated expert's routes from its first replica. A training batch
+  // sends many routes to each hot expert, which split within 1 over its replicas anyway, and the routes stay
+  // a function of the step's batch alone, so a resumed run routes as the uninterrupted one did.
+  o.replica_deal = nullptr;
   return o;
 }
 
