@@ -261,6 +261,22 @@ TEST(ExpertBalance, ZipfLoadAtEp4WithASixteenthOfSlotsRedundant) {
                    0.5);  // 1e6/8 = 125000 per replica: the head takes half the extra slots
 }
 
+// Per layer over the ranks, by hand: [rank][layer] rows {4, 0, 3}, {2, 0, 1} and {0} (a rank that lists only
+// layer 0). Layer 0: mean 2, max 4 -> 1; layer 1 has no rows (dense) -> 0, left out of the mean; layer 2:
+// mean 4/3, max 3 -> 1.25. Mean over the layers with rows (1 + 1.25) / 2.
+TEST(ExpertBalance, LayerImbalanceOverRanksPerLayer) {
+  const LayerImbalance got = layer_imbalance({{4, 0, 3}, {2, 0, 1}, {0}});
+  ASSERT_EQ(got.per_layer.size(), 3u);
+  EXPECT_DOUBLE_EQ(got.per_layer[0], 1.0);
+  EXPECT_EQ(got.per_layer[1], 0.0);
+  EXPECT_DOUBLE_EQ(got.per_layer[2], 1.25);
+  EXPECT_DOUBLE_EQ(got.mean, 1.125);
+  EXPECT_DOUBLE_EQ(got.largest, 1.25);
+  const LayerImbalance none = layer_imbalance({});
+  EXPECT_TRUE(none.per_layer.empty());
+  EXPECT_EQ(none.mean, 0.0);
+}
+
 TEST(ExpertBalance, RefusalsNameTheValueTheRuleAndAnAcceptedFix) {
   EXPECT_THAT(refusal({{}, 0, 1}), HasSubstr("no expert loads given"));
   EXPECT_THAT(refusal({{1, -2}, 0, 1}), HasSubstr("the load of expert 1 is -2"));

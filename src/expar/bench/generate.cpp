@@ -220,23 +220,6 @@ void skew_routers(infer::RankWeights& w, double exponent, uint64_t seed) {
                       seed, static_cast<int>(l));
 }
 
-// Per MoE layer (max - mean) / mean over the ranks of `rows` ([rank][layer], the rows each rank's experts
-// computed); returns the mean over the layers that computed rows, and the largest.
-std::pair<double, double> layer_imbalance(const std::vector<std::vector<double>>& rows) {
-  double sum = 0.0, largest = 0.0;
-  int layers = 0;
-  for (size_t l = 0; !rows.empty() && l < rows[0].size(); ++l) {
-    std::vector<double> ranks;
-    for (const std::vector<double>& rank : rows) ranks.push_back(rank[l]);
-    if (std::all_of(ranks.begin(), ranks.end(), [](double x) { return x == 0; })) continue;
-    const double imbalance = load_imbalance(ranks);
-    sum += imbalance;
-    largest = std::max(largest, imbalance);
-    ++layers;
-  }
-  return {layers > 0 ? sum / layers : 0.0, largest};
-}
-
 }  // namespace
 
 GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
@@ -471,8 +454,12 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       r.decode_routed_bytes_per_token = routed_mean;
       r.read_bandwidth = static_cast<double>(window) * sizeof(float) / median(read);
       r.weight_bytes = static_cast<int64_t>(held_total);
-      std::tie(r.prefill_imbalance, r.prefill_imbalance_max) = layer_imbalance(prefill_by_rank);
-      std::tie(r.decode_imbalance, r.decode_imbalance_max) = layer_imbalance(decode_by_rank);
+      const LayerImbalance prefill_load = layer_imbalance(prefill_by_rank);
+      const LayerImbalance decode_load = layer_imbalance(decode_by_rank);
+      r.prefill_imbalance = prefill_load.mean;
+      r.prefill_imbalance_max = prefill_load.largest;
+      r.decode_imbalance = decode_load.mean;
+      r.decode_imbalance_max = decode_load.largest;
       r.kv_bytes_per_token = infer::kv_bytes_per_token(config, spec.features, layout, 0);
       if (spec.features.mla.enabled())
         r.kv_bytes_per_token_expanded = int64_t{config.layers} * w.local_latent.n_heads *

@@ -67,17 +67,15 @@ void ExpertRebalancer::after_step(const StepLoad& load) {
 }
 
 std::vector<double> ExpertRebalancer::layer_imbalance() const {
-  std::vector<std::vector<double>> per_layer;  // [layer][rank]
+  std::vector<std::vector<double>> rows;  // [rank][layer], over the window
   for (const StepLoad& step : window_)
-    for (size_t r = 0; r < step.layer_rows.size(); ++r)
-      for (size_t l = 0; l < step.layer_rows[r].size(); ++l) {
-        if (per_layer.size() <= l) per_layer.resize(l + 1);
-        if (per_layer[l].size() <= r) per_layer[l].resize(r + 1, 0.0);
-        per_layer[l][r] += static_cast<double>(step.layer_rows[r][l]);
-      }
-  std::vector<double> out;
-  for (const std::vector<double>& ranks : per_layer) out.push_back(load_imbalance(ranks));
-  return out;
+    for (size_t r = 0; r < step.layer_rows.size(); ++r) {
+      if (rows.size() <= r) rows.resize(r + 1);
+      if (rows[r].size() < step.layer_rows[r].size()) rows[r].resize(step.layer_rows[r].size(), 0.0);
+      for (size_t l = 0; l < step.layer_rows[r].size(); ++l)
+        rows[r][l] += static_cast<double>(step.layer_rows[r][l]);
+    }
+  return expar::layer_imbalance(rows).per_layer;
 }
 
 }  // namespace expar::serve

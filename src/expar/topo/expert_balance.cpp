@@ -131,6 +131,24 @@ double load_imbalance(const std::vector<double>& rank_load) {
   return mean > 0 ? std::max(0.0, (most - mean) / mean) : 0;
 }
 
+LayerImbalance layer_imbalance(const std::vector<std::vector<double>>& rows_by_rank) {
+  size_t layers = 0;
+  for (const std::vector<double>& rank : rows_by_rank) layers = std::max(layers, rank.size());
+  LayerImbalance out;
+  int with_rows = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    std::vector<double> ranks;
+    for (const std::vector<double>& rank : rows_by_rank) ranks.push_back(l < rank.size() ? rank[l] : 0.0);
+    out.per_layer.push_back(load_imbalance(ranks));
+    if (std::all_of(ranks.begin(), ranks.end(), [](double x) { return x == 0; })) continue;
+    out.mean += out.per_layer.back();
+    out.largest = std::max(out.largest, out.per_layer.back());
+    ++with_rows;
+  }
+  if (with_rows > 0) out.mean /= with_rows;
+  return out;
+}
+
 std::vector<int> ExpertBalance::rank_slots(int rank) const {
   std::vector<int> out(static_cast<size_t>(slots_per_rank));
   std::iota(out.begin(), out.end(), rank * slots_per_rank);

@@ -65,6 +65,16 @@ struct ExpertBalance {
 // (max - mean) / mean of per-rank loads; 0 when every load is 0.
 double load_imbalance(const std::vector<double>& rank_load);
 
+// The load per rank of each layer: load_imbalance over the ranks of rows_by_rank[rank][layer] (the rows each
+// rank's experts computed in the layer; a rank listing fewer layers computed none in the others). What
+// `expar serve`'s metrics and `expar bench generate` report.
+struct LayerImbalance {
+  std::vector<double> per_layer;  // [layers]: 0 for a layer without rows (a dense one)
+  double mean = 0;                // over the layers with rows
+  double largest = 0;
+};
+LayerImbalance layer_imbalance(const std::vector<std::vector<double>>& rows_by_rank);
+
 // Throws expar::Error naming the value, the rule and an accepted fix: no loads, a negative or non-finite
 // load, R < 0, M < 1, S % M != 0, K < 0 or a group that neither fits in one node nor fills whole nodes,
 // G < 0 or E % G != 0.
