@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/close.hpp"
@@ -107,6 +108,19 @@ inline void write_expar_checkpoint(const fs::path& dir, MoeTransformer& model, i
                           {"dense_file", "dense.safetensors"},
                           {"expert_files", files}};
   std::ofstream(dir / "manifest.json") << manifest.dump(2) << "\n";
+}
+
+// A random test_config() model (initialised from `seed`) written as an expar checkpoint with its experts in
+// `expert_files` files, in a fresh directory of this run tagged `tag`.
+inline fs::path write_test_checkpoint(std::string_view tag, uint64_t seed, int expert_files) {
+  fs::path dir = test::run_temp_dir(tag);
+  run_ranks(1, [&](Comm& world) {
+    auto group = world.split(0, 0, "ep");
+    MoeTransformer model(test_config(), {}, *group);
+    model.init(seed);
+    write_expar_checkpoint(dir, model, expert_files);
+  });
+  return dir;
 }
 
 // A rank's tensors are charged to its tracker, which ends with run_ranks: what a rank hands back to the test

@@ -16,19 +16,9 @@ namespace fs = std::filesystem;
 using testing::make_layout;
 using testing::random_tokens;
 using testing::test_config;
-using testing::write_expar_checkpoint;
 
 const fs::path& checkpoint() {
-  static const fs::path dir = [] {
-    fs::path d = test::run_temp_dir("prefill_logits");
-    run_ranks(1, [&](Comm& world) {
-      auto group = world.split(0, 0, "ep");
-      MoeTransformer model(test_config(), {}, *group);
-      model.init(5);
-      write_expar_checkpoint(d, model, 2);
-    });
-    return d;
-  }();
+  static const fs::path dir = testing::write_test_checkpoint("prefill_logits", 5, 2);
   return dir;
 }
 

@@ -24,16 +24,7 @@ using namespace testing;
 constexpr int kDecodeSteps = 24, kPromptTokens = 4;
 
 const fs::path& checkpoint() {
-  static const fs::path dir = [] {
-    fs::path d = test::run_temp_dir("replica_deal");
-    run_ranks(1, [&](Comm& world) {
-      auto group = world.split(0, 0, "ep");
-      MoeTransformer model(test_config(), {}, *group);
-      model.init(31);
-      write_expar_checkpoint(d, model, 4);
-    });
-    return d;
-  }();
+  static const fs::path dir = write_test_checkpoint("replica_deal", 31, 4);
   return dir;
 }
 

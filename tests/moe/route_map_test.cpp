@@ -362,11 +362,10 @@ TEST(RouteMap, ReplicasTakeTheRoutesOfTheirExpertInTurn) {
 // The deal continued from a start (ReplicaDeal::starts()): E = 2 on 2 ranks in S = 4 slots {0, 0, 1, 0}
 // (expert 0 in slots 0, 1 on rank 0 and 3 on rank 1), top-1, expert 0's deal starting at its replica 1.
 // Source 0 routes tokens 0, 0; source 1 routes 0, 1, 0. Expert 0's four routes, in (source, token) order, go
-// to replicas (1 + j) mod 3 = 1, 2, 0, 1: slots 1, 3, 0, 1. Worked by hand:
-//   slot requests  source 0: slot0 0, slot1 1, slot2 0, slot3 1;  source 1: slot0 1, slot1 1, slot2 1, slot3
-//   0 rank 0 rows: slot 0 [0, 1) (source 1: 0), slot 1 [1, 3) (source 0: 1; source 1: 2) rank 1 rows: slot 2
-//   [0, 1) (source 1: 0), slot 3 [1, 2) (source 0: 1)
-// and the deal then moves on by the four routes: expert 0 to (1 + 4) mod 3 = 2, expert 1 stays at 0.
+// to replicas (1 + j) mod 3 = 1, 2, 0, 1: slots 1, 3, 0, 1. Worked by hand: slot requests of source 0 {0, 1,
+// 0, 1}, of source 1 {1, 1, 1, 0}. Rank 0's rows: slot 0 [0, 1) (source 1: 0), slot 1 [1, 3) (source 0: 1;
+// source 1: 2). Rank 1's rows: slot 2 [0, 1) (source 1: 0), slot 3 [1, 2) (source 0: 1). The deal then moves
+// on by the four routes: expert 0 to (1 + 4) mod 3 = 2, expert 1 stays at 0.
 TEST(RouteMap, ReplicaDealContinuesFromItsStart) {
   const ExpertPlacement placement = ExpertPlacement::from_slots(2, 2, {0, 0, 1, 0});
   const std::vector<Routes> routes = {{{0}, {0}}, {{0}, {1}, {0}}};
@@ -398,12 +397,11 @@ TEST(RouteMap, ReplicaDealContinuesFromItsStart) {
 // A start moves routes between replicas before the capacity policy, which then caps the slots. The example of
 // ReplicasTakeTheRoutesOfTheirExpertInTurn with expert 0's deal from replica 1 (routes to slots 3, 0, 3 from
 // source 0, then (1 + 3) mod 2 = 0: slots 0, 3 from source 1) under the expert rule at cf 1, c_s =
-// ceil(T_s·K/S): 2 rows for source 0 (T 3), 1 for source 1 (T 2). Worked by hand:
-//   slot requests  source 0: 1, 2, 1, 2;  source 1: 1, 0, 2, 1
-//   accepted       source 0: 1, 2, 1, 2;  source 1: 1, 0, 1, 1 (source 1's second route to slot 2 drops)
-//   rank 0 rows: slot 0 [0, 2) (source 0: 0; source 1: 1), slot 1 [2, 4) (source 0: 2, 3)
-//   rank 1 rows: slot 2 [0, 2) (source 0: 0; source 1: 1), slot 3 [2, 5) (source 0: 2, 3; source 1: 4)
-//   capacity: 2 ranks · 2 slots · ceil(3·2/4) = 8 rows
+// ceil(T_s·K/S): 2 rows for source 0 (T 3), 1 for source 1 (T 2). Worked by hand: slot requests of source 0
+// {1, 2, 1, 2}, of source 1 {1, 0, 2, 1}; accepted the same but source 1's second route to slot 2, which
+// drops. Rank 0's rows: slot 0 [0, 2) (source 0: 0; source 1: 1), slot 1 [2, 4) (source 0: 2, 3). Rank 1's
+// rows: slot 2 [0, 2) (source 0: 0; source 1: 1), slot 3 [2, 5) (source 0: 2, 3; source 1: 4). Capacity: 2
+// ranks · 2 slots · ceil(3·2/4) = 8 rows.
 TEST(RouteMap, ReplicaDealStartComesBeforeTheCapacityPolicy) {
   const ExpertPlacement placement = ExpertPlacement::from_slots(3, 2, {0, 1, 2, 0});
   const std::vector<Routes> routes = {{{0, 1}, {0, 2}, {1, 0}}, {{0, 2}, {2, 0}}};
