@@ -111,6 +111,15 @@ TEST_F(GenerateBench, SkewAndReplicasReportTheLoadPerRankAndTheMove) {
   } else {
     EXPECT_EQ(replicas.moved_bytes, 0);
   }
+  o.eplb_prompts = 0;
+  try {
+    run_generate_bench(o);
+    ADD_FAILURE() << "--eplb-prompts 0 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--eplb-prompts 0 must be at least 1"), std::string::npos)
+        << e.what();
+  }
+  o.eplb_prompts = 1;
   o.router_skew = -1;
   try {
     run_generate_bench(o);

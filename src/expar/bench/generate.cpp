@@ -229,6 +229,9 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
               o.tokens);
   EXPAR_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats {} must be >= 1 and --warmup {} >= 0", o.repeats,
               o.warmup);
+  EXPAR_CHECK(o.eplb_prompts >= 1,
+              "--eplb-prompts {} must be at least 1 (the untimed prompts whose loads place the replicas)",
+              o.eplb_prompts);
   const infer::ModelSpec spec = infer::open_model_spec(o.path, o.engine.format);
   const ModelConfig& config = spec.config;
   EXPAR_CHECK(o.prompt_tokens + o.tokens <= config.max_seq,
@@ -305,11 +308,13 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
       return std::tuple{tp, td, tb};
     };
     if (layout.placement().has_replicas()) {
-      // EPLB as a server runs it (serve/expert_rebalancer.hpp): each layer's loads of one run on another
-      // prompt of the same length choose that layer's placement, and the engine moves its expert weights
-      // there.
+      // EPLB as a server runs it (serve/expert_rebalancer.hpp): each layer's loads of runs on other prompts
+      // of the same length choose that layer's placement, and the engine moves its expert weights there. One
+      // prompt's loads predict another's poorly (each layer's hot experts move with the prompt), so the
+      // window holds several, as a server's does.
       const std::vector<std::vector<int64_t>> before = engine.stats().layer_expert_tokens;
-      run(random_prompt(o.prompt_tokens, config.vocab, o.seed, 0x6E5), {});
+      for (int p = 0; p < o.eplb_prompts; ++p)
+        run(random_prompt(o.prompt_tokens, config.vocab, o.seed, 0x6E5 + static_cast<uint64_t>(p)), {});
       serve::StepLoad load;
       load.layer_expert_tokens = engine.stats().layer_expert_tokens;
       for (size_t l = 0; l < layers; ++l) {
@@ -513,6 +518,7 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"peak_rss_bytes", r.peak_rss_bytes},
                          {"router_skew", o.router_skew},
                          {"redundant_experts", o.engine.redundant_experts},
+                         {"eplb_prompts", o.eplb_prompts},
                          {"rank_load_imbalance_prefill", r.prefill_imbalance},
                          {"rank_load_imbalance_prefill_max_layer", r.prefill_imbalance_max},
                          {"rank_load_imbalance_decode", r.decode_imbalance},

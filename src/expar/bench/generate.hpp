@@ -33,6 +33,9 @@ struct GenerateBenchOptions {
   // --router-skew s: a Zipf-like bias on every MoE router's logits (moe/router_skew.hpp, from s, E and
   // `seed`), added in memory: the checkpoint is unchanged. 0: the checkpoint's routing.
   double router_skew = 0;
+  // --eplb-prompts N: with redundant experts, the untimed runs on N other prompts of the same length whose
+  // loads, summed per MoE layer, choose each layer's placement (a server's --eplb-window, in prompts).
+  int eplb_prompts = 4;
 };
 
 struct GenerateBenchReport {
@@ -62,10 +65,10 @@ struct GenerateBenchReport {
   // the token rows their experts computed, then the mean over the layers (and the largest layer's).
   double prefill_imbalance = 0.0, prefill_imbalance_max = 0.0;
   double decode_imbalance = 0.0, decode_imbalance_max = 0.0;
-  // With redundant experts: the placements EPLB chose, each MoE layer's from its loads of one untimed run on
-  // another prompt (serve's rebalancer and the engine's move), how many layers' placements changed, and what
-  // moving to them cost: weight bytes received, all ranks, and the slowest rank's seconds. 0 when no
-  // placement changed or without replicas.
+  // With redundant experts: the placements EPLB chose, each MoE layer's from its loads of untimed runs on
+  // eplb_prompts other prompts (serve's rebalancer and the engine's move), how many layers' placements
+  // changed, and what moving to them cost: weight bytes received, all ranks, and the slowest rank's seconds.
+  // 0 when no placement changed or without replicas.
   bool rebalanced = false;
   int moved_layers = 0;
   int64_t moved_bytes = 0;

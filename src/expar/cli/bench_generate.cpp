@@ -51,8 +51,8 @@ void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBench
       a.bench.router_skew);
   if (a.layout.redundant_experts > 0)
     fmt::print(
-        "{} redundant experts placed by EPLB per MoE layer from an untimed run on another prompt: {}\n",
-        a.layout.redundant_experts,
+        "{} redundant experts placed by EPLB per MoE layer from untimed runs on {} other prompt(s): {}\n",
+        a.layout.redundant_experts, a.bench.eplb_prompts,
         r.rebalanced ? fmt::format("moved {} layer(s), {} of expert weights (all ranks) in {:.1f} ms",
                                    r.moved_layers, format_bytes(r.moved_bytes), r.move_seconds * 1e3)
                      : std::string("the initial placement was kept"));
@@ -103,6 +103,12 @@ void add_bench_generate(CLI::App* bench, CommandTable& table) {
                   "real models measure about 1; 0: the checkpoint's routing)")
       ->capture_default_str()
       ->check(finite_in(0, 16));
+  cmd->add_option(
+         "--eplb-prompts", a->bench.eplb_prompts,
+         "With --redundant-experts: untimed runs on this many other prompts whose expert loads choose "
+         "each MoE layer's placement")
+      ->capture_default_str()
+      ->check(integer_in(1, 1000));
   add_layout_options(cmd, a->layout, true);
   add_json_option(cmd, a->json, "the results");
   table[cmd] = [a] { return run_bench_generate(*a); };
