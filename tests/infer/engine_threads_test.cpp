@@ -37,10 +37,6 @@ struct Reference {
   std::vector<std::vector<std::vector<Tensor>>> decode_logits;  // logits [1, V] after feeding greedy[i]
 };
 
-Tensor last_row(const Tensor& logits) {
-  return logits.rows(logits.dim(0) - 1, logits.dim(0)).clone();
-}
-
 const Reference& reference() {
   static Reference ref = [] {
     Reference r;
@@ -61,20 +57,10 @@ const Reference& reference() {
         r.greedy.emplace_back();
         r.decode_logits.emplace_back();
         for (int s = 0; s < kSeqsPerReplica; ++s) {
-          std::vector<int32_t> seq = r.prompts[rep][s];
-          Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
-          r.prefill_logits[rep].push_back(export_to(host, logits));
-          std::vector<int32_t> greedy;
-          std::vector<Tensor> steps;
-          for (int i = 0; i <= kDecodeSteps; ++i) {
-            greedy.push_back(argmax_row(logits, logits.dim(0) - 1));
-            if (i == kDecodeSteps) break;
-            seq.push_back(greedy.back());
-            logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
-            steps.push_back(export_to(host, last_row(logits)));
-          }
-          r.greedy[rep].push_back(greedy);
-          r.decode_logits[rep].push_back(steps);
+          ReferenceDecode d = reference_decode(model, r.prompts[rep][s], kDecodeSteps, host);
+          r.prefill_logits[rep].push_back(std::move(d.prefill_logits));
+          r.greedy[rep].push_back(std::move(d.greedy));
+          r.decode_logits[rep].push_back(std::move(d.decode_logits));
         }
       }
     });

@@ -130,6 +130,28 @@ inline Tensor export_to(MemoryTracker& host, const Tensor& t) {
   return t.clone();
 }
 
+// The single-rank reference of greedy decoding: the model's logits over `prompt`, then `steps` greedy tokens,
+// each step recomputing the whole sequence (no cache), every tensor cloned under `host` (export_to).
+struct ReferenceDecode {
+  Tensor prefill_logits;              // [prompt len, V]
+  std::vector<int32_t> greedy;        // steps + 1 tokens: the prefill's, then one per step
+  std::vector<Tensor> decode_logits;  // [1, V] after feeding greedy[i]
+};
+inline ReferenceDecode reference_decode(MoeTransformer& model, std::vector<int32_t> seq, int steps,
+                                        MemoryTracker& host) {
+  ReferenceDecode r;
+  Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
+  r.prefill_logits = export_to(host, logits);
+  for (int i = 0; i <= steps; ++i) {
+    r.greedy.push_back(argmax_row(logits, logits.dim(0) - 1));
+    if (i == steps) break;
+    seq.push_back(r.greedy.back());
+    logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
+    r.decode_logits.push_back(export_to(host, logits.rows(logits.dim(0) - 1, logits.dim(0))));
+  }
+  return r;
+}
+
 inline std::vector<int32_t> random_tokens(uint64_t stream, int n) {
   std::vector<int32_t> v(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)

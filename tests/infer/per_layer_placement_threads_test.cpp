@@ -46,16 +46,10 @@ const Reference& reference() {
       MoeTransformer model(r.config, {}, *group);
       model.init(23);
       write_expar_checkpoint(r.dir, model, 4);
-      std::vector<int32_t> seq = r.prompt;
-      Tensor logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
-      r.prefill_logits = export_to(host, logits);
-      for (int i = 0; i <= kDecodeSteps; ++i) {
-        r.greedy.push_back(argmax_row(logits, logits.dim(0) - 1));
-        if (i == kDecodeSteps) break;
-        seq.push_back(r.greedy.back());
-        logits = model.logits(seq, 1, static_cast<int64_t>(seq.size()));
-        r.decode_logits.push_back(export_to(host, logits.rows(logits.dim(0) - 1, logits.dim(0)).clone()));
-      }
+      ReferenceDecode d = reference_decode(model, r.prompt, kDecodeSteps, host);
+      r.prefill_logits = std::move(d.prefill_logits);
+      r.greedy = std::move(d.greedy);
+      r.decode_logits = std::move(d.decode_logits);
     });
     return r;
   }();

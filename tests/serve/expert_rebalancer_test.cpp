@@ -27,6 +27,16 @@ std::vector<double> as_loads(const std::vector<int64_t>& tokens) {
   return {tokens.begin(), tokens.end()};
 }
 
+// What a window of the two steps holds for `layer`: their rows per expert, summed.
+std::vector<double> window_loads(const StepLoad& a, const StepLoad& b, int layer) {
+  std::vector<double> loads(kExperts);
+  for (int e = 0; e < kExperts; ++e)
+    loads[static_cast<size_t>(e)] =
+        static_cast<double>(a.layer_expert_tokens[static_cast<size_t>(layer)][static_cast<size_t>(e)] +
+                            b.layer_expert_tokens[static_cast<size_t>(layer)][static_cast<size_t>(e)]);
+  return loads;
+}
+
 TEST(ExpertRebalancer, MovesOnlyTheLayersWhoseTableChanges) {
   // The layout's initial placement: EPLB on a uniform load (experts 0 and 1 replicated).
   const std::vector<int> uniform = eplb_table(std::vector<double>(kExperts, 1.0));
@@ -42,12 +52,7 @@ TEST(ExpertRebalancer, MovesOnlyTheLayersWhoseTableChanges) {
   rebalancer.after_step(first);
   EXPECT_TRUE(rebalancer.before_step().empty()) << "one step of an interval of 2";
   rebalancer.after_step(second);
-  std::vector<double> skewed(kExperts);
-  for (int e = 0; e < kExperts; ++e)
-    skewed[static_cast<size_t>(e)] =
-        static_cast<double>(first.layer_expert_tokens[2][static_cast<size_t>(e)] +
-                            second.layer_expert_tokens[2][static_cast<size_t>(e)]);
-  const std::vector<int> want = eplb_table(skewed);
+  const std::vector<int> want = eplb_table(window_loads(first, second, 2));
   ASSERT_NE(want, uniform) << "the skewed loads must give another placement, or the test shows nothing";
   ASSERT_EQ(eplb_table(as_loads(flat)), uniform);
   const std::vector<LayerSlotTable> moved = rebalancer.before_step();
@@ -70,15 +75,10 @@ TEST(ExpertRebalancer, MovesOnlyTheLayersWhoseTableChanges) {
   fourth.layer_expert_tokens[1] = {70, 2, 1, 1, 1, 1, 1, 60};
   rebalancer.after_step(fourth);  // the window holds `fourth` and `third`: layer 2's sum is unchanged
   rebalancer.after_step(third);
-  std::vector<double> layer1(kExperts);
-  for (int e = 0; e < kExperts; ++e)
-    layer1[static_cast<size_t>(e)] =
-        static_cast<double>(third.layer_expert_tokens[1][static_cast<size_t>(e)] +
-                            fourth.layer_expert_tokens[1][static_cast<size_t>(e)]);
   const std::vector<LayerSlotTable> again = rebalancer.before_step();
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].layer, 1);
-  EXPECT_EQ(again[0].slot_experts, eplb_table(layer1));
+  EXPECT_EQ(again[0].slot_experts, eplb_table(window_loads(third, fourth, 1)));
   EXPECT_EQ(rebalancer.slot_experts(2), want);
   EXPECT_EQ(rebalancer.rebalances(), 2);
 }
