@@ -36,7 +36,23 @@ ModelShape model_shape(const Architecture& architecture, const std::string& name
   if (f.attention_sinks) extra += c.heads;
   if (f.qk_norm == QkNorm::PerHead) extra += 2 * c.head_dim;
   if (f.qk_norm == QkNorm::Projection) extra += q_width + kv_width;
+  s.qk_norm = f.qk_norm == QkNorm::PerHead      ? QkNormKind::PerHead
+              : f.qk_norm == QkNorm::Projection ? QkNormKind::Projection
+                                                : QkNormKind::None;
   s.attention_extra_params = extra;
+  const LatentAttentionDims& mla = f.mla;
+  if (mla.enabled()) {
+    s.attention = AttentionKind::Mla;
+    s.q_lora_rank = checked_int(mla.q_lora_rank, "q_lora_rank", name);
+    s.kv_lora_rank = checked_int(mla.kv_lora_rank, "kv_lora_rank", name);
+    s.qk_nope_head_dim = checked_int(mla.qk_nope_head_dim, "qk_nope_head_dim", name);
+    s.qk_rope_head_dim = checked_int(mla.qk_rope_head_dim, "qk_rope_head_dim", name);
+    s.v_head_dim = checked_int(mla.v_head_dim, "v_head_dim", name);
+  }
+  // The shape counts dense MLP layers, wherever the model has them, as its first dense_layers blocks.
+  for (int l = 0; l < c.layers; ++l) s.dense_layers += f.is_dense_mlp(l) ? 1 : 0;
+  if (s.dense_layers > 0)
+    s.dense_hidden = checked_int(f.dense_mlp_hidden, "dense MLP intermediate size", name);
   s.num_experts = c.moe.router.num_experts;
   s.top_k = c.moe.router.top_k;
   s.expert_hidden = checked_int(c.moe.hidden_dim, "expert intermediate size", name);

@@ -264,6 +264,8 @@ int64_t padded_columns(int64_t n) {
   return (n + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum;
 }
 
+}  // namespace
+
 // The row stride of the saved pre-activations and of the backward's [rows, h] scratch: h plus one cache line,
 // so that a stride is never a multiple of 4 KiB: rows 4 KiB apart fall into the same cache sets, so both the
 // weight-gradient product gaᵀ·x, which reads ga down its columns, and the transposes into the state ran
@@ -271,6 +273,8 @@ int64_t padded_columns(int64_t n) {
 int64_t padded_stride(int64_t h) {
   return h + 16;
 }
+
+namespace {
 
 // Whether experts of kExpertColumnFormMinRows rows or more compute in the column form (expert_mlp.hpp) on the
 // calling thread: never under batch invariance, whose row quantum is a rule about the rows of the row form

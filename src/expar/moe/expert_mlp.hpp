@@ -123,6 +123,10 @@ void refresh_bf16_copies(ExpertWeights& w, MemCategory category = MemCategory::E
 // The fewest rows an expert computes in the column form with (above).
 inline constexpr int64_t kExpertColumnFormMinRows = 8;
 
+// The row stride (elements) of ExpertMlpState's pre-activations for experts of hidden width h: h plus one
+// cache line (what a plan of the saved activations counts, train/plan_activations.hpp).
+int64_t padded_stride(int64_t h);
+
 struct ExpertMlpState {
   // Expert-side input rows, saved by reference (the dispatch buffer in EP) in the format they arrived in:
   // an encoded payload (u8 rows) is kept encoded and decoded again for Wgrad (moe/payload_precision.hpp).

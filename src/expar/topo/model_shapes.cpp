@@ -17,6 +17,7 @@ std::vector<ModelShape> make_presets() {
     s.name = "olmoe-1b-7b";
     s.layers = 16, s.d_model = 2048, s.vocab = 50304, s.tied_embeddings = false;
     s.heads = 16, s.kv_heads = 16, s.head_dim = 128, s.attention_extra_params = 2048 + 2048;
+    s.qk_norm = QkNormKind::Projection;
     s.num_experts = 64, s.top_k = 8, s.expert_hidden = 1024;
     out.push_back(s);
   }
@@ -40,6 +41,7 @@ std::vector<ModelShape> make_presets() {
     s.name = "qwen3-30b-a3b";
     s.layers = 48, s.d_model = 2048, s.vocab = 151936;
     s.heads = 32, s.kv_heads = 4, s.head_dim = 128, s.attention_extra_params = 128 + 128;
+    s.qk_norm = QkNormKind::PerHead;
     s.num_experts = 128, s.top_k = 8, s.expert_hidden = 768;
     out.push_back(s);
   }

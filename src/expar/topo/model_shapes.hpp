@@ -10,6 +10,9 @@
 namespace expar {
 
 enum class AttentionKind : uint8_t { Gqa, Mla };
+// RMSNorms on q and k after their projections: none, per head over head_dim values (Qwen3), or over each
+// whole projection (OLMoE). Their inputs are saved for the backward (train/plan_activations.hpp).
+enum class QkNormKind : uint8_t { None, PerHead, Projection };
 
 struct ModelShape {
   std::string name;
@@ -21,8 +24,9 @@ struct ModelShape {
   // Attention. GQA: q [d, heads*head_dim], k and v [d, kv_heads*head_dim], o [heads*head_dim, d].
   AttentionKind attention = AttentionKind::Gqa;
   int heads = 0, kv_heads = 0, head_dim = 0;
-  bool attention_bias = false;         // biases on q, k, v and o
-  int64_t attention_extra_params = 0;  // per layer: q/k norms, attention sinks
+  bool attention_bias = false;            // biases on q, k, v and o
+  int64_t attention_extra_params = 0;     // per layer: q/k norms, attention sinks
+  QkNormKind qk_norm = QkNormKind::None;  // which q/k norms (their gains are in attention_extra_params)
   // MLA (DeepSeek-V3): low-rank q and joint kv compression.
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
 
