@@ -12,7 +12,10 @@
 #include <mutex>
 #include <vector>
 
+#include "expar/model/model_shape.hpp"
 #include "expar/model/moe_transformer.hpp"
+#include "expar/train/plan_activations.hpp"
+#include "expar/train/plan_buffers.hpp"
 #include "train/training_runs.hpp"
 
 namespace expar {
@@ -190,6 +193,36 @@ TEST(PlanActivations, TheForcedRoutingLeavesTheOtherRankWithoutExpertRows) {
   const int64_t capacity_rows = 2 * 32 * 2;  // dropless: M_E * T * min(K, E_L)
   const int64_t pre_activations = 2 * 4 * capacity_rows * (m.moe.hidden_dim + 16);
   EXPECT_EQ(held[0].live - held[1].live, m.layers * pre_activations);
+}
+
+// `expar plan`'s row (plan_training) is the figure a training forward reaches: the tiny model on 2 ranks at
+// EP 2, rowwise, dropless, f32, against rank 0's live bytes under the forced routing; and it is in the total
+// and the fit.
+TEST(PlanActivations, ThePlanCountsThemInItsTotalAndFit) {
+  Case c;
+  c.ranks = 2;
+  c.path = "rowwise";
+  c.forced_routing = true;
+  const int64_t live = held_after_forward(c)[0].live;
+  PlanConfig config;
+  config.model = model_shape(Architecture{ModelFormat::Expar, ModelConfig::preset("tiny"), {}}, "tiny");
+  config.world = 2;
+  config.ep_mp = 2;
+  config.tokens_per_rank = 2 * 16;
+  config.capacity_factor = 0;
+  PlanBufferOptions buffers;
+  buffers.seq_len = 16;
+  buffers.bf16_products = false;
+  const Plan plan = plan_training(config, buffers);
+  ASSERT_EQ(plan.stages.size(), 1u);
+  const StagePlan& s = plan.stages[0];
+  EXPECT_EQ(s.activation_bytes, live);
+  const StagePlan without = make_plan(config).stages[0];
+  EXPECT_EQ(s.total_bytes, without.total_bytes + s.symmetric_bytes + s.activation_bytes);
+  config.device_memory_bytes = s.total_bytes - 1;  // holds everything but one byte of the activations
+  EXPECT_FALSE(plan_training(config, buffers).stages[0].fits);
+  config.device_memory_bytes = s.total_bytes;
+  EXPECT_TRUE(plan_training(config, buffers).stages[0].fits);
 }
 
 }  // namespace

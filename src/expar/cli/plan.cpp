@@ -52,6 +52,7 @@ struct PlanOptions {
   bool no_master_weights = false;
   bool shard_optimizer = false;
   int64_t tokens = 4096;
+  int64_t seq_len = 0;  // 0: one sequence per rank (T * C)
   int microbatches = 1;
   double capacity_factor = 1.25;
   std::string capacity_policy = "source";
@@ -292,6 +293,8 @@ int run_plan(const PlanOptions& o, const CLI::App& cmd) {
   buffers.recompute_moe = o.recompute_moe;
   buffers.path = o.path;
   buffers.ranks_per_node = o.messages.ranks_per_node;
+  buffers.seq_len = o.seq_len;
+  buffers.bf16_products = c.activation_dtype != DType::F32;
   const Plan plan = plan_training(c, buffers);
   // The message model for the stage with the most MoE layers (all stages' ranks run concurrently).
   MessageModelInputs inputs = o.messages;
@@ -391,6 +394,10 @@ void add_plan(CLI::App& app, CommandTable& table) {
                 "shard expert optimizer state over EP_DP and dense state over the D*C replicas");
   cmd->add_option("--tokens", opts->tokens, "tokens per rank per microbatch (T)")
       ->capture_default_str()
+      ->check(integer_in(1, int64_t{1} << 40));
+  cmd->add_option("--seq-len", opts->seq_len,
+                  "tokens of one sequence, for the saved attention probabilities (default: T x C, one "
+                  "sequence per rank)")
       ->check(integer_in(1, int64_t{1} << 40));
   cmd->add_option("--microbatches", opts->microbatches, "microbatches per optimizer step")
       ->capture_default_str()

@@ -14,6 +14,9 @@
 //    shard_optimizer the expert state is sharded over EP_DP and the dense state over the D*C dense replicas.
 //  - Tokens: tokens_per_rank is T, the tokens a rank feeds into each MoE layer per microbatch (after any CP
 //    or sequence-parallel split).
+//  - Activations saved for backward (one microbatch in flight, as the trainer runs): NOT computed here
+//    either (they depend on moe/'s capacity and the model's saved tensors): train/plan_buffers.hpp fills
+//    each stage's activation_bytes with train/plan_activations.hpp and adds them to total_bytes.
 //  - Symmetric buffers (the rowwise path's lease pool): NOT computed here (topo/ sits above moe/, whose
 //    capacity policy and lease rules size them): train/plan_buffers.hpp fills Plan::capacity_rows,
 //    slot_bytes and each stage's symmetric_* figures with the functions the trainer allocates with
@@ -74,6 +77,8 @@ struct StagePlan {
   int symmetric_leased_slots = 0, symmetric_scratch_slots = 0;
   int64_t symmetric_pack_bytes = 0;  // the aggregated path's pack buffers (part of symmetric_bytes)
   int64_t symmetric_bytes = 0;
+  // The activations one microbatch's forward saves for its backward (train/plan_activations.hpp).
+  int64_t activation_bytes = 0;
   int64_t total_bytes = 0;
   bool fits = true;  // total_bytes <= device_memory_bytes (true when no device memory was given)
 
@@ -95,9 +100,10 @@ struct Plan {
   int64_t capacity_rows = 0;
   int64_t slot_bytes = 0;
   std::string buffer_sizing;
-  std::string symmetric_path;   // the path the symmetric buffers are sized for ("" from make_plan alone)
-  int64_t pack_bound_rows = 0;  // aggregated: the most rows a proxy's pack buffer holds (0: one node)
-  bool pack_exact = true;       // aggregated: the pack bytes are exact (one node), not a bound
+  std::string activation_sizing;  // what the saved activations assume (sequence, precision, expert rows)
+  std::string symmetric_path;     // the path the symmetric buffers are sized for ("" from make_plan alone)
+  int64_t pack_bound_rows = 0;    // aggregated: the most rows a proxy's pack buffer holds (0: one node)
+  bool pack_exact = true;         // aggregated: the pack bytes are exact (one node), not a bound
   int64_t total_params = 0, active_params = 0;
   int64_t routed_expert_params = 0;  // P_E
   std::vector<StagePlan> stages;

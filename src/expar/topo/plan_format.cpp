@@ -49,6 +49,7 @@ nlohmann::json stage_json(const StagePlan& s) {
         {"expert_optimizer_state", s.expert_optimizer_bytes},
         {"symmetric_buffers", s.symmetric_bytes},
         {"symmetric_pack_buffers", s.symmetric_pack_bytes},
+        {"activations_saved", s.activation_bytes},
         {"total", s.total_bytes}}},
       {"symmetric_slots", {{"leased", s.symmetric_leased_slots}, {"scratch", s.symmetric_scratch_slots}}},
       {"fits", s.fits},
@@ -116,7 +117,8 @@ nlohmann::json plan_to_json(const Plan& plan, int max_group_world) {
                  {"buffer_sizing", plan.buffer_sizing},
                  {"symmetric_path", plan.symmetric_path},
                  {"pack_bound_rows", plan.pack_bound_rows},
-                 {"pack_bytes_exact", plan.pack_exact}};
+                 {"pack_bytes_exact", plan.pack_exact},
+                 {"activation_sizing", plan.activation_sizing}};
   j["device_memory_bytes"] = c.device_memory_bytes;
   j["reduction_algorithm"] = plan.reduction_algorithm;
   j["stages"] = nlohmann::json::array();
@@ -150,6 +152,8 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
       c.master_weights ? " + f32 master" : "", c.shard_optimizer ? " (sharded)" : "",
       dtype_name(c.activation_dtype), c.tokens_per_rank, c.microbatches);
   if (!plan.buffer_sizing.empty()) out += fmt::format("symmetric buffers: {}\n", plan.buffer_sizing);
+  if (!plan.activation_sizing.empty())
+    out += fmt::format("activations saved for backward: {}\n", plan.activation_sizing);
 
   out += "\nmemory per rank";
   if (c.pp > 1) out += " (per pipeline stage)";
@@ -172,6 +176,7 @@ std::string format_plan_table(const Plan& plan, int max_group_world) {
   if (plan.symmetric_path == "aggregated")
     row(plan.pack_exact ? "  of which pack buffers" : "  of which pack (at most)",
         &StagePlan::symmetric_pack_bytes);
+  if (!plan.activation_sizing.empty()) row("activations saved", &StagePlan::activation_bytes);
   row("total", &StagePlan::total_bytes);
   if (c.device_memory_bytes > 0) {
     out += fmt::format("{:<28}", fmt::format("fits in {}", format_bytes(c.device_memory_bytes)));

@@ -43,6 +43,23 @@ SavedActivations saved_activations(const ActivationPlanInputs& in, const ExpertP
               "{} recomputed MoE layers of a stage with {}: recompute between 0 and {}",
               in.recomputed_moe_layers, in.moe_layers, in.moe_layers);
 
+  {
+    // Every figure is an int64 count: bound the largest products in long double first, so that a huge input
+    // is an error instead of wrapped byte counts.
+    using ld = long double;
+    const ld n = ld(in.tokens), layers = ld(std::max(in.layers, 1));
+    const ld width =
+        std::max<ld>({ld(m.d_model), ld(m.heads) * std::max(m.head_dim, m.v_head_dim + 256),
+                      ld(m.expert_hidden), ld(m.dense_hidden), ld(m.shared_hidden) * m.shared_experts,
+                      ld(m.vocab), ld(m.num_experts), ld(m.kv_lora_rank) + m.q_lora_rank});
+    const ld per_layer = n * (ld(m.heads) * in.seq_len + 64 * width + ld(m.top_k) * 64 * m.d_model) * 8 +
+                         ld(placement.ep_size()) * n * m.top_k * (ld(m.expert_hidden) + m.d_model) * 16;
+    EXPAR_CHECK(per_layer * layers < 0x1p62L,
+                "model '{}' with T={} tokens per rank and sequences of {} saves up to {:.3g} bytes of "
+                "activations, beyond the 2^62 that the plan counts in: choose fewer tokens or a shorter "
+                "--seq-len",
+                m.name, in.tokens, in.seq_len, static_cast<double>(per_layer * layers));
+  }
   const int64_t n = in.tokens, d = m.d_model, batch = n / chunk;
   // The keys a chunk's attention saves: the positions up to its own; the last CP chunk's reach all S.
   const int64_t keys = in.seq_len;

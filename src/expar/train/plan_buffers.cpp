@@ -5,6 +5,7 @@
 #include "expar/core/error.hpp"
 #include "expar/moe/capacity.hpp"
 #include "expar/moe/symmetric_budget.hpp"
+#include "expar/train/plan_activations.hpp"
 
 namespace expar {
 
@@ -27,7 +28,28 @@ Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
   if (aggregated)
     pack = aggregated_pack_budget(config.tokens_per_rank, m.top_k, placement, policy, buffers.ranks_per_node,
                                   m.d_model, buffers.precision);
+  ActivationPlanInputs acts;
+  acts.model = m;
+  acts.tokens = config.tokens_per_rank;
+  acts.cp = config.cp;
+  acts.seq_len = buffers.seq_len > 0 ? buffers.seq_len : config.tokens_per_rank * config.cp;
+  acts.tp = config.tp;
+  acts.capacity = policy;
+  acts.path = buffers.path;
+  acts.dispatch_format = buffers.precision.dispatch;
+  acts.bf16_products = buffers.bf16_products;
+  int64_t expert_rows = 0;
   for (StagePlan& s : plan.stages) {
+    acts.layers = s.end_layer - s.first_layer;
+    acts.moe_layers = s.moe_layers;
+    acts.dense_mlp_layers = s.dense_mlp_layers;
+    acts.has_embedding = s.has_embedding;
+    acts.has_lm_head = s.has_lm_head;
+    acts.recomputed_moe_layers = buffers.recompute_moe ? s.moe_layers : 0;
+    const SavedActivations saved = saved_activations(acts, placement);
+    s.activation_bytes = saved.total();
+    s.total_bytes += s.activation_bytes;
+    expert_rows = saved.expert_rows;
     const RowwiseBudget b =
         rowwise_budget(config.tokens_per_rank, m.top_k, placement, policy, m.d_model, buffers.precision,
                        s.moe_layers, buffers.recompute_moe ? s.moe_layers : 0);
@@ -52,6 +74,16 @@ Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
       plan.capacity_rows, rule, buffers.precision.max_row_bytes(m.d_model), buffers.precision.describe(),
       buffers.recompute_moe ? "(none: recomputed) " : "", buffers.recompute_moe ? 2 : 1);
   plan.symmetric_path = buffers.path;
+  plan.activation_sizing = fmt::format(
+      "one microbatch in flight, {} sequence(s) of {} tokens per rank{}, saved as expar train --precision {} "
+      "saves them{}; the routed experts' rows at the capacity, {} per MoE layer{}",
+      config.tokens_per_rank * config.cp / acts.seq_len, acts.seq_len,
+      config.cp > 1 ? fmt::format(" in chunks of {}", acts.seq_len / config.cp) : std::string(),
+      buffers.bf16_products ? "bf16" : "f32",
+      buffers.bf16_products && m.attention == AttentionKind::Mla
+          ? " (latent attention's as f32: its products are f32 only)"
+          : "",
+      expert_rows, buffers.recompute_moe ? " (recomputed: not saved)" : "");
   if (aggregated) {
     plan.pack_bound_rows = pack.bound_rows;
     plan.pack_exact = pack.exact();

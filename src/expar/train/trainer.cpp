@@ -18,6 +18,7 @@
 #include "expar/train/expert_replicas.hpp"
 #include "expar/train/grad_reducer.hpp"
 #include "expar/train/lr_schedule.hpp"
+#include "expar/train/plan_activations.hpp"
 
 namespace expar {
 
@@ -113,6 +114,18 @@ std::string lease_pool_sizing(const TrainConfig& cfg, const TrainingLayout& layo
       "rows ({}) x {} bytes per row\n",
       cfg.execution.moe.path, format_bytes(static_cast<int64_t>(slot_bytes)), rows, rule,
       rows > 0 ? slot_bytes / static_cast<size_t>(rows) : 0);
+}
+
+// What a microbatch's forward saves for its backward, as `expar plan` counts it (train/plan_activations):
+// live on top of the table above from each forward to its backward.
+std::string saved_activations_line(const SavedActivations& a) {
+  return fmt::format(
+      "activations saved per microbatch (the most a rank holds: the experts' rows at the capacity, {} per "
+      "MoE "
+      "layer): {} = attention {} + residuals {} + router {} + experts {} + shared/dense MLPs {} + head and "
+      "loss gradient {}\n",
+      a.expert_rows, format_bytes(a.total()), format_bytes(a.attention), format_bytes(a.residuals),
+      format_bytes(a.router), format_bytes(a.experts), format_bytes(a.mlps), format_bytes(a.head));
 }
 
 // The communicators of a run's groups (TrainingLayout's rank order).
@@ -448,6 +461,8 @@ TrainSummary train(const TrainConfig& cfg, Comm& world, const TokenCorpus& corpu
   std::string memory = memory_table(world);
   if (model.lease_pool() != nullptr)
     memory += lease_pool_sizing(cfg, layout, pool_rows, max_forward_tokens, model.lease_pool()->slot_bytes());
+  memory += saved_activations_line(model_saved_activations(
+      model, static_cast<int64_t>(mb_seqs) * (cfg.seq_len / layout.cp), cfg.seq_len, layout.cp));
   if (observer && observer->on_start && world.rank() == 0)
     observer->on_start(
         describe_layout(layout, model.first_moe().placement(), model.features().mla.enabled()) + memory);
