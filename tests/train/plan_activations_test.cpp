@@ -195,6 +195,44 @@ TEST(PlanActivations, TheForcedRoutingLeavesTheOtherRankWithoutExpertRows) {
   EXPECT_EQ(held[0].live - held[1].live, m.layers * pre_activations);
 }
 
+// Context parallelism, C = 2 on 2 ranks (each its own EP group, local path): each rank holds a chunk of
+// S/2 positions of both sequences; the last chunk's attention keeps the keys and values of all S positions
+// and the plan counts that rank, exactly; the first holds less. Also latent attention, which gathers the
+// latent rows instead.
+TEST(PlanActivations, ContextParallelCountsTheLastChunk) {
+  const int64_t batch = 2, seq = 32, chunk = seq / 2, n = batch * chunk;
+  for (bool latent : {false, true}) {
+    ModelFeatures features;
+    if (latent) {
+      features.mla.q_lora_rank = 24;
+      features.mla.kv_lora_rank = 20;
+      features.mla.qk_nope_head_dim = 8;
+      features.mla.qk_rope_head_dim = ModelConfig::preset("tiny").head_dim;
+      features.mla.v_head_dim = 12;
+      features.mla.softmax_scale = 0.2;
+    }
+    std::vector<Held> held(2);
+    std::mutex m;
+    run_ranks(2, [&](Comm& world) {
+      auto group = world.split(world.rank(), 0, "ep");
+      MoeTransformer model(ModelConfig::preset("tiny"), ModelExecution{}, *group, n, features);
+      model.set_context_parallel(&world, 1);
+      model.init(3);
+      const int64_t planned = model_saved_activations(model, n, seq, 2).total();
+      const int64_t before = current_tracker().snapshot().current_of(MemCategory::Activations);
+      MoeTransformer::Pending pending =
+          model.forward_train(some_tokens(static_cast<int>(n), 1 + world.rank()),
+                              some_tokens(static_cast<int>(n), 2), batch, chunk, n);
+      const int64_t live = current_tracker().snapshot().current_of(MemCategory::Activations) - before;
+      model.backward(pending);
+      std::lock_guard lock(m);
+      held[static_cast<size_t>(world.rank())] = {live, planned};
+    });
+    EXPECT_EQ(held[1].live, held[1].planned) << "latent " << latent;
+    EXPECT_LT(held[0].live, held[0].planned) << "latent " << latent;
+  }
+}
+
 // `expar plan`'s row (plan_training) is the figure a training forward reaches: the tiny model on 2 ranks at
 // EP 2, rowwise, dropless, f32, against rank 0's live bytes under the forced routing; and it is in the total
 // and the fit.

@@ -75,10 +75,14 @@ Plan plan_training(const PlanConfig& config, const PlanBufferOptions& buffers) {
       buffers.recompute_moe ? "(none: recomputed) " : "", buffers.recompute_moe ? 2 : 1);
   plan.symmetric_path = buffers.path;
   plan.activation_sizing = fmt::format(
-      "one microbatch in flight, {} sequence(s) of {} tokens per rank{}, saved as expar train --precision {} "
-      "saves them{}; the routed experts' rows at the capacity, {} per MoE layer{}",
-      config.tokens_per_rank * config.cp / acts.seq_len, acts.seq_len,
-      config.cp > 1 ? fmt::format(" in chunks of {}", acts.seq_len / config.cp) : std::string(),
+      "one microbatch in flight, {} saved as expar train --precision {} saves them{}; the routed experts' "
+      "rows at the capacity, {} per MoE layer{}",
+      config.cp > 1 ? fmt::format("{} chunk(s) of {} tokens per rank, of sequences of {} (the last chunk's "
+                                  "attention keeps all {} keys),",
+                                  config.tokens_per_rank * config.cp / acts.seq_len, acts.seq_len / config.cp,
+                                  acts.seq_len, acts.seq_len)
+                    : fmt::format("{} sequence(s) of {} tokens per rank,",
+                                  config.tokens_per_rank / acts.seq_len, acts.seq_len),
       buffers.bf16_products ? "bf16" : "f32",
       buffers.bf16_products && m.attention == AttentionKind::Mla
           ? " (latent attention's as f32: its products are f32 only)"
