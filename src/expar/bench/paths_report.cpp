@@ -66,7 +66,8 @@ std::string format_paths_table(const PathsReport& report) {
       "memcpy {} {:.2f} GB/s per rank (bytes read + written)\n",
       o.bf16_products ? "BF16 " : "", l.matmul_rows, o.model_dim, o.model_dim, o.hidden_dim,
       l.matmul_flops / 1e9, format_bytes(l.memcpy_bytes), l.memcpy_bandwidth / 1e9);
-  s += "grouped GEMM limit: the same matmul at each path's expert rows, timed between that path's repeats:";
+  s += "grouped GEMM limit: the same matmul at each path's expert rows as one product, every rank at once as "
+       "the phase runs, timed between that path's repeats:";
   for (const auto& r : report.results)
     s += fmt::format(" {} [{} rows] {:.1f}", r.path, r.matmul_rows, gemm_limit(report, r) / 1e9);
   s += " GFLOP/s\n";
