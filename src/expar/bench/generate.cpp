@@ -270,7 +270,7 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
           if (o.router_skew > 0) skew_routers(w, o.router_skew, o.seed);
           return w;
         }(),
-        infer::EngineOptions{o.engine.decode_moe, {}});
+        infer::engine_options_for(o.engine));
     // One run: every replica prefills the same prompt and decodes greedily; seconds of prefill and of
     // the decode steps (slowest rank). `between`, when given, runs after each decode step outside its
     // timing (the read probe of the bandwidth limit); the sum of the seconds it returns comes back third.

@@ -97,11 +97,12 @@ int run_engine(const GenerateArgs& a) {
     fmt::print("{}\n", ids);
   }
   fmt::print(stderr,
-             "[{}, TP {} x DP {}, EP {}, {} thread(s) per rank: prefill {:.1f} tokens/s, decode ({}) {:.1f} "
-             "tokens/s]\n",
+             "[{}, TP {} x DP {}, EP {}, {} thread(s) per rank, products {}: prefill {:.1f} tokens/s, decode "
+             "({}) {:.1f} tokens/s]\n",
              infer::model_format_name(r.format), a.layout.tp, a.layout.dp,
              ep_label(a.layout.enable_expert_parallel, r.ep_degree, a.layout.tp, a.layout.dp),
-             o.compute_threads, r.prefill_tokens_per_s, a.layout.decode_moe, r.decode_tokens_per_s);
+             o.compute_threads, a.layout.precision, r.prefill_tokens_per_s, a.layout.decode_moe,
+             r.decode_tokens_per_s);
   for (size_t rank = 0; rank < r.memory.size(); ++rank)
     fmt::print(stderr, "rank {} memory (current at the end, peak):\n{}", rank, format_memory(r.memory[rank]));
   fmt::print(stderr, "peak resident set of the process: {}\n", format_bytes(r.peak_rss_bytes));
@@ -130,6 +131,10 @@ int run_generate(const GenerateArgs& a) {
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
       "runs the training model: drop --decode-moe",
       lay.decode_moe, a.temperature);
+  EXPAR_CHECK(lay.precision == "f32",
+              "--precision {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
+              "runs the training model's f32 products: drop --precision",
+              lay.precision, a.temperature);
   EXPAR_CHECK(lay.redundant_experts == 0,
               "--redundant-experts {} applies to greedy decoding on the inference engine; sampling "
               "(--temperature {}) runs the training model, which holds one slot per expert: drop "

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "expar/cli/option_checks.hpp"
+#include "expar/core/product_precision.hpp"
 #include "expar/infer/engine.hpp"
 #include "expar/infer/rank_weights.hpp"
 #include "expar/topo/placement.hpp"
@@ -54,6 +55,15 @@ void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe) {
                   "Convert the F32 weights the products multiply at load: " +
                       choices(infer::weight_dtype_names()) + " (default: every weight as stored)")
       ->check(one_of(infer::weight_dtype_names()));
+  // train's flag and meaning (BF16 operands, f32 accumulation); here over the weights as held.
+  cmd->add_option("--precision", a.precision,
+                  "The products: " + choices(product_precision_names()) +
+                      " (bf16: activations rounded to BF16 for the products over BF16, F16, FP8 and MXFP4 "
+                      "weights, the weights' values exact, f32 sums; BF16 weights on the CPU's BF16 dot "
+                      "products; F32 weights keep f32 products: --weight-dtype bf16 makes them BF16; refused "
+                      "on CPUs without BF16 dot products)")
+      ->capture_default_str()
+      ->check(one_of(product_precision_names()));
 }
 
 infer::GenerateOptions engine_options(const LayoutArgs& a) {
@@ -68,6 +78,8 @@ infer::GenerateOptions engine_options(const LayoutArgs& a) {
   o.compute_threads = threads_per_rank(a.threads, a.tp * a.dp, a.oversubscribe);
   o.memory_limit_bytes = std::llround(a.memory_limit_gib * 0x1p30);
   if (!a.weight_dtype.empty()) o.weight_dtype = infer::weight_dtype_from_name(a.weight_dtype);
+  o.precision = product_precision_from_name(a.precision);
+  check_product_precision(o.precision);
   return o;
 }
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "expar/core/bf16_round.hpp"
+#include "expar/core/product_precision.hpp"
 #include "expar/core/weight_lanes.hpp"
 
 namespace expar {
@@ -149,6 +151,44 @@ void rows_dot(const float* a, const WeightView& w, int64_t first, float* c, bool
   }
 }
 
+#if defined(__AVX512BF16__)
+// BF16 weights times BF16-rounded activations a16 on the CPU's BF16 dot products (ProductPrecision::BF16):
+// each vdpbf16ps multiplies 32 weight pairs by 32 activations as they are stored, without widening, every
+// product exact in f32 and added into 16 f32 lanes (lane l takes columns 2l and 2l + 1 of each run of 32);
+// then the lanes in order and the tail, as rows_dot. The instruction treats BF16 subnormals as zero and
+// flushes subnormal sums, which only values below 2^-126 notice. One thread's fixed sequence per row: the
+// same bits at any thread count and in any grouping of products.
+template <int64_t R>
+void rows_dot_bf16(const uint16_t* a16, const WeightView& w, int64_t first, float* c, bool accumulate) {
+  constexpr int64_t kPairs = 2 * kLanes;
+  const int64_t k = w.cols;
+  const uint16_t* row[R];
+  for (int64_t r = 0; r < R; ++r) row[r] = static_cast<const uint16_t*>(w.data) + (first + r) * w.ld;
+  const int64_t ahead = R * w.ld;  // the next block's rows, in elements
+  __m512 sum[R];
+  for (int64_t r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kPairs <= k; i += kPairs) {
+    __m512bh x;
+    copy_bits(_mm512_loadu_si512(a16 + i), x);
+    for (int64_t r = 0; r < R; ++r) {
+      __builtin_prefetch(row[r] + i + ahead);
+      __m512bh v;
+      copy_bits(_mm512_loadu_si512(row[r] + i), v);
+      sum[r] = _mm512_dpbf16_ps(sum[r], x, v);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float lanes[kLanes];
+    _mm512_storeu_ps(lanes, sum[r]);
+    float total = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
+    for (int64_t j = i; j < k; ++j) total = std::fma(bf16_to_f32(a16[j]), bf16_to_f32(row[r][j]), total);
+    c[r] = accumulate ? c[r] + total : total;
+  }
+}
+#endif
+
 // Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
 template <WeightFormat F, bool kNanCodes = true>
 void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
@@ -157,7 +197,23 @@ void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
   for (; j < end; ++j) rows_dot<F, 1, kNanCodes>(p.a, p.b, j, p.c + j, p.accumulate);
 }
 
-void rows(const MatvecProduct& p, int64_t begin, int64_t end) {
+// A product as its rows are computed: under ProductPrecision::BF16 over a narrow weight, `a` is the rounded
+// activations' values (f32) and, where the BF16 dot products multiply it, a16 the same activations as BF16.
+struct PreparedProduct {
+  MatvecProduct p;
+  const uint16_t* a16 = nullptr;
+};
+
+void rows(const PreparedProduct& prepared, int64_t begin, int64_t end) {
+  const MatvecProduct& p = prepared.p;
+#if defined(__AVX512BF16__)
+  if (prepared.a16 != nullptr) {
+    int64_t j = begin;
+    for (; j + kRows <= end; j += kRows) rows_dot_bf16<kRows>(prepared.a16, p.b, j, p.c + j, p.accumulate);
+    for (; j < end; ++j) rows_dot_bf16<1>(prepared.a16, p.b, j, p.c + j, p.accumulate);
+    return;
+  }
+#endif
   switch (p.b.format) {
     case WeightFormat::F32:
       return rows_of_format<WeightFormat::F32>(p, begin, end);
@@ -236,21 +292,61 @@ void matvec_transposed(const float* a, const float* b, float* c, int64_t n, int6
   matvec_transposed(a, WeightView::f32(b, n, k, ldb), c, accumulate);
 }
 
-void matvec_transposed_many(std::span<const MatvecProduct> products) {
+namespace {
+
+// The products as their rows are computed (PreparedProduct): under ProductPrecision::BF16 each distinct
+// activation row of a product over a narrow weight is rounded once, into per-thread scratch that lives until
+// the next call on this thread.
+std::vector<PreparedProduct> prepare(std::span<const MatvecProduct> products) {
+  std::vector<PreparedProduct> prepared(products.size());
+  const ProductPrecision precision = product_precision();
+  thread_local std::vector<std::vector<float>> rounded;
+  thread_local std::vector<std::vector<uint16_t>> rounded16;
+  std::vector<const float*> sources;  // the activation rows rounded so far, by index into the scratch
+  for (size_t i = 0; i < products.size(); ++i) {
+    const MatvecProduct& p = products[i];
+    prepared[i].p = p;
+    if (!rounds_activations(precision, p.b.format == WeightFormat::F32)) continue;
+    const int64_t k = p.b.cols;
+    size_t s = 0;
+    while (s < sources.size() && !(sources[s] == p.a && static_cast<int64_t>(rounded[s].size()) >= k)) ++s;
+    if (s == sources.size()) {
+      sources.push_back(p.a);
+      if (rounded.size() < sources.size()) rounded.resize(sources.size());
+      if (rounded16.size() < sources.size()) rounded16.resize(sources.size());
+      rounded[s].resize(static_cast<size_t>(k));
+      rounded16[s].resize(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) {
+        rounded16[s][j] = round_to_bf16(p.a[j]);
+        rounded[s][j] = bf16_to_f32(rounded16[s][j]);
+      }
+    }
+    prepared[i].p.a = rounded[s].data();
+#if defined(__AVX512BF16__)
+    if (p.b.format == WeightFormat::BF16) prepared[i].a16 = rounded16[s].data();
+#endif
+  }
+  return prepared;
+}
+
+}  // namespace
+
+void matvec_transposed_many(std::span<const MatvecProduct> input) {
   int64_t weights = 0;
-  for (const MatvecProduct& p : products) {
+  for (const MatvecProduct& p : input) {
     p.b.validate();
     weights += p.b.rows * p.b.cols;
   }
+  const std::vector<PreparedProduct> products = prepare(input);
   if (weights < kParallelMin || omp_in_parallel() || omp_get_max_threads() == 1) {
-    for (const MatvecProduct& p : products) rows(p, 0, p.b.rows);
+    for (const PreparedProduct& p : products) rows(p, 0, p.p.b.rows);
     return;
   }
   // The products' chunks in order, product after product: first_chunk[i] is product i's first.
   std::vector<int64_t> first_chunk(products.size() + 1, 0);
   for (size_t i = 0; i < products.size(); ++i) {
-    const int64_t step = chunk_rows(products[i]);
-    first_chunk[i + 1] = first_chunk[i] + (products[i].b.rows + step - 1) / step;
+    const int64_t step = chunk_rows(products[i].p);
+    first_chunk[i + 1] = first_chunk[i] + (products[i].p.b.rows + step - 1) / step;
   }
   const int64_t chunks = first_chunk.back();
   // Each thread starts on its own contiguous run of chunks, taken from the front, so it streams through
@@ -271,9 +367,9 @@ void matvec_transposed_many(std::span<const MatvecProduct> products) {
       // The product holding the chunk (few products: a scan from where the last chunk was).
       while (chunk < first_chunk[i]) --i;
       while (chunk >= first_chunk[i + 1]) ++i;
-      const MatvecProduct& p = products[i];
-      const int64_t step = chunk_rows(p), begin = (chunk - first_chunk[i]) * step;
-      rows(p, begin, std::min(p.b.rows, begin + step));
+      const PreparedProduct& p = products[i];
+      const int64_t step = chunk_rows(p.p), begin = (chunk - first_chunk[i]) * step;
+      rows(p, begin, std::min(p.p.b.rows, begin + step));
     }
   }
 }

@@ -15,6 +15,11 @@
 // weights, and oneDNN's BF16 products round the activations to BF16, which changes results (the engine's
 // contract is the f32 sum over the stored weights' exact values).
 //
+// Under ProductPrecision::BF16 (core/product_precision.hpp, read on the calling thread) the activations of a
+// product over a narrow weight are rounded to BF16 first; a BF16 weight then multiplies them on the CPU's
+// BF16 dot products where the build has them (AVX512_BF16, -march), 32 weights an instruction as stored, and
+// every other narrow format (or BF16 in a build without them) by the loops below over the rounded values.
+//
 // Each output is one thread's dot product over k in a fixed order (16-lane partial sums, then the lanes in
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
 // one register, AVX2 as two, SSE as four (no instruction set assumed beyond what -march gives).

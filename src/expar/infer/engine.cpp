@@ -154,6 +154,7 @@ Engine::Engine(const InferenceLayout& layout, Comm& world, RankWeights weights, 
       partition_(layout.rank_info(world.rank()).ep_rank),
       rope_(model_rope(weights_)) {
   check_decode_moe(layout_, options_.decode_moe);  // before any collective: every rank refuses alike
+  check_product_precision(options_.precision);
   EXPAR_CHECK(weights_.features.window.empty() ||
                   static_cast<int>(weights_.features.window.size()) == weights_.config.layers,
               "the model has {} layers but its features list {} attention windows", weights_.config.layers,
@@ -255,6 +256,7 @@ int64_t Engine::length(int id) const {
 
 Tensor Engine::prefill(std::span<const int> ids, const std::vector<std::vector<int32_t>>& tokens,
                        PrefillLogits which) {
+  const ScopedProductPrecision precision(options_.precision);
   return step(ids, tokens, true, which);
 }
 
@@ -263,6 +265,7 @@ Tensor Engine::decode(std::span<const int> ids, std::span<const int32_t> tokens)
               tokens.size(), ids.size());
   std::vector<std::vector<int32_t>> per(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) per[i] = {tokens[i]};
+  const ScopedProductPrecision precision(options_.precision);
   return step(ids, per, false, PrefillLogits::AllRows);
 }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "expar/comm/comm.hpp"
+#include "expar/core/product_precision.hpp"
 #include "expar/infer/rank_weights.hpp"
 #include "expar/moe/moe_forward.hpp"
 #include "expar/nn/rope.hpp"
@@ -72,6 +73,10 @@ struct EngineOptions {
   // values (its products are matrix products over many tokens) and decode runs the absorbed form (a step
   // reads the compressed cache once). The two give the same logits (tests compare them).
   std::optional<nn::LatentForm> latent_form;
+  // The weight products' operands for every step (core/product_precision.hpp): BF16 rounds the activations of
+  // the products over narrow weights to BF16 and multiplies BF16 weights on the CPU's BF16 dot products;
+  // refused where the CPU has none.
+  ProductPrecision precision = ProductPrecision::F32;
 };
 
 // Throws expar::Error unless `layout` supports `mode`: Rowwise needs every expert whole on one rank

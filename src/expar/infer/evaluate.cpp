@@ -54,7 +54,7 @@ EvaluateResult evaluate(const EvaluateOptions& options, const std::string& check
     std::unique_ptr<TensorStore> store = open_store(spec);
     RankWeights weights = load_rank_weights(*store, spec, layout, world.rank(), options.engine.weight_dtype);
     store.reset();  // the weights used in place keep their mapping; the rest is released
-    Engine engine(layout, world, std::move(weights));
+    Engine engine(layout, world, std::move(weights), engine_options_for(options.engine));
     const int r = engine.dp_rank();
     double loss = 0.0;
     // Every replica runs the same number of rounds; one without a window in a round pads (no sequences).

@@ -45,6 +45,13 @@ std::vector<int32_t> greedy_generate(Engine& engine, const std::vector<int32_t>&
   return out;
 }
 
+EngineOptions engine_options_for(const GenerateOptions& options) {
+  EngineOptions o;
+  o.decode_moe = options.decode_moe;
+  o.precision = options.precision;
+  return o;
+}
+
 InferenceLayout inference_layout(const GenerateOptions& options, const ModelConfig& config) {
   return InferenceLayout(InferenceConfig(options, config.moe.router.num_experts));
 }
@@ -80,7 +87,7 @@ GenerateResult generate(const GenerateOptions& options, const std::string& check
     std::unique_ptr<TensorStore> store = open_store(spec);
     RankWeights w = load_rank_weights(*store, spec, layout, world.rank(), options.weight_dtype);
     store.reset();  // the weights used in place keep their mapping; the rest is released
-    Engine engine(layout, world, std::move(w), EngineOptions{options.decode_moe, {}});
+    Engine engine(layout, world, std::move(w), engine_options_for(options));
     const bool serving = engine.dp_rank() == 0;
     auto tokens = greedy_generate(engine, serving ? prompt : std::vector<int32_t>{}, max_new);
     {

@@ -33,7 +33,11 @@ struct GenerateOptions : InferenceParallelism {
   // bytes; F8E4M3: those stored in F32, BF16 or F16 converted to block-scaled FP8 (core/tensor_convert.hpp's
   // to_fp8_blocks); unset: every weight as stored (rank_weights.hpp).
   std::optional<DType> weight_dtype;
+  ProductPrecision precision = ProductPrecision::F32;  // the products' operands (EngineOptions::precision)
 };
+
+// The engine options of `options` (decode_moe, precision).
+EngineOptions engine_options_for(const GenerateOptions& options);
 
 // The TP x DP layout of `options` for `config` (validated: throws expar::Error naming the rule).
 InferenceLayout inference_layout(const GenerateOptions& options, const ModelConfig& config);

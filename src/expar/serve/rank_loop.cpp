@@ -82,7 +82,7 @@ void run_serving_rank(const RuntimeOptions& options, const ServingModel& model, 
   store.reset();
   const int64_t kv_bytes =
       infer::kv_bytes_per_token(model.spec.config, model.spec.features, layout, world.rank());
-  infer::Engine engine(layout, world, std::move(weights), infer::EngineOptions{options.model.decode_moe, {}});
+  infer::Engine engine(layout, world, std::move(weights), infer::engine_options_for(options.model));
   set_matmul_min_rows(options.batch_invariant ? batch_invariant_rows() : 0);
   const int dp_rank = engine.dp_rank();
   const bool samples = layout.rank_info(world.rank()).tp_rank == 0;
