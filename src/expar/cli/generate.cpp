@@ -131,10 +131,11 @@ int run_generate(const GenerateArgs& a) {
       "--decode-moe {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
       "runs the training model: drop --decode-moe",
       lay.decode_moe, a.temperature);
-  EXPAR_CHECK(lay.precision == "f32",
-              "--precision {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
-              "runs the training model's f32 products: drop --precision",
-              lay.precision, a.temperature);
+  EXPAR_CHECK(
+      lay.precision == "f32",
+      "--precision {} applies to greedy decoding on the inference engine; sampling (--temperature {}) "
+      "runs the training model's f32 products: drop --precision",
+      lay.precision, a.temperature);
   EXPAR_CHECK(lay.redundant_experts == 0,
               "--redundant-experts {} applies to greedy decoding on the inference engine; sampling "
               "(--temperature {}) runs the training model, which holds one slot per expert: drop "

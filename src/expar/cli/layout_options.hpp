@@ -1,7 +1,8 @@
 #pragma once
 // The inference layout flags (--tp, --dp, --enable-expert-parallel, --ep, --placement,
-// --redundant-experts, --decode-moe, --threads, --oversubscribe, --memory-limit-gib, --weight-dtype, --precision), defined
-// once for `expar generate`, `expar eval`, `expar bench generate`, `expar serve` and `expar bench serve`.
+// --redundant-experts, --decode-moe, --threads, --oversubscribe, --memory-limit-gib, --weight-dtype,
+// --precision), defined once for `expar generate`, `expar eval`, `expar bench generate`, `expar serve` and
+// `expar bench serve`.
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -20,15 +21,16 @@ struct LayoutArgs {
   std::string decode_moe = "allreduce";  // allreduce | rowwise
   int threads = 0;                       // compute threads per rank; 0: cores / ranks
   bool oversubscribe = false;
-  double memory_limit_gib = 0;  // 0: what the machine has available
-  std::string weight_dtype;     // empty: as stored
+  double memory_limit_gib = 0;    // 0: what the machine has available
+  std::string weight_dtype;       // empty: as stored
   std::string precision = "f32";  // the products' operands: f32 | bf16 (core/product_precision.hpp)
 };
 
 // with_decode_moe: also --decode-moe (commands that decode).
 void add_layout_options(CLI::App* cmd, LayoutArgs& a, bool with_decode_moe);
 // The engine options of the flags; throws expar::Error when ranks x threads exceed the cores without
-// --oversubscribe (threads_per_rank), and --precision bf16 on a CPU without BF16 dot products. --ep is passed through as set, so the layout's own rule refuses
+// --oversubscribe (threads_per_rank), and --precision bf16 on a CPU without BF16 dot products. --ep is passed
+// through as set, so the layout's own rule refuses
 // --ep N > 1 without --enable-expert-parallel.
 infer::GenerateOptions engine_options(const LayoutArgs& a);
 // "off" without expert parallelism; with it "1 (each DP replica holds every expert[, sharded over TP])",

@@ -25,9 +25,11 @@ std::string product_precision_name(ProductPrecision precision) {
 ProductPrecision product_precision_from_name(const std::string& name) {
   if (name == "f32") return ProductPrecision::F32;
   if (name == "bf16") return ProductPrecision::BF16;
-  fail("--precision {}: the products' precision must be one of {} (f32: today's f32 products; bf16: activations "
-       "rounded to BF16 for the products over narrow weights)",
-       name, fmt::join(product_precision_names(), ", "));
+  fail(
+      "--precision {}: the products' precision must be one of {} (f32: today's f32 products; bf16: "
+      "activations "
+      "rounded to BF16 for the products over narrow weights)",
+      name, fmt::join(product_precision_names(), ", "));
 }
 
 std::vector<std::string> product_precision_names() {

@@ -49,8 +49,8 @@ void check_product_precision(ProductPrecision precision);
 // Where a product over weights of this format rounds its activations under `precision`.
 bool rounds_activations(ProductPrecision precision, bool weight_is_f32);
 
-// out[r·ld_out + c] = the BF16 value of x[r·ld_x + c], as f32 (exact), for r < rows, c < cols: the activations
-// of a BF16-precision product that multiplies them by f32 (widened or dequantised) weights.
+// out[r·ld_out + c] = the BF16 value of x[r·ld_x + c], as f32 (exact), for r < rows, c < cols: the
+// activations of a BF16-precision product that multiplies them by f32 (widened or dequantised) weights.
 void round_rows_to_bf16_values(const float* x, int64_t ld_x, float* out, int64_t ld_out, int64_t rows,
                                int64_t cols);
 

@@ -9,9 +9,9 @@
 //    dequantised rows. The tile height depends only on k, so under batch invariance (core/matmul.hpp) a row's
 //    bits depend on its batch no more than matmul()'s do.
 //  - Under ProductPrecision::BF16 (core/product_precision.hpp) the activations of a product over a narrow
-//    weight are rounded to BF16 first. A BF16 weight then multiplies them in oneDNN's BF16 matmul (both forms),
-//    except under batch invariance, whose row quantum is a rule of the f32 kernels: there, as for the other
-//    narrow formats, the rounded values go through the f32 tiles above.
+//    weight are rounded to BF16 first. A BF16 weight then multiplies them in oneDNN's BF16 matmul (both
+//    forms), except under batch invariance, whose row quantum is a rule of the f32 kernels: there, as for the
+//    other narrow formats, the rounded values go through the f32 tiles above.
 #include <cstdint>
 
 #include "expar/core/weight_view.hpp"
