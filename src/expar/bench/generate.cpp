@@ -14,6 +14,7 @@
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/parallel_tasks.hpp"
+#include "expar/core/product_precision.hpp"
 #include "expar/core/rng.hpp"
 #include "expar/core/weight_view.hpp"
 #include "expar/infer/engine.hpp"
@@ -35,6 +36,9 @@ struct Gemm {
   // `task`, each product on its worker's thread. -1: a product alone on all threads.
   int group = -1;
   int64_t task = 0;
+  // A BF16 weight multiplied as held in oneDNN's BF16 matmul (ProductPrecision::BF16: what the engine runs),
+  // against BF16 activations; nullptr: the f32 product above.
+  const uint16_t* b16 = nullptr;
 };
 
 // The f32 weights of a limit product: the weight itself where it is held as f32, else nullptr (an f32 scratch
@@ -43,13 +47,24 @@ const float* f32_or_scratch(const Tensor& t, int64_t offset = 0) {
   return infer::present(t) && t.dtype() == DType::F32 ? t.data<float>() + offset : nullptr;
 }
 
+// A product over a held weight at the precision the engine multiplies it (the calling thread's
+// ProductPrecision): a BF16 weight under BF16 precision as it is, in oneDNN's BF16 matmul; otherwise the f32
+// product (f32_or_scratch).
+Gemm weight_gemm(int64_t m, int64_t n, int64_t k, const Tensor& t, int64_t offset = 0, int group = -1,
+                 int64_t task = 0) {
+  Gemm g{m, n, k, f32_or_scratch(t, offset), 1.0, group, task};
+  if (infer::present(t) && t.dtype() == DType::BF16 && product_precision() == ProductPrecision::BF16)
+    g.b16 = static_cast<const uint16_t*>(t.raw()) + offset;
+  return g;
+}
+
 // A SwiGLU MLP's three products over m rows (w1, w3 [h, d], w2 [d, h]; the shared expert, a dense layer).
 void swiglu_gemms(std::vector<Gemm>& g, int64_t m, const Tensor& w1, const Tensor& w3, const Tensor& w2) {
   if (!infer::present(w1)) return;
   const int64_t h = w1.dim(0), d = w1.dim(1);
-  g.push_back({m, h, d, f32_or_scratch(w1), 1.0});
-  g.push_back({m, h, d, f32_or_scratch(w3), 1.0});
-  g.push_back({m, d, h, f32_or_scratch(w2), 1.0});
+  g.push_back(weight_gemm(m, h, d, w1));
+  g.push_back(weight_gemm(m, h, d, w3));
+  g.push_back(weight_gemm(m, d, h, w2));
 }
 
 // Latent attention's products of a P-token prefill in the expanded form (the engine's prefill): the query
@@ -60,18 +75,18 @@ void latent_attention_gemms(std::vector<Gemm>& g, const infer::RankWeights& w, c
   const nn::LatentAttentionShape& s = w.local_latent;
   const int64_t d = w.config.model_dim;
   if (s.q_lora_rank > 0) {
-    g.push_back({p, s.q_lora_rank, d, f32_or_scratch(lw.mla.wq_a), 1.0});
-    g.push_back({p, s.q_width(), s.q_lora_rank, f32_or_scratch(lw.mla.wq_b), 1.0});
+    g.push_back(weight_gemm(p, s.q_lora_rank, d, lw.mla.wq_a));
+    g.push_back(weight_gemm(p, s.q_width(), s.q_lora_rank, lw.mla.wq_b));
   } else {
-    g.push_back({p, s.q_width(), d, f32_or_scratch(lw.mla.wq), 1.0});
+    g.push_back(weight_gemm(p, s.q_width(), d, lw.mla.wq));
   }
-  g.push_back({p, s.kv_a_width(), d, f32_or_scratch(lw.mla.wkv_a), 1.0});
-  g.push_back({p, s.kv_b_width(), s.kv_lora_rank, f32_or_scratch(lw.mla.wkv_b), 1.0});
+  g.push_back(weight_gemm(p, s.kv_a_width(), d, lw.mla.wkv_a));
+  g.push_back(weight_gemm(p, s.kv_b_width(), s.kv_lora_rank, lw.mla.wkv_b));
   for (int64_t h = 0; h < s.n_heads; ++h) {
     g.push_back({p, p, s.qk_head_dim(), nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
     g.push_back({p, s.v_head_dim, p, nullptr, 0.5, 0, h});     // probabilities · v, causal
   }
-  g.push_back({p, d, s.context_width(), f32_or_scratch(lw.mla.wo), 1.0});
+  g.push_back(weight_gemm(p, d, s.context_width(), lw.mla.wo));
 }
 
 // This rank's matrix products of layer `layer` of a P-token prefill, at the shapes the engine runs them.
@@ -84,14 +99,14 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   if (w.features.mla.enabled()) {
     latent_attention_gemms(g, w, lw, p);
   } else {
-    g.push_back({p, heads * hd, d, f32_or_scratch(lw.attn.wq), 1.0});
-    g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wk), 1.0});
-    g.push_back({p, kv * hd, d, f32_or_scratch(lw.attn.wv), 1.0});
+    g.push_back(weight_gemm(p, heads * hd, d, lw.attn.wq));
+    g.push_back(weight_gemm(p, kv * hd, d, lw.attn.wk));
+    g.push_back(weight_gemm(p, kv * hd, d, lw.attn.wv));
     for (int64_t h = 0; h < heads; ++h) {
       g.push_back({p, p, hd, nullptr, 0.5, 0, h});  // scores q·kᵀ, causal
       g.push_back({p, hd, p, nullptr, 0.5, 0, h});  // probabilities · v, causal
     }
-    g.push_back({p, d, heads * hd, f32_or_scratch(lw.attn.wo), 1.0});
+    g.push_back(weight_gemm(p, d, heads * hd, lw.attn.wo));
   }
   if (w.features.is_dense_mlp(layer)) {  // every token through this rank's shard of the dense MLP
     swiglu_gemms(g, p, lw.dense_w1, lw.dense_w3, lw.dense_w2);
@@ -108,9 +123,9 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
   const ExpertWeights& e = lw.experts;
   const int64_t h = e.hidden();
   for (int64_t l = 0; l < e.local_count() && h > 0; ++l) {
-    g.push_back({rows, h, d, f32_or_scratch(e.w1, l * h * d), 1.0, 1, l});
-    g.push_back({rows, h, d, f32_or_scratch(e.w3, l * h * d), 1.0, 1, l});
-    g.push_back({rows, d, h, f32_or_scratch(e.w2, l * d * h), 1.0, 1, l});
+    g.push_back(weight_gemm(rows, h, d, e.w1, l * h * d, 1, l));
+    g.push_back(weight_gemm(rows, h, d, e.w3, l * h * d, 1, l));
+    g.push_back(weight_gemm(rows, d, h, e.w2, l * d * h, 1, l));
   }
   swiglu_gemms(g, p, lw.shared_w1, lw.shared_w3, lw.shared_w2);
   return g;
@@ -118,9 +133,19 @@ std::vector<Gemm> layer_gemms(const infer::RankWeights& w, const InferenceLayout
 
 // The products in order as the engine runs them: alone on all threads, or a group's tasks spread over the
 // threads (each worker writing its own c_size floats of c).
-void run_products(const std::vector<Gemm>& gemms, const Tensor& a, const Tensor& b, Tensor& c,
-                  int64_t c_size) {
+void run_products(const std::vector<Gemm>& gemms, const Tensor& a, const Tensor& a16, const Tensor& b,
+                  Tensor& c, int64_t c_size) {
   auto product = [&](const Gemm& g, float* out) {
+    if (g.b16 != nullptr) {
+      matmul_bf16({.a = static_cast<const uint16_t*>(a16.raw()),
+                   .b = g.b16,
+                   .c = out,
+                   .m = g.m,
+                   .n = g.n,
+                   .k = g.k,
+                   .trans_b = true});
+      return;
+    }
     matmul(a.data<float>(), g.b ? g.b : b.data<float>(), out, g.m, g.n, g.k, false, true, false);
   };
   for (size_t i = 0; i < gemms.size();) {
@@ -343,11 +368,12 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     }
     world.barrier();
     if (world.rank() == 0) r.peak_rss_bytes = peak_resident_bytes();  // before the limits' buffers too
-    // The limits, on the same ranks with the same threads, all ranks at once.
+    // The limits, on the same ranks with the same threads, all ranks at once, at the engine's precision.
+    const ScopedProductPrecision precision(o.engine.precision);
     const infer::RankWeights& w = engine.weights();
     std::vector<std::vector<Gemm>> gemms;  // per layer
     for (int l = 0; l < config.layers; ++l) gemms.push_back(layer_gemms(w, layout, o.prompt_tokens, l));
-    const Gemm head{1, w.lm_head.dim(0), config.model_dim, f32_or_scratch(w.lm_head), 1.0};
+    const Gemm head = weight_gemm(1, w.lm_head.dim(0), config.model_dim, w.lm_head);
     // The operands fit every product, the LM head's too (its output row outgrows short prompts' products).
     int64_t a_size = 0, c_size = 0, b_size = 0;
     double flops = gemm_flops({head});
@@ -365,16 +391,25 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     // formats yet) in slices of at most 256 MiB of rows, far beyond the caches: gpt-oss-20b's vocabulary
     // would otherwise need 2.3 GB of scratch beside the model.
     const int64_t head_rows =
-        head.b ? head.n
-               : std::clamp<int64_t>((int64_t{256} << 20) / (head.k * static_cast<int64_t>(sizeof(float))), 1,
-                                     head.n);
-    if (!head.b) b_size = std::max(b_size, head_rows * head.k);
+        head.b || head.b16
+            ? head.n
+            : std::clamp<int64_t>((int64_t{256} << 20) / (head.k * static_cast<int64_t>(sizeof(float))), 1,
+                                  head.n);
+    if (!head.b && !head.b16) b_size = std::max(b_size, head_rows * head.k);
     Tensor a = Tensor::empty({a_size}, DType::F32, MemCategory::Other);
     Tensor b = Tensor::empty({std::max<int64_t>(b_size, 1)}, DType::F32, MemCategory::Other);
     // One output per worker: the task groups' products run side by side.
     Tensor c = Tensor::empty({c_size * task_threads(std::numeric_limits<int64_t>::max())}, DType::F32,
                              MemCategory::Other);
     fill_normal(a, o.seed, 9101, 1.0f);
+    // The BF16 products' activations: a's first values rounded (only where a product multiplies BF16).
+    const bool any_bf16 =
+        head.b16 != nullptr || std::any_of(gemms.begin(), gemms.end(), [](const auto& layer) {
+          return std::any_of(layer.begin(), layer.end(), [](const Gemm& g) { return g.b16; });
+        });
+    Tensor a16 = Tensor::empty({any_bf16 ? a_size : 1}, DType::BF16, MemCategory::Other);
+    if (any_bf16)
+      round_rows_to_bf16(a.data<float>(), a_size, static_cast<uint16_t*>(a16.raw()), a_size, 1, a_size);
     fill_normal(b, o.seed, 9102, 1.0f);
     // Streaming read bandwidth, each rank through a buffer of max(256 MiB, 1 GiB / ranks): far beyond what
     // the caches hold. On a VM whose share of a large L3 is not fixed, smaller buffers read partly from the
@@ -409,7 +444,8 @@ GenerateBenchReport run_generate_bench(const GenerateBenchOptions& o) {
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
       const auto [tp, td, tr] = run(prompt, read_probe);
       const double tl = timed_max(world, [&] {
-        for (const std::vector<Gemm>& layer : gemms) run_products(layer, a, b, c, c_size);
+        for (const std::vector<Gemm>& layer : gemms) run_products(layer, a, a16, b, c, c_size);
+        if (head.b16 != nullptr) return run_products({head}, a, a16, b, c, c_size);
         for (int64_t r0 = 0; r0 < head.n; r0 += head_rows)
           matmul(a.data<float>(), head.b ? head.b + r0 * head.k : b.data<float>(), c.data<float>() + r0,
                  head.m, std::min(head_rows, head.n - r0), head.k, false, true, false);

@@ -21,19 +21,21 @@ struct BenchGenerateArgs {
 
 void print_generate_table(const BenchGenerateArgs& a, const bench::GenerateBenchReport& r) {
   fmt::print(
-      "expar bench generate: {}, TP {} x DP {}, EP {}, decode {}, {} thread(s) per rank, {} prompt + {} "
-      "generated tokens, median of {}\n",
+      "expar bench generate: {}, TP {} x DP {}, EP {}, decode {}, {} thread(s) per rank, products {}, {} "
+      "prompt + {} generated tokens, median of {}\n",
       a.bench.path, a.layout.tp, a.layout.dp,
       ep_label(a.layout.enable_expert_parallel, r.ep_degree, a.layout.tp, a.layout.dp), a.layout.decode_moe,
-      r.threads, a.bench.prompt_tokens, a.bench.tokens, a.bench.repeats);
+      r.threads, a.layout.precision, a.bench.prompt_tokens, a.bench.tokens, a.bench.repeats);
   // Widths are right-aligned explicitly: fmt left-aligns inf and nan in a bare width, printf did not.
   fmt::print("{:<8} {:>12} {:>12} {:>9}  {}\n", "phase", "tokens/s", "limit", "fraction",
              "limit measured as");
   fmt::print(
-      "{:<8} {:>12.1f} {:>12.1f} {:>9.3f}  sgemm at this rank's shapes: {:.2f} GFLOP in {:.3f} s ({:.1f} "
+      "{:<8} {:>12.1f} {:>12.1f} {:>9.3f}  {} at this rank's shapes: {:.2f} GFLOP in {:.3f} s ({:.1f} "
       "GFLOP/s)\n",
       "prefill", r.prefill_tokens_per_s, static_cast<double>(a.bench.prompt_tokens) / r.prefill_limit_seconds,
-      r.prefill_matmul_fraction, r.prefill_flops * 1e-9, r.prefill_limit_seconds, r.matmul_flops * 1e-9);
+      r.prefill_matmul_fraction,
+      a.layout.precision == "bf16" ? "sgemm, BF16 weights in oneDNN's BF16 matmul," : "sgemm",
+      r.prefill_flops * 1e-9, r.prefill_limit_seconds, r.matmul_flops * 1e-9);
   fmt::print(
       "{:<8} {:>12.2f} {:>12.2f} {:>9.3f}  read {:.2f} GB/s per rank / {:.1f} MB per token on the busiest "
       "rank\n",
