@@ -6,8 +6,13 @@
 // expar plan: --precision bf16 is --param-dtype bf16 with the f32 masters and BF16 payloads (half the lease
 // pool's slot bytes of --precision f32 when the rows are the same), --precision f32 is --param-dtype f32;
 // --precision with --param-dtype is refused by name.
+// The inference commands (generate, eval, serve, bench generate): --precision f32|bf16 with train's meaning;
+// another value is refused naming the accepted ones, bf16 refused where oneDNN has no BF16 dot products,
+// naming the fix (--precision f32), which then runs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -104,6 +109,48 @@ TEST(PlanPrecision, PrecisionSetsTheParametersAndThePayloadsAsTrainHoldsThem) {
                                 "so --param-dtype contradicts it: drop --param-dtype"),
             std::string::npos)
       << refused.output;
+}
+
+TEST(InferencePrecision, AnotherValueIsRefusedNamingTheAcceptedOnes) {
+  for (const std::vector<std::string>& command : std::vector<std::vector<std::string>>{
+           {"generate"}, {"eval", "--data", "/nonexistent.bin"}, {"serve"}, {"bench", "generate"}}) {
+    std::vector<std::string> argv = {EXPAR_BINARY};
+    argv.insert(argv.end(), command.begin(), command.end());
+    for (const char* part : {"--checkpoint", "/nonexistent", "--precision", "fp8"}) argv.push_back(part);
+    const ProcessResult r = run_process(argv, {}, 60);
+    EXPECT_EQ(r.exit_code, 1) << command[0] << "\n" << r.output;
+    EXPECT_NE(r.output.find("--precision: 'fp8' is unknown: pass one of f32, bf16"), std::string::npos)
+        << command[0] << "\n"
+        << r.output;
+  }
+}
+
+TEST(InferencePrecision, Bf16IsRefusedWithoutBf16DotProductsAndTheFixRuns) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("expar_inference_precision_" + std::to_string(::getpid()));
+  const std::string run = (dir / "run").string();
+  ASSERT_EQ(
+      run_process(tiny_train({"--ranks", "1", "--ep", "1", "--path", "local", "--checkpoint", run}), {}, 120)
+          .exit_code,
+      0);
+  std::vector<std::string> argv = {EXPAR_BINARY, "generate", "--checkpoint", run,   "--prompt", "In",
+                                   "--tokens",   "4",        "--precision",  "bf16"};
+  const ProcessResult refused = run_process(argv, {{"DNNL_MAX_CPU_ISA", "AVX2"}}, 120);
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("--precision bf16 needs a CPU with BF16 dot products"), std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("use --precision f32"), std::string::npos) << refused.output;
+  argv.back() = "f32";  // the fix the message names
+  const ProcessResult fixed = run_process(argv, {{"DNNL_MAX_CPU_ISA", "AVX2"}}, 120);
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
+  EXPECT_NE(fixed.output.find("products f32"), std::string::npos) << fixed.output;
+  if (bf16_native()) {
+    argv.back() = "bf16";
+    const ProcessResult bf16 = run_process(argv, {}, 120);
+    EXPECT_EQ(bf16.exit_code, 0) << bf16.output;
+    EXPECT_NE(bf16.output.find("products bf16"), std::string::npos) << bf16.output;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
