@@ -534,6 +534,7 @@ std::string generate_bench_json(const GenerateBenchOptions& o, const GenerateBen
                          {"enable_expert_parallel", o.engine.enable_expert_parallel},
                          {"ep_degree", r.ep_degree},
                          {"threads", r.threads},
+                         {"precision", product_precision_name(o.engine.precision)},
                          {"prompt_tokens", o.prompt_tokens},
                          {"tokens", o.tokens},
                          {"prefill_tokens_per_s", r.prefill_tokens_per_s},
