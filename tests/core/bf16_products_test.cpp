@@ -200,8 +200,12 @@ TEST(Bf16Products, F32WeightsKeepTheirF32Products) {
 // k·(1 + 2^-10) under f32, far apart compared with either's rounding: the rounding is not skipped.
 TEST(Bf16Products, TheActivationsAreRounded) {
   const int64_t n = 24, k = 1024, m = 3;
-  for (const WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8}) {
+  for (const WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8, WeightFormat::MXFP4}) {
     StoredMatrix w = random_matrix(f, n, k, k, 600);
+    if (f == WeightFormat::MXFP4) {
+      std::fill(w.bytes.begin(), w.bytes.end(), uint8_t{0x22});  // E2M1 1.0 in both nibbles
+      std::fill(w.e8m0.begin(), w.e8m0.end(), uint8_t{127});     // 2^0
+    }
     if (f == WeightFormat::BF16) std::fill(w.halves.begin(), w.halves.end(), f32_to_bf16(1.0f));
     if (f == WeightFormat::FP8) {
       std::fill(w.bytes.begin(), w.bytes.end(), uint8_t{0x38});  // E4M3 1.0

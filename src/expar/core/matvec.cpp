@@ -187,6 +187,55 @@ void rows_dot_bf16(const uint16_t* a16, const WeightView& w, int64_t first, floa
     c[r] = accumulate ? c[r] + total : total;
   }
 }
+
+#if defined(__AVX512BW__)
+// MXFP4 weights times BF16-rounded activations a16 (ProductPrecision::BF16): a block's 32 E2M1 codes are
+// looked up as their BF16 values (exact: at most two significant bits) in one permute, multiplied on one
+// vdpbf16ps into the block's partial sums, and those added into the row's lanes times the block's scale
+// 2^(s - 127) (a power of two: exact unless it leaves f32's range), one fused multiply-add. Each row one
+// thread's fixed sequence, as rows_dot_bf16.
+template <int64_t R>
+void rows_dot_mxfp4_bf16(const uint16_t* a16, const WeightView& w, int64_t first, float* c, bool accumulate) {
+  // The BF16 bits of E2M1 codes 0..15: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} (the upper 16 entries unused).
+  alignas(64) static constexpr uint16_t kE2m1Bf16[32] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
+                                                         0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0,
+                                                         0xC000, 0xC040, 0xC080, 0xC0C0};
+  const __m512i table = _mm512_load_si512(kE2m1Bf16);
+  constexpr __mmask32 all32 = 0xFFFFFFFFu;
+  const int64_t k = w.cols;  // whole blocks (WeightView::validate)
+  RowPointers row[R];
+  for (int64_t r = 0; r < R; ++r) row[r] = row_pointers(w, first + r);
+  const int64_t ahead_bytes = R * w.ld / 2;
+  __m512 sum[R];
+  for (int64_t r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += kMxfp4Block) {
+    __m512bh x;
+    copy_bits(_mm512_loadu_si512(a16 + i), x);
+    for (int64_t r = 0; r < R; ++r) {
+      const uint8_t* p = static_cast<const uint8_t*>(row[r].values) + i / 2;
+      if ((i / 2) % 64 == 0) __builtin_prefetch(p + ahead_bytes);
+      // Byte j as the 32-bit lane (low nibble) | (high nibble) << 16: words 2j and 2j + 1 in element order.
+      const __m512i bytes =
+          _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m512i codes =
+          _mm512_maskz_or_epi32(kAll, _mm512_maskz_and_epi32(kAll, bytes, _mm512_set1_epi32(0x0f)),
+                                _mm512_maskz_slli_epi32(kAll, _mm512_maskz_srli_epi32(kAll, bytes, 4), 16));
+      __m512bh v;
+      copy_bits(_mm512_maskz_permutexvar_epi16(all32, codes, table), v);
+      const __m512 block = _mm512_dpbf16_ps(_mm512_setzero_ps(), x, v);
+      const float scale = e8m0_value(static_cast<const uint8_t*>(row[r].scales)[i / kMxfp4Block]);
+      sum[r] = _mm512_maskz_fmadd_ps(kAll, block, _mm512_set1_ps(scale), sum[r]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float lanes[kLanes];
+    _mm512_storeu_ps(lanes, sum[r]);
+    float total = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
+    c[r] = accumulate ? c[r] + total : total;
+  }
+}
+#endif
 #endif
 
 // Rows [begin, end) of a product: whole kRows blocks, then single rows (only the product's last rows).
@@ -198,7 +247,8 @@ void rows_of_format(const MatvecProduct& p, int64_t begin, int64_t end) {
 }
 
 // A product as its rows are computed: under ProductPrecision::BF16 over a narrow weight, `a` is the rounded
-// activations' values (f32) and, where the BF16 dot products multiply it, a16 the same activations as BF16.
+// activations' values (f32) and, where the BF16 dot products multiply it (BF16 and MXFP4 weights), a16 the
+// same activations as BF16.
 struct PreparedProduct {
   MatvecProduct p;
   const uint16_t* a16 = nullptr;
@@ -207,12 +257,21 @@ struct PreparedProduct {
 void rows(const PreparedProduct& prepared, int64_t begin, int64_t end) {
   const MatvecProduct& p = prepared.p;
 #if defined(__AVX512BF16__)
-  if (prepared.a16 != nullptr) {
+  if (prepared.a16 != nullptr && p.b.format == WeightFormat::BF16) {
     int64_t j = begin;
     for (; j + kRows <= end; j += kRows) rows_dot_bf16<kRows>(prepared.a16, p.b, j, p.c + j, p.accumulate);
     for (; j < end; ++j) rows_dot_bf16<1>(prepared.a16, p.b, j, p.c + j, p.accumulate);
     return;
   }
+#if defined(__AVX512BW__)
+  if (prepared.a16 != nullptr && p.b.format == WeightFormat::MXFP4) {
+    int64_t j = begin;
+    for (; j + kRows <= end; j += kRows)
+      rows_dot_mxfp4_bf16<kRows>(prepared.a16, p.b, j, p.c + j, p.accumulate);
+    for (; j < end; ++j) rows_dot_mxfp4_bf16<1>(prepared.a16, p.b, j, p.c + j, p.accumulate);
+    return;
+  }
+#endif
 #endif
   switch (p.b.format) {
     case WeightFormat::F32:
@@ -324,6 +383,9 @@ std::vector<PreparedProduct> prepare(std::span<const MatvecProduct> products) {
     prepared[i].p.a = rounded[s].data();
 #if defined(__AVX512BF16__)
     if (p.b.format == WeightFormat::BF16) prepared[i].a16 = rounded16[s].data();
+#if defined(__AVX512BW__)
+    if (p.b.format == WeightFormat::MXFP4) prepared[i].a16 = rounded16[s].data();
+#endif
 #endif
   }
   return prepared;

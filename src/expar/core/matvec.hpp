@@ -17,8 +17,9 @@
 //
 // Under ProductPrecision::BF16 (core/product_precision.hpp, read on the calling thread) the activations of a
 // product over a narrow weight are rounded to BF16 first; a BF16 weight then multiplies them on the CPU's
-// BF16 dot products where the build has them (AVX512_BF16, -march), 32 weights an instruction as stored, and
-// every other narrow format (or BF16 in a build without them) by the loops below over the rounded values.
+// BF16 dot products where the build has them (AVX512_BF16, -march), 32 weights an instruction as stored, an
+// MXFP4 one too (its codes looked up as BF16 values, exact, each block's scale applied to its partial sums),
+// and F16 and FP8 (or any format in a build without them) by the loops below over the rounded values.
 //
 // Each output is one thread's dot product over k in a fixed order (16-lane partial sums, then the lanes in
 // order, then the tail), so the thread count never changes a result. GCC's vector extension: AVX-512 as
