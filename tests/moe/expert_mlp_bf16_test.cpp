@@ -1,7 +1,8 @@
 // The grouped experts with BF16 products (moe/expert_mlp.hpp: ExpertWeights' BF16 copies, matmul_bf16):
 //  1. each product against the f64 reference of its own BF16 operands, within the f32 summation bound of
 //     tests/core/matmul_bf16_test.cpp: |c − exact| ≤ γ_t·Σ|a·b| (+ |c0| when accumulating), γ_t = t·u/(1 −
-//     t·u), u = 2^-24, t the accumulation length (d, h, or an expert's rows; +1 accumulating). To know each
+//     t·u), u = 2^-24, t the accumulation length (d, h, or an expert's rows; +1 accumulating), and the saved
+//     pre-activations the BF16 roundings of the f32 gate and up products (biases added). To know each
 //     product's operands exactly, the inputs, weights, biases and output gradient are small dyadic values
 //     (k/8 or k/16, |k| ≤ 4), so the products of such operands (x·w1ᵀ, x·w3ᵀ, gy·w2) are exact sums, and the
 //     activation is gpt-oss's clamped SwiGLU, whose public scalar functions give the library's bits; the
@@ -10,8 +11,10 @@
 //  2. the whole forward and backward in BF16 against the f32 one (random N(0, 1) inputs, N(0, 0.1²)
 //     weights): relative error in the Frobenius norm ≤ 2^-6 for the output and every gradient (BF16 has 8
 //     significant bits, a rounding is ≤ 2^-9 relative; measured errors are listed at the test);
-//  3. every weight and input gradient of the BF16 backward against central finite differences of the f32
-//     loss Σ y·proj on the f32 master weights: |g − fd| ≤ 0.03·max|fd| (of that tensor) + 0.03·|fd|;
+//  3. every weight, bias and input gradient of the BF16 backward (SwiGLU and gpt-oss experts) against central
+//     finite differences of the f32 loss Σ y·proj on the f32 master weights: |g − fd| ≤ 0.03·max|fd| (of
+//     that tensor) + 0.03·|fd| (the BF16 backward differentiates the forward at its BF16-rounded operands and
+//     pre-activations; the roundings' own steps are not differentiated, as under autocast);
 //  4. the copies: refresh_bf16_copies rounds each master value (f32_to_bf16), in place once made, and the
 //     capacity tail is neither read nor written; an expert of one row (m = 1) and an expert without rows.
 #include <gtest/gtest.h>
@@ -87,12 +90,18 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
   ExpertMlpState state;
   expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, &state);
   const int64_t ldp = state.gate_pre.dim(1);
+  ASSERT_EQ(state.gate_pre.dtype(), DType::BF16);
+  ASSERT_EQ(state.up_pre.dtype(), DType::BF16);
+  // The saved pre-activations, BF16 values widened to f32.
+  auto saved = [&](const Tensor& pre, int64_t r, int64_t j) {
+    return bf16_to_f32(static_cast<const uint16_t*>(pre.raw())[r * ldp + j]);
+  };
   const float* X = x.data<float>();
   auto W = [&](const Tensor& t, int64_t l, int64_t i, int64_t j) {  // expert l's matrix element (i, j)
     return double(t.data<float>()[(l * t.dim(1) + i) * t.dim(2) + j]);
   };
-  // Forward: a = x·w1ᵀ + b1 and b = x·w3ᵀ + b3 (exact: dyadic operands), then y = bf16(m)·w2ᵀ + b2 with m the
-  // clamped SwiGLU of the saved pre-activations.
+  // Forward: a = x·w1ᵀ + b1 and b = x·w3ᵀ + b3 (exact in f32: dyadic operands) saved as their BF16 roundings,
+  // then y = bf16(m)·w2ᵀ + b2 with m the clamped SwiGLU of those roundings.
   std::vector<float> mb(static_cast<size_t>(kRows * kH));
   for (int64_t r = 0; r < kRows; ++r) {
     const int64_t l = expert_of_row(r);
@@ -102,10 +111,11 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
         a.add(X[r * kD + p], W(w.w1, l, j, p));
         b.add(X[r * kD + p], W(w.w3, l, j, p));
       }
-      EXPECT_EQ(state.gate_pre.data<float>()[r * ldp + j], float(a.value + w.b1.data<float>()[l * kH + j]));
-      EXPECT_EQ(state.up_pre.data<float>()[r * ldp + j], float(b.value + w.b3.data<float>()[l * kH + j]));
-      mb[static_cast<size_t>(r * kH + j)] = bf(
-          gpt_oss_swiglu(state.gate_pre.data<float>()[r * ldp + j], state.up_pre.data<float>()[r * ldp + j]));
+      const float ga = bf(float(a.value + w.b1.data<float>()[l * kH + j]));
+      const float gu = bf(float(b.value + w.b3.data<float>()[l * kH + j]));
+      EXPECT_EQ(saved(state.gate_pre, r, j), ga);
+      EXPECT_EQ(saved(state.up_pre, r, j), gu);
+      mb[static_cast<size_t>(r * kH + j)] = bf(gpt_oss_swiglu(ga, gu));
     }
   }
   // y = (m·w2ᵀ, rounded once to f32) + b2: the bound on the product, plus half an ulp for the bias' add.
@@ -141,8 +151,7 @@ TEST(ExpertMlpBf16, EveryProductMatchesTheF64ReferenceOfItsBf16Operands) {
     for (int64_t j = 0; j < kH; ++j) {
       ExactSum gm;
       for (int64_t c = 0; c < kD; ++c) gm.add(GY[r * kD + c], W(w.w2, l, c, j));
-      const GptOssSwigluGrad d = gpt_oss_swiglu_grad(state.gate_pre.data<float>()[r * ldp + j],
-                                                     state.up_pre.data<float>()[r * ldp + j]);
+      const GptOssSwigluGrad d = gpt_oss_swiglu_grad(saved(state.gate_pre, r, j), saved(state.up_pre, r, j));
       ga[static_cast<size_t>(r * kH + j)] = bf(float(gm.value) * d.d_gate);
       gb[static_cast<size_t>(r * kH + j)] = bf(float(gm.value) * d.d_up);
     }
@@ -291,47 +300,86 @@ TEST(ExpertMlpBf16, EncodedInputGivesTheBitsOfItsF32Decode) {
 
 TEST(ExpertMlpBf16, GradientsMatchFiniteDifferencesOfTheF32Master) {
   if (skip()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
-  ExpertWeights w = testing::random_experts(kLocal, kD, kH, false, 31);
-  Tensor x = poisoned({kCapacity, kD}), proj = poisoned({kCapacity, kD});
-  Tensor live = x.rows(0, kRows), live_proj = proj.rows(0, kRows);
-  fill_normal(live, 32, 1, 1.0f);
-  fill_normal(live_proj, 32, 2, 1.0f);
+  for (const bool gpt_oss : {false, true}) {
+    SCOPED_TRACE(gpt_oss ? "gpt-oss experts (biases)" : "SwiGLU experts");
+    ExpertWeights w = testing::random_experts(kLocal, kD, kH, gpt_oss, 31);
+    Tensor x = poisoned({kCapacity, kD}), proj = poisoned({kCapacity, kD});
+    Tensor live = x.rows(0, kRows), live_proj = proj.rows(0, kRows);
+    fill_normal(live, 32, 1, 1.0f);
+    fill_normal(live_proj, 32, 2, 1.0f);
+    ExpertWeights wb = w;
+    refresh_bf16_copies(wb);
+    const Pass b = run(wb, x, proj);
+    // The f32 loss of the f32 masters (the tensors w shares with wb, perturbed in place).
+    auto loss = [&] {
+      Tensor y = poisoned({kCapacity, kD});
+      expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, nullptr);
+      double l = 0.0;
+      for (int64_t i = 0; i < kRows * kD; ++i) l += double(y.data<float>()[i]) * proj.data<float>()[i];
+      return l;
+    };
+    auto check = [&](Tensor& param, const Tensor& grad, int64_t count, const char* name) {
+      std::vector<double> fd(static_cast<size_t>(count));
+      double largest = 0.0;
+      for (int64_t i = 0; i < count; ++i) {
+        float& v = param.data<float>()[i];
+        const float keep = v, eps = 1e-2f;
+        v = keep + eps;
+        const double up = loss();
+        v = keep - eps;
+        const double down = loss();
+        v = keep;
+        fd[static_cast<size_t>(i)] = (up - down) / (2.0 * eps);
+        largest = std::max(largest, std::fabs(fd[static_cast<size_t>(i)]));
+      }
+      ASSERT_GT(largest, 0.0) << name;
+      int bad = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const double f = fd[static_cast<size_t>(i)], g = grad.data<float>()[i];
+        if (!(std::fabs(g - f) <= 0.03 * largest + 0.03 * std::fabs(f)) && ++bad <= 5)
+          ADD_FAILURE() << name << "[" << i << "]: BF16 gradient " << g << ", finite difference " << f;
+      }
+    };
+    check(w.w1, b.grads.w1, w.w1.numel(), "w1");
+    check(w.w3, b.grads.w3, w.w3.numel(), "w3");
+    check(w.w2, b.grads.w2, w.w2.numel(), "w2");
+    if (gpt_oss) {
+      check(w.b1, b.grads.b1, w.b1.numel(), "b1");
+      check(w.b3, b.grads.b3, w.b3.numel(), "b3");
+      check(w.b2, b.grads.b2, w.b2.numel(), "b2");
+    }
+    check(x, b.gx, kRows * kD, "x");
+  }
+}
+
+// The saved pre-activations are BF16 under BF16 products and f32 without: a backward whose weights disagree
+// with the forward's about the copies is refused, naming both.
+TEST(ExpertMlpBf16, ABackwardOfTheOtherPrecisionIsRefused) {
+  if (skip()) GTEST_SKIP() << "oneDNN has no BF16 matmul on " << dnnl_isa_name();
+  const ExpertWeights w = testing::random_experts(kLocal, kD, kH, false, 51);
   ExpertWeights wb = w;
   refresh_bf16_copies(wb);
-  const Pass b = run(wb, x, proj);
-  // The f32 loss of the f32 masters (the tensors w shares with wb, perturbed in place).
-  auto loss = [&] {
-    Tensor y = poisoned({kCapacity, kD});
-    expert_mlp_forward(x, PayloadFormat::F32, kOffsets, w, y, nullptr);
-    double l = 0.0;
-    for (int64_t i = 0; i < kRows * kD; ++i) l += double(y.data<float>()[i]) * proj.data<float>()[i];
-    return l;
-  };
-  auto check = [&](Tensor& param, const Tensor& grad, int64_t count, const char* name) {
-    std::vector<double> fd(static_cast<size_t>(count));
-    double largest = 0.0;
-    for (int64_t i = 0; i < count; ++i) {
-      float& v = param.data<float>()[i];
-      const float keep = v, eps = 1e-2f;
-      v = keep + eps;
-      const double up = loss();
-      v = keep - eps;
-      const double down = loss();
-      v = keep;
-      fd[static_cast<size_t>(i)] = (up - down) / (2.0 * eps);
-      largest = std::max(largest, std::fabs(fd[static_cast<size_t>(i)]));
+  Tensor x = poisoned({kCapacity, kD}), gy = poisoned({kCapacity, kD});
+  Tensor live = x.rows(0, kRows), live_gy = gy.rows(0, kRows);
+  fill_normal(live, 52, 1, 1.0f);
+  fill_normal(live_gy, 52, 2, 1.0f);
+  for (const bool forward_bf16 : {true, false}) {
+    Tensor y = poisoned({kCapacity, kD}), gx = poisoned({kCapacity, kD});
+    ExpertMlpState state;
+    expert_mlp_forward(x, PayloadFormat::F32, kOffsets, forward_bf16 ? wb : w, y, &state);
+    ExpertWeights grads = testing::zeros_like(w);
+    try {
+      expert_mlp_backward(gy, state, forward_bf16 ? w : wb, gx, grads);
+      ADD_FAILURE() << "a backward of the other precision ran";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(forward_bf16 ? "pre-activations are BF16" : "pre-activations are F32"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("run the forward and the backward with the same weights"), std::string::npos)
+          << what;
     }
-    int bad = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      const double f = fd[static_cast<size_t>(i)], g = grad.data<float>()[i];
-      if (!(std::fabs(g - f) <= 0.03 * largest + 0.03 * std::fabs(f)) && ++bad <= 5)
-        ADD_FAILURE() << name << "[" << i << "]: BF16 gradient " << g << ", finite difference " << f;
-    }
-  };
-  check(w.w1, b.grads.w1, w.w1.numel(), "w1");
-  check(w.w3, b.grads.w3, w.w3.numel(), "w3");
-  check(w.w2, b.grads.w2, w.w2.numel(), "w2");
-  check(x, b.gx, kRows * kD, "x");
+  }
 }
 
 TEST(ExpertMlpBf16, CopiesRoundTheMastersAndRefreshInPlace) {

@@ -85,11 +85,16 @@ Outcome run(const std::vector<int64_t>& rows, bool gpt_oss, int threads, int64_t
 // written: ExpertMlpState).
 void expect_same_pre_activation_bits(const Tensor& a, const Tensor& b, int64_t h, const std::string& what) {
   ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
   ASSERT_GE(a.dim(1), h) << what;
+  // F32, or BF16 under BF16 products: compared as bytes, h elements a row.
+  const size_t element = dtype_size(a.dtype());
+  const size_t row_bytes = element * static_cast<size_t>(a.dim(1)),
+               live_bytes = element * static_cast<size_t>(h);
   int64_t rows_differing = 0;
   for (int64_t r = 0; r < a.dim(0); ++r)
-    rows_differing += std::memcmp(a.data<float>() + r * a.dim(1), b.data<float>() + r * b.dim(1),
-                                  sizeof(float) * static_cast<size_t>(h)) != 0;
+    rows_differing += std::memcmp(static_cast<const std::byte*>(a.raw()) + r * row_bytes,
+                                  static_cast<const std::byte*>(b.raw()) + r * row_bytes, live_bytes) != 0;
   EXPECT_EQ(rows_differing, 0) << what << " differs between 1 and 2 threads";
 }
 

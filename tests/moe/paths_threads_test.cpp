@@ -26,6 +26,7 @@
 #include "common/close.hpp"
 #include "expar/comm/comm.hpp"
 #include "expar/comm/launcher.hpp"
+#include "expar/core/convert.hpp"
 #include "expar/core/matmul.hpp"
 #include "expar/core/memory.hpp"
 #include "expar/core/rng.hpp"
@@ -416,11 +417,16 @@ Reference reference(const Case& c, const Tensor& x, const Tensor& grad_y,
   expert_mlp_forward(in, PayloadFormat::F32, map.expert_offsets, layer.params().experts, out, &es);
   if (c.gpt_oss) {
     // Both clamps bite on some pre-activations and leave others free (the gradients flow through both).
-    // The saved rows have a padded stride (ExpertMlpState): their first kH columns.
+    // The saved rows have a padded stride (ExpertMlpState): their first kH columns, f32 or (BF16 products)
+    // BF16.
     const auto count = [&](const Tensor& pre, auto clamped) {
+      const auto value = [&](int64_t i) {
+        return pre.dtype() == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(pre.raw())[i])
+                                          : pre.data<float>()[i];
+      };
       int64_t n = 0;
       for (int64_t r = 0; r < map.recv_rows; ++r)
-        for (int64_t c = 0; c < kH; ++c) n += clamped(pre.data<float>()[r * pre.dim(1) + c]);
+        for (int64_t c = 0; c < kH; ++c) n += clamped(value(r * pre.dim(1) + c));
       return n;
     };
     const int64_t all = map.recv_rows * kH;

@@ -3,15 +3,17 @@
 // grow by 2 bytes per element of attention's projections, the LM head and the shared expert, and the expert
 // weights by 2 bytes per element of the local experts, against the same run with f32 products.
 // The activations a forward saves for the backward whose only reader there is a BF16 weight-gradient
-// product are saved in BF16 (attention's input rows and context, the LM head's input): a training forward
-// holds 2 bytes less per element of each than with f32 products, exactly, where f32 keeps the f32 tensors
-// (the norms' outputs and the context), and everything else it saves alike.
+// product are saved in BF16 (attention's input rows and context, the LM head's input), and so are the
+// experts' pre-activations (the gate and up products' results, BF16 as autocast's products return them; the
+// routed experts' and the shared expert's): a training forward holds 2 bytes less per element of each than
+// with f32 products, exactly, where f32 keeps the f32 tensors, and everything else it saves alike.
 #include <gtest/gtest.h>
 
 #include <mutex>
 #include <vector>
 
 #include "expar/model/moe_transformer.hpp"
+#include "expar/moe/expert_mlp.hpp"
 #include "train/training_runs.hpp"
 
 namespace expar {
@@ -87,12 +89,19 @@ TEST(Bf16TrainingMemory, ActivationsOnlyBf16ProductsReadAreSavedInBf16) {
   const ModelConfig m = ModelConfig::preset("tiny");
   const int64_t batch = 2, seq = 16, n = batch * seq;
   const int64_t d = m.model_dim, qd = m.heads * m.head_dim;
+  ASSERT_GT(m.shared_expert_hidden, 0) << "the case must have a shared expert";
+  ASSERT_EQ(ModelExecution{}.moe.capacity.rule, CapacityRule::Dropless)
+      << "every route must reach its expert";
   const int64_t f32 = saved_activation_bytes(false, batch, seq),
                 bf16 = saved_activation_bytes(true, batch, seq);
   ASSERT_GT(f32, 0);
-  // Per block: attention's input [n, d] and context [n, qd]; once: the LM head's input [n, d]. Each held as
-  // f32 (4 bytes) with f32 products and as BF16 (2 bytes) with BF16 products.
-  const int64_t saved_elements = m.layers * (n * d + n * qd) + n * d;
+  // Per block: attention's input [n, d] and context [n, qd]; the routed experts' gate and up pre-activations,
+  // one row each per route (n·top_k rows, dropless) at the saved row stride, and the shared expert's (n
+  // rows); once: the LM head's input [n, d]. Each held as f32 (4 bytes) with f32 products and as BF16 (2
+  // bytes) with BF16 products.
+  const int64_t routed_pre = 2 * n * m.moe.router.top_k * padded_stride(m.moe.hidden_dim);
+  const int64_t shared_pre = 2 * n * padded_stride(m.shared_expert_hidden);
+  const int64_t saved_elements = m.layers * (n * d + n * qd + routed_pre + shared_pre) + n * d;
   EXPECT_EQ(f32 - bf16, 2 * saved_elements) << "f32 products held " << f32 << " B, BF16 products " << bf16;
 }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "expar/core/bf16_round.hpp"
+
 namespace expar {
 
 uint16_t f32_to_bf16(float value) {
@@ -14,7 +16,7 @@ uint16_t f32_to_bf16(float value) {
 }
 
 float bf16_to_f32(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+  return widen_bf16(bits);
 }
 
 uint16_t f32_to_f16(float value) {

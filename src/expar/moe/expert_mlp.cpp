@@ -166,10 +166,18 @@ struct Rows {
 };
 using In = Rows<const float>;
 using Out = Rows<float>;
-// An output the elementwise passes write straight in BF16 (core/bf16_round.hpp): the operand of the BF16
-// product that reads it next, so that the f32 value is never stored and rounded in a second pass.
+// BF16 rows (core/bf16_round.hpp): the pre-activations saved under BF16 products, which the activation and
+// its gradient read, and the outputs the elementwise passes write straight in BF16 for the BF16 product
+// that reads them next, so that the f32 value is never stored and rounded in a second pass.
+using InBf16 = Rows<const uint16_t>;
 using OutBf16 = Rows<uint16_t>;
 
+inline float load(const float* at) {
+  return *at;
+}
+inline float load(const uint16_t* at) {
+  return widen_bf16(*at);
+}
 inline void store(float* at, float value) {
   *at = value;
 }
@@ -178,31 +186,58 @@ inline void store(uint16_t* at, float value) {
 }
 
 // m = silu(a) * b.
+template <typename A, typename T>
+void swiglu(Rows<const A> a, Rows<const A> b, Rows<T> m, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const A *ar = a.row(r), *br = b.row(r);
+    T* mr = m.row(r);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const float av = load(ar + c);
+      store(mr + c, av * fast_sigmoid(av) * load(br + c));
+    }
+  }
+}
+
+// The forward under BF16 products: the pre-activations a and b (f32 products' results, biases added) rounded
+// to BF16 into a_saved and b_saved, and m = silu(a) * b of those rounded values, in one pass over a and b.
 template <typename T>
-void swiglu(In a, In b, Rows<T> m, int64_t rows, int64_t cols) {
+void swiglu_rounding_inputs(In a, In b, OutBf16 a_saved, OutBf16 b_saved, Rows<T> m, int64_t rows,
+                            int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float *ar = a.row(r), *br = b.row(r);
+    uint16_t *as = a_saved.row(r), *bs = b_saved.row(r);
     T* mr = m.row(r);
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) store(mr + c, ar[c] * fast_sigmoid(ar[c]) * br[c]);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint16_t ab = round_to_bf16(ar[c]), bb = round_to_bf16(br[c]);
+      as[c] = ab;
+      bs[c] = bb;
+      const float av = widen_bf16(ab);
+      store(mr + c, av * fast_sigmoid(av) * widen_bf16(bb));
+    }
   }
 }
 
 // From grad_m: grad_b = grad_m * silu(a); grad_a = grad_m * b * silu'(a), silu'(a) = s·(1 + a·(1 − s)).
 // Element i of gm is read before element i of ga or gb is written, so either may be gm itself.
-template <typename T>
-void swiglu_grad(In a, In b, In gm, Rows<T> ga, Rows<T> gb, int64_t rows, int64_t cols) {
+template <typename A, typename T>
+void swiglu_grad(Rows<const A> a, Rows<const A> b, In gm, Rows<T> ga, Rows<T> gb, int64_t rows,
+                 int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
-    const float *ar = a.row(r), *br = b.row(r), *gr = gm.row(r);
+    const A *ar = a.row(r), *br = b.row(r);
+    const float* gr = gm.row(r);
     T *gar = ga.row(r), *gbr = gb.row(r);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
       const float g = gr[c];
-      const float s = fast_sigmoid(ar[c]);
-      store(gbr + c, g * (ar[c] * s));
-      store(gar + c, g * br[c] * s * (1.0f + ar[c] * (1.0f - s)));
+      const float av = load(ar + c);
+      const float s = fast_sigmoid(av);
+      store(gbr + c, g * (av * s));
+      store(gar + c, g * load(br + c) * s * (1.0f + av * (1.0f - s)));
     }
   }
 }
@@ -211,23 +246,38 @@ bool has(const Tensor& t) {
   return t.defined() && t.numel() > 0;
 }
 
-// m = the experts' activation of the pre-activations a (gate) and b (up), in f32 or BF16.
-template <typename T>
-void activate(ExpertMlpActivation activation, In a, In b, Rows<T> m, int64_t rows, int64_t cols) {
+// m = the experts' activation of the pre-activations a (gate) and b (up), read in f32 or BF16, written in
+// f32 or BF16.
+template <typename A, typename T>
+void activate(ExpertMlpActivation activation, Rows<const A> a, Rows<const A> b, Rows<T> m, int64_t rows,
+              int64_t cols) {
   if (activation != ExpertMlpActivation::GptOssClamped) return swiglu(a, b, m, rows, cols);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) store(m.row(r) + c, gpt_oss_swiglu(a.row(r)[c], b.row(r)[c]));
+    for (int64_t c = 0; c < cols; ++c)
+      store(m.row(r) + c, gpt_oss_swiglu(load(a.row(r) + c), load(b.row(r) + c)));
 }
 
-// The activation's gradient (swiglu_grad's contract: gm may be ga or gb), in f32 or BF16.
+// activate() of a and b rounded to BF16, the roundings kept in a_saved and b_saved (the BF16 forward).
 template <typename T>
-void activate_grad(ExpertMlpActivation activation, In a, In b, In gm, Rows<T> ga, Rows<T> gb, int64_t rows,
-                   int64_t cols) {
+void activate_rounding_inputs(ExpertMlpActivation activation, In a, In b, OutBf16 a_saved, OutBf16 b_saved,
+                              Rows<T> m, int64_t rows, int64_t cols) {
+  if (activation != ExpertMlpActivation::GptOssClamped)
+    return swiglu_rounding_inputs(a, b, a_saved, b_saved, m, rows, cols);
+  round_rows_to_bf16(a.p, a.ld, a_saved.p, a_saved.ld, rows, cols);
+  round_rows_to_bf16(b.p, b.ld, b_saved.p, b_saved.ld, rows, cols);
+  activate(activation, InBf16{a_saved.p, a_saved.ld}, InBf16{b_saved.p, b_saved.ld}, m, rows, cols);
+}
+
+// The activation's gradient (swiglu_grad's contract: gm may be ga or gb), from pre-activations in f32 or
+// BF16, written in f32 or BF16.
+template <typename A, typename T>
+void activate_grad(ExpertMlpActivation activation, Rows<const A> a, Rows<const A> b, In gm, Rows<T> ga,
+                   Rows<T> gb, int64_t rows, int64_t cols) {
   if (activation != ExpertMlpActivation::GptOssClamped) return swiglu_grad(a, b, gm, ga, gb, rows, cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const float g = gm.row(r)[c];
-      const GptOssSwigluGrad d = gpt_oss_swiglu_grad(a.row(r)[c], b.row(r)[c]);
+      const GptOssSwigluGrad d = gpt_oss_swiglu_grad(load(a.row(r) + c), load(b.row(r) + c));
       store(ga.row(r) + c, g * d.d_gate);
       store(gb.row(r) + c, g * d.d_up);
     }
@@ -402,28 +452,31 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
   const bool any_row_form = !order.empty() && !in_column_form(rows_of(order.back()));  // fewest rows last
   // The pre-activations as rows [rows, h] at a padded stride (padded_stride): saved for the backward, or
   // without a state (inference) per worker where the row form computes them; the column form, which
-  // computes them transposed, then never transposes them back.
+  // computes them transposed, then never transposes them back. BF16 products save them in BF16
+  // (ExpertMlpState) and compute them in f32 per worker, in cache, before rounding them.
   const int64_t ldp = padded_stride(h);
   if (state) {
     state->input = input;
     state->input_format = input_format;
     state->offsets.assign(offsets.begin(), offsets.end());
-    state->gate_pre = Tensor::empty({recv, ldp});
-    state->up_pre = Tensor::empty({recv, ldp});
+    const DType saved = bf16 ? DType::BF16 : DType::F32;
+    state->gate_pre = Tensor::empty({recv, ldp}, saved);
+    state->up_pre = Tensor::empty({recv, ldp}, saved);
   }
   if (h > 0 && max_rows == 1 && matmul_runs_matvec(1, false, true) && !bf16) {
     forward_one_row_experts(decoded, offsets, order, weights, out, state);
     return;
   }
-  Tensor unsaved_pre = Tensor::empty({!state && any_row_form ? workers : 0, 2, max_rows, ldp});
+  Tensor unsaved_pre = Tensor::empty({(!state || bf16) && any_row_form ? workers : 0, 2, max_rows, ldp});
   // Per worker, reused expert after expert so that it is read back from cache: the activation [rows, h], and
   // for the column form the transposed pre-activations [h, rows] and input and output [d, rows].
   const int64_t max_columns = padded_columns(max_rows);
   Tensor act = Tensor::empty({workers, max_columns, h});
   Tensor columns = Tensor::empty({in_column_form(max_rows) ? workers : 0, max_columns, h + 2 * d});
-  // BF16 products: per worker the expert's input rows [rows, d] (unless the payload is BF16) and its
-  // activation [rows, ldp] in BF16.
-  Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, d + ldp}, DType::BF16);
+  // BF16 products: per worker the expert's input rows [rows, d] (unless the payload is BF16), its activation
+  // [rows, ldp] and, without a state, its rounded pre-activations [rows, 2 * ldp] in BF16.
+  const int64_t bf16_row = d + ldp + (state ? 0 : 2 * ldp);
+  Tensor bf16_scratch = Tensor::empty({bf16 ? workers : 0, max_rows, bf16_row}, DType::BF16);
   const float* x = bf16 ? nullptr : decoded.data<float>();
   float* y = out.data<float>();
   for_each_task(tasks, [&](int64_t task, int thread) {
@@ -431,9 +484,9 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
     const int64_t begin = offsets[static_cast<size_t>(l)], n = rows_of(l);
     float* m = act.data<float>() + thread * max_columns * h;
     float* yl = y + begin * d;
-    float* al = state ? state->gate_pre.data<float>() + begin * ldp
-                      : unsaved_pre.data<float>() + thread * 2 * max_rows * ldp;
-    float* bl = state ? state->up_pre.data<float>() + begin * ldp : al + max_rows * ldp;
+    float* al = state && !bf16 ? state->gate_pre.data<float>() + begin * ldp
+                               : unsaved_pre.data<float>() + thread * 2 * max_rows * ldp;
+    float* bl = state && !bf16 ? state->up_pre.data<float>() + begin * ldp : al + max_rows * ldp;
     if (h == 0) {  // an empty intermediate shard (inference with expert TP): only the down bias, if held
       std::fill(yl, yl + n * d, 0.0f);
     } else if (in_column_form(n)) {
@@ -463,18 +516,24 @@ void expert_mlp_forward(const Tensor& input, PayloadFormat input_format, std::sp
       matmul_weight_columns({.w = weights.matrix(ExpertMatrix::Down, l), .xt = m, .cols = cols, .yt = yt});
       transpose(yt, d, n, cols, yl, d);
     } else if (bf16) {
-      uint16_t* x_scratch = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (d + ldp);
+      uint16_t* x_scratch = static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * bf16_row;
       uint16_t* mb = x_scratch + max_rows * d;
+      uint16_t* as =
+          state ? static_cast<uint16_t*>(state->gate_pre.raw()) + begin * ldp : mb + max_rows * ldp;
+      uint16_t* bs = state ? static_cast<uint16_t*>(state->up_pre.raw()) + begin * ldp : as + max_rows * ldp;
       const uint16_t* w1 = static_cast<const uint16_t*>(weights.w1_bf16.raw()) + l * h * d;
       const uint16_t* w3 = static_cast<const uint16_t*>(weights.w3_bf16.raw()) + l * h * d;
       const uint16_t* w2 = static_cast<const uint16_t*>(weights.w2_bf16.raw()) + l * d * h;
-      // a [n, h] = x·w1ᵀ, b = x·w3ᵀ, y [n, d] = m·w2ᵀ: x and m rounded to BF16, a, b, m and y f32.
+      // a [n, h] = x·w1ᵀ, b = x·w3ᵀ, y [n, d] = m·w2ᵀ: x rounded to BF16; a and b computed in f32, biases
+      // added, then rounded to BF16 (the BF16 outputs of autocast's products), which m is computed from and
+      // the backward reads; m rounded to BF16; y f32.
       const uint16_t* xb = payload_rows_bf16(input, input_format, begin, n, d, x_scratch);
       matmul_bf16({.a = xb, .b = w1, .c = al, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
       matmul_bf16({.a = xb, .b = w3, .c = bl, .m = n, .n = h, .k = d, .trans_b = true, .ldc = ldp});
       if (has(weights.b1)) add_row_bias(Out{al, ldp}, n, h, weights.b1.data<float>() + l * h);
       if (has(weights.b3)) add_row_bias(Out{bl, ldp}, n, h, weights.b3.data<float>() + l * h);
-      activate(weights.activation, In{al, ldp}, In{bl, ldp}, OutBf16{mb, ldp}, n, h);
+      activate_rounding_inputs(weights.activation, In{al, ldp}, In{bl, ldp}, OutBf16{as, ldp},
+                               OutBf16{bs, ldp}, OutBf16{mb, ldp}, n, h);
       matmul_bf16({.a = mb, .b = w2, .c = yl, .m = n, .n = d, .k = h, .trans_b = true, .lda = ldp});
     } else {
       const WeightProduct gate{
@@ -534,8 +593,11 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
   // rows per expert instead: payload_rows_bf16).
   const Tensor decoded = bf16 ? Tensor{} : decode_payload(state.input, state.input_format, recv, d);
   const float* x = bf16 ? nullptr : decoded.data<float>();
-  const float* a = state.gate_pre.data<float>();
-  const float* b = state.up_pre.data<float>();
+  const DType saved = bf16 ? DType::BF16 : DType::F32;
+  EXPAR_CHECK(state.gate_pre.dtype() == saved && state.up_pre.dtype() == saved,
+              "expert backward: the saved pre-activations are {} but the weights {} BF16 copies, which save "
+              "them in {}: run the forward and the backward with the same weights",
+              dtype_name(state.gate_pre.dtype()), bf16 ? "hold" : "do not hold", dtype_name(saved));
   const float* gy = grad_out.data<float>();
   float* gx = grad_in.data<float>();
   // Each expert's weight gradients are written by one product each, so into zeros they need not be read.
@@ -554,8 +616,9 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
       std::fill(gx + begin * d, gx + (begin + n) * d, 0.0f);
       return;
     }
-    const In al{a + begin * ldp, ldp}, bl{b + begin * ldp, ldp};
     if (bf16) {
+      const InBf16 al{static_cast<const uint16_t*>(state.gate_pre.raw()) + begin * ldp, ldp};
+      const InBf16 bl{static_cast<const uint16_t*>(state.up_pre.raw()) + begin * ldp, ldp};
       uint16_t* x_scratch =
           static_cast<uint16_t*>(bf16_scratch.raw()) + thread * max_rows * (2 * d + 2 * ldp);
       uint16_t* gyb = x_scratch + max_rows * d;
@@ -609,6 +672,8 @@ void expert_mlp_backward(const Tensor& grad_out, const ExpertMlpState& state, co
       return;
     }
     // grad_w2 [d,h] += gyᵀ [d,n] · m [n,h];  grad_m [n,h] = gy [n,d] · w2 [d,h].
+    const In al{state.gate_pre.data<float>() + begin * ldp, ldp},
+        bl{state.up_pre.data<float>() + begin * ldp, ldp};
     activate(weights.activation, al, bl, Out{m, h}, n, h);
     matmul(gy + begin * d, m, grads.w2.data<float>() + l * d * h, d, h, n, true, false, add_weight_grads);
     MatmulArgs m_grad{gy + begin * d, w2, gm, n, h, d, false, false, false};

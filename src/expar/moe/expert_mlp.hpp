@@ -89,10 +89,13 @@ struct ExpertWeights {
   // every product of the forward and backward is a BF16 product with f32 accumulation (core/matmul.hpp's
   // matmul_bf16): the weights are these copies, and each activation is rounded to BF16 where it enters a
   // product (the input rows and the SwiGLU output forward; the output gradient, the pre-activation gradients
-  // and the input rows for the backward). Everything else stays f32: the pre-activations (saved in f32), the
-  // activation and its gradient, the biases, the outputs, the input gradient, and the weight gradients
-  // (produced and accumulated in f32 into the f32 gradients, as without copies). Every expert then runs in
-  // the row form (the column form is an f32 sgemm layout) and the one-row decode form is not used.
+  // and the input rows for the backward). The gate and up products' results (biases added) are rounded to
+  // BF16 as they leave them, as autocast's BF16 products return BF16: the activation is computed from those
+  // roundings, and they are what the state saves and the backward differentiates at. Everything else stays
+  // f32: the activation's and its gradient's arithmetic, the biases, the outputs, the input gradient, and the
+  // weight gradients (produced and accumulated in f32 into the f32 gradients, as without copies). Every
+  // expert then runs in the row form (the column form is an f32 sgemm layout) and the one-row decode form is
+  // not used.
   Tensor w1_bf16{}, w3_bf16{}, w2_bf16{};
   bool bf16_products() const { return w1_bf16.defined() && w1_bf16.ndim() == 3; }
   int64_t local_count() const { return mxfp4 ? mxfp4->gate_up_blocks.dim(0) : w1.dim(0); }
@@ -124,7 +127,8 @@ void refresh_bf16_copies(ExpertWeights& w, MemCategory category = MemCategory::E
 inline constexpr int64_t kExpertColumnFormMinRows = 8;
 
 // The row stride (elements) of ExpertMlpState's pre-activations for experts of hidden width h: h plus one
-// cache line (what a plan of the saved activations counts, train/plan_activations.hpp).
+// cache line (what a plan of the saved activations counts, train/plan_activations.hpp). A state saves 2 such
+// rows per expert-side row: 4 bytes an element, 2 under BF16 products.
 int64_t padded_stride(int64_t h);
 
 struct ExpertMlpState {
@@ -133,7 +137,8 @@ struct ExpertMlpState {
   Tensor input;
   PayloadFormat input_format = PayloadFormat::F32;
   // w1·x and w3·x (biases added), [recv_rows, h] in rows of a padded stride: columns [h, dim(1)) are never
-  // written (the backward's products read 4 KiB-strided rows slowly; expert_mlp.cpp's padded_stride).
+  // written (the backward's products read 4 KiB-strided rows slowly; expert_mlp.cpp's padded_stride). F32,
+  // or BF16 under BF16 products (ExpertWeights: their rounding, which the forward's activation read).
   Tensor gate_pre;
   Tensor up_pre;
   std::vector<int64_t> offsets;  // [E_L + 1]

@@ -221,7 +221,7 @@ void decode_payload_rows(PayloadFormat format, const std::byte* src, int64_t row
       for (size_t i = 0; i < total; ++i) {
         uint16_t bits = 0;
         std::memcpy(&bits, src + 2 * i, 2);
-        dst[i] = std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+        dst[i] = widen_bf16(bits);
       }
       return;
     case PayloadFormat::MXFP8:

@@ -65,6 +65,9 @@ SavedActivations saved_activations(const ActivationPlanInputs& in, const ExpertP
   const int64_t keys = in.seq_len;
   // Saved operands whose only reader is a BF16 weight-gradient product (nn/linear_products' saved_operand).
   const int64_t narrow = in.bf16_products ? 2 : kF32;
+  // The experts' gate and up pre-activations (ExpertMlpState, rows of padded_stride): BF16 under BF16
+  // products, as autocast's products return them (moe/expert_mlp.hpp).
+  const int64_t pre = in.bf16_products ? 2 : kF32;
   const int64_t heads = ceil_div(m.heads, in.tp), kv_heads = ceil_div(m.kv_heads, in.tp);
 
   SavedActivations s;
@@ -109,11 +112,11 @@ SavedActivations saved_activations(const ActivationPlanInputs& in, const ExpertP
   const int64_t k = m.top_k;
   s.router = in.moe_layers * (2 * kF32 * n * m.num_experts + kI32 * n * k + kF32 * n * k + 2 * kI32 * n * k);
 
-  // The routed experts, unless recomputed: their pre-activations (gate and up, f32 rows of the padded
-  // stride) for the rows the rank receives, and the rows the path keeps.
+  // The routed experts, unless recomputed: their pre-activations (gate and up, rows of the padded stride,
+  // f32 or BF16) for the rows the rank receives, and the rows the path keeps.
   s.expert_rows = max_capacity_rows(n, m.top_k, placement, in.capacity);
   const int64_t rows = s.expert_rows;
-  int64_t experts = 2 * kF32 * rows * padded_stride(m.expert_hidden);
+  int64_t experts = 2 * pre * rows * padded_stride(m.expert_hidden);
   const int64_t gathered = kF32 * n * k * d;  // the expert outputs gathered back to their routes [T, K, d]
   if (in.path == "local") {
     experts += 2 * kF32 * rows * d;  // the expert-side input and output buffers, f32
@@ -134,11 +137,11 @@ SavedActivations saved_activations(const ActivationPlanInputs& in, const ExpertP
   // vector the memory tracker does not see).
   if (m.shared_experts > 0) {
     const int64_t width = ceil_div(int64_t{m.shared_experts} * m.shared_hidden, in.tp);
-    int64_t shared = 2 * kF32 * n * padded_stride(width);
+    int64_t shared = 2 * pre * n * padded_stride(width);
     if (m.shared_expert_gate) shared += kF32 * n * d + kF32 * n;
     s.mlps += in.moe_layers * shared;
   }
-  s.mlps += in.dense_mlp_layers * 2 * kF32 * n * padded_stride(ceil_div(m.dense_hidden, in.tp));
+  s.mlps += in.dense_mlp_layers * 2 * pre * n * padded_stride(ceil_div(m.dense_hidden, in.tp));
 
   if (in.has_embedding) s.head += kI32 * n;  // the token ids (the embedding's backward scatters by them)
   if (in.has_lm_head) {

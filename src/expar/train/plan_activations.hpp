@@ -5,7 +5,8 @@
 // memory's MemCategory::Activations, what tests/train/plan_activations_test.cpp compares it with, exactly),
 // term by term in plan_activations.cpp, as `expar train --precision f32|bf16` saves them: under BF16
 // products attention's input rows and context and the LM head's input are saved as BF16 (the only readers
-// are BF16 weight-gradient products); everything else stays f32.
+// are BF16 weight-gradient products), and so are the experts' (routed, shared, dense MLP) gate and up
+// pre-activations (BF16 as the products return them); everything else stays f32.
 //
 // What depends on the routing, the rows a rank's experts receive, is counted at the most the capacity policy
 // lets a rank receive (moe/capacity's max_capacity_rows: with a capacity factor the rule's capacity, dropless
