@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "expar/comm/launcher.hpp"
 #include "expar/core/convert.hpp"
+#include "expar/core/rng.hpp"
 
 namespace expar {
 namespace {
@@ -92,6 +94,41 @@ TEST(AdamW, ClipsByTheGlobalNormBeforeTheMoments) {
     EXPECT_NEAR(opt.state()[1].m.data<float>()[0], 0.08, 1e-7);
     EXPECT_NEAR(opt.state()[0].v.data<float>()[0], 0.018, 1e-7);
     EXPECT_NEAR(opt.state()[1].v.data<float>()[0], 0.032, 1e-7);
+  });
+}
+
+// The global norm is √(dense + expert), each the sum in parameter order of each parameter's Σ g² taken as one
+// sequential double chain in element order over the rows it counts (adamw.cpp runs several parameters'
+// chains interleaved): its bits against that reference, over parameters of many lengths (groups of equal
+// and unequal lengths, a group of fewer than four), one of them counting only some rows.
+TEST(AdamW, GlobalNormGivesTheBitsOfOneParameterAfterAnother) {
+  run_ranks(1, [](Comm& world) {
+    const std::vector<int64_t> sizes{1, 300, 7, 4096, 128, 128, 128, 128, 33, 2048, 5, 1000, 64};
+    std::vector<Parameter> params;
+    params.reserve(sizes.size() + 1);
+    for (size_t k = 0; k < sizes.size(); ++k)
+      params.push_back(make_parameter(std::string(1, static_cast<char>('a' + k)), {sizes[k]},
+                                      k % 3 == 0 ? ParamKind::Expert : ParamKind::Dense));
+    params.push_back(make_parameter("rows", {4, 50}, ParamKind::Expert));
+    params.back().norm_rows = {true, false, true, true};
+    std::vector<Parameter*> pointers;
+    for (Parameter& p : params) {
+      fill_normal(p.grad, 71, pointers.size(), 0.3f);
+      pointers.push_back(&p);
+    }
+    AdamW opt(pointers, config(1.0), world, world);
+    double dense = 0.0, expert = 0.0;
+    for (const Parameter& p : params) {
+      const float* g = p.grad.data<float>();
+      const int64_t n = p.grad.numel(), per_row = p.norm_rows.empty() ? n : n / p.grad.dim(0);
+      double sq = 0.0;
+      for (int64_t i = 0; i < n; ++i)
+        if (p.norm_rows.empty() || p.norm_rows[static_cast<size_t>(i / per_row)])
+          sq += static_cast<double>(g[i]) * g[i];
+      (p.kind == ParamKind::Dense ? dense : expert) += sq;
+    }
+    const double want = std::sqrt(dense + expert), got = opt.global_grad_norm();
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(double)), 0) << got << " against " << want;
   });
 }
 

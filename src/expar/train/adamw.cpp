@@ -1,6 +1,9 @@
 #include "expar/train/adamw.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <span>
 #include <vector>
 
 #include "expar/core/assert.hpp"
@@ -53,6 +56,33 @@ void update(const Update& u, const UpdateFactors& f) {
   }
 }
 
+// Σ x² of each array in `arrays`, into sums[k]: each a sequential chain of double additions in element order,
+// the bits of that array summed alone. A chain waits on each of its additions, so one array after another the
+// global gradient norm ran at that latency; here kChains arrays of similar lengths (the arrays sorted by
+// length) run interleaved up to the shortest one's length, each then finished alone.
+constexpr size_t kChains = 4;
+void sums_of_squares(const std::vector<std::span<const float>>& arrays, double* sums) {
+  std::vector<size_t> order(arrays.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return arrays[a].size() < arrays[b].size(); });
+  for (size_t first = 0; first < order.size(); first += kChains) {
+    const size_t count = std::min(kChains, order.size() - first);
+    const float* p[kChains] = {};
+    double s[kChains] = {};
+    for (size_t k = 0; k < count; ++k) p[k] = arrays[order[first + k]].data();
+    // Sorted by length: the group's first array is its shortest.
+    const size_t common = count == kChains ? arrays[order[first]].size() : 0;
+    for (size_t i = 0; i < common; ++i)
+      for (size_t k = 0; k < kChains; ++k) s[k] += static_cast<double>(p[k][i]) * p[k][i];
+    for (size_t k = 0; k < count; ++k) {
+      const size_t n = arrays[order[first + k]].size();
+      for (size_t i = common; i < n; ++i) s[k] += static_cast<double>(p[k][i]) * p[k][i];
+      sums[order[first + k]] = s[k];
+    }
+  }
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig config, Comm& ep_mp, Comm& ep_dp)
@@ -74,20 +104,36 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig config, Comm& ep_mp, Co
 }
 
 double AdamW::global_grad_norm() {
-  double dense_sq = 0.0, expert_sq = 0.0;
-  for (Parameter* p : params_) {
+  // Each parameter's sum of squares is one chain in element order, over the rows it counts (norm_rows);
+  // they are added into the dense and expert sums in parameter order. Parameters that count every row are
+  // summed several at once (sums_of_squares: the same bits).
+  std::vector<double> sq(params_.size(), 0.0);
+  std::vector<std::span<const float>> whole;
+  std::vector<size_t> whole_of;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Parameter* p = params_[k];
     const float* g = p->grad.data<float>();
     const int64_t n = p->grad.numel();
     const auto rows = static_cast<int64_t>(p->norm_rows.size());
     EXPAR_CHECK(rows == 0 || (p->grad.ndim() >= 1 && p->grad.dim(0) == rows),
                 "parameter '{}': {} norm rows for a gradient of shape {}", p->name, rows,
                 shape_string(p->grad.shape()));
-    const int64_t per_row = rows == 0 ? n : n / rows;
-    double sq = 0.0;
-    for (int64_t i = 0; i < n; ++i)
-      if (rows == 0 || p->norm_rows[static_cast<size_t>(i / per_row)]) sq += static_cast<double>(g[i]) * g[i];
-    (p->kind == ParamKind::Dense ? dense_sq : expert_sq) += sq;
+    if (rows == 0) {
+      whole.emplace_back(g, static_cast<size_t>(n));
+      whole_of.push_back(k);
+      continue;
+    }
+    const int64_t per_row = n / rows;
+    for (int64_t r = 0; r < rows; ++r)
+      if (p->norm_rows[static_cast<size_t>(r)])
+        for (int64_t i = r * per_row; i < (r + 1) * per_row; ++i) sq[k] += static_cast<double>(g[i]) * g[i];
   }
+  std::vector<double> whole_sq(whole.size());
+  sums_of_squares(whole, whole_sq.data());
+  for (size_t w = 0; w < whole.size(); ++w) sq[whole_of[w]] = whole_sq[w];
+  double dense_sq = 0.0, expert_sq = 0.0;
+  for (size_t k = 0; k < params_.size(); ++k)
+    (params_[k]->kind == ParamKind::Dense ? dense_sq : expert_sq) += sq[k];
   ep_mp_.all_reduce(&expert_sq, 1, DType::F64, ReduceOp::Sum);
   return std::sqrt(dense_sq + expert_sq);
 }
