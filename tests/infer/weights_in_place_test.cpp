@@ -1,12 +1,16 @@
 // load_rank_weights keeps the embedding table's F32 rows of a mapped checkpoint in place (a view charged to
 // MemCategory::MappedWeights: a step gathers one row per token) and copies every weight a step streams
 // whole (DenseWeights: attention, norms, router, LM head; ExpertWeights: the stacked experts), giving the
-// file pages it read back; the mapping lives as long as the embedding views it.
+// file pages it read back; the mapping lives as long as the embedding views it. A step gives back the
+// table's pages its lookups mapped.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 
+#include "common/resident_bytes.hpp"
+#include "expar/infer/engine.hpp"
+#include "expar/infer/generate.hpp"
 #include "expar/infer/rank_weights.hpp"
 #include "hf_test_models.hpp"
 
@@ -80,6 +84,45 @@ TEST(WeightsInPlace, TheEmbeddingIsAViewOfTheFileAndStreamedWeightsOneCopy) {
     EXPECT_EQ(tracker.snapshot().current_of(MemCategory::MappedWeights), 0);
     EXPECT_EQ(tracker.snapshot().total_current, 0);
   }
+}
+
+// The kernel maps the 64 KiB around each page a lookup reads (fault-around), so without the release a
+// prompt's rows would keep most of a table resident through its step and after it.
+TEST(WeightsInPlace, AStepGivesBackTheEmbeddingPagesItsLookupsMapped) {
+  HfTestModel m = mixtral_test_model();
+  m.vocab = 8192;  // a table of 8192 x 40 F32 rows: 1.25 MiB, 320 pages
+  m.tensors.clear();
+  m.randomize(61);
+  const fs::path dir = test::run_temp_dir("in_place_step");
+  m.write(dir, size_t{1} << 30);  // one shard
+  fs::path file;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") file = entry.path();
+  ASSERT_FALSE(file.empty());
+  const ModelSpec spec = open_model_spec(dir.string());
+  const InferenceLayout layout = make_layout(1, 1, true, std::nullopt, static_cast<int>(m.experts));
+  const int64_t table = int64_t{8192} * m.d * static_cast<int64_t>(sizeof(float));
+  // Tokens spread over the whole table, so their lookups map pages in every part of it.
+  std::vector<int32_t> prompt;
+  for (int32_t t = 5; t < 8192; t += 8192 / 12) prompt.push_back(t);
+  run_ranks(1, [&](Comm& world) {
+    std::unique_ptr<TensorStore> store = open_store(spec);
+    Engine engine(layout, world, load_rank_weights(*store, spec, layout, world.rank()));
+    store.reset();
+    const Tensor& embed = engine.weights().embed;
+    ASSERT_EQ(embed.category(), MemCategory::MappedWeights);
+    const int64_t loaded = test::resident_bytes_of(file.string());
+    // The measure sees the table's pages: read every one of them.
+    const auto* p = static_cast<const volatile uint8_t*>(embed.raw());
+    for (size_t i = 0; i < embed.nbytes(); i += 4096) static_cast<void>(p[i]);
+    EXPECT_GE(test::resident_bytes_of(file.string()), loaded + table / 2);
+    const int id = engine.add_sequence(static_cast<int64_t>(prompt.size()) + 2);
+    Tensor logits = engine.prefill(std::vector<int>{id}, {prompt}, PrefillLogits::LastRow);
+    // At most the pages around the table's two ends (shared with its neighbours) stay.
+    EXPECT_LE(test::resident_bytes_of(file.string()), loaded + (int64_t{128} << 10));
+    logits = engine.decode(std::vector<int>{id}, std::vector<int32_t>{argmax_row(logits, 0)});
+    EXPECT_LE(test::resident_bytes_of(file.string()), loaded + (int64_t{128} << 10));
+  });
 }
 
 }  // namespace

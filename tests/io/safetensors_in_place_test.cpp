@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "common/resident_bytes.hpp"
 #include "common/temp_dir.hpp"
 #include "expar/io/safetensors_file.hpp"
 #include "expar/io/safetensors_writer.hpp"
@@ -16,27 +17,8 @@ namespace expar {
 namespace {
 
 using test::patterned;
+using test::resident_bytes_of;
 using test::TempDir;
-
-// Resident bytes of this process's mappings of `path` (/proc/self/smaps "Rss:" lines), and whether any exist.
-int64_t resident_bytes_of(const std::string& path, bool* mapped = nullptr) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false, any = false;
-  int64_t kib = 0;
-  while (std::getline(smaps, line)) {
-    const bool header = line.find('-') < line.find(' ') && line.find(' ') != std::string::npos &&
-                        line.find(':') > line.find(' ');
-    if (header) {
-      inside = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
-      any = any || inside;
-    } else if (inside && line.rfind("Rss:", 0) == 0) {
-      kib += std::stoll(line.substr(4));
-    }
-  }
-  if (mapped) *mapped = any;
-  return kib * 1024;
-}
 
 // Reads one byte of every page of t (volatile: the reads must happen).
 void touch(const Tensor& t) {

@@ -1,7 +1,9 @@
 #include "expar/core/memory.hpp"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -135,6 +137,14 @@ int64_t available_host_memory_bytes() {
     available = available > 0 ? std::min(available, left) : left;
   }
   return available;
+}
+
+void release_file_pages(const void* p, size_t bytes) {
+  if (bytes == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 int64_t peak_resident_bytes() {

@@ -66,6 +66,10 @@ class TrackerBinding {
 
 // Human-readable table of a snapshot ("category  current  peak"), one line per non-empty category.
 std::string format_memory(const MemorySnapshot& snapshot);
+// Drops this process's resident pages wholly inside [p, p + bytes) of a read-only private file mapping
+// (madvise MADV_DONTNEED; a later access maps them from the file again). Whole pages only: a page shared
+// with a neighbouring tensor stays. Only for mapped file bytes that were never written.
+void release_file_pages(const void* p, size_t bytes);
 // This process's peak resident set so far (getrusage ru_maxrss), in bytes.
 int64_t peak_resident_bytes();
 std::string format_bytes(int64_t bytes);

@@ -7,6 +7,7 @@
 #include "expar/core/assert.hpp"
 #include "expar/core/error.hpp"
 #include "expar/core/matmul.hpp"
+#include "expar/core/memory.hpp"
 #include "expar/core/timer.hpp"
 #include "expar/core/weight_matmul.hpp"
 #include "expar/moe/expert_mlp.hpp"
@@ -284,9 +285,21 @@ Tensor Engine::embed(const std::vector<int32_t>& flat, int64_t first, int64_t ro
     }
     return out;
   };
-  if (tp_->size() == 1) return lookup(first, rows);
+  // A table used in place from the mapped file (map_rows_as_stored) gives the pages the lookups mapped
+  // back at once: each looked-up row maps the 64 KiB around it (the kernel's fault-around), so a 512-token
+  // prompt would keep about 32 MiB of a 2 KiB-row table resident through the whole step and after it.
+  auto release_table = [&] {
+    if (weights_.embed.category() == MemCategory::MappedWeights)
+      release_file_pages(weights_.embed.raw(), weights_.embed.nbytes());
+  };
+  if (tp_->size() == 1) {
+    Tensor out = lookup(first, rows);
+    release_table();
+    return out;
+  }
   const auto total = static_cast<int64_t>(flat.size());
   Tensor partial = lookup(0, total);
+  release_table();
   if (prefill) return reduce_scatter_rows(*tp_, partial, even_rows(total, tp_->size()), d);
   tp_->all_reduce(partial.raw(), static_cast<size_t>(partial.numel()), DType::F32, ReduceOp::Sum);
   return partial;

@@ -155,12 +155,8 @@ bool SafetensorsFile::mapped() const {
 
 void SafetensorsFile::release_rows(std::string_view name, int64_t begin_row, int64_t end_row) const {
   const auto span = row_bytes(info(name), begin_row, end_row);
-  if (!storage_->mapped || span.empty()) return;
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(span.data()), end = begin + span.size();
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
   // Whole pages only: a page shared with a neighbouring tensor stays (it may be a weight used in place).
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  if (storage_->mapped) release_file_pages(span.data(), span.size());
 }
 
 Tensor SafetensorsFile::read(std::string_view name, MemCategory category) const {
