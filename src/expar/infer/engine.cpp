@@ -408,6 +408,9 @@ Tensor Engine::step(std::span<const int> ids, const std::vector<std::vector<int3
       tp_->all_reduce(att.raw(), static_cast<size_t>(att.numel()), DType::F32, ReduceOp::Sum);
     }
     add_into(h, att);
+    // Done with: the MoE block's buffers, a prefill's largest, need not sit beside them.
+    n1 = Tensor();
+    att = Tensor();
     Tensor n2 = rmsnorm(h, lw.mlp_norm, c.norm_eps);
     Tensor m = weights_.features.is_dense_mlp(l)                       ? dense_mlp(l, n2, prefill, sp_rows)
                : !prefill && options_.decode_moe == DecodeMoe::Rowwise ? moe_decode_rowwise(l, n2)
