@@ -47,7 +47,7 @@ Logits run(const fs::path& dir, const InferenceLayout& layout, const std::vector
       Tensor decode = Tensor::empty({2, first.dim(1)});
       std::copy_n(first.data<float>(), first.dim(1), decode.data<float>());
       std::copy_n(second.data<float>(), first.dim(1), decode.data<float>() + first.dim(1));
-      out.decode = decode;
+      out.decode = export_to(host, decode);  // made under this rank's tracker, which run_ranks ends
       const LayerWeights& l = engine.weights().layers[0];
       out.narrow = l.experts.mxfp4 != nullptr || l.experts.w1.dtype() != DType::F32 ||
                    l.attn.wq.dtype() != DType::F32 || engine.weights().lm_head.dtype() != DType::F32;
