@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <bit>
 #include <cstdlib>
 
 #include "expar/core/bf16_round.hpp"
@@ -61,7 +60,7 @@ void round_rows_to_bf16_values(const float* x, int64_t ld_x, float* out, int64_t
     const float* s = x + r * ld_x;
     float* d = out + r * ld_out;
     for (int64_t c = 0; c < cols; ++c)
-      d[c] = std::bit_cast<float>(static_cast<uint32_t>(round_to_bf16(s[c])) << 16);
+      d[c] = widen_bf16(round_to_bf16(s[c]));
   }
 }
 
